@@ -1,0 +1,238 @@
+"""Input validation shared by every public entry point (bottom layer: numpy/torch only).
+
+Each check raises ``ValueError``/``TypeError`` naming the argument, what was
+expected and what was found, so a user can fix the call without reading code.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = [
+    "as_numpy",
+    "check_logits",
+    "check_probs",
+    "check_labels",
+    "check_domains",
+    "check_features",
+    "check_lengths",
+]
+
+
+def as_numpy(x, name: str) -> np.ndarray:
+    """Return ``x`` as a numpy array (torch tensors are detached and moved to CPU)."""
+    if x is None:
+        raise TypeError(f"{name}: expected an array, got None")
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch.Tensor without importing torch here
+        x = x.detach().cpu()
+        if str(x.dtype) in ("torch.bfloat16",):
+            x = x.float()
+        x = x.numpy()
+    try:
+        return np.asarray(x)
+    except Exception as exc:  # ragged lists and the like
+        raise TypeError(f"{name}: could not convert {type(x).__name__} to an array ({exc})") from None
+
+
+def _first_bad_row(mask_rows: np.ndarray) -> int:
+    return int(np.flatnonzero(mask_rows)[0])
+
+
+def _looks_like_probs(x: np.ndarray) -> bool:
+    """Rows all in [0, 1] that sum to 1: almost surely probabilities, not logits."""
+    if x.shape[1] < 2 or not np.all((x >= 0) & (x <= 1)):
+        return False
+    tol = 1e-3 if x.dtype in (np.float16,) else 1e-4
+    return bool(np.all(np.abs(x.sum(axis=1, dtype=np.float64) - 1.0) <= tol))
+
+
+def check_logits(logits, *, name: str = "logits", input_kind: str = "logits",
+                 copy: bool = False) -> np.ndarray:
+    """Validate logits of shape ``(n_samples, n_classes)`` and return a float array.
+
+    ``input_kind="probs"`` accepts probabilities instead and returns their
+    natural log (zeros become ``-inf``: a masked class), which are logits up to
+    a per-row constant. float16/bfloat16 inputs are returned as float32; float32
+    and float64 keep their dtype (accumulations elsewhere are in float64).
+
+    Raises
+    ------
+    ValueError
+        Not 2-D, fewer than 2 classes, no rows, NaN or ``+inf`` entries (the first
+        bad row is named), a row that is entirely ``-inf``, or rows that look like
+        probabilities while ``input_kind="logits"``.
+    TypeError
+        Non-numeric input.
+    """
+    if input_kind not in ("logits", "probs"):
+        raise ValueError(f"input_kind: expected 'logits' or 'probs', got {input_kind!r}")
+    x = as_numpy(logits, name)
+    if x.dtype == bool or not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
+        raise TypeError(f"{name}: expected a float array of shape (n_samples, n_classes), got dtype {x.dtype}")
+    if x.ndim != 2:
+        raise ValueError(f"{name}: expected shape (n_samples, n_classes), got shape {x.shape}")
+    if x.shape[0] == 0:
+        raise ValueError(f"{name}: expected at least 1 sample, got shape {x.shape}")
+    if x.shape[1] < 2:
+        raise ValueError(f"{name}: expected n_classes >= 2, got shape {x.shape}")
+    if not np.issubdtype(x.dtype, np.floating) or x.dtype == np.float16:
+        x = x.astype(np.float32 if x.dtype == np.float16 else np.float64)
+    elif copy:
+        x = x.copy()
+    bad = np.isnan(x) | np.isposinf(x)
+    if bad.any():
+        row = _first_bad_row(bad.any(axis=1))
+        raise ValueError(f"{name}: expected finite values (or -inf for a masked class), "
+                         f"found NaN/+inf in row {row}: {x[row][:8].tolist()}")
+    if input_kind == "probs":
+        if np.any(x < 0) or np.any(x > 1 + 1e-6):
+            row = _first_bad_row(((x < 0) | (x > 1 + 1e-6)).any(axis=1))
+            raise ValueError(f"{name}: input_kind='probs' expects values in [0, 1], row {row} has "
+                             f"min {x[row].min():g}, max {x[row].max():g}")
+        sums = x.sum(axis=1, dtype=np.float64)
+        off = np.abs(sums - 1.0) > 1e-3
+        if off.any():
+            row = _first_bad_row(off)
+            raise ValueError(f"{name}: input_kind='probs' expects rows summing to 1, row {row} sums to {sums[row]:.6g}")
+        with np.errstate(divide="ignore"):
+            x = np.log(x)
+    else:
+        if _looks_like_probs(x):
+            raise ValueError(f"{name}: every row is in [0, 1] and sums to 1, so these look like "
+                             "probabilities, not logits; pass input_kind='probs' (CLI: --input-kind probs) "
+                             "to use their log as logits")
+    all_masked = np.isneginf(x).all(axis=1)
+    if all_masked.any():
+        row = _first_bad_row(all_masked)
+        raise ValueError(f"{name}: row {row} is entirely -inf (or all-zero probabilities); "
+                         "at least one class must have a finite logit")
+    return x
+
+
+def check_probs(probs, *, name: str = "probs") -> np.ndarray:
+    """Validate probabilities and return float64 ``(n_samples, n_classes)``.
+
+    A 1-D array is read as positive-class probabilities of a binary problem and
+    returned as the two columns ``[1 - p, p]``.
+
+    Raises
+    ------
+    ValueError
+        Wrong rank, empty, NaN/inf, values outside [0, 1], or rows not summing to 1
+        (tolerance 1e-3, so float32/float16 rounding passes).
+    """
+    p = as_numpy(probs, name)
+    if p.dtype == bool or not (np.issubdtype(p.dtype, np.floating) or np.issubdtype(p.dtype, np.integer)):
+        raise TypeError(f"{name}: expected a float array, got dtype {p.dtype}")
+    p = p.astype(np.float64)
+    if p.ndim == 1:
+        p = np.stack([1.0 - p, p], axis=1)
+    if p.ndim != 2:
+        raise ValueError(f"{name}: expected shape (n_samples, n_classes) or (n_samples,), got {p.shape}")
+    if p.shape[0] == 0:
+        raise ValueError(f"{name}: expected at least 1 sample, got shape {p.shape}")
+    if p.shape[1] < 2:
+        raise ValueError(f"{name}: expected n_classes >= 2, got shape {p.shape}")
+    finite = np.isfinite(p)
+    if not finite.all():
+        row = _first_bad_row(~finite.all(axis=1))
+        raise ValueError(f"{name}: expected finite probabilities, found NaN/inf in row {row}")
+    out = (p < 0) | (p > 1)
+    if out.any():
+        row = _first_bad_row(out.any(axis=1))
+        raise ValueError(f"{name}: expected values in [0, 1], row {row} has min {p[row].min():g}, "
+                         f"max {p[row].max():g} (pass probabilities, not logits)")
+    sums = p.sum(axis=1)
+    off = np.abs(sums - 1.0) > 1e-3
+    if off.any():
+        row = _first_bad_row(off)
+        raise ValueError(f"{name}: expected rows summing to 1, row {row} sums to {sums[row]:.6g}")
+    return p
+
+
+def check_labels(labels, n_samples: int, n_classes: int, *, name: str = "labels") -> np.ndarray:
+    """Validate class labels against ``n_samples`` and ``n_classes``; return int64 ``(n_samples,)``.
+
+    Integer labels in ``[0, n_classes)`` are accepted, as are float arrays whose
+    values are whole numbers. A 2-D ``(n_samples, n_classes)`` array is accepted
+    only when every row is one-hot. ``n_classes`` always comes from the logits'
+    width, never from the labels present.
+
+    Raises
+    ------
+    ValueError
+        Length mismatch, non-integer values, values outside ``[0, n_classes)``,
+        or a 2-D array that is not one-hot.
+    """
+    y = as_numpy(labels, name)
+    if y.ndim == 2:
+        if y.shape != (n_samples, n_classes):
+            raise ValueError(f"{name}: one-hot labels must have shape ({n_samples}, {n_classes}), got {y.shape}")
+        ok = np.all((y == 0) | (y == 1), axis=1) & (y.sum(axis=1) == 1)
+        if not ok.all():
+            row = _first_bad_row(~ok)
+            raise ValueError(f"{name}: 2-D labels are accepted only when every row is one-hot; "
+                             f"row {row} is {y[row][:8].tolist()}")
+        return np.argmax(y, axis=1).astype(np.int64)
+    if y.ndim != 1:
+        raise ValueError(f"{name}: expected shape ({n_samples},), got {y.shape}")
+    if y.shape[0] != n_samples:
+        raise ValueError(f"{name}: expected {n_samples} labels (one per sample), got {y.shape[0]}")
+    if y.dtype == bool:
+        y = y.astype(np.int64)
+    if np.issubdtype(y.dtype, np.floating):
+        if not np.all(np.isfinite(y)) or not np.all(y == np.round(y)):
+            idx = int(np.flatnonzero(~np.isfinite(y) | (y != np.round(y)))[0])
+            raise ValueError(f"{name}: expected integer class indices in [0, {n_classes}), "
+                             f"got non-integer value {y[idx]!r} at index {idx} "
+                             "(did you swap probabilities and labels?)")
+    elif not np.issubdtype(y.dtype, np.integer):
+        raise TypeError(f"{name}: expected integer class indices, got dtype {y.dtype}")
+    y = y.astype(np.int64)
+    bad = (y < 0) | (y >= n_classes)
+    if bad.any():
+        idx = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{name}: expected values in [0, {n_classes}) (n_classes from the width of the "
+                         f"scores), got {y[idx]} at index {idx}; range seen [{y.min()}, {y.max()}]")
+    return y
+
+
+def check_domains(domains, n_samples: int, *, name: str = "domains") -> np.ndarray:
+    """Validate per-sample domain ids (str or int) of shape ``(n_samples,)``."""
+    d = as_numpy(domains, name)
+    if d.ndim != 1:
+        raise ValueError(f"{name}: expected shape ({n_samples},), got {d.shape}")
+    if d.shape[0] != n_samples:
+        raise ValueError(f"{name}: expected {n_samples} domain ids (one per sample), got {d.shape[0]}")
+    if np.issubdtype(d.dtype, np.floating):
+        if not np.all(np.isfinite(d)) or not np.all(d == np.round(d)):
+            raise ValueError(f"{name}: expected str or int ids, got non-integer floats")
+        d = d.astype(np.int64)
+    if d.dtype == object:
+        d = d.astype(str)
+    return d
+
+
+def check_features(features, n_samples: int, *, name: str = "features") -> np.ndarray:
+    """Validate features ``(n_samples, n_features)``; return float64."""
+    f = as_numpy(features, name)
+    if f.ndim != 2:
+        raise ValueError(f"{name}: expected shape ({n_samples}, n_features), got {f.shape}")
+    if f.shape[0] != n_samples:
+        raise ValueError(f"{name}: expected {n_samples} rows (one per sample), got {f.shape[0]}")
+    if not (np.issubdtype(f.dtype, np.floating) or np.issubdtype(f.dtype, np.integer)) or f.dtype == bool:
+        raise TypeError(f"{name}: expected a numeric array, got dtype {f.dtype}")
+    f = f.astype(np.float64)
+    if not np.all(np.isfinite(f)):
+        row = _first_bad_row(~np.isfinite(f).all(axis=1))
+        raise ValueError(f"{name}: expected finite values, found NaN/inf in row {row}")
+    return f
+
+
+def check_lengths(**arrays) -> int:
+    """All given arrays have the same first dimension; return it."""
+    lens = {k: len(v) for k, v in arrays.items() if v is not None}
+    if len(set(lens.values())) > 1:
+        desc = ", ".join(f"{k} has {n}" for k, n in lens.items())
+        raise ValueError(f"length mismatch: {desc} samples")
+    return next(iter(lens.values()))

@@ -1,0 +1,179 @@
+"""Exact 1-D temperature fit: safeguarded Newton on t = log T (Guo et al. 2017, sec. 4.2).
+
+The mean NLL of ``softmax(z / T)`` is convex in ``s = 1/T``, so its derivative
+in ``t = log T`` changes sign once: Newton steps with a bisection bracket find
+that root, or the search bound when the optimum lies beyond it.
+
+Speed: every iteration is one streaming pass over the logits in row chunks
+that fit in cache (exp, and two row dot products). Passes run in the input
+dtype (float32 stays float32) until the step is below 1e-5; the last steps are
+float64 so the answer is exact to rounding, not to float32's precision.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = ["fit_temperature", "TemperatureFit", "CalibrationWarning", "DEFAULT_T_BOUNDS"]
+
+DEFAULT_T_BOUNDS = (1e-2, 1e2)
+_CHUNK_ELEMS = 1 << 18  # ~1 MB of float32 per chunk: stays in L2
+
+
+class CalibrationWarning(UserWarning):
+    """A fit ended on a search bound or on too little data (like scikit-learn's ConvergenceWarning)."""
+
+
+@dataclass(frozen=True)
+class TemperatureFit:
+    temperature: float
+    nll: float
+    n_iter: int
+    at_bound: bool
+
+
+class _Stats:
+    """Row statistics of ``z`` needed for every pass, computed once."""
+
+    def __init__(self, logits, labels, sample_weight):
+        z = torch.as_tensor(np.asarray(logits)) if not torch.is_tensor(logits) else logits.detach().cpu()
+        if z.dtype not in (torch.float32, torch.float64):
+            z = z.float()
+        self.z = z
+        y = torch.as_tensor(np.asarray(labels), dtype=torch.long)
+        self.m = z.max(dim=1).values.double()  # finite: rows are never all -inf
+        zy = z.gather(1, y[:, None])[:, 0].double()
+        self.zy_c = zy - self.m
+        self.has_masked = bool(torch.isinf(z).any())
+        n = z.shape[0]
+        if sample_weight is None:
+            self.w = None
+        else:
+            w = torch.as_tensor(np.asarray(sample_weight, dtype=np.float64))
+            self.w = w / w.sum()
+        self.n = n
+        self.rows = max(1, _CHUNK_ELEMS // max(1, z.shape[1]))
+
+    def _mean(self, v):
+        return float(v.mean()) if self.w is None else float((v * self.w).sum())
+
+    def evaluate(self, s: float, exact: bool):
+        """Mean NLL, d/ds and d2/ds2 at inverse temperature ``s`` (float64 results)."""
+        n = self.n
+        s0 = torch.empty(n, dtype=torch.float64)
+        s1 = torch.empty(n, dtype=torch.float64)
+        s2 = torch.empty(n, dtype=torch.float64)
+        dtype = torch.float64 if exact else self.z.dtype
+        for i in range(0, n, self.rows):
+            zc = self.z[i:i + self.rows].to(dtype) - self.m[i:i + self.rows, None].to(dtype)
+            e = torch.exp(zc * s)
+            if self.has_masked:
+                zc = torch.where(torch.isinf(zc), torch.zeros((), dtype=dtype), zc)
+            ez = e * zc
+            s0[i:i + self.rows] = e.sum(1)
+            s1[i:i + self.rows] = ez.sum(1)
+            s2[i:i + self.rows] = torch.linalg.vecdot(ez, zc)
+        mean_z = s1 / s0
+        loss = self._mean(torch.log(s0) - s * self.zy_c)
+        grad = self._mean(mean_z - self.zy_c)
+        hess = self._mean(torch.clamp(s2 / s0 - mean_z**2, min=0.0))
+        return loss, grad, hess
+
+
+def fit_temperature(logits, labels, *, sample_weight=None, t_bounds=DEFAULT_T_BOUNDS,
+                    tol: float = 1e-12, max_iter: int = 100, warn: bool = True) -> TemperatureFit:
+    """Temperature ``T`` minimising the mean NLL of ``softmax(logits / T)``.
+
+    Parameters
+    ----------
+    logits : float ``(n_samples, n_classes)``, validated (finite or ``-inf``)
+    labels : int64 ``(n_samples,)``
+    sample_weight : optional non-negative ``(n_samples,)``; the weighted mean NLL is minimised
+    t_bounds : ``(T_min, T_max)``, the search range (default ``[1e-2, 1e2]``)
+    tol : stop when a step in ``log T`` is below this
+
+    Returns a :class:`TemperatureFit`. When the optimum lies on a bound
+    (separable data: T -> 0; a model mostly wrong: T -> inf), that bound is
+    returned and a :class:`CalibrationWarning` is issued (if ``warn``).
+    """
+    t_min, t_max = (float(b) for b in t_bounds)
+    if not (0 < t_min < t_max and math.isfinite(t_max)):
+        raise ValueError(f"t_bounds: expected 0 < T_min < T_max < inf, got {t_bounds!r}")
+    st = _Stats(logits, labels, sample_weight)
+    lo, hi = math.log(t_min), math.log(t_max)
+    lo_known = hi_known = False  # sign of the derivative known at that end?
+    exact = st.z.dtype == torch.float64
+
+    def dt_stats(t):
+        s = math.exp(-t)
+        loss, g_s, h_s = st.evaluate(s, exact)
+        # chain rule for s = exp(-t)
+        return loss, -s * g_s, s * s * h_s + s * g_s
+
+    t = min(max(0.0, lo), hi)
+    t_lo_bound, t_hi_bound = lo, hi
+    loss = float("nan")
+    n_iter = 0
+    streak, last_sign, prev_step = 0, 0, math.inf
+    for n_iter in range(1, max_iter + 1):
+        loss, g, h = dt_stats(t)
+        if g == 0.0:
+            if h == 0.0 and loss < 1e-300:
+                t = t_lo_bound  # every probability saturated at 1: separable, optimum at T -> 0
+            break
+        if g < 0:
+            lo, lo_known = t, True
+            if t == t_hi_bound:
+                break  # still descending at the upper bound
+        else:
+            hi, hi_known = t, True
+            if t == t_lo_bound:
+                break  # still descending at the lower bound
+        sign = 1 if g > 0 else -1
+        streak = streak + 1 if sign == last_sign else 1
+        last_sign = sign
+        step = -g / h if h > 0 else math.nan
+        if math.isfinite(step) and abs(step) < (tol if exact else 1e-5):
+            if exact:
+                t = min(max(t + step, lo), hi)
+                break
+            # close enough: finish in float64, with a fresh bracket (float32 signs may be off)
+            exact = True
+            t = min(max(t + step, lo), hi)
+            lo, hi, lo_known, hi_known = t_lo_bound, t_hi_bound, False, False
+            streak, last_sign, prev_step = 0, 0, math.inf
+            continue
+        t_new = t + step if math.isfinite(step) else math.nan
+        slow = math.isfinite(step) and abs(step) > 0.5 * abs(prev_step)
+        prev_step = step
+        if streak >= 3 and slow and not (hi_known if g < 0 else lo_known):
+            t_new = math.nan  # slow one-sided progress (optimum near a bound): probe the bound
+        if not (lo < t_new < hi):
+            # Newton left the bracket: try the unexplored bound first, then bisect.
+            if g < 0 and not hi_known:
+                t_new = hi
+            elif g > 0 and not lo_known:
+                t_new = lo
+            else:
+                t_new = 0.5 * (lo + hi)
+        if hi - lo < tol:
+            break
+        t = t_new
+    else:
+        warnings.warn(f"temperature fit did not converge in {max_iter} iterations "
+                      f"(T = {math.exp(t):.6g})", CalibrationWarning, stacklevel=3)
+    temperature = math.exp(t)
+    at_bound = abs(t - math.log(t_min)) < 1e-9 or abs(t - math.log(t_max)) < 1e-9
+    if at_bound:
+        temperature = t_min if abs(t - math.log(t_min)) < 1e-9 else t_max
+        if warn:
+            why = ("the calibration set is (nearly) perfectly separated" if temperature == t_min
+                   else "the model is mostly wrong or uninformative on the calibration set")
+            warnings.warn(f"temperature fit stopped at the search bound T = {temperature:g} ({why}); "
+                          f"widen t_bounds={t_bounds} or check the data", CalibrationWarning, stacklevel=3)
+    return TemperatureFit(temperature=temperature, nll=loss, n_iter=n_iter, at_bound=at_bound)

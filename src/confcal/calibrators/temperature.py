@@ -1,0 +1,165 @@
+"""Temperature scaling, pooled and per domain (Guo et al. 2017, sec. 4.2).
+
+``softmax(z / T)`` with one scalar ``T > 0`` fitted by minimising the mean NLL
+over ``log T`` (:func:`confcal.calibrators._tsfit.fit_temperature`). Dividing
+every logit of a row by the same positive ``T`` keeps its arg-max, so
+accuracy is unchanged by construction.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from confcal._numeric import softmax
+from confcal.calibrators._tsfit import DEFAULT_T_BOUNDS, CalibrationWarning, fit_temperature
+from confcal.calibrators.base import Calibrator, register
+
+__all__ = ["TemperatureScaling", "GroupedTemperatureScaling"]
+
+
+def _scaled_softmax(logits: np.ndarray, temperature) -> np.ndarray:
+    with np.errstate(invalid="ignore"):  # -inf / T stays -inf
+        return softmax(np.asarray(logits, dtype=np.float64) / temperature)
+
+
+@register
+class TemperatureScaling(Calibrator):
+    """One temperature for all samples: ``p = softmax(logits / T)``.
+
+    Parameters
+    ----------
+    t_min, t_max : search range of ``T`` (default ``[1e-2, 1e2]``). If the optimum
+        lies on a bound, the bound is used and a :class:`CalibrationWarning` is issued.
+
+    Attributes
+    ----------
+    temperature_ : float, the fitted ``T``
+    nll_ : float, mean calibration-set NLL (nats) at ``temperature_``
+    n_iter_ : int, Newton iterations (one pass over the logits each)
+    at_bound_ : bool, whether ``T`` ended on ``t_min`` or ``t_max``
+
+    Source: Guo et al., "On Calibration of Modern Neural Networks", ICML 2017, sec. 4.2.
+    """
+
+    method = "ts"
+
+    def __init__(self, t_min: float = DEFAULT_T_BOUNDS[0], t_max: float = DEFAULT_T_BOUNDS[1]):
+        self.t_min = t_min
+        self.t_max = t_max
+
+    def _fit(self, logits, labels, sample_weight=None):
+        res = fit_temperature(logits, labels, sample_weight=sample_weight, t_bounds=(self.t_min, self.t_max))
+        self.temperature_ = res.temperature
+        self.nll_ = res.nll
+        self.n_iter_ = res.n_iter
+        self.at_bound_ = res.at_bound
+
+    def _predict_proba(self, logits):
+        return _scaled_softmax(logits, self.temperature_)
+
+    def _get_fitted(self):
+        return {"temperature": self.temperature_, "nll": self.nll_, "n_iter": self.n_iter_,
+                "at_bound": self.at_bound_}
+
+    def _set_fitted(self, params):
+        self.temperature_ = float(params["temperature"])
+        self.nll_ = float(params.get("nll", float("nan")))
+        self.n_iter_ = int(params.get("n_iter", 0))
+        self.at_bound_ = bool(params.get("at_bound", False))
+
+
+def _id_key(d):
+    """Domain ids as plain Python values (JSON-ready, and numpy scalars hash like them)."""
+    return d.item() if hasattr(d, "item") else d
+
+
+@register
+class GroupedTemperatureScaling(Calibrator):
+    """One temperature per domain (sensor) id, plus a pooled temperature as fallback.
+
+    ``fit(logits, labels, domains=...)`` fits the pooled temperature on all
+    samples and one temperature per domain on that domain's samples. At predict
+    time each sample uses its domain's temperature; a domain id unseen at fit
+    time uses the pooled temperature, and one :class:`CalibrationWarning` per
+    call lists the unseen ids.
+
+    Parameters
+    ----------
+    t_min, t_max : search range of every temperature
+    min_samples : domains with fewer calibration samples than this use the
+        pooled temperature (with a warning) instead of an unreliable own fit
+
+    Attributes
+    ----------
+    temperature_ : float, the pooled temperature
+    temperatures_ : dict ``{domain id: T}``
+    domain_counts_ : dict ``{domain id: n calibration samples}``
+    """
+
+    method = "grouped-ts"
+    side_inputs = ("domains",)
+
+    def __init__(self, t_min: float = DEFAULT_T_BOUNDS[0], t_max: float = DEFAULT_T_BOUNDS[1],
+                 min_samples: int = 1):
+        self.t_min = t_min
+        self.t_max = t_max
+        self.min_samples = min_samples
+
+    def _fit(self, logits, labels, domains):
+        bounds = (self.t_min, self.t_max)
+        self.temperature_ = fit_temperature(logits, labels, t_bounds=bounds).temperature
+        self.temperatures_, self.domain_counts_ = {}, {}
+        small = []
+        for d in np.unique(domains):
+            idx = np.flatnonzero(domains == d)
+            key = _id_key(d)
+            self.domain_counts_[key] = int(idx.size)
+            if idx.size < self.min_samples:
+                small.append(key)
+                self.temperatures_[key] = self.temperature_
+                continue
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", CalibrationWarning)
+                res = fit_temperature(logits[idx], labels[idx], t_bounds=bounds)
+            for w in caught:
+                warnings.warn(f"domain {key!r}: {w.message}", CalibrationWarning, stacklevel=4)
+            self.temperatures_[key] = res.temperature
+        if small:
+            warnings.warn(f"domains {small} have fewer than min_samples={self.min_samples} "
+                          "calibration samples; they use the pooled temperature", CalibrationWarning,
+                          stacklevel=4)
+
+    def temperatures_for(self, domains) -> np.ndarray:
+        """Per-sample temperatures ``(n_samples,)``; unseen ids get the pooled temperature (warns once)."""
+        self._check_fitted()
+        domains = np.asarray(domains)
+        out = np.full(domains.shape[0], self.temperature_, dtype=np.float64)
+        unseen = []
+        for d in np.unique(domains):
+            key = _id_key(d)
+            mask = domains == d
+            if key in self.temperatures_:
+                out[mask] = self.temperatures_[key]
+            else:
+                unseen.append(key)
+        if unseen:
+            warnings.warn(f"domains {unseen} were not seen at fit time; they use the pooled "
+                          f"temperature T = {self.temperature_:.6g}", CalibrationWarning, stacklevel=3)
+        return out
+
+    def _predict_proba(self, logits, domains):
+        return _scaled_softmax(logits, self.temperatures_for(domains)[:, None])
+
+    def _get_fitted(self):
+        return {
+            "temperature": self.temperature_,
+            "temperatures": [[k, v] for k, v in self.temperatures_.items()],
+            "domain_counts": [[k, v] for k, v in self.domain_counts_.items()],
+        }
+
+    def _set_fitted(self, params):
+        self.temperature_ = float(params["temperature"])
+        self.temperatures_ = {k: float(v) for k, v in params["temperatures"]}
+        self.domain_counts_ = {k: int(v) for k, v in params.get("domain_counts", [])}

@@ -1,0 +1,7 @@
+"""Calibration metrics: pure functions on arrays (numpy or torch in, floats/arrays out)."""
+
+from confcal.metrics.calibration import ECEAccumulator, classwise_ece, ece, mce, reliability_table
+from confcal.metrics.scores import accuracy, brier_score, nll
+
+__all__ = ["ece", "mce", "classwise_ece", "reliability_table", "ECEAccumulator",
+           "nll", "brier_score", "accuracy"]

@@ -1,0 +1,51 @@
+"""Bin assignment shared by every binned metric, so the edge convention is in one place.
+
+Convention: bins are half-open on the left, ``(lo, hi]``, except the first,
+which is closed, ``[0, hi]``. So a confidence of exactly 0 lands in the first
+bin, exactly 1.0 in the last, and an edge value belongs to the lower bin.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+BINNINGS = ("equal_width", "equal_mass")
+
+
+def check_n_bins(n_bins) -> int:
+    if isinstance(n_bins, bool) or not isinstance(n_bins, (int, np.integer)) or n_bins < 1:
+        raise ValueError(f"n_bins: expected a positive integer, got {n_bins!r}")
+    return int(n_bins)
+
+
+def bin_edges(confidence: np.ndarray, n_bins: int, binning: str) -> np.ndarray:
+    """Edges ``(n_bins + 1,)`` from 0 to 1.
+
+    ``equal_mass`` puts the inner edges at the empirical quantiles of
+    ``confidence``; tied confidences share a bin, so some bins can be empty
+    (duplicate edges) and the effective number of bins can be below ``n_bins``.
+    """
+    n_bins = check_n_bins(n_bins)
+    if binning == "equal_width":
+        return np.linspace(0.0, 1.0, n_bins + 1)
+    if binning == "equal_mass":
+        inner = np.quantile(confidence, np.arange(1, n_bins) / n_bins, method="inverted_cdf") \
+            if n_bins > 1 else np.empty(0)
+        return np.concatenate([[0.0], np.asarray(inner, dtype=np.float64), [1.0]])
+    raise ValueError(f"binning: expected one of {BINNINGS}, got {binning!r}")
+
+
+def assign_bins(confidence: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Bin index in ``[0, len(edges) - 2]`` for each confidence under the ``(lo, hi]`` rule."""
+    idx = np.searchsorted(edges[1:-1], confidence, side="left")
+    return idx.astype(np.intp)
+
+
+def bin_sums(confidence: np.ndarray, correct: np.ndarray, n_bins: int, binning: str):
+    """Per-bin ``count``, ``sum of confidence``, ``sum of correct`` (float64), and the edges."""
+    edges = bin_edges(confidence, n_bins, binning)
+    idx = assign_bins(confidence, edges)
+    count = np.bincount(idx, minlength=n_bins).astype(np.float64)
+    conf_sum = np.bincount(idx, weights=confidence, minlength=n_bins)
+    corr_sum = np.bincount(idx, weights=correct.astype(np.float64), minlength=n_bins)
+    return count, conf_sum, corr_sum, edges
