@@ -2,6 +2,7 @@
 
 from confcal.metrics.calibration import ECEAccumulator, classwise_ece, ece, mce, reliability_table
 from confcal.metrics.scores import accuracy, brier_score, nll
+from confcal.metrics.summary import calibration_summary
 
 __all__ = ["ece", "mce", "classwise_ece", "reliability_table", "ECEAccumulator",
-           "nll", "brier_score", "accuracy"]
+           "nll", "brier_score", "accuracy", "calibration_summary"]

@@ -1,0 +1,5 @@
+import sys
+
+from confcal.cli import main
+
+sys.exit(main())

@@ -1,0 +1,53 @@
+"""The ``confcal`` command. Each subcommand is a module here exposing ``register(subparsers)``,
+which adds its parser and sets ``func(args) -> int`` as the default."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import warnings
+
+from confcal import __version__
+
+#: subcommand modules, in the order ``confcal --help`` lists them
+SUBCOMMANDS = ["fit", "apply", "evaluate", "demo"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="confcal",
+        description="Post-hoc confidence calibration of classifiers and object detectors.")
+    parser.add_argument("--version", action="version", version=f"confcal {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in SUBCOMMANDS:
+        importlib.import_module(f"confcal.cli.{name}").register(sub)
+    return parser
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None):
+    print(f"confcal: warning: {message}", file=sys.stderr)
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    old = warnings.showwarning
+    if not args.debug:
+        warnings.showwarning = _one_line_warning
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, TypeError, KeyError, OSError, RuntimeError) as exc:
+        if args.debug:
+            raise
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"confcal: error: {msg}", file=sys.stderr)
+        return 2
+    finally:
+        warnings.showwarning = old
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

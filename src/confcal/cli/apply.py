@@ -1,0 +1,25 @@
+"""``confcal apply``: calibrated probabilities from a saved calibrator."""
+
+from __future__ import annotations
+
+from confcal.cli._common import add_logits_args, load_logits_labels, load_side
+from confcal.io import load_calibrator, save_array
+
+
+def register(sub):
+    p = sub.add_parser("apply", help="write calibrated probabilities for new logits",
+                       description="Apply a saved calibrator to logits; write (n_samples, n_classes) "
+                                   "float64 probabilities atomically.")
+    p.add_argument("--calibrator", required=True, help="manifest written by 'confcal fit'")
+    add_logits_args(p, labels=False)
+    p.add_argument("-o", "--output", required=True, help="output .npy, .npz (key 'probs') or .csv")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    x, _ = load_logits_labels(args)
+    cal = load_calibrator(args.calibrator, n_classes=x.shape[1])
+    probs = cal.predict_proba(x, **load_side(args))
+    save_array(args.output, probs)
+    print(f"wrote {probs.shape[0]} x {probs.shape[1]} calibrated probabilities ({cal.method}) -> {args.output}")
+    return 0
