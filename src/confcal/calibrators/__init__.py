@@ -11,9 +11,17 @@ from confcal.calibrators.base import (
     calibrator_from_dict,
     register,
 )
+from confcal.calibrators.domain import (
+    ClusterRegressionTemperatureScaling,
+    ClusterTemperatureScaling,
+    DomainEnsembleTemperatureScaling,
+    SetLevelTemperatureScaling,
+)
 from confcal.calibrators.temperature import GroupedTemperatureScaling, TemperatureScaling
 
 __all__ = [
     "METHODS", "Calibrator", "NotFittedError", "CalibrationWarning", "calibrator_from_dict",
     "register", "fit_temperature", "TemperatureScaling", "GroupedTemperatureScaling",
+    "SetLevelTemperatureScaling", "ClusterTemperatureScaling", "ClusterRegressionTemperatureScaling",
+    "DomainEnsembleTemperatureScaling",
 ]

@@ -1,8 +1,10 @@
 """Calibration metrics: pure functions on arrays (numpy or torch in, floats/arrays out)."""
 
+from confcal.metrics.bootstrap import BootstrapResult, bootstrap_ece, improvement_ratio
 from confcal.metrics.calibration import ECEAccumulator, classwise_ece, ece, mce, reliability_table
 from confcal.metrics.scores import accuracy, brier_score, nll
 from confcal.metrics.summary import calibration_summary
 
 __all__ = ["ece", "mce", "classwise_ece", "reliability_table", "ECEAccumulator",
-           "nll", "brier_score", "accuracy", "calibration_summary"]
+           "nll", "brier_score", "accuracy", "calibration_summary",
+           "bootstrap_ece", "BootstrapResult", "improvement_ratio"]
