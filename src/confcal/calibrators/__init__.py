@@ -11,6 +11,7 @@ from confcal.calibrators.base import (
     calibrator_from_dict,
     register,
 )
+from confcal.calibrators.detection import DetectionPlattScaling, DetectionTemperatureScaling
 from confcal.calibrators.domain import (
     ClusterRegressionTemperatureScaling,
     ClusterTemperatureScaling,
@@ -23,5 +24,5 @@ __all__ = [
     "METHODS", "Calibrator", "NotFittedError", "CalibrationWarning", "calibrator_from_dict",
     "register", "fit_temperature", "TemperatureScaling", "GroupedTemperatureScaling",
     "SetLevelTemperatureScaling", "ClusterTemperatureScaling", "ClusterRegressionTemperatureScaling",
-    "DomainEnsembleTemperatureScaling",
+    "DomainEnsembleTemperatureScaling", "DetectionTemperatureScaling", "DetectionPlattScaling",
 ]

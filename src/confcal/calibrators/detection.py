@@ -1,0 +1,543 @@
+"""Calibrating object-detector box scores against "this box is a true positive".
+
+Two calibrators, each optionally per class and/or per domain (sensor), with
+the pooled fit as fallback for groups that are unseen, too small, or hold
+only true or only false positives:
+
+* ``det-ts`` (:class:`DetectionTemperatureScaling`). For 1-D box scores that are
+  probabilities: binary temperature scaling ``p = sigmoid(logit(s) / T)``
+  (Guo et al. 2017, sec. 4.2, in its binary form), or with ``bias=True``
+  ``sigmoid(logit(s) / T + b)`` (logistic calibration on the logit,
+  Kueppers et al. CVPR-W 2020, eq. 6 with the confidence as only feature).
+  Scores are clipped to ``(eps, 1 - eps)`` with ``eps`` the machine epsilon of
+  their dtype (float16: 9.8e-4, float32: 1.2e-7, float64: 2.2e-16) before the
+  logit, so a score of exactly 0 or 1 maps to a finite logit (about 7, 16 or
+  36 in magnitude) instead of an infinite one. For 2-D class vectors
+  ``(n_boxes, n_classes)`` (logits, or probabilities with
+  ``input_kind="probs"``): multiclass temperature scaling.
+* ``det-platt`` (:class:`DetectionPlattScaling`). Platt scaling on the raw score,
+  ``p = sigmoid(a * s + b)`` (Platt 1999), for scores that are not
+  probabilities (e.g. KITTI scores up to 1.235). With ``increasing=True``
+  (default) ``a >= 0``, so the map never reverses the detector's ranking.
+  Platt's smoothed targets ``(N+ + 1) / (N+ + 2)`` and ``1 / (N- + 2)`` keep the
+  fit finite on separable groups.
+
+Within a group every map is non-decreasing in the score (strictly increasing
+unless a slope sits at 0), so the order of boxes inside a group, and any
+ranking metric computed within it (per-class AP with per-class maps), is unchanged.
+
+Inputs: ``fit(scores, labels, category_ids=None, domains=None)`` with
+``scores`` float ``(n_boxes,)`` and ``labels`` 0/1 ``(n_boxes,)`` (1 = true
+positive), or class vectors ``(n_boxes, n_classes)`` with integer class labels
+(rows labelled ``-1`` have no target and are left out of the fit).
+``category_ids`` int ``(n_boxes,)`` are needed with ``per_class=True``;
+passing ``domains`` ``(n_boxes,)`` at fit time makes the fit per domain, and
+then ``domains`` are required at predict time.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import expit
+
+from confcal._numeric import softmax
+from confcal._validation import as_numpy, check_domains, check_labels, check_logits
+from confcal.calibrators._tsfit import DEFAULT_T_BOUNDS, CalibrationWarning, fit_temperature
+from confcal.calibrators.base import Calibrator, _library_version, _sha256, register, summary_metrics
+from confcal.metrics.detection import binary_brier, binary_nll, detection_ece
+
+__all__ = ["DetectionTemperatureScaling", "DetectionPlattScaling", "score_logit", "fit_logistic",
+           "LogisticFit"]
+
+
+# --------------------------------------------------------------------------- inputs
+def _check_scores(scores, name: str = "scores") -> np.ndarray:
+    s = as_numpy(scores, name)
+    if s.ndim != 1:
+        raise ValueError(f"{name}: expected shape (n_boxes,), got {s.shape}")
+    if s.shape[0] == 0:
+        raise ValueError(f"{name}: expected at least one box, got 0")
+    if s.dtype == bool or not (np.issubdtype(s.dtype, np.floating) or np.issubdtype(s.dtype, np.integer)):
+        raise TypeError(f"{name}: expected float scores, got dtype {s.dtype}")
+    if not np.issubdtype(s.dtype, np.floating):
+        s = s.astype(np.float64)
+    bad = ~np.isfinite(s)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{name}: expected finite scores, got {s[i]!r} at index {i}")
+    return s
+
+
+def score_logit(scores, *, clip_scores: bool = False, name: str = "scores") -> np.ndarray:
+    """``log(s / (1 - s))`` in float64 after a dtype-aware clip to ``(eps, 1 - eps)``.
+
+    ``eps = np.finfo(scores.dtype).eps`` (float64 for integer input), so ``1 - eps``
+    is representable in the scores' own dtype. Scores outside [0, 1] raise
+    ``ValueError`` (they are not probabilities: use ``det-platt``) unless
+    ``clip_scores=True``, which clips them into [0, 1] first.
+    """
+    s = _check_scores(scores, name)
+    out = (s < 0) | (s > 1)
+    if out.any() and not clip_scores:
+        i = int(np.flatnonzero(out)[0])
+        raise ValueError(f"{name}: det-ts expects probability scores in [0, 1], got {float(s[i])!r} at index "
+                         f"{i} ({int(out.sum())} of {s.size} outside); use det-platt for raw scores, "
+                         "or clip_scores=True")
+    eps = float(np.finfo(s.dtype).eps)
+    p = np.clip(s.astype(np.float64), eps, 1.0 - eps)
+    return np.log(p) - np.log1p(-p)
+
+
+def _check_binary_labels(labels, n: int) -> np.ndarray:
+    return check_labels(labels, n, 2)
+
+
+def _check_category_ids(category_ids, n: int) -> np.ndarray:
+    c = as_numpy(category_ids, "category_ids")
+    if c.shape != (n,):
+        raise ValueError(f"category_ids: expected shape ({n},), got {c.shape}")
+    if np.issubdtype(c.dtype, np.floating):
+        if not np.all(np.isfinite(c)) or not np.all(c == np.round(c)):
+            raise ValueError("category_ids: expected integer ids, got non-integer floats")
+    elif not np.issubdtype(c.dtype, np.integer) or c.dtype == bool:
+        raise TypeError(f"category_ids: expected integer ids, got dtype {c.dtype}")
+    return c.astype(np.int64)
+
+
+# ------------------------------------------------------------------- logistic fit
+@dataclass(frozen=True)
+class LogisticFit:
+    slope: float
+    bias: float
+    nll: float
+    n_iter: int
+    at_bound: bool
+
+
+def _logistic_stats(x, t, w, b):
+    u = w * x + b
+    loss = float(np.mean(t * np.logaddexp(0.0, -u) + (1.0 - t) * np.logaddexp(0.0, u)))
+    p = expit(u)
+    r = p - t
+    h = p * (1.0 - p)
+    g = np.array([np.mean(r * x), np.mean(r)])
+    hm = np.array([[np.mean(h * x * x), np.mean(h * x)], [np.mean(h * x), np.mean(h)]])
+    return loss, g, hm
+
+
+def fit_logistic(x, y, *, slope_bounds=(0.0, math.inf), fit_bias: bool = True, targets: str = "hard",
+                 tol: float = 1e-10, max_iter: int = 200) -> LogisticFit:
+    """Minimise the mean Bernoulli NLL of ``sigmoid(slope * x + bias)`` exactly.
+
+    Projected Newton on ``(slope, bias)`` (the NLL is convex) with a backtracking
+    line search; ``slope`` is kept in ``slope_bounds`` (a bound is active when the
+    gradient pushes past it, and then only ``bias`` moves).
+
+    Parameters
+    ----------
+    x : float ``(n,)`` feature (a logit or a raw score)
+    y : 0/1 ``(n,)``
+    slope_bounds : ``(lo, hi)``, ``0 <= lo < hi <= inf``
+    fit_bias : if false, ``bias = 0``
+    targets : ``"hard"`` (``t = y``) or ``"platt"`` (``t+ = (N+ + 1)/(N+ + 2)``,
+        ``t- = 1/(N- + 2)``, Platt 1999), which keeps the optimum finite on separable data
+
+    Returns a :class:`LogisticFit`; ``at_bound`` is true when the slope ended on a bound.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    lo, hi = (float(v) for v in slope_bounds)
+    if not (0.0 <= lo < hi):
+        raise ValueError(f"slope_bounds: expected 0 <= lo < hi, got {slope_bounds!r}")
+    if targets == "hard":
+        t = y
+    elif targets == "platt":
+        n_pos = float(y.sum())
+        n_neg = float(y.size - n_pos)
+        t = np.where(y > 0.5, (n_pos + 1.0) / (n_pos + 2.0), 1.0 / (n_neg + 2.0))
+    else:
+        raise ValueError(f"targets: expected 'hard' or 'platt', got {targets!r}")
+    tbar = float(np.clip(t.mean(), 1e-12, 1 - 1e-12))
+    w = min(max(1.0, lo), hi)
+    b = math.log(tbar / (1.0 - tbar)) if fit_bias else 0.0
+    loss, g, hm = _logistic_stats(x, t, w, b)
+    n_iter = 0
+    for n_iter in range(1, max_iter + 1):
+        free_w = not ((w <= lo and g[0] > 0) or (w >= hi and g[0] < 0))
+        free = [free_w, fit_bias]
+        idx = [k for k in range(2) if free[k]]
+        if not idx:
+            break
+        gf = g[idx]
+        hf = hm[np.ix_(idx, idx)]
+        hf = hf + np.eye(len(idx)) * (1e-12 * (np.trace(hf) + 1e-300))
+        try:
+            step_f = -np.linalg.solve(hf, gf)
+        except np.linalg.LinAlgError:
+            step_f = -gf
+        step = np.zeros(2)
+        step[idx] = step_f
+        if float(np.max(np.abs(gf))) < tol:
+            break
+        alpha = 1.0
+        improved = False
+        for _ in range(60):
+            w_new = min(max(w + alpha * step[0], lo), hi)
+            b_new = b + alpha * step[1]
+            loss_new, g_new, hm_new = _logistic_stats(x, t, w_new, b_new)
+            if loss_new <= loss + 1e-4 * alpha * float(g @ (np.array([w_new - w, b_new - b]) / alpha)) \
+                    or loss_new < loss:
+                improved = True
+                break
+            alpha *= 0.5
+        if not improved:
+            break  # at the optimum to rounding
+        moved = max(abs(w_new - w), abs(b_new - b))
+        w, b, loss, g, hm = w_new, b_new, loss_new, g_new, hm_new
+        if moved < tol * (1.0 + abs(w) + abs(b)):
+            break
+    else:
+        warnings.warn(f"logistic fit did not converge in {max_iter} iterations (slope {w:.6g}, bias {b:.6g}); "
+                      "the data may be separable: use targets='platt'", CalibrationWarning, stacklevel=3)
+    at_bound = (w <= lo and g[0] >= 0) or (w >= hi and g[0] <= 0)
+    return LogisticFit(slope=float(w), bias=float(b), nll=loss, n_iter=n_iter, at_bound=bool(at_bound))
+
+
+# ------------------------------------------------------------------ grouped base
+def _key_part(v):
+    return v.item() if hasattr(v, "item") else v
+
+
+class _BoxScoreCalibrator(Calibrator):
+    """Shared machinery: 1-D score validation, groups, pooled fallback, fit record."""
+
+    optional_side_inputs = ("domains", "category_ids")
+
+    # subclasses: _features(scores) -> float64 (n,), _fit_binary(x, y) -> dict,
+    # _binary_logit(x, params) -> (n,), and optionally multiclass support.
+    supports_multiclass = False
+
+    # -------------------------------------------------------------- validation
+    def _inputs(self, scores, labels, input_kind):
+        arr = as_numpy(scores, "scores")
+        if arr.ndim == 1:
+            x = self._features(arr)
+            y = None if labels is None else _check_binary_labels(labels, x.shape[0])
+            return "binary", x, y, None
+        if not self.supports_multiclass:
+            raise ValueError(f"scores: {self.method} takes 1-D box scores (n_boxes,), got shape {arr.shape}; "
+                             "use det-ts for class vectors")
+        x = check_logits(arr, name="scores", input_kind=input_kind)
+        keep = None
+        y = None
+        if labels is not None:
+            lab = as_numpy(labels, "labels")
+            if lab.ndim == 1 and lab.shape[0] == x.shape[0] and np.issubdtype(lab.dtype, np.integer):
+                keep = lab >= 0  # -1: detection without a class target (no GT, no background column)
+            y = check_labels(lab[keep] if keep is not None else lab, int(keep.sum()) if keep is not None
+                             else x.shape[0], x.shape[1])
+        return "multiclass", x, y, keep
+
+    def _side(self, n, domains, category_ids, *, fitting: bool):
+        d = None if domains is None else check_domains(domains, n)
+        c = None if category_ids is None else _check_category_ids(category_ids, n)
+        if self.per_class and c is None:
+            raise ValueError(f"category_ids: {type(self).__name__}(per_class=True) needs category_ids= "
+                             "(n_boxes,) at fit and predict time")
+        if not fitting and self.by_domain_ and d is None:
+            raise ValueError(f"domains: this {self.method} calibrator was fitted per domain; pass domains= "
+                             "(n_boxes,) (ids unseen at fit time use the pooled map)")
+        return d, c
+
+    def _group_keys(self, n, d, c, by_domain):
+        parts = []
+        if self.per_class:
+            parts.append(c)
+        if by_domain:
+            parts.append(d)
+        if not parts:
+            return None
+        return [tuple(_key_part(p[i]) for p in parts) for i in range(n)]
+
+    # --------------------------------------------------------------------- fit
+    def fit(self, scores, labels, *, input_kind: str = "logits", domains=None, category_ids=None):
+        """Fit on matched detections.
+
+        Parameters
+        ----------
+        scores : float ``(n_boxes,)`` box scores, or ``(n_boxes, n_classes)`` class
+            logits/probabilities (``det-ts`` only; ``input_kind`` applies to these)
+        labels : 0/1 ``(n_boxes,)`` (1 = true positive) for 1-D scores; class
+            indices (``-1`` = no target, left out) for class vectors
+        domains : optional ``(n_boxes,)`` ids; given at fit time, the fit is per domain
+        category_ids : int ``(n_boxes,)``, required with ``per_class=True``
+
+        Raises ``ValueError``/``TypeError`` naming the bad argument.
+        """
+        kind, x, y, keep = self._inputs(scores, labels, input_kind)
+        if y is None:
+            raise ValueError("labels: required for fit")
+        d, c = self._side(x.shape[0], domains, category_ids, fitting=True)
+        if keep is not None:
+            x = x[keep]
+            d = None if d is None else d[keep]
+            c = None if c is None else c[keep]
+        if x.shape[0] == 0:
+            raise ValueError("labels: no box has a class target (all labels are -1)")
+        self.kind_ = kind
+        self.by_domain_ = d is not None
+        self.n_classes_ = 2 if kind == "binary" else int(x.shape[1])
+        self._fit(x, y, domains=d, category_ids=c)
+        after = self._proba(x, d, c, warn_unseen=False)
+        before = self._raw_proba(x)
+        self.fit_record_ = {
+            "n_samples": int(x.shape[0]),
+            "n_left_out": int((~keep).sum()) if keep is not None else 0,
+            "data_sha256": _sha256(x, y, *[a for a in (d, c) if a is not None]),
+            "input_kind": "scores" if kind == "binary" else input_kind,
+            "metrics_before": self._metrics(before, y),
+            "metrics_after": self._metrics(after, y),
+            "library_version": _library_version(),
+            "utc_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+        return self
+
+    def _metrics(self, probs, y):
+        if self.kind_ == "multiclass":
+            return summary_metrics(probs, y)
+        p = probs[:, 1]
+        return {"precision": float(y.mean()), "mean_confidence": float(p.mean()),
+                "d_ece": detection_ece(p, y, 15), "nll": binary_nll(p, y), "brier": binary_brier(p, y)}
+
+    def _fit(self, x, y, domains=None, category_ids=None):
+        self.pooled_ = self._fit_group(x, y, "pooled")
+        self.groups_, self.group_counts_, self.fallback_groups_ = {}, {}, []
+        keys = self._group_keys(x.shape[0], domains, category_ids, self.by_domain_)
+        if keys is None:
+            return
+        index: dict[tuple, list[int]] = {}
+        for i, k in enumerate(keys):
+            index.setdefault(k, []).append(i)
+        for k in sorted(index, key=repr):
+            idx = np.asarray(index[k])
+            self.group_counts_[k] = int(idx.size)
+            yk = y[idx]
+            single = self.kind_ == "binary" and (yk.min() == yk.max())
+            if idx.size < self.min_samples or single:
+                self.fallback_groups_.append(k)
+                continue
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", CalibrationWarning)
+                self.groups_[k] = self._fit_group(x[idx], yk, k)
+            for w in caught:
+                warnings.warn(f"group {k!r}: {w.message}", CalibrationWarning, stacklevel=4)
+        if self.fallback_groups_:
+            warnings.warn(f"groups {self.fallback_groups_} have fewer than min_samples={self.min_samples} boxes "
+                          "or only one label; they use the pooled map", CalibrationWarning, stacklevel=4)
+
+    # ----------------------------------------------------------------- predict
+    def predict_proba(self, scores, *, input_kind: str = "logits", domains=None, category_ids=None):
+        """Calibrated probabilities, float64: ``(n_boxes, 2)`` (columns: false, true
+        positive) for 1-D scores, ``(n_boxes, n_classes)`` for class vectors.
+
+        Groups unseen at fit time use the pooled map (one ``CalibrationWarning`` per call).
+        """
+        self._check_fitted()
+        kind, x, _, _ = self._inputs(scores, None, input_kind)
+        if kind != self.kind_:
+            raise ValueError(f"scores: calibrator was fitted on {self.kind_} inputs, got shape {x.shape}")
+        if kind == "multiclass" and x.shape[1] != self.n_classes_:
+            raise ValueError(f"scores: calibrator was fitted on {self.n_classes_} classes, got shape {x.shape}")
+        d, c = self._side(x.shape[0], domains, category_ids, fitting=False)
+        return self._proba(x, d, c, warn_unseen=True)
+
+    def predict_score(self, scores, **kw) -> np.ndarray:
+        """Calibrated box confidence ``(n_boxes,)``: P(true positive) for 1-D scores,
+        the top-class probability for class vectors."""
+        p = self.predict_proba(scores, **kw)
+        return p[:, 1] if self.kind_ == "binary" else p.max(axis=1)
+
+    def _predict_proba(self, x, **side):  # protocol hook; public predict_proba does the work
+        return self._proba(x, side.get("domains"), side.get("category_ids"), warn_unseen=True)
+
+    def _proba(self, x, d, c, *, warn_unseen: bool):
+        n = x.shape[0]
+        keys = self._group_keys(n, d, c, self.by_domain_)
+        params = [self.pooled_] * n if keys is None else None
+        if keys is not None:
+            unseen = set()
+            params = []
+            for k in keys:
+                p = self.groups_.get(k)
+                if p is None:
+                    if k not in self.group_counts_:
+                        unseen.add(k)
+                    p = self.pooled_
+                params.append(p)
+            if unseen and warn_unseen:
+                warnings.warn(f"groups {sorted(unseen, key=repr)} were not seen at fit time; they use the pooled "
+                              "map", CalibrationWarning, stacklevel=3)
+        return self._apply(x, params)
+
+    def _apply(self, x, params):
+        # evaluate each distinct parameter set once, vectorised over its rows
+        out = np.empty((x.shape[0], self.n_classes_), dtype=np.float64)
+        ids = {}
+        which = np.fromiter((ids.setdefault(id(p), len(ids)) for p in params), dtype=np.int64, count=len(params))
+        uniq = {}
+        for p in params:
+            uniq.setdefault(id(p), p)
+        for pid, p in uniq.items():
+            rows = which == ids[pid]
+            out[rows] = self._apply_one(x[rows], p)
+        return out
+
+    def _apply_one(self, x, p):
+        if self.kind_ == "multiclass":
+            return softmax(x / p["temperature"])
+        u = self._binary_logit(x, p)
+        return np.stack([expit(-u), expit(u)], axis=1)
+
+    # --------------------------------------------------------------- manifests
+    def _get_fitted(self):
+        enc = lambda k: list(k)  # noqa: E731  tuples -> JSON lists
+        return {
+            "kind": self.kind_, "by_domain": self.by_domain_, "pooled": self.pooled_,
+            "groups": [[enc(k), v] for k, v in self.groups_.items()],
+            "group_counts": [[enc(k), v] for k, v in self.group_counts_.items()],
+            "fallback_groups": [enc(k) for k in self.fallback_groups_],
+        }
+
+    def _set_fitted(self, params):
+        self.kind_ = params["kind"]
+        self.by_domain_ = bool(params["by_domain"])
+        self.pooled_ = dict(params["pooled"])
+        self.groups_ = {tuple(k): dict(v) for k, v in params["groups"]}
+        self.group_counts_ = {tuple(k): int(v) for k, v in params.get("group_counts", [])}
+        self.fallback_groups_ = [tuple(k) for k in params.get("fallback_groups", [])]
+
+
+@register
+class DetectionTemperatureScaling(_BoxScoreCalibrator):
+    """Temperature scaling of box scores, per class and/or per domain (``det-ts``).
+
+    Binary (1-D probability scores): ``p = sigmoid(logit(clip(s)) / T [+ b])``;
+    multiclass (class vectors): ``p = softmax(z / T)``. See the module docstring
+    for the clip and the grouping rules.
+
+    Parameters
+    ----------
+    per_class : one map per ``category_ids`` value (crossed with domains when given)
+    bias : binary only; also fit an offset ``b`` (logistic calibration), which lets
+        the map reach the base rate when scores carry no signal
+    clip_scores : clip scores outside [0, 1] into it instead of raising
+    min_samples : groups with fewer boxes use the pooled map
+    t_min, t_max : search range of every temperature
+
+    Attributes
+    ----------
+    pooled_ : dict ``{"temperature", "bias"}`` of the pooled fit
+    groups_ : dict ``{(category_id?, domain?): {"temperature", "bias"}}``
+    group_counts_ : boxes per group at fit time; fallback_groups_ : groups using ``pooled_``
+    """
+
+    method = "det-ts"
+    supports_multiclass = True
+
+    def __init__(self, per_class: bool = False, bias: bool = False, clip_scores: bool = False,
+                 min_samples: int = 20, t_min: float = DEFAULT_T_BOUNDS[0], t_max: float = DEFAULT_T_BOUNDS[1]):
+        self.per_class = per_class
+        self.bias = bias
+        self.clip_scores = clip_scores
+        self.min_samples = min_samples
+        self.t_min = t_min
+        self.t_max = t_max
+
+    @property
+    def temperature_(self) -> float:
+        """Pooled temperature."""
+        return self.pooled_["temperature"]
+
+    def _features(self, arr):
+        return score_logit(arr, clip_scores=self.clip_scores)
+
+    def _raw_proba(self, x):
+        if self.kind_ == "multiclass":
+            return softmax(x)
+        p = expit(x)
+        return np.stack([1.0 - p, p], axis=1)
+
+    def _fit_group(self, x, y, key):
+        if self.kind_ == "multiclass" or not self.bias:
+            z = x if self.kind_ == "multiclass" else np.stack([np.zeros_like(x), x], axis=1)
+            res = fit_temperature(z, y, t_bounds=(self.t_min, self.t_max))
+            return {"temperature": res.temperature, "bias": 0.0, "nll": res.nll, "at_bound": res.at_bound}
+        res = fit_logistic(x, y, slope_bounds=(1.0 / self.t_max, 1.0 / self.t_min), fit_bias=True)
+        if res.at_bound:
+            warnings.warn(f"temperature fit stopped at the search bound T = {1.0 / res.slope:g}",
+                          CalibrationWarning, stacklevel=4)
+        return {"temperature": 1.0 / res.slope, "bias": res.bias, "nll": res.nll, "at_bound": res.at_bound}
+
+    def _binary_logit(self, x, p):
+        return x / p["temperature"] + p["bias"]
+
+
+@register
+class DetectionPlattScaling(_BoxScoreCalibrator):
+    """Platt scaling of raw box scores, ``p = sigmoid(a * s + b)``, per class and/or domain (``det-platt``).
+
+    For detectors whose scores are not probabilities (any finite real). 1-D scores only.
+
+    Parameters
+    ----------
+    per_class : one map per ``category_ids`` value (crossed with domains when given)
+    increasing : constrain ``a >= 0`` so the detector's ranking is never reversed; when
+        the best increasing map is flat (``a = 0``: scores carry no signal) the output is
+        the base rate and a ``CalibrationWarning`` says so
+    platt_targets : use Platt's smoothed targets (finite fit on separable groups)
+    min_samples : groups with fewer boxes use the pooled map
+
+    Attributes
+    ----------
+    pooled_ : dict ``{"a", "b"}``; groups_, group_counts_, fallback_groups_ as in ``det-ts``
+
+    Source: J. Platt, "Probabilistic Outputs for Support Vector Machines and
+    Comparisons to Regularized Likelihood Methods", 1999.
+    """
+
+    method = "det-platt"
+
+    def __init__(self, per_class: bool = False, increasing: bool = True, platt_targets: bool = True,
+                 min_samples: int = 20):
+        self.per_class = per_class
+        self.increasing = increasing
+        self.platt_targets = platt_targets
+        self.min_samples = min_samples
+
+    def _features(self, arr):
+        return _check_scores(arr).astype(np.float64)
+
+    def _raw_proba(self, x):
+        p = np.clip(x, 0.0, 1.0)  # raw scores as if probabilities, for the "before" metrics
+        return np.stack([1.0 - p, p], axis=1)
+
+    def _fit_group(self, x, y, key):
+        if self.increasing:
+            res = fit_logistic(x, y, slope_bounds=(0.0, math.inf),
+                               targets="platt" if self.platt_targets else "hard")
+        else:  # unconstrained slope: fit on -x and x and keep the better (both convex, slope >= 0)
+            pos = fit_logistic(x, y, targets="platt" if self.platt_targets else "hard")
+            neg = fit_logistic(-x, y, targets="platt" if self.platt_targets else "hard")
+            res = pos if pos.nll <= neg.nll else LogisticFit(-neg.slope, neg.bias, neg.nll, neg.n_iter, False)
+        if self.increasing and res.at_bound and res.slope == 0.0:
+            warnings.warn("Platt slope a = 0: the scores carry no increasing signal on this set, so every box "
+                          f"gets the base rate {expit(res.bias):.4g}", CalibrationWarning, stacklevel=4)
+        return {"a": res.slope, "b": res.bias, "nll": res.nll, "at_bound": res.at_bound}
+
+    def _binary_logit(self, x, p):
+        return p["a"] * x + p["b"]
