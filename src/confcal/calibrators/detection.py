@@ -217,6 +217,8 @@ class _BoxScoreCalibrator(Calibrator):
     """Shared machinery: 1-D score validation, groups, pooled fallback, fit record."""
 
     optional_side_inputs = ("domains", "category_ids")
+    #: tells ``confcal fit`` to hand over 1-D box scores unvalidated (validated here)
+    takes_box_scores = True
 
     # subclasses: _features(scores) -> float64 (n,), _fit_binary(x, y) -> dict,
     # _binary_logit(x, params) -> (n,), and optionally multiclass support.

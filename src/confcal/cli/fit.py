@@ -5,8 +5,15 @@ from __future__ import annotations
 import json
 
 from confcal.calibrators import METHODS
-from confcal.cli._common import add_logits_args, load_logits_labels, load_side, metrics_rows, parse_params
-from confcal.io import save_manifest
+from confcal.cli._common import (
+    SPEC_HELP,
+    add_logits_args,
+    load_logits_labels,
+    load_side,
+    metrics_rows,
+    parse_params,
+)
+from confcal.io import load_array, save_manifest
 
 
 def register(sub):
@@ -18,15 +25,32 @@ def register(sub):
                    help="one of: " + ", ".join(sorted(METHODS)))
     p.add_argument("--param", action="append", metavar="KEY=VALUE",
                    help="hyper-parameter of the method (repeatable), e.g. --param t_max=1000")
+    p.add_argument("--category-ids", metavar="SPEC",
+                   help=f"det-ts/det-platt: category id per box (n_boxes,): {SPEC_HELP}")
+    p.add_argument("--per-class", action="store_true",
+                   help="det-ts/det-platt: one map per category (needs --category-ids)")
     p.add_argument("-o", "--output", required=True, help="manifest path (.json)")
     p.add_argument("--json", action="store_true", help="print the fit record as JSON")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    cal = METHODS[args.method](**parse_params(args.param))
-    x, y = load_logits_labels(args)
-    cal.fit(x, y, **load_side(args))
+    params = parse_params(args.param)
+    if args.per_class:
+        params["per_class"] = True
+    cal = METHODS[args.method](**params)
+    side = load_side(args)
+    if getattr(cal, "takes_box_scores", False):
+        # detection calibrators take 1-D box scores (e.g. matched.npz:score) and validate them themselves
+        x, y = load_array(args.logits, name="scores"), load_array(args.labels, name="labels")
+        if args.category_ids:
+            side["category_ids"] = load_array(args.category_ids, name="category_ids")
+        cal.fit(x, y, input_kind=args.input_kind, **side)
+    else:
+        if args.per_class or args.category_ids:
+            raise ValueError(f"--per-class/--category-ids: only for det-ts and det-platt, not {args.method}")
+        x, y = load_logits_labels(args)
+        cal.fit(x, y, **side)
     save_manifest(cal, args.output)
     rec = cal.fit_record_
     if args.json:
