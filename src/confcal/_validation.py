@@ -39,8 +39,11 @@ def _first_bad_row(mask_rows: np.ndarray) -> int:
 
 
 def _looks_like_probs(x: np.ndarray) -> bool:
-    """Rows all in [0, 1] that sum to 1: almost surely probabilities, not logits."""
+    """Rows all in [0, 1] that sum to 1, with some entry strictly inside (0, 1): almost surely
+    probabilities. Rows made only of 0s and 1s (e.g. logits ``[1, 0]``) are valid logits and pass."""
     if x.shape[1] < 2 or not np.all((x >= 0) & (x <= 1)):
+        return False
+    if np.all((x == 0) | (x == 1)):
         return False
     tol = 1e-3 if x.dtype in (np.float16,) else 1e-4
     return bool(np.all(np.abs(x.sum(axis=1, dtype=np.float64) - 1.0) <= tol))

@@ -1,0 +1,119 @@
+"""Input validation: every bad input gets a clear error naming the argument and what was wrong."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from scipy.special import softmax
+
+from confcal._validation import check_labels, check_logits, check_probs
+from confcal.calibrators import TemperatureScaling
+
+
+def test_nan_and_posinf_name_the_first_bad_row():
+    z = np.zeros((5, 3))
+    z[3, 1] = np.nan
+    z[4, 0] = np.inf
+    with pytest.raises(ValueError, match="row 3"):
+        check_logits(z)
+    with pytest.raises(ValueError, match="row 4"):
+        check_logits(np.where(np.isnan(z), 0, z))
+
+
+def test_all_minus_inf_row():
+    with pytest.raises(ValueError, match="row 0"):
+        check_logits(np.array([[-np.inf, -np.inf, -np.inf]]))
+    # partially masked rows are fine
+    assert check_logits(np.array([[2.0, 0.0, -np.inf]])).shape == (1, 3)
+
+
+def test_probabilities_passed_as_logits():
+    p = softmax(np.array([[3.0, 0.0, 0.0]]), axis=1)
+    with pytest.raises(ValueError, match="look like probabilities.*input_kind='probs'"):
+        TemperatureScaling().fit(p, [0])
+    # ... and accepted with input_kind="probs" (their log)
+    z = check_logits(p, input_kind="probs")
+    np.testing.assert_allclose(z, np.log(p))
+    # zero probabilities become masked classes
+    assert np.isneginf(check_logits(np.array([[0.0, 1.0]]), input_kind="probs")[0, 0])
+
+
+def test_probs_input_kind_rejects_non_probabilities():
+    with pytest.raises(ValueError, match="in \\[0, 1\\]"):
+        check_logits(np.array([[2.0, -1.0]]), input_kind="probs")
+    with pytest.raises(ValueError, match="sums to"):
+        check_logits(np.array([[0.2, 0.2]]), input_kind="probs")
+    with pytest.raises(ValueError, match="input_kind"):
+        check_logits(np.zeros((2, 2)), input_kind="softmax")
+
+
+@pytest.mark.parametrize("shape", [(3,), (2, 3, 4)])
+def test_wrong_rank(shape):
+    with pytest.raises(ValueError, match=r"\(n_samples, n_classes\)"):
+        check_logits(np.zeros(shape))
+
+
+def test_empty_and_single_class():
+    with pytest.raises(ValueError, match="at least 1 sample"):
+        check_logits(np.zeros((0, 3)))
+    with pytest.raises(ValueError, match="n_classes >= 2"):
+        check_logits(np.zeros((4, 1)))
+
+
+def test_non_numeric():
+    with pytest.raises(TypeError, match="dtype"):
+        check_logits(np.array([["a", "b"]]))
+
+
+def test_labels_out_of_range_and_non_integer():
+    with pytest.raises(ValueError, match=r"labels: expected values in \[0, 3\).*got 3 at index 1"):
+        check_labels(np.array([0, 3]), 2, 3)
+    with pytest.raises(ValueError, match="got -1"):
+        check_labels(np.array([0, -1]), 2, 3)
+    with pytest.raises(ValueError, match="non-integer"):
+        check_labels(np.array([0.5, 1.0]), 2, 3)
+    np.testing.assert_array_equal(check_labels(np.array([0.0, 2.0]), 2, 3), [0, 2])
+
+
+def test_n_classes_comes_from_logits_not_labels():
+    # labels only use classes 0 and 1, the logits have 4 columns: fine, K = 4
+    cal = TemperatureScaling().fit(np.random.default_rng(0).normal(size=(6, 4)), [0, 1, 0, 1, 0, 1])
+    assert cal.n_classes_ == 4
+
+
+def test_length_mismatch():
+    with pytest.raises(ValueError, match="expected 3 labels"):
+        TemperatureScaling().fit(np.zeros((3, 2)) + [[1, 0]], [0, 1])
+
+
+def test_one_hot_labels():
+    np.testing.assert_array_equal(check_labels(np.eye(3)[[2, 0]], 2, 3), [2, 0])
+    with pytest.raises(ValueError, match="one-hot"):
+        check_labels(np.array([[1, 1, 0], [0, 0, 1]]), 2, 3)
+    with pytest.raises(ValueError, match="one-hot"):
+        check_labels(np.array([[0.5, 0.5, 0], [0, 0, 1]]), 2, 3)
+
+
+def test_torch_inputs_any_float_dtype():
+    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        z = check_logits(torch.tensor([[1.5, -2.0]], dtype=dtype))
+        assert z.dtype in (np.float32, np.float64) and z.shape == (1, 2)
+
+
+def test_check_probs_binary_and_errors():
+    np.testing.assert_allclose(check_probs(np.array([0.2])), [[0.8, 0.2]])
+    with pytest.raises(ValueError, match="in \\[0, 1\\]"):
+        check_probs(np.array([1.2]))
+    with pytest.raises(ValueError, match="NaN"):
+        check_probs(np.array([[np.nan, 1.0]]))
+
+
+@given(st.lists(st.integers(-5, 5), min_size=1, max_size=30), st.integers(2, 6))
+def test_labels_property(labels, k):
+    y = np.array(labels)
+    if ((y >= 0) & (y < k)).all():
+        np.testing.assert_array_equal(check_labels(y, len(y), k), y)
+    else:
+        with pytest.raises(ValueError, match="labels"):
+            check_labels(y, len(y), k)
