@@ -133,7 +133,7 @@ def queue_stats(raw, cal, m, top):
     tau = kendalltau(np.arange(len(rank_in_raw)), rank_in_raw).statistic
     top = min(top, len(rank_in_raw))
     overlap = len(set(q_raw["image_id"][:top].tolist()) & set(q_cal["image_id"][:top].tolist())) / top
-    return {"tiles": len(rank_in_raw), "kendall tau": float(tau), f"top overlap": overlap, "top k": top,
+    return {"tiles": len(rank_in_raw), "kendall tau": float(tau), "top overlap": overlap, "top k": top,
             "FP/tile top (raw)": float(np.mean([fp[t] for t in q_raw["image_id"][:top].tolist()])),
             "FP/tile top (cal)": float(np.mean([fp[t] for t in q_cal["image_id"][:top].tolist()])),
             "FP/tile all": float(np.mean(list(fp.values())))}

@@ -154,7 +154,8 @@ def aggregate_by_tile(values, tile_ids, how: str = "max", *, threshold: float | 
         return uniq, agg, n_boxes
     want = _ids(tiles, "tiles")
     pos = {k.item() if hasattr(k, "item") else k: i for i, k in enumerate(uniq)}
-    missing = [k for k in pos if k not in set(w.item() if hasattr(w, "item") else w for w in want)]
+    wanted = {w.item() if hasattr(w, "item") else w for w in want}
+    missing = [k for k in pos if k not in wanted]
     if missing:
         raise ValueError(f"tiles: boxes refer to tiles {missing[:5]} that are not in tiles")
     out_agg = np.zeros(want.size)
