@@ -216,6 +216,7 @@ def test_rotated_iou_with_zero_yaw_matches_the_axis_aligned_closed_form(a, b):
     assert box_iou([a0[:4]], [b0[:4]])[0, 0] == pytest.approx(_axis_iou(a0, b0), abs=1e-9)
 
 
+@settings(max_examples=300)
 @given(a=box, b=box, phi=st.floats(-3.2, 3.2))
 def test_rotated_iou_is_symmetric_and_invariant_to_a_common_rotation(a, b, phi):
     iou = box_iou([a], [b], box_format="xywha")[0, 0]
@@ -236,3 +237,16 @@ def test_quarter_turn_swaps_width_and_height():
     a = (0.0, 0.0, 4.0, 2.0, np.pi / 2)  # centre (2, 1), footprint 2 x 4
     b = (1.0, -1.0, 2.0, 4.0, 0.0)       # same centre, same footprint
     assert box_iou([a], [b], box_format="xywha")[0, 0] == pytest.approx(1.0)
+
+
+def test_nested_rotated_boxes_sharing_an_edge():
+    # Regression: GEOS returned a point for this pair (b inside a, sharing an edge, rotated by 1.1 rad).
+    phi = 1.1
+
+    def rot(bx):
+        cx, cy = bx[0] + bx[2] / 2, bx[1] + bx[3] / 2
+        c, s = np.cos(phi), np.sin(phi)
+        return (c * cx - s * cy - bx[2] / 2, s * cx + c * cy - bx[3] / 2, bx[2], bx[3], bx[4] + phi)
+
+    a, b = (0.0, 0.0, 20.0, 9.890625, 0.0), (0.0, 0.0, 20.0, 0.5, 0.0)
+    assert box_iou([rot(a)], [rot(b)], box_format="xywha")[0, 0] == pytest.approx(10.0 / (20 * 9.890625), rel=1e-7)

@@ -148,7 +148,10 @@ def box_iou(det_boxes, gt_boxes, iscrowd=None, *, box_format: str = "xywh") -> n
     ``pycocotools.mask.iou``. ``"xywha"``: rotated ``[x, y, w, h, yaw]`` rows
     (see the module docstring), polygon IoU from shapely. For a crowd GT
     column (``iscrowd[j]`` true) the value is ``intersection / area(det)``, as
-    in COCO evaluation. Degenerate (zero-area) boxes give IoU 0.
+    in COCO evaluation. Degenerate (zero-area) boxes give IoU 0. Rotated pairs whose
+    exact GEOS overlay comes back lower-dimensional although the boxes intersect (a
+    known robustness limit with nearly collinear edges) are recomputed on a snapping
+    grid of 1e-9 times the coordinate extent.
     """
     if box_format not in ("xywh", "xywha"):
         raise ValueError(f"box_format: expected 'xywh' or 'xywha', got {box_format!r}")
@@ -166,7 +169,16 @@ def box_iou(det_boxes, gt_boxes, iscrowd=None, *, box_format: str = "xywh") -> n
     import shapely
 
     pd, pg = _polygons(d), _polygons(g)
-    inter = shapely.area(shapely.intersection(pd[:, None], pg[None, :]))
+    geom = shapely.intersection(pd[:, None], pg[None, :])
+    inter = shapely.area(geom)
+    # GEOS can lose the overlap of rectangles whose edges are nearly collinear after rotation
+    # (e.g. a box inside another that shares an edge): it returns a point or a line. Redo those
+    # pairs on a fine snapping grid (1e-9 of the boxes' extent), which is robust.
+    suspect = (shapely.get_dimensions(geom) < 2) & shapely.intersects(pd[:, None], pg[None, :])
+    if suspect.any():
+        i, j = np.nonzero(suspect)
+        scale = float(np.abs(np.concatenate([d[:, :4], g[:, :4]])).max()) or 1.0
+        inter[i, j] = shapely.area(shapely.intersection(pd[i], pg[j], grid_size=scale * 1e-9))
     ad, ag = shapely.area(pd), shapely.area(pg)
     denom = np.where(crowd[None, :], ad[:, None], ad[:, None] + ag[None, :] - inter)
     with np.errstate(invalid="ignore", divide="ignore"):
