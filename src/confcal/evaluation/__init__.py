@@ -1,0 +1,10 @@
+"""Evaluation protocols built on calibrators and metrics (above them in the layering).
+
+* :mod:`confcal.evaluation.domain`: calibration under domain shift (Gong et al., ICCV 2021).
+* :mod:`confcal.evaluation.compare`: several calibrators on repeated calibration/test splits
+  (``confcal compare``, the paper tables of Atarashi et al.).
+"""
+
+from confcal.evaluation.compare import ComparisonResult, MethodResult, compare_methods
+
+__all__ = ["compare_methods", "ComparisonResult", "MethodResult"]

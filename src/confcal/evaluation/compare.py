@@ -1,0 +1,366 @@
+"""Compare calibrators on repeated calibration/test splits (the protocol of Atarashi et al.,
+arXiv 2506.10572, sec. 6: random 5,000/5,000 splits of a test set, mean and
+standard error over splits).
+
+For every split, every method is fitted by its registered name
+(:data:`confcal.calibrators.METHODS`) on the calibration part and scored on the
+test part: error rate, smooth ECE, equal-mass and equal-width ECE (15 bins),
+NLL and Brier score, plus the fitted calibration-set NLL and the fit time.
+A method that raises while fitting or predicting is recorded with its error
+message; the run goes on.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import numpy as np
+
+from confcal._numeric import softmax
+from confcal._validation import check_labels, check_logits
+from confcal.calibrators import METHODS
+from confcal.metrics import accuracy, brier_score, ece, nll, smooth_ece
+
+__all__ = ["compare_methods", "split_indices", "ComparisonResult", "MethodResult", "METRICS",
+           "UNCALIBRATED", "format_cell"]
+
+UNCALIBRATED = "uncalibrated"
+
+#: metric key -> (column title, unit). Rates are fractions; the text table shows them in %.
+METRICS: dict[str, tuple[str, str]] = {
+    "error": ("error", "%"),
+    "smece": ("smECE", "%"),
+    "ece_em": ("emECE", "%"),
+    "ece_ew": ("ewECE", "%"),
+    "nll": ("NLL", "nats"),
+    "brier": ("Brier", ""),
+    "cal_nll": ("cal NLL", "nats"),
+    "fit_seconds": ("fit", "s"),
+}
+
+
+def _test_metrics(probs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    return {
+        "error": 1.0 - accuracy(probs, labels),
+        "smece": smooth_ece(probs, labels),
+        "ece_em": ece(probs, labels, n_bins=15, binning="equal_mass"),
+        "ece_ew": ece(probs, labels, n_bins=15, binning="equal_width"),
+        "nll": nll(probs, labels),
+        "brier": brier_score(probs, labels),
+    }
+
+
+@dataclass
+class MethodResult:
+    """One row of the comparison: per-split values of every metric for one method.
+
+    ``values[metric]`` has one entry per split (``None`` where the method failed
+    on that split); ``errors`` likewise holds the error message or ``None``;
+    ``warnings`` the distinct warning messages seen while fitting.
+    """
+
+    label: str
+    method: str
+    params: dict[str, Any]
+    values: dict[str, list[float | None]] = field(default_factory=dict)
+    errors: list[str | None] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def n_ok(self) -> int:
+        return sum(e is None for e in self.errors)
+
+    @property
+    def error(self) -> str | None:
+        """The first error message, prefixed with the number of failed splits; ``None`` if none failed."""
+        failed = [e for e in self.errors if e is not None]
+        if not failed:
+            return None
+        return f"failed on {len(failed)}/{len(self.errors)} splits: {failed[0]}"
+
+    def _ok(self, metric: str) -> np.ndarray:
+        return np.array([v for v in self.values.get(metric, []) if v is not None], dtype=np.float64)
+
+    def mean(self, metric: str) -> float | None:
+        """Mean over the splits where the method succeeded (``None`` if it never did)."""
+        v = self._ok(metric)
+        return float(v.mean()) if v.size else None
+
+    def se(self, metric: str) -> float | None:
+        """Standard error of the mean over splits, ``std(ddof=1) / sqrt(k)``; ``None`` for k < 2."""
+        v = self._ok(metric)
+        return float(v.std(ddof=1) / math.sqrt(v.size)) if v.size >= 2 else None
+
+
+@dataclass
+class ComparisonResult:
+    """Output of :func:`compare_methods`: one :class:`MethodResult` per method, the
+    ``uncalibrated`` row first, in the order given."""
+
+    rows: list[MethodResult]
+    n_splits: int
+    cal_size: int
+    test_size: int
+    n_classes: int
+    seed: int
+    fixed_sets: bool
+    metrics: tuple[str, ...] = tuple(METRICS)
+
+    def __getitem__(self, label: str) -> MethodResult:
+        for row in self.rows:
+            if row.label == label:
+                return row
+        raise KeyError(f"no method {label!r} in this comparison; have {[r.label for r in self.rows]}")
+
+    def summary(self) -> list[dict[str, Any]]:
+        """One flat dict per method: ``method``, ``n_ok``, ``{metric}_mean``, ``{metric}_se``, ``error``."""
+        out = []
+        for row in self.rows:
+            d: dict[str, Any] = {"method": row.label, "n_ok": row.n_ok, "n_splits": len(row.errors)}
+            for m in self.metrics:
+                d[f"{m}_mean"] = row.mean(m)
+                d[f"{m}_se"] = row.se(m)
+            d["error"] = row.error
+            d["warnings"] = "; ".join(row.warnings) or None
+            out.append(d)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the protocol, the summary, and every per-split value (``None`` = failed)."""
+        return {
+            "protocol": {
+                "n_splits": self.n_splits, "cal_size": self.cal_size, "test_size": self.test_size,
+                "n_classes": self.n_classes, "seed": self.seed, "fixed_sets": self.fixed_sets,
+                "ece_bins": 15,
+                "units": {m: METRICS[m][1] or "unitless" for m in self.metrics},
+                "note": "rates (error, ECEs) are fractions here; se = std(ddof=1)/sqrt(n_ok)",
+            },
+            "summary": self.summary(),
+            "per_split": {
+                row.label: {"method": row.method, "params": row.params,
+                            "values": row.values, "errors": row.errors, "warnings": row.warnings}
+                for row in self.rows
+            },
+        }
+
+    def to_json(self, **kw) -> str:
+        return json.dumps(self.to_dict(), allow_nan=False, **kw)
+
+    def to_csv(self) -> str:
+        """The summary as CSV text (rates as fractions, empty cells where undefined)."""
+        rows = self.summary()
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: ("" if v is None else (repr(v) if isinstance(v, float) else v))
+                             for k, v in r.items()})
+        return buf.getvalue()
+
+    def to_text(self) -> str:
+        """A fixed-width table: mean ± standard error, rates in %."""
+        head = ["method"] + [f"{METRICS[m][0]}" + (f" ({METRICS[m][1]})" if METRICS[m][1] else "")
+                             for m in self.metrics]
+        body = []
+        notes = []
+        for row in self.rows:
+            cells = [row.label]
+            for m in self.metrics:
+                unit = METRICS[m][1]
+                cells.append(format_cell(row.mean(m), row.se(m), percent=unit == "%",
+                                         digits=2 if unit in ("%", "s") else 4))
+            if row.n_ok < len(row.errors):
+                cells[0] += f" [{row.n_ok}/{len(row.errors)}]"
+                notes.append(f"{row.label}: {row.error}")
+            body.append(cells)
+        widths = [max(len(r[i]) for r in [head] + body) for i in range(len(head))]
+        lines = [_line(head, widths), "  ".join("-" * w for w in widths)]
+        lines += [_line(r, widths) for r in body]
+        split_desc = ("fixed calibration/test sets" if self.fixed_sets else
+                      f"{self.n_splits} random splits, seed {self.seed}")
+        lines.append(f"({split_desc}; {self.cal_size} calibration / {self.test_size} test samples, "
+                     f"{self.n_classes} classes; mean ± standard error; ECEs with 15 bins)")
+        lines += [f"! {n}" for n in notes]
+        return "\n".join(lines)
+
+
+def format_cell(mean: float | None, se: float | None, *, percent: bool = False, digits: int = 4) -> str:
+    """``"12.34 ± 0.56"`` with ``digits`` decimals (``percent`` multiplies by 100); ``"–"`` when undefined."""
+    if mean is None:
+        return "–"
+    scale = 100.0 if percent else 1.0
+    s = f"{mean * scale:.{digits}f}"
+    return s if se is None else f"{s} ± {se * scale:.{digits}f}"
+
+
+def _line(cells, widths):
+    return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+
+def _parse_methods(methods) -> list[tuple[str, str, dict]]:
+    if isinstance(methods, str):
+        methods = [m for m in methods.split(",") if m.strip()]
+    specs = []
+    for item in methods:
+        if isinstance(item, str):
+            label, name, params = item.strip(), item.strip(), {}
+        elif isinstance(item, tuple) and len(item) == 3:
+            label, name, params = item
+            params = dict(params)
+        else:
+            raise TypeError(f"methods: expected method names or (label, name, params) tuples, got {item!r}")
+        if name == UNCALIBRATED:
+            continue
+        if name not in METHODS:
+            raise ValueError(f"methods: unknown method {name!r}; registered: {', '.join(sorted(METHODS))}")
+        specs.append((label, name, params))
+    labels = [s[0] for s in specs]
+    dupes = sorted({x for x in labels if labels.count(x) > 1})
+    if dupes:
+        raise ValueError(f"methods: each method may appear once, got duplicates {dupes}")
+    return specs
+
+
+def _int_arg(value, name: str, lo: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
+        raise ValueError(f"{name}: expected an integer >= {lo}, got {value!r}")
+    return int(value)
+
+
+def _fit_one(name: str, params: dict, x_cal, y_cal, x_test, y_test):
+    cls = METHODS[name]
+    kwargs = dict(params)
+    if "progress" in cls._param_names() and "progress" not in kwargs:
+        kwargs["progress"] = False  # one bar for the whole comparison, not one per fit
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cal = cls(**kwargs)
+        t0 = time.perf_counter()
+        cal.fit(x_cal, y_cal)
+        fit_seconds = time.perf_counter() - t0
+        probs = cal.predict_proba(x_test)
+        record = getattr(cal, "fit_record_", None) or {}
+        cal_nll = record.get("metrics_after", {}).get("nll")
+        if cal_nll is None:
+            cal_nll = nll(cal.predict_proba(x_cal), y_cal)
+    values = _test_metrics(probs, y_test)
+    values["cal_nll"] = float(cal_nll)
+    values["fit_seconds"] = fit_seconds
+    return values, sorted({f"{w.category.__name__}: {w.message}" for w in caught})
+
+
+def split_indices(n_samples: int, n_splits: int, cal_size: int, seed: int = 0):
+    """The random splits of :func:`compare_methods`: a list of ``(cal_idx, test_idx)`` int arrays.
+
+    Split ``s`` permutes ``range(n_samples)`` with ``numpy.random.default_rng([seed, s])``;
+    the first ``cal_size`` indices calibrate, the rest test.
+    """
+    out = []
+    for s in range(n_splits):
+        perm = np.random.default_rng([seed, s]).permutation(n_samples)
+        out.append((perm[:cal_size], perm[cal_size:]))
+    return out
+
+
+def compare_methods(logits, labels, methods: Iterable, *, n_splits: int = 10, cal_size: int = 5000,
+                    seed: int = 0, input_kind: str = "logits", test_logits=None, test_labels=None,
+                    progress: bool = False) -> ComparisonResult:
+    """Fit every method on calibration splits and score it on the matching test splits.
+
+    Parameters
+    ----------
+    logits : float array ``(n_samples, n_classes)`` (or probabilities with ``input_kind="probs"``;
+        their log is used as logits)
+    labels : int array ``(n_samples,)`` in ``[0, n_classes)``
+    methods : method names registered in :data:`confcal.calibrators.METHODS` (a list, or one
+        comma-separated string), or ``(label, name, params)`` tuples to set hyper-parameters.
+        The ``uncalibrated`` row (softmax of the logits) is always added first.
+    n_splits : number of random splits; split ``s`` permutes the samples with
+        ``numpy.random.default_rng([seed, s])`` and takes the first ``cal_size`` for calibration
+        and the rest for testing
+    cal_size : calibration samples per split, ``1 <= cal_size < n_samples``
+    seed : base seed of the splits (the methods keep their own default seeds, so every fit
+        is deterministic)
+    test_logits, test_labels : a fixed test set; then ``logits``/``labels`` are the whole
+        calibration set, one split is run and ``n_splits``/``cal_size`` are ignored
+    progress : show a tqdm bar over (split, method) fits on stderr
+
+    Returns
+    -------
+    :class:`ComparisonResult` with per-split values and mean / standard error over splits of
+    ``error`` (1 - accuracy), ``smece`` (:func:`confcal.metrics.smooth_ece`), ``ece_em`` and
+    ``ece_ew`` (15 equal-mass / equal-width bins), ``nll`` (nats), ``brier`` on the test part,
+    ``cal_nll`` (fitted calibration-set NLL) and ``fit_seconds``.
+
+    Raises
+    ------
+    ValueError, TypeError
+        Invalid logits/labels, an unknown method name, a duplicate label, ``n_splits < 1``,
+        ``cal_size`` outside ``[1, n_samples)``, a test set with another number of classes,
+        or only one of ``test_logits``/``test_labels``. Errors raised by a method's fit or
+        predict are recorded in its row instead.
+    """
+    from tqdm.auto import tqdm  # progress bars are outside the core; a well-kept library
+
+    x = check_logits(logits, input_kind=input_kind).astype(np.float64)
+    y = check_labels(labels, x.shape[0], x.shape[1])
+    specs = _parse_methods(methods)
+    seed = _int_arg(seed, "seed", 0)
+    if (test_logits is None) != (test_labels is None):
+        raise ValueError("test_logits, test_labels: give both for a fixed test set, or neither")
+    fixed = test_logits is not None
+    if fixed:
+        xt = check_logits(test_logits, name="test_logits", input_kind=input_kind).astype(np.float64)
+        if xt.shape[1] != x.shape[1]:
+            raise ValueError(f"test_logits: expected {x.shape[1]} classes like logits, got shape {xt.shape}")
+        yt = check_labels(test_labels, xt.shape[0], xt.shape[1], name="test_labels")
+        splits = [(x, y, xt, yt)]
+        n_splits, cal_size, test_size = 1, x.shape[0], xt.shape[0]
+    else:
+        n_splits = _int_arg(n_splits, "n_splits", 1)
+        cal_size = _int_arg(cal_size, "cal_size", 1)
+        if cal_size >= x.shape[0]:
+            raise ValueError(f"cal_size: expected fewer than the {x.shape[0]} samples (the rest is the "
+                             f"test set), got {cal_size}")
+        test_size = x.shape[0] - cal_size
+        splits = [(x[cal], y[cal], x[test], y[test])
+                  for cal, test in split_indices(x.shape[0], n_splits, cal_size, seed)]
+
+    rows = [MethodResult(UNCALIBRATED, UNCALIBRATED, {})] + [MethodResult(lab, name, p) for lab, name, p in specs]
+    for row in rows:
+        row.values = {m: [] for m in METRICS}
+    bar = tqdm(total=n_splits * len(specs), disable=not progress, desc="compare", unit="fit")
+    try:
+        for x_cal, y_cal, x_test, y_test in splits:
+            base = _test_metrics(softmax(x_test), y_test)
+            base["cal_nll"] = nll(softmax(x_cal), y_cal)
+            base["fit_seconds"] = None  # nothing is fitted
+            _append(rows[0], base, None)
+            for row in rows[1:]:
+                bar.set_postfix_str(row.label)
+                try:
+                    values, caught = _fit_one(row.method, row.params, x_cal, y_cal, x_test, y_test)
+                except Exception as exc:  # a failing method is a result, not the end of the run
+                    _append(row, None, f"{type(exc).__name__}: {exc}")
+                else:
+                    _append(row, values, None)
+                    row.warnings += [w for w in caught if w not in row.warnings]
+                bar.update(1)
+    finally:
+        bar.close()
+    return ComparisonResult(rows=rows, n_splits=n_splits, cal_size=cal_size, test_size=test_size,
+                            n_classes=int(x.shape[1]), seed=seed, fixed_sets=fixed)
+
+
+def _append(row: MethodResult, values: dict | None, error: str | None) -> None:
+    for m in METRICS:
+        v = None if values is None else values[m]
+        row.values[m].append(None if v is None else float(v))
+    row.errors.append(error)
