@@ -430,7 +430,8 @@ class _RegressionMixin:
 
     def _regression_temperatures(self, z):
         log_t = z @ self.reg_coef_ + self.reg_intercept_
-        return np.exp(np.clip(log_t, math.log(self.t_min), math.log(self.t_max)))
+        t = np.exp(np.clip(log_t, math.log(self.t_min), math.log(self.t_max)))
+        return np.clip(t, self.t_min, self.t_max)  # exp(log(b)) can exceed b by an ulp
 
     def _get_regression(self):
         return {"reg_coef": _floats(self.reg_coef_), "reg_intercept": float(self.reg_intercept_),
