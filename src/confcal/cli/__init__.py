@@ -11,7 +11,7 @@ import warnings
 from confcal import __version__
 
 #: subcommand modules, in the order ``confcal --help`` lists them
-SUBCOMMANDS = ["fit", "apply", "evaluate", "compare", "demo", "detections", "rank"]
+SUBCOMMANDS = ["fit", "apply", "evaluate", "compare", "domain_eval", "demo", "detections", "rank"]
 
 
 def build_parser() -> argparse.ArgumentParser:
