@@ -133,30 +133,65 @@ def run_dataset(dataset: str, *, draws: int, hidden: int, epochs: int, seed: int
 
 
 def headline(results) -> list[str]:
-    """The issue's targets, computed from the results (mean of per-split IR)."""
+    """The issue's targets, computed from the results.
+
+    Per-split IR divides by ``ECE_source-only - ECE_target-only``, which is
+    near zero or negative on some splits (the NLL-fitted oracle is not the
+    ECE-optimal map), so the plain mean is reported next to the median, the IR
+    of the mean ECEs, and the mean over splits where the oracle gains >= 1 pp.
+    """
     lines = []
-    defined = {m: [r.methods[m].ir for r in results if r.methods[m].ir is not None] for m in PROPOSED}
-    means = {m: float(np.mean(v)) if v else float("nan") for m, v in defined.items()}
-    medians = {m: float(np.median(v)) if v else float("nan") for m, v in defined.items()}
-    best = max(means, key=lambda m: means[m])
     n = len(results)
-    lines.append(f"- Mean IR over the {n} splits (splits where eq. 19 is defined: "
-                 + ", ".join(f"{m} {len(v)}" for m, v in defined.items()) + "): "
-                 + ", ".join(f"{m} {means[m]:.2f} (median {medians[m]:.2f})" for m in PROPOSED)
-                 + f". Best: {best} {means[best]:.2f} -> target >= 0.5 "
-                 + ("met." if means[best] >= 0.5 else "NOT met."))
-    dig = [r for r in results if r.tag == "digits"]
-    if dig:
-        e = {m: float(np.mean([r.methods[m].ece_mean for r in dig])) for m in PROPOSED}
-        wins = {m: sum(r.methods[m].ece_mean < r.methods["set-ts"].ece_mean for r in dig)
-                for m in ("cluster-ts", "cluster-ts-regression")}
-        ok = min(e["cluster-ts"], e["cluster-ts-regression"]) < e["set-ts"]
-        lines.append(f"- Digits, mean ECE over {len(dig)} splits: set-level {100 * e['set-ts']:.2f}%, "
-                     f"cluster-NN {100 * e['cluster-ts']:.2f}% (lower than set-level on {wins['cluster-ts']}"
-                     f"/{len(dig)} splits), cluster-reg. {100 * e['cluster-ts-regression']:.2f}% "
-                     f"({wins['cluster-ts-regression']}/{len(dig)}), ensemble "
-                     f"{100 * e['domain-ensemble']:.2f}% -> cluster-level beats set-level on average: "
-                     + ("yes." if ok else "NO."))
+    s_mean = float(np.mean([r.methods["source-only"].ece_mean for r in results]))
+    o_mean = float(np.mean([r.methods["target-only"].ece_mean for r in results]))
+    clear = [r for r in results if r.methods["source-only"].ece_mean - r.methods["target-only"].ece_mean >= 0.01]
+    stats = {}
+    for m in PROPOSED:
+        irs = [r.methods[m].ir for r in results if r.methods[m].ir is not None]
+        e = float(np.mean([r.methods[m].ece_mean for r in results]))
+        stats[m] = {
+            "mean": float(np.mean(irs)) if irs else float("nan"), "median": float(np.median(irs)) if irs else
+            float("nan"), "defined": len(irs), "ge_half": sum(v >= 0.5 for v in irs),
+            "of_mean": (s_mean - e) / (s_mean - o_mean),
+            "clear": float(np.mean([r.methods[m].ir for r in clear])) if clear else float("nan"),
+        }
+    best = max(PROPOSED, key=lambda m: stats[m]["mean"])
+    lines.append(f"- Mean IR over the {n} splits (the issue's target: >= 0.5 for the best proposed method): "
+                 + ", ".join(f"{m} {stats[m]['mean']:.2f}" for m in PROPOSED)
+                 + f". Best: {best} {stats[best]['mean']:.2f} -> "
+                 + ("met" if stats[best]["mean"] >= 0.5 else "NOT met")
+                 + ". Caveat: per-split IR divides by ECE_source-only - ECE_target-only, which is below 1 pp "
+                 f"or negative on {n - len(clear)} of {n} splits, so this mean is dominated by a few splits; "
+                 "the robust figures below say more.")
+    lines.append("- Median per-split IR: " + ", ".join(f"{m} {stats[m]['median']:.2f}" for m in PROPOSED)
+                 + "; splits with IR >= 0.5: " + ", ".join(f"{m} {stats[m]['ge_half']}/{n}" for m in PROPOSED)
+                 + ".")
+    lines.append(f"- IR of the mean ECE over all {n} splits (source-only {100 * s_mean:.2f}%, oracle "
+                 f"{100 * o_mean:.2f}%): " + ", ".join(f"{m} {stats[m]['of_mean']:.2f}" for m in PROPOSED)
+                 + f". Mean IR over the {len(clear)} splits where the oracle beats source-only by >= 1 pp: "
+                 + ", ".join(f"{m} {stats[m]['clear']:.2f}" for m in PROPOSED) + ".")
+    neg = [str(r.split) for r in results
+           if r.methods["source-only"].ece_mean < r.methods["target-only"].ece_mean]
+    if neg:
+        lines.append(f"- On {len(neg)} splits the NLL-fitted oracle has a higher ECE than source-only TS "
+                     f"(negative eq. 19 denominator: small oracle fit sets, or a mostly-wrong model whose NLL "
+                     f"optimum is a high T), so there a method WORSE than source-only gets a positive IR: "
+                     + "; ".join(neg) + ".")
+    for tag in dict.fromkeys(r.tag for r in results):
+        rs = [r for r in results if r.tag == tag]
+        e = {m: float(np.mean([r.methods[m].ece_mean for r in rs])) for m in PROPOSED}
+        irs = {m: float(np.mean([r.methods[m].ir for r in rs if r.methods[m].ir is not None])) for m in PROPOSED}
+        wins = {m: sum(r.methods[m].ece_mean < r.methods["set-ts"].ece_mean for r in rs)
+                for m in ("cluster-ts", "cluster-ts-regression", "domain-ensemble")}
+        line = (f"- {tag}, mean ECE over {len(rs)} splits: set-level {100 * e['set-ts']:.2f}%, cluster-NN "
+                f"{100 * e['cluster-ts']:.2f}% (below set-level on {wins['cluster-ts']}/{len(rs)} splits), "
+                f"cluster-reg. {100 * e['cluster-ts-regression']:.2f}% ({wins['cluster-ts-regression']}/{len(rs)}), "
+                f"ensemble {100 * e['domain-ensemble']:.2f}% ({wins['domain-ensemble']}/{len(rs)}); mean IR "
+                + ", ".join(f"{m} {irs[m]:.2f}" for m in PROPOSED))
+        if tag == "digits":
+            ok = min(e["cluster-ts"], e["cluster-ts-regression"]) < e["set-ts"]
+            line += " -> cluster-level beats set-level on average on digits: " + ("yes" if ok else "NO")
+        lines.append(line + ".")
     return lines
 
 
