@@ -1,0 +1,605 @@
+"""Box-constrained softmax operators: BCSoftmax, UBSoftmax and LBSoftmax.
+
+Source: Atarashi et al., "Probability Bounding: Post-Hoc Calibration via
+Box-Constrained Softmax", arXiv 2506.10572 (section 3.2, appendices A.1, D, E).
+
+``bcsoftmax(g; a, b, tau)`` is the maximiser of ``g.p + tau * H(p)`` over the
+probability simplex intersected with the box ``a <= p <= b`` (eq. 8, 19).  Its
+KKT conditions say that there is one scalar ``nu`` per row with
+
+    p_i = clip(exp(g_i / tau - nu), a_i, b_i),     sum_i p_i = 1,
+
+so every coordinate is ``a_i``, ``b_i`` or ``exp(g_i / tau) * s / Z_F`` with
+``s = 1 - (sum of the clamped bounds)`` and ``Z_F`` the sum of ``exp(g_j / tau)``
+over the free coordinates ``F`` (eq. 24).  Instead of the paper's sort-based
+Algorithms 1-2 (``torch.sort`` is slow on CPU) we find ``nu`` with a
+safeguarded Newton iteration on the monotone piecewise function
+``f(nu) = sum_i clip(exp(x_i - nu), a_i, b_i)``.  A Newton step *is* the
+closed form of eq. 24 for the current clamped sets, so the iteration stops, with
+an exact answer, as soon as the sets stop changing; one last pass then applies
+eq. 24 with the free set renormalised exactly.  Memory is O(N K), there is no
+Python loop over rows, and the backward pass is the O(K) vector-Jacobian
+product of eq. 43-45.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+__all__ = ["bcsoftmax", "ubsoftmax", "lbsoftmax"]
+
+# Newton on a piecewise-linear function converges in a handful of steps; the
+# bisection safeguard needs at most ~60 more to reach rounding level in float64.
+_MAX_ITER = 200
+
+# Compact the working set once this fraction of it has converged: a copy of the
+# active rows costs about as much as one pass of an iteration.
+_COMPACT_FRACTION = 0.5
+
+
+class _Meta(NamedTuple):
+    """What the error messages need to name a row and class of the input."""
+
+    name: str
+    batch_shape: tuple
+    dim: int
+
+
+# --------------------------------------------------------------------------
+# public API
+# --------------------------------------------------------------------------
+
+
+def bcsoftmax(logits, lower, upper, *, tau=1.0, dim=-1, check=True):
+    """Box-constrained softmax (BCSoftmax, eq. 8 of Atarashi et al. 2025).
+
+    Returns ``argmax_{p in simplex, lower <= p <= upper} (logits / tau).p + H(p)``
+    along ``dim``, computed exactly (to rounding) and differentiably.
+
+    Args:
+        logits: float tensor of any shape with ``K = logits.shape[dim] >= 1``
+            classes; any float dtype (float16/bfloat16 are computed in float32
+            and returned in the input dtype) and any device.  ``-inf`` marks a
+            masked class, whose probability is its lower bound.
+        lower, upper: the box.  A Python float or 0-d tensor (the same bound for
+            every class; this is the fast path), a 1-D tensor of length ``K``
+            (one bound per class, laid along ``dim``), or a tensor broadcastable
+            to ``logits`` in its original layout.  Feasible bounds satisfy
+            ``0 <= lower <= upper <= 1`` and ``sum(lower) <= 1 <= sum(upper)``
+            per row.
+        tau: temperature > 0: a Python float or a tensor of the same kinds as
+            the bounds (e.g. shape ``(N, 1)`` for one temperature per sample).
+        dim: the class dimension.
+        check: validate inputs (on by default).  With ``check=False``
+            infeasible inputs give unspecified (but finite for finite inputs)
+            results; use it only in hot loops whose bounds are feasible by
+            construction.
+
+    Returns:
+        Tensor of the shape and dtype of ``logits``; each slice along ``dim``
+        lies in the box and sums to one.
+
+    Raises:
+        TypeError: ``logits`` is not a floating-point tensor.
+        ValueError: NaN or ``+inf`` logits; a bound below 0 or above 1;
+            ``lower > upper``; ``sum(lower) > 1`` or ``sum(upper) < 1`` beyond
+            a tolerance of ``max(K, 4) * eps`` of the working dtype (bounds
+            that are feasible up to rounding are accepted); a row whose
+            unmasked classes cannot reach total probability 1; a shape that
+            does not broadcast; ``tau <= 0``.  Messages name the row (index into
+            the batch dimensions) and the class.
+
+    Gradients flow to ``logits``, ``lower``, ``upper`` and ``tau`` through a
+    custom autograd function whose backward is the O(K) product with the
+    Jacobians of eq. 43-45.  ``torch.func.vmap`` is not supported (the forward
+    iterates with data-dependent stopping); ``torch.func.grad`` works.
+    """
+    return _apply("bcsoftmax", logits, lower, upper, tau, dim, check)
+
+
+def ubsoftmax(logits, upper, *, tau=1.0, dim=-1, check=True):
+    """Upper-bounded softmax (UBSoftmax): :func:`bcsoftmax` with ``lower = 0``.
+
+    Atarashi et al. 2025, eq. 19 and Algorithm 1.  ``upper`` may be a Python
+    float, a 0-d tensor, a length-``K`` tensor or a tensor broadcastable to
+    ``logits``; feasibility needs ``0 <= upper <= 1`` and ``sum(upper) >= 1``.
+    Shapes, dtypes, gradients and errors as in :func:`bcsoftmax`.
+    """
+    return _apply("ubsoftmax", logits, 0.0, upper, tau, dim, check)
+
+
+def lbsoftmax(logits, lower, *, tau=1.0, dim=-1, check=True):
+    """Lower-bounded softmax (LBSoftmax): :func:`bcsoftmax` with ``upper = 1``.
+
+    Atarashi et al. 2025, eq. 19 and Algorithm 2.  ``lower`` may be a Python
+    float, a 0-d tensor, a length-``K`` tensor or a tensor broadcastable to
+    ``logits``; feasibility needs ``0 <= lower <= 1`` and ``sum(lower) <= 1``.
+    Shapes, dtypes, gradients and errors as in :func:`bcsoftmax`.
+    """
+    return _apply("lbsoftmax", logits, lower, 1.0, tau, dim, check)
+
+
+# --------------------------------------------------------------------------
+# argument preparation
+# --------------------------------------------------------------------------
+
+
+def _apply(name, logits, lower, upper, tau, dim, check):
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"{name}: logits must be a torch.Tensor, got {type(logits).__name__}")
+    if not logits.is_floating_point():
+        raise TypeError(f"{name}: logits must have a floating-point dtype, got {logits.dtype}")
+    if logits.ndim == 0:
+        raise ValueError(f"{name}: logits must have at least one dimension (the classes)")
+    try:
+        dim = dim % logits.ndim if -logits.ndim <= dim < logits.ndim else None
+    except TypeError:
+        dim = None
+    if dim is None:
+        raise ValueError(f"{name}: dim is out of range for logits of shape {tuple(logits.shape)}")
+    K = logits.shape[dim]
+    if K == 0:
+        raise ValueError(f"{name}: logits have no classes along dim {dim}")
+
+    cd = torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
+    moved = logits.movedim(dim, -1)
+    batch_shape = tuple(moved.shape[:-1])
+    M = math.prod(batch_shape)
+    x = moved.reshape(M, K).to(cd)
+    meta = _Meta(name, batch_shape, dim)
+
+    a, eps_a = _operand(lower, "lower", logits, dim, M, K, cd, meta)
+    b, eps_b = _operand(upper, "upper", logits, dim, M, K, cd, meta)
+    t, _ = _operand(tau, "tau", logits, dim, M, K, cd, meta)
+    eps = max(torch.finfo(cd).eps, eps_a, eps_b)
+    if isinstance(t, float):
+        if not (t > 0.0 and math.isfinite(t)):
+            raise ValueError(f"{name}: tau must be a finite number > 0, got {t}")
+        t = None if t == 1.0 else t
+    elif check and not bool(((t > 0) & torch.isfinite(t)).all()):
+        raise ValueError(f"{name}: tau must be finite and > 0 everywhere")
+
+    if M == 0:
+        out = x.new_zeros(M, K)
+    elif isinstance(a, float) and isinstance(b, float) and a == 0.0 and b == 1.0:
+        # The box is the whole simplex: plain softmax (eq. 19 with a=0, b=1).
+        xs = x if t is None else x / t
+        if check:
+            _check_logits(xs.detach(), meta)
+        out = torch.softmax(xs, dim=-1)
+    else:
+        out = _BoxSoftmax.apply(x, a, b, t, check, eps, meta)[0]
+    return out.reshape(batch_shape + (K,)).movedim(-1, dim).to(logits.dtype)
+
+
+def _operand(value, what, logits, dim, M, K, cd, meta):
+    """Bring a bound (or tau) into one of four layouts against (M, K) logits.
+
+    Returns ``(v, eps)`` where ``v`` is a Python float (a constant: the fast
+    path) or a tensor of shape ``()``, ``(K,)``, ``(M, 1)`` or ``(M, K)`` in the
+    working dtype, still attached to autograd; ``eps`` is the machine epsilon of
+    the caller's dtype, so that float16 bounds get a float16 tolerance.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, torch.Tensor)):
+        raise TypeError(f"{meta.name}: {what} must be a float or a tensor, got {type(value).__name__}")
+    if not isinstance(value, torch.Tensor):
+        return float(value), 0.0
+    eps = torch.finfo(value.dtype).eps if value.is_floating_point() else 0.0
+    if value.numel() == 1 and value.ndim <= 1:
+        value = value.reshape(())
+    if value.ndim == 0 and not value.requires_grad:
+        return float(value), eps  # one sync for a constant is cheaper than tensor ops per pass
+    v = value.to(device=logits.device, dtype=cd)
+    if v.ndim == 0:
+        return v, eps
+    if v.ndim == 1 and v.shape[0] == K:
+        return v, eps  # per-class along `dim`
+    shape = tuple(logits.shape)
+    try:
+        if torch.broadcast_shapes(v.shape, shape) != torch.Size(shape):
+            raise RuntimeError
+    except RuntimeError:
+        raise ValueError(
+            f"{meta.name}: {what} of shape {tuple(v.shape)} does not broadcast to logits of "
+            f"shape {shape} (a 1-D {what} must have length K={K})"
+        ) from None
+    v = v.reshape((1,) * (len(shape) - v.ndim) + tuple(v.shape)).movedim(dim, -1)
+    lead, last = v.shape[:-1], v.shape[-1]
+    if all(s == 1 for s in lead):
+        return (v.reshape(K) if last == K else v.reshape(())), eps
+    return v.expand(meta.batch_shape + (last,)).reshape(M, last), eps
+
+
+# --------------------------------------------------------------------------
+# input checks
+# --------------------------------------------------------------------------
+
+
+def _locate(mask, meta):
+    """Name the first True entry of a mask laid out like an operand: (), (K,), (M, 1) or (M, K)."""
+    if mask.ndim == 0:
+        return "every class"
+    flat = int(mask.reshape(-1).nonzero()[0, 0])
+    if mask.ndim == 1:
+        return f"class {flat}"
+    r, c = divmod(flat, mask.shape[-1])
+    idx = []
+    for size in reversed(meta.batch_shape):
+        idx.append(r % size)
+        r //= size
+    where = f"batch index {tuple(reversed(idx))}" if meta.batch_shape else "the only row"
+    return where if mask.shape[-1] == 1 else f"{where}, class {c} (dim={meta.dim})"
+
+
+def _check_logits(x, meta):
+    """Reject NaN and +inf; return True when some logit is -inf (a masked class)."""
+    if bool(torch.isfinite(x.sum())):
+        return False  # one reduction proves every entry finite
+    for bad, what in ((torch.isnan(x), "NaN"), (torch.isposinf(x), "+inf")):
+        if bool(bad.any()):
+            raise ValueError(f"{meta.name}: logits contain {what} at {_locate(bad, meta)}")
+    return True
+
+
+def _check_bounds(a, b, A, B, tol, masked_rows, meta):
+    """Elementwise and per-row feasibility of the box.
+
+    ``A`` and ``B`` are the row sums of the bounds (floats for uniform bounds,
+    else (M,) tensors); in ``B`` masked classes count at their lower bound.
+    """
+    for v, what in ((a, "lower"), (b, "upper")):
+        if isinstance(v, float):
+            if not (0.0 <= v <= 1.0):
+                raise ValueError(f"{meta.name}: {what} bound {v} is outside [0, 1]")
+            continue
+        for bad, cond in ((v < 0, "< 0"), (v > 1, "> 1"), (torch.isnan(v), "is NaN")):
+            if bool(bad.any()):
+                raise ValueError(f"{meta.name}: {what} bound {cond} at {_locate(bad, meta)}")
+    bad = a > b
+    if isinstance(bad, bool):
+        if bad:
+            raise ValueError(f"{meta.name}: lower bound {a} > upper bound {b}")
+    elif bool(bad.any()):
+        raise ValueError(f"{meta.name}: lower bound > upper bound at {_locate(bad, meta)}")
+    for S, over, what in ((A, True, "sum(lower) = {:.9g} > 1"), (B, False, "sum(upper) = {:.9g} < 1")):
+        bad = S > 1 + tol if over else S < 1 - tol
+        if isinstance(bad, bool):
+            if bad:
+                raise ValueError(f"{meta.name}: infeasible box: {what.format(S)} (tolerance {tol:.3g})")
+        elif bool(bad.any()):
+            r = int(bad.nonzero()[0, 0])
+            msg = what.format(float(S[r]))
+            if not over and masked_rows is not None and bool(masked_rows[r]):
+                msg += " (masked -inf classes count at their lower bound)"
+            raise ValueError(f"{meta.name}: infeasible box at {_locate(bad[:, None], meta)}: {msg} (tolerance {tol:.3g})")
+
+
+# --------------------------------------------------------------------------
+# the solver
+# --------------------------------------------------------------------------
+
+
+def _row_sum(v, M, K):
+    """Sum over classes of a bound in one of the four layouts: a float or an (M,) tensor."""
+    if isinstance(v, float):
+        return v * K
+    if v.ndim == 0:
+        return float(v) * K
+    if v.ndim == 1:
+        return float(v.sum())
+    return v.sum(-1) if v.shape[-1] == K else v[:, 0] * K
+
+
+def _rows(v, idx):
+    """Restrict a bound to some rows (only the row-dependent layouts change)."""
+    return v[idx] if isinstance(v, torch.Tensor) and v.ndim == 2 else v
+
+
+def _evaluate(x, nu, a, b, bufs, sides):
+    """Clamp map at nu: e = exp(x - nu), masks L (e <= a) and U (e >= b, not L),
+    f = sum clip(e, a, b) and the clamped mass ``cl``.  ``None`` bounds are
+    absent.  With ``sides`` also the unclamped mass of each clamped set, for
+    the one-sided steps of a two-sided box."""
+    e, pc, Lb, Ub = (t[: x.shape[0]] for t in bufs)
+    torch.sub(x, nu[:, None], out=e)
+    e.exp_()
+    if isinstance(a, torch.Tensor) != isinstance(b, torch.Tensor) and a is not None and b is not None:
+        torch.clamp(e, a, None, out=pc).clamp_(None, b)  # clamp takes two numbers or two tensors
+    else:
+        torch.clamp(e, a, b, out=pc)
+    f = pc.sum(-1)
+    L = U = None
+    cl_l = cl_u = e_l = e_u = 0.0
+    if a is not None:
+        L = torch.le(e, a, out=Lb)
+        cl_l = L.sum(-1, dtype=x.dtype).mul_(a) if isinstance(a, float) else torch.where(L, a, 0.0).sum(-1)
+        if sides:
+            e_l = torch.where(L, e, 0.0).sum(-1)
+    if b is not None:
+        U = torch.ge(e, b, out=Ub)
+        if L is not None and not (isinstance(a, float) and isinstance(b, float)):
+            U &= ~L  # a_i == b_i: count the coordinate once, as lower
+        cl_u = U.sum(-1, dtype=x.dtype).mul_(b) if isinstance(b, float) else torch.where(U, b, 0.0).sum(-1)
+        if sides:
+            e_u = torch.where(U, e, 0.0).sum(-1)
+    return e, L, U, f, cl_l, cl_u, e_l, e_u
+
+
+def _emit(e, L, U, cl, a, b):
+    """Eq. 24 from one evaluation: clamped coordinates take their bound, the free
+    ones share ``s = 1 - clamped mass`` in proportion to exp(x).  Returns the
+    probabilities, the clamp state (-1 lower, 0 free, +1 upper; stored so the
+    backward pass never re-derives it from float equality) and ``s``."""
+    s = 1.0 - cl if isinstance(cl, torch.Tensor) else torch.full(e.shape[:1], 1.0 - cl, dtype=e.dtype, device=e.device)
+    if U is not None:
+        state = U.to(torch.int8)
+        if L is not None:
+            state.masked_fill_(L, -1)
+    else:
+        state = L.to(torch.int8).neg_()
+    free = state == 0
+    sf = torch.where(free, e, 0.0).sum(-1)
+    r = torch.where(sf > 0, s / sf, 0.0)
+    p = e * r[:, None]
+    for mask, v in ((U, b), (L, a)):  # lower last: it wins when a_i == b_i
+        if mask is not None:
+            p = p.masked_fill_(mask, v) if isinstance(v, float) else torch.where(mask, v, p)
+    return p, state, s.clamp_min_(0.0)
+
+
+def _iterate(x, a, b, eps, masked):
+    """Solve rows of (m, K) logits whose box has room (sum a < 1 < sum b).
+
+    Finds the per-row root nu of f(nu) = sum_i clip(exp(x_i - nu), a_i, b_i) = 1
+    by Newton's method.  The Newton step from nu is the closed form of eq. 24
+    for the clamped sets at nu, so it is exact once the sets are right; the
+    sets move one way as nu grows (upper -> free -> lower), so an unchanged
+    count (#lower - #upper) after a Newton step proves them right.  With one
+    kind of bound f is concave or convex in exp(-nu) and Newton from the
+    softmax normaliser is monotone; a two-sided box can make it cycle between
+    pieces, so after a few steps every other step is a bisection of the bracket
+    [lo, hi] (doubling outwards while one side is unknown).  Converged rows are
+    frozen, and the working set is compacted once half of it has converged.
+
+    Returns (p, state, s, n_iter) as from :func:`_emit`.
+    """
+    m, K = x.shape
+    dt = x.dtype
+    nu = torch.logsumexp(x, -1)  # softmax's normaliser: the unconstrained answer
+    # A finite bracket from the start, f(lo) >= 1 >= f(hi):  f <= sum(a) + e^(lse - nu)
+    # gives hi; with every reachable coordinate at its upper bound f = sum(b),
+    # which happens for nu <= min_i (x_i - log b_i).  f(lo) is then known
+    # exactly, so a secant step is available before any evaluation above 1.
+    A = _row_sum(a, m, K) if a is not None else 0.0
+    hi = nu - torch.log1p(-torch.as_tensor(A, dtype=dt, device=x.device)) if a is not None else nu.clone()
+    f_hi = torch.full_like(nu, math.nan)
+    if b is not None:
+        xb = x - (math.log(b) if isinstance(b, float) else torch.log(b))
+        if masked:
+            xb = xb.masked_fill_(torch.isneginf(x), math.inf)
+        lo = xb.amin(-1)
+        f_lo = _row_sum(b, m, K) if not masked else torch.where(torch.isneginf(x), a if a is not None else 0.0, b).sum(-1)
+        f_lo = torch.as_tensor(f_lo, dtype=dt, device=x.device).expand(m).clone()
+    else:
+        lo, f_lo = nu.clone(), torch.full_like(nu, math.nan)
+    prev = torch.full_like(nu, math.nan)  # NaN never equals: no "unchanged" at the start
+    prev_above = torch.zeros(m, dtype=torch.bool, device=x.device)
+    prev_ok = torch.zeros(m, dtype=torch.bool, device=x.device)
+    fin = torch.zeros(m, dtype=torch.bool, device=x.device)
+    bufs = (torch.empty_like(x), torch.empty_like(x),
+            torch.empty(x.shape, dtype=torch.bool, device=x.device),
+            torch.empty(x.shape, dtype=torch.bool, device=x.device))
+    tol_rel = 32 * eps  # |f - 1| <= tol_rel * free mass: nu is within ~32 ulps of the root
+    tol_abs = max(K, 4) * eps  # all coordinates clamped and summing to one
+    idx = None  # rows of the working set in the input (None: all of them)
+    outs = None
+    xw, aw, bw = x, a, b
+    two_sided = a is not None and b is not None
+    n_iter = 0
+    for n_iter in range(1, _MAX_ITER + 1):
+        e, L, U, f, cl_l, cl_u, e_l, e_u = _evaluate(xw, nu, aw, bw, bufs, two_sided)
+        cl = cl_l + cl_u
+        s = 1.0 - cl
+        sf = f - cl
+        err = f - 1.0
+        code = (L.sum(-1, dtype=dt) if L is not None else 0) - (U.sum(-1, dtype=dt) if U is not None else 0)
+        aerr = err.abs()
+        # exp(x - nu) carries a relative error of |nu| ulps, hence the scale.
+        scale = torch.clamp_min(nu.abs(), 1.0)
+        done = fin | (code == prev) | (aerr <= tol_rel * sf * scale) | ((sf <= tol_abs) & (aerr <= tol_abs))
+        done |= (hi - lo) <= 4 * eps * scale  # bracket at rounding width
+        n_done = int(done.sum())
+        if n_done == done.numel():
+            p, st, sr = _emit(e, L, U, cl, aw, bw)
+            if idx is None:
+                return p, st, sr, n_iter
+            outs[0][idx], outs[1][idx], outs[2][idx] = p, st, sr
+            return outs + (n_iter,)
+        # f decreases in nu: the root is above nu when f > 1.
+        above = err > 0
+        # Illinois rule: when the same end moves twice running, halve the
+        # other end's residual so that regula falsi does not stall there.
+        again = above == prev_above
+        f_lo = torch.where(above, f, torch.where(again, 1.0 + 0.5 * (f_lo - 1.0), f_lo))
+        f_hi = torch.where(above, torch.where(again, 1.0 + 0.5 * (f_hi - 1.0), f_hi), f)
+        lo = torch.where(above, nu, lo)
+        hi = torch.where(above, hi, nu)
+        # f is piecewise linear in t = exp(-nu): secant (regula falsi) in t
+        # between the bracket ends, with t = 1 at lo.  NaN while f(hi) is unknown.
+        t_hi = torch.exp(lo - hi)
+        secant = lo - torch.log(t_hi + (1.0 - f_hi) * (1.0 - t_hi) / (f_lo - f_hi))
+        mid = 0.5 * (lo + hi)
+        secant = torch.where((secant > lo) & (secant < hi), secant, mid)
+        # Newton = eq. 24 for the sets at nu (NaN when nothing is free).
+        newton = nu + torch.log(sf / s)
+        # The root may sit on a computed bracket end, hence >= and <=.  A free
+        # mass at rounding level is noise from f - cl: treat that piece as flat.
+        ok = (newton >= lo) & (newton <= hi) & (sf > tol_abs)
+        if two_sided:
+            # On a flat piece (nothing free) step as if the bound on the far
+            # side were absent: the one-sided Newton step, always in the right
+            # direction.
+            side = nu + torch.where(above, torch.log((sf + e_u) / (1.0 - cl_l)),
+                                    torch.log((sf + e_l) / (1.0 - cl_u)))
+            # ... unless that step is tiny (clamped coordinates just past their
+            # bounds), where halving the bracket is the faster way off the piece.
+            far = torch.where(above, (side - nu) >= 0.1 * (hi - nu), (nu - side) >= 0.1 * (nu - lo))
+            alt = torch.where((side >= lo) & (side <= hi) & far, side, mid)
+        else:
+            alt = secant
+        # Newton from one side of a concave/convex piece can creep one piece
+        # per step ("staircase"): after a Newton step that stayed on the same
+        # side, take the secant step instead; past a few steps, alternate with
+        # plain bisection so that the bracket surely shrinks.
+        stalled = prev_ok & again
+        if n_iter >= 8 and n_iter % 2 == 0:
+            ok = torch.zeros_like(done)
+            new = mid
+        else:
+            ok = ok & ~stalled
+            new = torch.where(ok, newton, torch.where(stalled, secant, alt))
+        prev_above, prev_ok = above, ok
+        nu = torch.where(done, nu, new)
+        # An unchanged count only proves exactness after a Newton step.
+        prev = torch.where(ok, code, math.nan)
+        fin = done
+        if n_done and n_done >= _COMPACT_FRACTION * done.numel() and xw.shape[0] * K >= 1 << 13:
+            if outs is None:
+                outs = (torch.empty_like(x), torch.empty(x.shape, dtype=torch.int8, device=x.device),
+                        torch.empty(m, dtype=dt, device=x.device))
+                idx = torch.arange(m, device=x.device)
+            d = done.nonzero()[:, 0]
+            Ld = L[d] if L is not None else None
+            Ud = U[d] if U is not None else None
+            cld = cl[d] if isinstance(cl, torch.Tensor) else cl
+            p, st, sr = _emit(e[d], Ld, Ud, cld, _rows(aw, d), _rows(bw, d))
+            rows = idx[d]
+            outs[0][rows], outs[1][rows], outs[2][rows] = p, st, sr
+            keep = (~done).nonzero()[:, 0]
+            idx = idx[keep]
+            xw, aw, bw = x[idx], _rows(a, idx), _rows(b, idx)
+            nu, lo, hi, f_lo, f_hi, prev, prev_above, prev_ok, fin = (
+                t[keep] for t in (nu, lo, hi, f_lo, f_hi, prev, prev_above, prev_ok, fin))
+    raise RuntimeError(f"bcsoftmax: no convergence after {_MAX_ITER} iterations (please report this input)")
+
+
+def _solve(x, a, b, check, eps, meta):
+    """Forward pass on (M, K) scaled logits; returns (p, state, s, n_iter)."""
+    M, K = x.shape
+    masked = _check_logits(x, meta) if check else not bool(torch.isfinite(x.sum()))
+    neg = torch.isneginf(x) if masked else None
+    if neg is not None and not bool(neg.any()):
+        neg = None
+    # A lower bound of 0 or an upper bound of 1 never binds (the simplex
+    # implies it), so it is dropped: fewer passes, and one-sided Newton.
+    lower = None if isinstance(a, float) and a == 0.0 else a
+    upper = None if isinstance(b, float) and b >= 1.0 else b
+    tol = max(K, 4) * eps
+    A = _row_sum(a, M, K)
+    B = _row_sum(b, M, K)
+    if neg is not None:
+        # A masked class sits at its lower bound, so it contributes a_i, not
+        # b_i, to the largest reachable total.
+        B = B - torch.where(neg, torch.as_tensor(b, dtype=x.dtype, device=x.device) - a, 0.0).sum(-1)
+    if check:
+        _check_bounds(a, b, A, B, tol, None if neg is None else neg.any(-1), meta)
+    # Rows whose box leaves no room (sum(lower) = 1 or sum(upper) = 1 up to
+    # rounding) are the bound itself.  (Without an upper bound, sum(upper) = 1
+    # means a single reachable class, which the iteration handles.)
+    at_lower = A >= 1.0 - tol
+    at_upper = (B <= 1.0 + tol) if upper is not None else False
+    if isinstance(at_lower, bool) and isinstance(at_upper, bool):
+        if not (at_lower or at_upper):
+            return _iterate(x, lower, upper, eps, neg is not None)
+        direct = torch.ones(M, dtype=torch.bool, device=x.device)
+        at_lower = torch.full((M,), at_lower, dtype=torch.bool, device=x.device)
+    else:
+        at_lower = torch.as_tensor(at_lower, device=x.device).expand(M)
+        at_upper = torch.as_tensor(at_upper, device=x.device).expand(M)
+        direct = at_lower | at_upper
+    n_iter = 0
+    if bool(direct.all()):
+        p = torch.empty_like(x)
+        state = torch.empty(x.shape, dtype=torch.int8, device=x.device)
+        s = torch.zeros(M, dtype=x.dtype, device=x.device)
+    else:
+        rows = (~direct).nonzero()[:, 0]
+        pr, sr, ssr, n_iter = _iterate(x[rows], _rows(lower, rows), _rows(upper, rows), eps, neg is not None)
+        p = torch.empty_like(x).index_copy_(0, rows, pr)
+        state = torch.empty(x.shape, dtype=torch.int8, device=x.device).index_copy_(0, rows, sr)
+        s = torch.zeros(M, dtype=x.dtype, device=x.device).index_copy_(0, rows, ssr)
+    lo_rows, up_rows = at_lower[:, None], (direct & ~at_lower)[:, None]
+    bd = b if neg is None else torch.where(neg, a, b)  # masked classes stay at their lower bound
+    st_b = 1 if neg is None else torch.where(neg, -1, 1).to(torch.int8)
+    p = torch.where(lo_rows, a, torch.where(up_rows, bd, p))
+    state = torch.where(lo_rows, -1, torch.where(up_rows, st_b, state)).to(torch.int8)
+    return p, state, s, n_iter
+
+
+# --------------------------------------------------------------------------
+# autograd
+# --------------------------------------------------------------------------
+
+
+def _reduce_like(g, v):
+    """Sum an (M, K) gradient down to the layout of operand ``v``."""
+    if v.ndim == 0:
+        return g.sum()
+    if v.ndim == 1:
+        return g.sum(0)
+    return g if v.shape[-1] == g.shape[-1] else g.sum(-1, keepdim=True)
+
+
+class _BoxSoftmax(torch.autograd.Function):
+    """p = bcsoftmax(x / tau; a, b) on (M, K) with the O(K) backward of eq. 43-45."""
+
+    @staticmethod
+    def forward(x, a, b, tau, check, eps, meta):
+        xs = x if tau is None else x / tau
+        a_ = a.detach() if isinstance(a, torch.Tensor) else a
+        b_ = b.detach() if isinstance(b, torch.Tensor) else b
+        p, state, s, _ = _solve(xs.detach(), a_, b_, check, eps, meta)
+        return p, state, s
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, a, b, tau, _, _, _ = inputs
+        p, state, s = output
+        ctx.mark_non_differentiable(state, s)
+        ctx.a_kind = a if isinstance(a, float) else None
+        ctx.b_kind = b if isinstance(b, float) else None
+        tau_t = isinstance(tau, torch.Tensor)
+        ctx.tau_float = None if tau_t else tau
+        # x / tau is only needed for d/dtau; recomputing it is cheap.
+        ctx.save_for_backward(p, state, s, x if tau_t and tau.requires_grad else None,
+                              a if isinstance(a, torch.Tensor) else None,
+                              b if isinstance(b, torch.Tensor) else None,
+                              tau if tau_t else None)
+
+    @staticmethod
+    def backward(ctx, gp, _gstate=None, _gs=None):
+        p, state, s, x, a, b, tau = ctx.saved_tensors
+        gp = gp.to(p.dtype)
+        free = state == 0
+        # Jacobian on the free block: diag(p) - p q^T with q = p / s (eq. 43);
+        # a clamped bound moves every free p_j by -q_j (eq. 44-45).
+        qv = torch.where(free, p * gp, 0.0).sum(-1)
+        qv = torch.where(s > 0, qv / s, 0.0)
+        u = gp - qv[:, None]
+        gx = torch.where(free, p * u, 0.0)
+        ga = gb = gt = None
+        if a is not None and ctx.needs_input_grad[1]:
+            ga = _reduce_like(torch.where(state == -1, u, 0.0), a)
+        if b is not None and ctx.needs_input_grad[2]:
+            gb = _reduce_like(torch.where(state == 1, u, 0.0), b)
+        if tau is not None:
+            if ctx.needs_input_grad[3]:
+                # d(x/tau)/dtau = -x/tau^2; masked (-inf) classes are never free.
+                gt = _reduce_like(torch.where(free, gx * x, 0.0) / (-tau * tau), tau)
+            gx = gx / tau
+        elif ctx.tau_float is not None:
+            gx = gx / ctx.tau_float
+        return gx, ga, gb, gt, None, None, None
