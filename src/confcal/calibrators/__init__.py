@@ -1,6 +1,22 @@
 """Stateful calibrators: ``fit`` / ``predict_proba`` / ``to_dict`` (see :mod:`.base`).
 
 Importing this package registers every method under its CLI name in ``METHODS``.
+
+Probability bounding and its baselines (Atarashi et al., arXiv 2506.10572), by
+method name (``METHODS[name]``, ``confcal fit --method name``):
+
+* ``pb``, ``pb-lower``, ``pb-upper`` -- uniform probability bounds (both / lower only / upper only)
+* ``ts+pb``, ``vs+pb``, ``ms+pb``, ``dirichlet+pb``, ``ets+pb``, ``pts+pb`` -- X+PB: X's logit map
+  with a box-constrained softmax, fitted jointly (one composition, :class:`ProbabilityBounding`)
+* ``pb-mlp`` -- TS with instance-dependent bounds from a two-layer network (sec. 3.3)
+* ``lb`` (logit bounding), ``dpb`` (dual probability bounding)
+* ``vs``, ``ms``, ``dirichlet`` (ODIR: ``reg_lambda``, ``reg_mu``), ``ets``, ``pts`` -- baselines
+* ``fc`` -- feature clipping; needs ``features=`` and the last linear layer (given or recovered)
+
+Adam-based (network) methods: ``pts``, ``pts+pb``, ``pb-mlp``; the others use full-batch L-BFGS.
+Neural clamping and tilt-and-average, also compared by the paper, need the
+model itself (its input or its weights), so they are out of scope for a
+logits-level tool.
 """
 
 from confcal.calibrators._tsfit import CalibrationWarning, fit_temperature
@@ -19,10 +35,18 @@ from confcal.calibrators.domain import (
     SetLevelTemperatureScaling,
 )
 from confcal.calibrators.temperature import GroupedTemperatureScaling, TemperatureScaling
+from confcal.calibrators.scaling import DirichletCalibration, MatrixScaling, VectorScaling
+from confcal.calibrators.ensemble import EnsembleTemperatureScaling
+from confcal.calibrators.parametric import ParameterizedTemperatureScaling
+from confcal.calibrators.feature_clipping import FeatureClipping
+from confcal.calibrators.bounding import DualProbabilityBounding, LogitBounding, ProbabilityBounding
 
 __all__ = [
     "METHODS", "Calibrator", "NotFittedError", "CalibrationWarning", "calibrator_from_dict",
     "register", "fit_temperature", "TemperatureScaling", "GroupedTemperatureScaling",
     "SetLevelTemperatureScaling", "ClusterTemperatureScaling", "ClusterRegressionTemperatureScaling",
     "DomainEnsembleTemperatureScaling", "DetectionTemperatureScaling", "DetectionPlattScaling",
+    "VectorScaling", "MatrixScaling", "DirichletCalibration", "EnsembleTemperatureScaling",
+    "ParameterizedTemperatureScaling", "FeatureClipping", "ProbabilityBounding", "LogitBounding",
+    "DualProbabilityBounding",
 ]

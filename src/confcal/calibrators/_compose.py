@@ -1,0 +1,181 @@
+""""Logit map + link": the composed model, its NLL objective, and the base class
+of every calibrator built from a map with a softmax link.
+
+The objective is always the mean calibration-set NLL (nats) plus the map's
+penalty (ODIR for Dirichlet calibration, 0 otherwise), evaluated in float64.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from confcal.calibrators._maps import LogitMap, build_map, get_state, load_state, mask_neg_inf, remask
+from confcal.calibrators._optim import OptimResult, adam, lbfgs, single_thread, torch_seed
+from confcal.calibrators.base import Calibrator
+
+__all__ = ["Composite", "Prepared", "MapCalibrator", "to_torch", "fit_composite", "OPTIM_PARAMS"]
+
+
+def to_torch(x) -> torch.Tensor | None:
+    if x is None:
+        return None
+    return torch.as_tensor(np.asarray(x, dtype=np.float64))
+
+
+def check_labels_not_masked(logits: np.ndarray, labels: np.ndarray) -> None:
+    """A label on a ``-inf`` logit has probability 0 under every map: the NLL is infinite, so refuse it."""
+    bad = np.isneginf(logits[np.arange(len(labels)), labels])
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"labels: sample {i} has label {int(labels[i])}, whose logit is -inf (probability 0); "
+                         f"{int(bad.sum())} such samples make the NLL infinite")
+
+
+class Prepared:
+    """Logits ready for a map: ``map.preprocess`` applied, ``-inf`` replaced (once, outside the optimiser loop)."""
+
+    __slots__ = ("z", "mask", "features")
+
+    def __init__(self, logit_map: LogitMap, z: torch.Tensor, features: torch.Tensor | None = None):
+        with torch.no_grad():
+            self.z, self.mask = mask_neg_inf(logit_map.preprocess(z))
+        self.features = features
+
+    def rows(self, idx) -> "Prepared":
+        if idx is None:
+            return self
+        out = object.__new__(Prepared)
+        out.z = self.z[idx]
+        out.mask = None if self.mask is None else self.mask[idx]
+        out.features = None if self.features is None else self.features[idx]
+        return out
+
+
+class Composite(nn.Module):
+    """``link(map(z))``; ``nll(...)`` is the training objective (mean NLL + map penalty)."""
+
+    def __init__(self, logit_map: LogitMap, link: nn.Module):
+        super().__init__()
+        self.map = logit_map
+        self.link = link
+
+    def prepare(self, z: torch.Tensor, features: torch.Tensor | None = None) -> Prepared:
+        return Prepared(self.map, z, features)
+
+    def logits(self, prep: Prepared) -> torch.Tensor:
+        return remask(self.map(prep.z, prep.features), prep.mask)
+
+    def probs(self, prep: Prepared) -> torch.Tensor:
+        return self.link(self.logits(prep), prep.z)
+
+    def nll(self, prep: Prepared, y: torch.Tensor, idx=None, with_penalty: bool = True) -> torch.Tensor:
+        if idx is not None:
+            prep, y = prep.rows(idx), y[idx]
+        out = -self.link.log_prob_of(self.logits(prep), y, prep.z).mean()
+        return out + self.map.penalty() if with_penalty else out
+
+
+def fit_composite(model: Composite, prep: Prepared, y, *, trainer: str, params=None,
+                  max_iter: int = 500, tol: float = 1e-7, epochs: int = 500, batch_size: int = 256,
+                  lr: float = 1e-3, seed: int = 0, progress: bool = False, desc: str = "fit") -> OptimResult:
+    """Minimise ``model.nll`` over ``params`` (default: all trainable parameters)."""
+    params = [p for p in (params if params is not None else model.parameters()) if p.requires_grad]
+    with single_thread():
+        if trainer == "lbfgs":
+            return lbfgs(params, lambda: model.nll(prep, y), max_iter=max_iter, tol_grad=tol,
+                         tol_change=tol * 1e-3)
+        if trainer == "adam":
+            return adam(params, lambda idx: model.nll(prep, y, idx), y.shape[0], epochs=epochs,
+                        batch_size=batch_size, lr=lr, seed=seed, progress=progress, desc=desc)
+    raise ValueError(f"trainer: expected 'lbfgs' or 'adam', got {trainer!r}")
+
+
+#: optimiser hyper-parameters shared by the map calibrators (passed on to a base X inside X+PB)
+OPTIM_PARAMS = ("max_iter", "tol", "epochs", "batch_size", "lr", "random_state", "progress")
+
+
+def _check_optim_params(obj) -> None:
+    for name, lo in (("max_iter", 1), ("epochs", 0), ("batch_size", 1)):
+        v = getattr(obj, name, None)
+        if v is not None and (not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < lo):
+            raise ValueError(f"{name}: expected an integer >= {lo}, got {v!r}")
+    for name in ("tol", "lr"):
+        v = getattr(obj, name, None)
+        if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+            raise ValueError(f"{name}: expected a finite number > 0, got {v!r}")
+
+
+class MapCalibrator(Calibrator):
+    """A logit map followed by softmax, fitted by minimising the mean NLL.
+
+    Subclasses set ``map_name`` and may override ``_map_config`` (constructor
+    arguments of the map) and ``_init_map`` (data-dependent initialisation,
+    e.g. from the temperature-scaling fit).
+
+    Fitted attributes: ``map_`` (the torch module), ``nll_`` (objective at the
+    optimum: mean NLL + penalty), ``n_iter_``, ``converged_``.
+    """
+
+    map_name: ClassVar[str] = ""
+
+    def _map_config(self, n_classes: int) -> dict[str, Any]:
+        return {"n_classes": n_classes}
+
+    def _init_map(self, m: LogitMap, z: torch.Tensor, y: torch.Tensor, features) -> None:
+        """Data-dependent initialisation before the optimiser runs (default: none)."""
+
+    def _fit_map(self, z: torch.Tensor, y: torch.Tensor, features=None) -> tuple[LogitMap, OptimResult]:
+        """Build, initialise and fit the map with a softmax link; deterministic per ``random_state``."""
+        from confcal.calibrators._links import SoftmaxLink
+
+        _check_optim_params(self)
+        with torch_seed(getattr(self, "random_state", 0)):
+            m = build_map(self.map_name, self._map_config(z.shape[1]))
+        self._init_map(m, z, y, features)
+        model = Composite(m, SoftmaxLink())
+        res = fit_composite(model, model.prepare(z, features), y, trainer=m.trainer, **self._optim_kwargs())
+        return m, res
+
+    def _optim_kwargs(self) -> dict[str, Any]:
+        kw = {}
+        for name, key in (("max_iter", "max_iter"), ("tol", "tol"), ("epochs", "epochs"),
+                          ("batch_size", "batch_size"), ("lr", "lr"), ("random_state", "seed"),
+                          ("progress", "progress")):
+            if hasattr(self, name):
+                kw[key] = getattr(self, name)
+        kw["desc"] = self.method
+        return kw
+
+    def _fit(self, logits, labels, features=None):
+        check_labels_not_masked(logits, labels)
+        z = to_torch(logits)
+        y = torch.as_tensor(labels, dtype=torch.long)
+        f = to_torch(features)
+        m, res = self._fit_map(z, y, f)
+        self.map_ = m.requires_grad_(False)
+        self.nll_ = res.loss
+        self.n_iter_ = res.n_iter
+        self.converged_ = res.converged
+
+    def _predict_proba(self, logits, features=None):
+        from confcal.calibrators._links import SoftmaxLink
+
+        model = Composite(self.map_, SoftmaxLink())
+        with torch.no_grad():
+            return model.probs(model.prepare(to_torch(logits), to_torch(features))).numpy()
+
+    def _get_fitted(self):
+        return {"map": self.map_.name, "map_config": self.map_.config(), "map_state": get_state(self.map_),
+                "nll": self.nll_, "n_iter": self.n_iter_, "converged": self.converged_}
+
+    def _set_fitted(self, params):
+        m = build_map(params["map"], params["map_config"])
+        self.map_ = load_state(m, params["map_state"]).requires_grad_(False)
+        self.nll_ = float(params.get("nll", float("nan")))
+        self.n_iter_ = int(params.get("n_iter", 0))
+        self.converged_ = bool(params.get("converged", True))

@@ -1,0 +1,496 @@
+"""Probability bounding (PB) and its variants, logit bounding (LB) and dual PB (DPB).
+
+Source: Atarashi et al., "Probability Bounding: Post-Hoc Calibration via
+Box-Constrained Softmax", arXiv 2506.10572.
+
+* PB (eq. 10-11): ``p = bcsoftmax(z; a 1, b 1)`` with uniform bounds
+  ``a in [0, 1/K]``, ``b in [1/K, 1]`` fitted by NLL; ``pb-lower`` / ``pb-upper``
+  keep only one bound (LBSoftmax / UBSoftmax, Table 5).
+* X+PB (eq. 27 for X = TS): ``p = bcsoftmax(map_X(z); a, b)``, X's parameters
+  and the bounds fitted jointly. One class, :class:`ProbabilityBounding`, is the
+  composition "X's logit map + box link" for every softmax-based X; the
+  registered names (``ts+pb``, ``vs+pb``, ...) are presets of it.
+* Instance-dependent bounds (sec. 3.3, Table 4 "MLP", method ``pb-mlp``):
+  ``a(x)``, ``b(x)`` from a two-layer network on the top-10 logits, on top of TS.
+* LB (eq. 29): ``softmax(clip(z, c, C))``; DPB (eq. 33): ``softmax(z - S_d(w * z))``.
+
+How the bounds are fitted (and why): the NLL's gradient with respect to a
+bound is zero while no probability touches it, so an optimiser started at loose
+bounds (``a ~ 0``, ``b ~ 1``) stays there and returns plain X. Here
+
+1. X is fitted alone (its own optimiser), giving the reference NLL;
+2. the bounds are set by a coarse coordinate scan over data quantiles (of the
+   top-label probability for ``b``, of the true-class probability for ``a``,
+   "no bound" included) with X's map fixed;
+3. X's parameters and the bounds are refined jointly from there (LBFGS with
+   strong-Wolfe line search; Adam when X or the bounds are networks);
+4. if the result's calibration NLL is above X's, X is kept with ``a = 0``,
+   ``b = 1`` (``fallback_ = True``). X+PB contains X, so its fitted NLL is never
+   worse than X's.
+
+Uniform bounds keep the order of the probabilities (eq. 12, remark 3.1) but can
+create ties at ``b``; ``predict`` breaks ties by the logits, so PB without a
+map never changes the predicted class. ``tie_rate_`` reports the fraction of
+calibration rows whose top probability is tied.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from confcal.calibrators._compose import (
+    Composite, MapCalibrator, Prepared, _check_optim_params, check_labels_not_masked, fit_composite, to_torch,
+)
+from confcal.calibrators._links import (
+    BOUND_MODES, BoxLink, MLPBoxLink, SoftmaxLink, raw_from_lower, raw_from_upper,
+)
+from confcal.calibrators._maps import IdentityMap, LogitMap, TemperatureMap, build_map, get_state, load_state
+from confcal.calibrators._optim import single_thread, torch_seed
+from confcal.calibrators._tsfit import fit_temperature
+from confcal.calibrators.base import METHODS, Calibrator, register
+
+__all__ = ["ProbabilityBounding", "LogitBounding", "DualProbabilityBounding", "BASES", "tie_rate"]
+
+#: the softmax-based calibrators X that X+PB accepts (method names; "none" = no map, i.e. PB alone)
+BASES = ("none", "ts", "vs", "ms", "dirichlet", "ets", "pts")
+
+# quantile levels of the coarse scans
+_UPPER_LEVELS = (0.05, 0.15, 0.3, 0.5, 0.7, 0.85, 0.95)
+_LOWER_LEVELS = (0.002, 0.01, 0.03, 0.1, 0.2)
+
+
+def tie_rate(probs: np.ndarray, rtol: float = 1e-12) -> float:
+    """Fraction of rows of ``probs`` ``(n_samples, n_classes)`` whose two largest entries are equal (to ``rtol``)."""
+    p = np.asarray(probs, dtype=np.float64)
+    top2 = np.partition(p, p.shape[1] - 2, axis=1)[:, -2:]
+    return float(np.mean(top2[:, 1] - top2[:, 0] <= rtol * top2[:, 1]))
+
+
+def _nll_now(model: Composite, prep: Prepared, y: torch.Tensor) -> float:
+    with torch.no_grad(), single_thread():
+        return float(model.nll(prep, y))
+
+
+def _quantiles(v: torch.Tensor, levels) -> list[float]:
+    v = v.reshape(-1)
+    if v.numel() > 1_000_000:  # torch.quantile's size limit; a strided subsample is plenty for a scan
+        v = v[:: v.numel() // 1_000_000 + 1]
+    return [float(q) for q in torch.quantile(v, torch.tensor(levels, dtype=v.dtype))]
+
+
+def _scan_box(model: Composite, prep: Prepared, y: torch.Tensor, mode: str,
+              n_scan: int = 2000) -> list[tuple[float, float]]:
+    """Coarse coordinate scan of uniform bounds with the map fixed.
+
+    Candidates come from the data (quantiles of the top-label probability for
+    ``b``, of the true-class probability for ``a``) plus "no bound", so some
+    bound is active at every candidate but that one. The NLL is evaluated on an
+    evenly strided subsample of at most ``n_scan`` rows (the scan only picks
+    starting points). Returns up to two distinct starts ``(lower_raw, upper_raw)``:
+    the best candidate overall and the best one whose bounds are all active.
+    Starting from active bounds matters: the gradient cannot make an inactive
+    bound active, but it can loosen an active one back to X.
+    """
+    link: BoxLink = model.link
+    k = link.n_classes
+    n = y.shape[0]
+    if n > n_scan:
+        idx = torch.arange(0, n, -(-n // n_scan))
+        prep, y = prep.rows(idx), y[idx]
+    with torch.no_grad(), single_thread():
+        q = torch.softmax(model.logits(prep), dim=1)
+        qmax = q.max(dim=1).values
+        qy = q.gather(1, y[:, None])[:, 0]
+    eps = 1e-9
+    ups = [None] + sorted({min(max(u, 1.0 / k + 1e-6), 1 - 1e-6) for u in _quantiles(qmax, _UPPER_LEVELS)
+                           if u > 1.0 / k + eps}, reverse=True)
+    lows = [None] + sorted({min(v, 0.999 / k) for v in _quantiles(qy, _LOWER_LEVELS) if v > eps})
+    lows += [0.3 / k, 0.9 / k]  # room for a bound near 1/K
+    # "no bound" is a far-away raw value (gradient ~ 0 there, as at a = 0 / b = 1)
+    far = {"lower": raw_from_lower(1e-12, k), "upper": raw_from_upper(1 - 1e-12, k)}
+    uses = {"both": ("lower", "upper"), "upper": ("upper",), "lower": ("lower",)}[mode]
+
+    def evaluate(cand):
+        with torch.no_grad():
+            link.lower_raw.fill_(cand["lower"])
+            link.upper_raw.fill_(cand["upper"])
+        return _nll_now(model, prep, y)
+
+    def raw(side, c):
+        if c is None:
+            return far[side]
+        return raw_from_upper(c, k) if side == "upper" else raw_from_lower(c, k)
+
+    seen: dict[tuple, float] = {}
+    best = dict(far)
+    seen[(None, None)] = evaluate(best)
+    chosen = {"lower": None, "upper": None}
+    for side in {"both": ("upper", "lower", "upper"), "upper": ("upper",), "lower": ("lower",)}[mode]:
+        best_v, best_c = math.inf, None
+        for c in (ups if side == "upper" else lows):
+            trial = dict(chosen, **{side: c})
+            key = (trial["lower"], trial["upper"])
+            if key not in seen:
+                seen[key] = evaluate({s: raw(s, trial[s]) for s in ("lower", "upper")})
+            if seen[key] < best_v:
+                best_v, best_c = seen[key], c
+        chosen[side] = best_c
+    finite = {key: v for key, v in seen.items() if math.isfinite(v)}
+    starts = [min(finite, key=finite.get)]
+    # the active start: for each bound in use, its best value among candidates where it was active
+    active = []
+    for i, side in enumerate(("lower", "upper")):
+        vals = {key: v for key, v in finite.items() if key[i] is not None}
+        active.append(min(vals, key=vals.get)[i] if side in uses and vals else None)
+    active = tuple(active)
+    if active != starts[0] and any(v is not None for v in active):
+        starts.append(active)
+    return [(raw("lower", lo), raw("upper", up)) for lo, up in starts]
+
+
+def _fixed_box_probs(g: torch.Tensor, mode: str, lower: float, upper: float) -> torch.Tensor:
+    from confcal.ops import bcsoftmax, lbsoftmax, ubsoftmax
+
+    if mode == "both":
+        return bcsoftmax(g, lower, upper)
+    if mode == "lower":
+        return lbsoftmax(g, lower)
+    return ubsoftmax(g, upper)
+
+
+class ProbabilityBounding(Calibrator):
+    """X+PB: X's logit map followed by a box-constrained softmax with learned bounds.
+
+    ``p = bcsoftmax(map_X(z); a, b)`` (Atarashi et al., eq. 10-11 for X = none,
+    eq. 27 for X = TS). Use a registered preset (``pb``, ``pb-lower``,
+    ``pb-upper``, ``ts+pb``, ``vs+pb``, ``ms+pb``, ``dirichlet+pb``, ``ets+pb``,
+    ``pts+pb``, ``pb-mlp``); each fixes ``base``, ``bounds`` and ``bound_model``.
+
+    Parameters
+    ----------
+    base : X, one of :data:`BASES` (fixed by the preset)
+    bounds : ``"both"``, ``"lower"`` or ``"upper"`` (fixed by the preset)
+    bound_model : ``"uniform"`` (scalars ``a``, ``b``) or ``"mlp"`` (per sample; fixed by the preset)
+    base_params : dict of hyper-parameters for X (e.g. ``{"reg_lambda": 0.1}`` for Dirichlet)
+    max_iter, tol : LBFGS iterations and gradient tolerance
+    epochs, batch_size, lr : Adam schedule for network maps / bounds (paper: 500, 256, 1e-3)
+    hidden, top_k : width and input size of the bound network (``bound_model="mlp"``)
+    random_state : seed; the fit is deterministic per seed
+    progress : tqdm bar during Adam fits (shown only on a terminal)
+
+    Attributes
+    ----------
+    lower_, upper_ : float, the fitted uniform bounds (``bound_model="uniform"``)
+    map_ : X's fitted logit map (torch module); ``temperature_`` when X is TS
+    link_ : the fitted bound network (``bound_model="mlp"``), else None
+    base_nll_ : X's own fitted calibration NLL; ``nll_`` : X+PB's (``nll_ <= base_nll_``)
+    fallback_ : True when X alone was better and the bounds were dropped (``a = 0``, ``b = 1``)
+    tie_rate_ : fraction of calibration rows with a tied top probability
+    n_iter_ : optimiser iterations / steps of the joint refinement
+
+    Raises ``ValueError`` for an unknown base / bounds / bound_model or one that
+    contradicts the preset.
+    """
+
+    method = "pb"
+    _preset: ClassVar[dict[str, str]] = {"base": "none", "bounds": "both", "bound_model": "uniform"}
+
+    def __init__(self, base: str | None = None, bounds: str | None = None, bound_model: str | None = None,
+                 base_params: dict | None = None, max_iter: int = 500, tol: float = 1e-7, epochs: int = 500,
+                 batch_size: int = 256, lr: float = 1e-3, hidden: int = 16, top_k: int = 10,
+                 random_state: int = 0, progress: bool = True):
+        given = {"base": base, "bounds": bounds, "bound_model": bound_model}
+        for key, fixed in self._preset.items():
+            v = given[key]
+            if v is not None and v != fixed:
+                raise ValueError(f"{key}: method {self.method!r} has {key}={fixed!r}, got {v!r}; "
+                                 f"use the method {_preset_name(**dict(self._preset, **{key: v}))!r} instead")
+        self.base = self._preset["base"]
+        self.bounds = self._preset["bounds"]
+        self.bound_model = self._preset["bound_model"]
+        self.base_params = dict(base_params) if base_params else None
+        self.max_iter = max_iter
+        self.tol = tol
+        self.epochs = epochs
+        self.batch_size = batch_size
+        self.lr = lr
+        self.hidden = hidden
+        self.top_k = top_k
+        self.random_state = random_state
+        self.progress = progress
+
+    # ------------------------------------------------------------------ fitting
+    def _fit_base(self, z: torch.Tensor, y: torch.Tensor) -> LogitMap:
+        k = z.shape[1]
+        if self.base == "none":
+            return IdentityMap(k)
+        if self.base == "ts":
+            t = fit_temperature(z.numpy(), y.numpy(), **(self.base_params or {})).temperature
+            return TemperatureMap(k, t)
+        cls = METHODS[self.base]
+        names = cls._param_names()
+        kw = {n: getattr(self, n) for n in ("max_iter", "tol", "epochs", "batch_size", "lr", "random_state",
+                                            "progress") if n in names}
+        kw.update(self.base_params or {})
+        base_cal: MapCalibrator = cls(**kw)
+        m, _ = base_cal._fit_map(z, y)
+        return m
+
+    def _fit(self, logits, labels):
+        if self.bounds not in BOUND_MODES:
+            raise ValueError(f"bounds: expected one of {BOUND_MODES}, got {self.bounds!r}")
+        _check_optim_params(self)
+        check_labels_not_masked(logits, labels)
+        z = to_torch(logits)
+        y = torch.as_tensor(labels, dtype=torch.long)
+        k = z.shape[1]
+        m = self._fit_base(z, y)
+        m.requires_grad_(True)
+        base_model = Composite(m, SoftmaxLink())
+        prep = base_model.prepare(z)
+        self.base_nll_ = _nll_now(base_model, prep, y)
+        base_state = {n: p.detach().clone() for n, p in m.state_dict().items()}
+
+        link = BoxLink(k, self.bounds)
+        model = Composite(m, link)
+        optim = dict(max_iter=self.max_iter, tol=self.tol, epochs=self.epochs, batch_size=self.batch_size,
+                     lr=self.lr, seed=self.random_state, progress=self.progress, desc=self.method)
+        best = None
+        n_iter = 0
+        for lo_raw, up_raw in _scan_box(model, prep, y, self.bounds):
+            # each start refines X's parameters and the bounds jointly, from X's fit
+            m.load_state_dict(base_state)
+            with torch.no_grad():
+                link.lower_raw.fill_(lo_raw)
+                link.upper_raw.fill_(up_raw)
+            res = fit_composite(model, prep, y, trainer=m.trainer, **optim)
+            n_iter += res.n_iter
+            nll = _nll_now(model, prep, y)
+            if best is None or nll < best[0]:
+                best = (nll, {n: p.detach().clone() for n, p in model.state_dict().items()})
+        nll = best[0]
+        model.load_state_dict(best[1])
+        self.link_ = None
+        if self.bound_model == "mlp":
+            with torch_seed(self.random_state):
+                net = MLPBoxLink(k, self.bounds, top_k=self.top_k, hidden=self.hidden,
+                                 lower_raw=float(link.lower_raw.detach()), upper_raw=float(link.upper_raw.detach()))
+            net.set_input_stats(prep.z)
+            uniform_state = {n: p.detach().clone() for n, p in m.state_dict().items()}
+            mlp_model = Composite(m, net)
+            res2 = fit_composite(mlp_model, prep, y, trainer="adam", **optim)
+            n_iter += res2.n_iter
+            nll_mlp = _nll_now(mlp_model, prep, y)
+            if nll_mlp < nll:
+                nll, self.link_ = nll_mlp, net
+            else:  # the network did not beat its uniform start: keep the uniform bounds
+                m.load_state_dict(uniform_state)
+        a, b = (float(v.detach()) for v in link.bounds())
+        self.fallback_ = not (nll <= self.base_nll_)
+        if self.fallback_:
+            m.load_state_dict(base_state)
+            self.link_ = None
+            a, b, nll = 0.0, 1.0, self.base_nll_
+        self.lower_, self.upper_ = a, b
+        self.map_ = m.requires_grad_(False)
+        self.nll_ = nll
+        self.n_iter_ = n_iter
+        self.tie_rate_ = tie_rate(self._probs(prep).numpy())
+
+    # -------------------------------------------------------------- prediction
+    def _probs(self, prep: Prepared) -> torch.Tensor:
+        with torch.no_grad():
+            g = Composite(self.map_, SoftmaxLink()).logits(prep)
+            if self.link_ is not None:
+                return self.link_(g, prep.z)
+            if self.lower_ == 0.0 and self.upper_ == 1.0:
+                return torch.softmax(g, dim=1)
+            return _fixed_box_probs(g, self.bounds, self.lower_, self.upper_)
+
+    def _prepare(self, logits) -> Prepared:
+        return Prepared(self.map_, to_torch(logits))
+
+    def _predict_proba(self, logits):
+        return self._probs(self._prepare(logits)).numpy()
+
+    def predict(self, logits, *, input_kind: str = "logits") -> np.ndarray:
+        """Arg-max class; ties in the bounded probabilities are broken by X's logits (then lowest index)."""
+        p = self.predict_proba(logits, input_kind=input_kind)
+        from confcal._validation import check_logits
+
+        with torch.no_grad():
+            prep = self._prepare(check_logits(logits, input_kind=input_kind))
+            g = Composite(self.map_, SoftmaxLink()).logits(prep).numpy()
+        top = p.max(axis=1, keepdims=True)
+        g = np.where(p >= top * (1 - 1e-12), g, -np.inf)
+        return np.argmax(g, axis=1)
+
+    @property
+    def temperature_(self) -> float:
+        """X's temperature when X is temperature scaling."""
+        self._check_fitted()
+        if not isinstance(self.map_, TemperatureMap):
+            raise AttributeError(f"{self.method}: temperature_ exists only for base 'ts'")
+        return self.map_.temperature
+
+    # ---------------------------------------------------------------- manifest
+    def _get_fitted(self):
+        out = {"map": self.map_.name, "map_config": self.map_.config(), "map_state": get_state(self.map_),
+               "lower": self.lower_, "upper": self.upper_, "nll": self.nll_, "base_nll": self.base_nll_,
+               "fallback": self.fallback_, "tie_rate": self.tie_rate_, "n_iter": self.n_iter_}
+        if self.link_ is not None:
+            out["link_config"] = self.link_.config()
+            out["link_state"] = get_state(self.link_)
+        return out
+
+    def _set_fitted(self, params):
+        self.map_ = load_state(build_map(params["map"], params["map_config"]), params["map_state"])
+        self.map_.requires_grad_(False)
+        self.lower_, self.upper_ = float(params["lower"]), float(params["upper"])
+        self.link_ = None
+        if "link_state" in params:
+            self.link_ = load_state(MLPBoxLink(**params["link_config"]), params["link_state"]).requires_grad_(False)
+        self.nll_ = float(params.get("nll", float("nan")))
+        self.base_nll_ = float(params.get("base_nll", float("nan")))
+        self.fallback_ = bool(params.get("fallback", False))
+        self.tie_rate_ = float(params.get("tie_rate", float("nan")))
+        self.n_iter_ = int(params.get("n_iter", 0))
+
+
+_PRESETS = {
+    # name: (base, bounds, bound_model)
+    "pb": ("none", "both", "uniform"),
+    "pb-lower": ("none", "lower", "uniform"),
+    "pb-upper": ("none", "upper", "uniform"),
+    "pb-mlp": ("ts", "both", "mlp"),
+    "ts+pb": ("ts", "both", "uniform"),
+    "vs+pb": ("vs", "both", "uniform"),
+    "ms+pb": ("ms", "both", "uniform"),
+    "dirichlet+pb": ("dirichlet", "both", "uniform"),
+    "ets+pb": ("ets", "both", "uniform"),
+    "pts+pb": ("pts", "both", "uniform"),
+}
+
+
+def _preset_name(base, bounds, bound_model) -> str:
+    for name, spec in _PRESETS.items():
+        if spec == (base, bounds, bound_model):
+            return name
+    return "<no such preset>"
+
+
+def _make_preset(name: str, spec: tuple[str, str, str]) -> type[ProbabilityBounding]:
+    base, bounds, bound_model = spec
+    if name == "pb":
+        return ProbabilityBounding
+    cls_name = "".join(part.capitalize() for part in name.replace("+", "_").replace("-", "_").split("_"))
+    doc = (f"Preset of :class:`ProbabilityBounding` (method ``{name}``): base={base!r}, bounds={bounds!r}, "
+           f"bound_model={bound_model!r}.")
+    return type(cls_name, (ProbabilityBounding,), {
+        "method": name, "__doc__": doc, "__module__": __name__,
+        "_preset": {"base": base, "bounds": bounds, "bound_model": bound_model}})
+
+
+PRESET_CLASSES: dict[str, type[ProbabilityBounding]] = {
+    name: register(_make_preset(name, spec)) for name, spec in _PRESETS.items()
+}
+
+
+# ----------------------------------------------------------------- LB and DPB
+def _scan_map_params(model: Composite, prep: Prepared, y: torch.Tensor, candidates: list[dict[str, float]]) -> None:
+    """Set the map's raw parameters to the candidate with the lowest NLL (coarse scan before LBFGS)."""
+    params = dict(model.map.named_parameters())
+    best, best_nll = None, math.inf
+    for cand in candidates:
+        with torch.no_grad():
+            for name, v in cand.items():
+                params[name].fill_(v)
+        v = _nll_now(model, prep, y)
+        if math.isfinite(v) and v < best_nll:
+            best, best_nll = cand, v
+    with torch.no_grad():
+        for name, v in best.items():
+            params[name].fill_(v)
+
+
+def _atanh(u: float) -> float:
+    u = min(max(u, -1 + 1e-9), 1 - 1e-9)
+    return 0.5 * math.log((1 + u) / (1 - u))
+
+
+def _softplus_inv(y: float) -> float:
+    y = max(y, 1e-9)
+    return y + math.log(-math.expm1(-y)) if y < 30 else y
+
+
+@register
+class LogitBounding(MapCalibrator):
+    """Logit bounding (LB), eq. 29: ``p = softmax(clip(z, c, C))`` per row.
+
+    ``c = ||z||_2 tanh(c')``, ``C = ||z||_2 tanh(c' + softplus(C'))`` (appendix
+    B.3). Started from the best point of a coarse scan over quantiles of
+    ``z / ||z||`` (clip the lowest logits, the largest, both or neither), then
+    refined by LBFGS. Clipping a row's largest logits can tie them, so accuracy
+    may change.
+
+    Parameters: ``max_iter``, ``tol``, ``random_state`` as :class:`~confcal.calibrators.scaling.VectorScaling`.
+    Attributes: ``map_`` (``c_raw``, ``cc_raw``), ``nll_``, ``n_iter_``, ``converged_``.
+    """
+
+    method = "lb"
+    map_name = "lb"
+
+    def __init__(self, max_iter: int = 500, tol: float = 1e-7, random_state: int = 0):
+        self.max_iter = max_iter
+        self.tol = tol
+        self.random_state = random_state
+
+    def _init_map(self, m, z, y, features):
+        model = Composite(m, SoftmaxLink())
+        prep = model.prepare(z)
+        with torch.no_grad():
+            r = prep.z / torch.linalg.vector_norm(prep.z, dim=1, keepdim=True).clamp_min(1e-300)
+        lo_q = [-1 + 1e-6] + _quantiles(r.reshape(-1), (0.01, 0.05, 0.2, 0.4, 0.6, 0.8))
+        hi_q = _quantiles(r.max(dim=1).values, (0.1, 0.3, 0.5, 0.7, 0.9)) + [1 - 1e-6]
+        cands = []
+        for lo in lo_q:
+            for hi in hi_q:
+                if hi > lo + 1e-6:
+                    c_raw = _atanh(lo)
+                    cands.append({"c_raw": c_raw, "cc_raw": _softplus_inv(_atanh(hi) - c_raw)})
+        _scan_map_params(model, prep, y, cands)
+
+
+@register
+class DualProbabilityBounding(MapCalibrator):
+    """Dual probability bounding (DPB), eq. 33: ``p = softmax(z - S_d(w * z))``.
+
+    ``S_d`` is soft-thresholding, ``w = exp(w')`` ``(n_classes,)`` and
+    ``d = exp(d')``. Started at ``w = 1`` and the best ``d`` of a scan over
+    quantiles of ``|z|`` (and "no threshold"), then refined by LBFGS.
+
+    Parameters: ``max_iter``, ``tol``, ``random_state`` as :class:`~confcal.calibrators.scaling.VectorScaling`.
+    Attributes: ``map_`` (``log_w``, ``log_d``), ``nll_``, ``n_iter_``, ``converged_``.
+    """
+
+    method = "dpb"
+    map_name = "dpb"
+
+    def __init__(self, max_iter: int = 500, tol: float = 1e-7, random_state: int = 0):
+        self.max_iter = max_iter
+        self.tol = tol
+        self.random_state = random_state
+
+    def _init_map(self, m, z, y, features):
+        model = Composite(m, SoftmaxLink())
+        prep = model.prepare(z)
+        a = prep.z.abs().reshape(-1)
+        top = float(a.max())
+        # low quantiles too: with log-probabilities as logits, useful thresholds sit far below the median |z|
+        qs = _quantiles(a, (0.01, 0.03, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.99)) + [2 * top + 1.0]
+        _scan_map_params(model, prep, y, [{"log_d": math.log(max(q, 1e-6))} for q in qs])
+

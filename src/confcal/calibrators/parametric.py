@@ -1,0 +1,79 @@
+"""Parameterized temperature scaling (PTS), also called instance-based temperature scaling (IBTS).
+
+Source: Tomani, Cremers and Buettner, "Parameterized Temperature Scaling for
+Boosting the Expressive Power in Post-Hoc Uncertainty Calibration", ECCV 2022;
+eq. 48 of Atarashi et al., arXiv 2506.10572: ``p = softmax(z / T(z))`` where
+``T(z)`` is a network with two hidden layers of 5 units on the top-10 logits.
+
+Trained by mini-batch Adam (Atarashi et al., sec. 6: 500 epochs, batch 256,
+default Adam settings) from the temperature-scaling fit (the output layer
+starts at zero weights), so the first step already starts at TS.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from confcal.calibrators._compose import MapCalibrator
+from confcal.calibrators._maps import _softplus_inv
+from confcal.calibrators._tsfit import fit_temperature
+from confcal.calibrators.base import register
+
+__all__ = ["ParameterizedTemperatureScaling"]
+
+
+@register
+class ParameterizedTemperatureScaling(MapCalibrator):
+    """PTS: a per-sample temperature ``T(z) = softplus(MLP(top-k logits)) + 0.01``.
+
+    Parameters
+    ----------
+    top_k : number of largest logits fed to the network (default 10)
+    hidden : units in each of the two hidden layers (default 5)
+    epochs, batch_size, lr : Adam schedule (defaults 500, 256, 1e-3)
+    random_state : seed of the weight init and the batch order; the fit is deterministic per seed
+    progress : show a tqdm bar over epochs when stderr is a terminal
+
+    Attributes
+    ----------
+    map_ : the fitted :class:`~confcal.calibrators._maps.PTSMap`; ``temperatures(logits)``
+        gives the per-sample ``T`` ``(n_samples,)``. ``nll_``, ``n_iter_`` (Adam steps).
+    """
+
+    method = "pts"
+    map_name = "pts"
+
+    def __init__(self, top_k: int = 10, hidden: int = 5, epochs: int = 500, batch_size: int = 256,
+                 lr: float = 1e-3, random_state: int = 0, progress: bool = True):
+        self.top_k = top_k
+        self.hidden = hidden
+        self.epochs = epochs
+        self.batch_size = batch_size
+        self.lr = lr
+        self.random_state = random_state
+        self.progress = progress
+
+    def _map_config(self, n_classes):
+        for name in ("top_k", "hidden"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
+        return {"n_classes": n_classes, "top_k": self.top_k, "hidden": self.hidden}
+
+    def _init_map(self, m, z, y, features):
+        m.set_input_stats(z)
+        t = fit_temperature(z.numpy(), y.numpy(), warn=False).temperature
+        with torch.no_grad():
+            m.net[-1].bias.fill_(_softplus_inv(max(t - m.t_floor, 1e-6)))
+
+    def temperatures(self, logits, *, input_kind: str = "logits"):
+        """Per-sample temperatures ``(n_samples,)`` float64 for ``logits`` ``(n_samples, n_classes)``."""
+        from confcal._validation import check_logits
+        from confcal.calibrators._compose import to_torch
+
+        self._check_fitted()
+        x = check_logits(logits, input_kind=input_kind)
+        with torch.no_grad():
+            return self.map_.temperatures(to_torch(x))[:, 0].numpy()
+
+
