@@ -57,8 +57,10 @@ NESTED = ["ts", "vs", "ms", "dirichlet", "ets", "pts"]
 
 def _fit_pair(x, base, z, y, **kw):
     extra = {"progress": False, **FAST} if base == "pts" else {}
+    if base in ("ms", "dirichlet"):
+        extra = {"max_iter": 100}  # the same iteration budget for X alone and for X inside X+PB
     base_cal = METHODS[base](**extra).fit(z, y, **kw)
-    pb_extra = {"progress": False, **FAST, "base_params": {"progress": False, **FAST}} if base == "pts" else {}
+    pb_extra = {"progress": False, **FAST, "base_params": {"progress": False, **FAST}} if base == "pts" else extra
     pb = METHODS[f"{base}+pb"](**pb_extra).fit(z, y, **kw)
     return base_cal, pb
 
