@@ -93,7 +93,7 @@ def run(g, a, b, **kw):
 # ---------------------------------------------------------------------------
 
 
-@settings(max_examples=2500, **HYP)
+@settings(max_examples=1000, **HYP)
 @given(problems())
 def test_agrees_with_oracle_float64(prob):
     g, a, b = prob
@@ -103,7 +103,7 @@ def test_agrees_with_oracle_float64(prob):
     assert kkt_violation(p, g, a, b) <= 1e-9
 
 
-@settings(max_examples=300, **HYP)
+@settings(max_examples=150, **HYP)
 @given(problems(max_k=6), st.floats(0.05, 20.0))
 def test_agrees_with_oracle_with_temperature(prob, tau):
     g, a, b = prob
@@ -111,7 +111,7 @@ def test_agrees_with_oracle_with_temperature(prob, tau):
     np.testing.assert_allclose(p, oracle(g, a, b, tau), rtol=0, atol=1e-9)
 
 
-@settings(max_examples=150, **HYP)
+@settings(max_examples=50, **HYP)
 @given(st.lists(problems(max_k=6), min_size=2, max_size=6), st.integers(6, 8))
 def test_batched_equals_row_by_row(probs, K):
     # pad every row to K classes with masked classes (lower bound 0) so that rows share a shape
@@ -129,7 +129,7 @@ def test_batched_equals_row_by_row(probs, K):
 
 def test_larger_rows_agree_with_oracle():
     gen = torch.Generator().manual_seed(1)
-    for K in (50, 300):
+    for K in (50, 150):
         g = torch.randn(20, K, generator=gen, dtype=F64) * 4
         a = torch.rand(20, K, generator=gen, dtype=F64)
         a = a / a.sum(-1, keepdim=True) * 0.6
@@ -157,7 +157,7 @@ def uniform_problems(draw):
     return g, a, b
 
 
-@settings(max_examples=300, **HYP)
+@settings(max_examples=150, **HYP)
 @given(problems())
 def test_output_in_box_and_on_simplex(prob):
     g, a, b = prob
@@ -196,7 +196,7 @@ def test_temperature_equivalence_eq37(prob, tau):
     np.testing.assert_allclose(lhs, rhs, rtol=0, atol=1e-10)
 
 
-@settings(max_examples=300, **HYP)
+@settings(max_examples=150, **HYP)
 @given(uniform_problems())
 def test_uniform_bounds_keep_argmax_eq12(prob):
     g, a, b = prob
@@ -207,7 +207,7 @@ def test_uniform_bounds_keep_argmax_eq12(prob):
     assert top_s <= top_p
 
 
-@settings(max_examples=300, **HYP)
+@settings(max_examples=80, **HYP)
 @given(uniform_problems(), st.integers(1, 5))
 def test_uniform_upper_bound_keeps_top_k(prob, k):
     g, a, b = prob
@@ -225,7 +225,7 @@ def test_uniform_upper_bound_keeps_top_k(prob, k):
         assert top.min() > rest.max()
 
 
-@settings(max_examples=300, **HYP)
+@settings(max_examples=150, **HYP)
 @given(uniform_problems())
 def test_uniform_bounds_equal_softmax_of_clipped_logits_sec41(prob):
     g, a, b = prob
@@ -551,10 +551,10 @@ def test_calibration_path_scalar_bounds_in_lbfgs():
     # tensor bounds reparameterised as in the paper, fitted by LBFGS on NLL
     gen = torch.Generator().manual_seed(0)
     K = 10
-    logits = torch.randn(400, K, generator=gen, dtype=F64) * 4
-    labels = torch.randint(0, K, (400,), generator=gen)
+    logits = torch.randn(200, K, generator=gen, dtype=F64) * 4
+    labels = torch.randint(0, K, (200,), generator=gen)
     params = torch.zeros(3, dtype=F64, requires_grad=True)  # log T, a', b'
-    opt = torch.optim.LBFGS([params], max_iter=30, line_search_fn="strong_wolfe")
+    opt = torch.optim.LBFGS([params], max_iter=15, line_search_fn="strong_wolfe")
 
     def nll():
         opt.zero_grad()
@@ -589,7 +589,7 @@ def test_torch_func_grad():
 # ---------------------------------------------------------------------------
 
 
-@settings(max_examples=400, **HYP)
+@settings(max_examples=200, **HYP)
 @given(problems())
 def test_solver_converges_in_few_iterations(prob):
     g, a, b = prob

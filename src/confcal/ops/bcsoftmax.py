@@ -341,9 +341,9 @@ def _emit(e, L, U, cl, a, b):
     else:
         state = L.to(torch.int8).neg_()
     free = state == 0
-    sf = torch.where(free, e, 0.0).sum(-1)
+    sf = torch.where(free, e, 0.0).sum(-1)  # (not e * free: clamped e may be inf)
     r = torch.where(sf > 0, s / sf, 0.0)
-    p = e * r[:, None]
+    p = e.mul_(r[:, None])  # e is scratch (a work buffer or a row copy): reuse it for p
     for mask, v in ((U, b), (L, a)):  # lower last: it wins when a_i == b_i
         if mask is not None:
             p = p.masked_fill_(mask, v) if isinstance(v, float) else torch.where(mask, v, p)
@@ -583,13 +583,16 @@ class _BoxSoftmax(torch.autograd.Function):
     def backward(ctx, gp, _gstate=None, _gs=None):
         p, state, s, x, a, b, tau = ctx.saved_tensors
         gp = gp.to(p.dtype)
-        free = state == 0
+        clamped = state != 0
         # Jacobian on the free block: diag(p) - p q^T with q = p / s (eq. 43);
-        # a clamped bound moves every free p_j by -q_j (eq. 44-45).
-        qv = torch.where(free, p * gp, 0.0).sum(-1)
+        # a clamped bound moves every free p_j by -q_j (eq. 44-45).  In-place
+        # steps keep the extra memory at about two tensors of the size of p.
+        gx = torch.mul(p, gp).masked_fill_(clamped, 0.0)
+        qv = gx.sum(-1)
         qv = torch.where(s > 0, qv / s, 0.0)
         u = gp - qv[:, None]
-        gx = torch.where(free, p * u, 0.0)
+        gx = gx.copy_(p).mul_(u).masked_fill_(clamped, 0.0)  # in place, not out=: torch.func traces this
+        free = None if x is None else ~clamped
         ga = gb = gt = None
         if a is not None and ctx.needs_input_grad[1]:
             ga = _reduce_like(torch.where(state == -1, u, 0.0), a)

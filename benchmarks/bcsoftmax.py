@@ -1,0 +1,141 @@
+"""Speed and memory of confcal.ops.bcsoftmax against torch.softmax (CPU, one thread).
+
+Prints one table: for N in {128, 4096}, K in {10, 100, 1000} and two kinds of
+bounds (uniform scalar a = 0.2/K, b = 0.5; random per-element feasible bounds
+drawn per row), float32 logits ~ 3 * N(0, 1):
+
+  fwd ms, fwd+bwd ms   median wall time of bcsoftmax (forward under no_grad;
+                       forward + backward of ``out.sum()``)
+  softmax f+b ms       the same for torch.softmax, measured in the same run
+  ratio                fwd+bwd time / softmax fwd+bwd time
+  peak mem             peak extra memory of one forward+backward, in multiples
+                       of the logits tensor (growth of the peak RSS of a fresh
+                       process; page-granular, so 0 for tiny shapes), and the
+                       same for softmax in brackets
+  iters                solver iterations for the whole batch (the slowest row)
+
+Usage:  python benchmarks/bcsoftmax.py [--repeats R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from confcal.ops import bcsoftmax
+
+# the package re-exports the function under the module's name
+_impl = importlib.import_module("confcal.ops.bcsoftmax")
+
+
+def _random_bounds(n, k, gen):
+    """Per-element feasible bounds: 0 <= a <= b <= 1, sum(a) <= 1 <= sum(b)."""
+    wa = torch.rand(n, k, generator=gen)
+    a = wa / wa.sum(-1, keepdim=True) * torch.rand(n, 1, generator=gen) * 0.9
+    wb = torch.rand(n, k, generator=gen)
+    slack = (1 - a) * wb
+    # scale the slack so that sum(b) lands in [1.05, ~2]; clamp keeps b <= 1
+    need = (1.05 - a.sum(-1, keepdim=True)) / slack.sum(-1, keepdim=True)
+    b = (a + slack * torch.maximum(need, torch.rand(n, 1, generator=gen) * 3)).clamp(max=1.0)
+    return a, b
+
+
+def _median_ms(fn, repeats):
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+_PEAK_CHILD = r"""
+import resource, sys, torch
+from confcal.ops import bcsoftmax
+torch.set_num_threads(1)
+x, a, b = torch.load({path!r})
+x.requires_grad_()
+y = torch.softmax(x, -1); y.sum().backward(); del y; x.grad = None  # warm the allocator and autograd
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+{call}
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print((after - before) * 1024)
+"""
+
+
+def _peak_extra_bytes(x, a, b, call):
+    """Peak RSS growth (bytes) of one forward+backward, measured in a fresh process.
+
+    CPU torch has no allocator statistics; large blocks are mmap-ed and given
+    back, so the growth of the process's high-water mark is the peak of the
+    extra memory (page-granular; meaningless for tiny tensors).  The inputs
+    are loaded from a file so that making them leaves no higher mark."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(Path(tmp) / "inputs.pt")
+        torch.save((x.detach(), a, b), path)
+        code = _PEAK_CHILD.format(path=path, call=call)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return int(out.stdout.split()[-1])
+
+
+def _inputs(kind, n, k, seed=0):
+    gen = torch.Generator().manual_seed(seed + 1000 * k + n)
+    x = (torch.randn(n, k, generator=gen) * 3).requires_grad_()
+    if kind == "uniform":
+        return x, 0.2 / k, 0.5
+    a, b = _random_bounds(n, k, gen)
+    return x, a, b
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=15)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    header = (f"{'bounds':<8} {'N':>5} {'K':>5} {'fwd ms':>9} {'fwd+bwd ms':>11} {'softmax f+b ms':>15} {'ratio':>7}"
+              f" {'peak mem':>10} {'(softmax)':>9} {'iters':>6}")
+    print(f"torch {torch.__version__}, threads={torch.get_num_threads()}, float32, median of {args.repeats}")
+    print(header)
+    print("-" * len(header))
+    for kind in ("uniform", "per-elem"):
+        for n in (128, 4096):
+            for k in (10, 100, 1000):
+                x, a, b = _inputs(kind, n, k)
+
+                def fwd():
+                    with torch.no_grad():
+                        bcsoftmax(x, a, b)
+
+                def fwdbwd():
+                    x.grad = None
+                    bcsoftmax(x, a, b).sum().backward()
+
+                def smax():
+                    x.grad = None
+                    torch.softmax(x, -1).sum().backward()
+
+                t_f = _median_ms(fwd, args.repeats)
+                t_fb = _median_ms(fwdbwd, args.repeats)
+                t_s = _median_ms(smax, args.repeats)
+                logits_bytes = x.numel() * x.element_size()
+                peak = _peak_extra_bytes(x, a, b, "bcsoftmax(x, a, b).sum().backward()")
+                peak_s = _peak_extra_bytes(x, a, b, "torch.softmax(x, -1).sum().backward()")
+                xa = a if isinstance(a, float) else a
+                xb = b
+                *_, iters = _impl._solve(x.detach(), xa, xb, False, torch.finfo(torch.float32).eps,
+                                         _impl._Meta("bench", (n,), 1))
+                print(f"{kind:<8} {n:>5} {k:>5} {t_f:>9.3f} {t_fb:>11.3f} {t_s:>15.3f} {t_fb / t_s:>6.1f}x"
+                      f" {peak / logits_bytes:>9.1f}x {peak_s / logits_bytes:>8.1f}x {iters:>6}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
