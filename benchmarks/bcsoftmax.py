@@ -9,9 +9,9 @@ drawn per row), float32 logits ~ 3 * N(0, 1):
   softmax f+b ms       the same for torch.softmax, measured in the same run
   ratio                fwd+bwd time / softmax fwd+bwd time
   peak mem             peak extra memory of one forward+backward, in multiples
-                       of the logits tensor (growth of the peak RSS of a fresh
-                       process; page-granular, so 0 for tiny shapes), and the
-                       same for softmax in brackets
+                       of the logits tensor (peak RSS above the start, in a
+                       fresh process; page-granular, so not meaningful for
+                       tiny shapes), and the same for softmax
   iters                solver iterations for the whole batch (the slowest row)
 
 Usage:  python benchmarks/bcsoftmax.py [--repeats R]
@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -59,31 +59,35 @@ def _median_ms(fn, repeats):
 
 
 _PEAK_CHILD = r"""
-import resource, sys, torch
+import re, sys, torch
+sys.path.insert(0, {bench_dir!r})
+from bcsoftmax import _inputs
 from confcal.ops import bcsoftmax
 torch.set_num_threads(1)
-x, a, b = torch.load({path!r})
-x.requires_grad_()
-y = torch.softmax(x, -1); y.sum().backward(); del y; x.grad = None  # warm the allocator and autograd
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def status(key):
+    return int(re.search(key + r":\s+(\d+)", open("/proc/self/status").read()).group(1)) * 1024
+x, a, b = _inputs({kind!r}, {n}, {k})
+for _ in range(2):
+    x.grad = None
+    {call}
+x.grad = None
+open("/proc/self/clear_refs", "w").write("5")  # reset the peak-RSS mark (VmHWM) to the current RSS
+base = status("VmRSS")
 {call}
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print((after - before) * 1024)
+print(status("VmHWM") - base)
 """
 
 
-def _peak_extra_bytes(x, a, b, call):
-    """Peak RSS growth (bytes) of one forward+backward, measured in a fresh process.
+def _peak_extra_bytes(kind, n, k, call):
+    """Peak extra memory (bytes) of one forward+backward, measured in a fresh process.
 
-    CPU torch has no allocator statistics; large blocks are mmap-ed and given
-    back, so the growth of the process's high-water mark is the peak of the
-    extra memory (page-granular; meaningless for tiny tensors).  The inputs
-    are loaded from a file so that making them leaves no higher mark."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = str(Path(tmp) / "inputs.pt")
-        torch.save((x.detach(), a, b), path)
-        code = _PEAK_CHILD.format(path=path, call=call)
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    CPU torch keeps no allocator statistics, so this resets the kernel's
+    peak-RSS mark (Linux /proc/self/clear_refs) and reads it back.  A fixed
+    malloc mmap threshold makes freed blocks leave the process, so that the
+    mark is the true peak (page-granular: meaningless for tiny tensors)."""
+    code = _PEAK_CHILD.format(bench_dir=str(Path(__file__).resolve().parent), kind=kind, n=n, k=k, call=call)
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     return int(out.stdout.split()[-1])
 
 
@@ -127,8 +131,8 @@ def main():
                 t_fb = _median_ms(fwdbwd, args.repeats)
                 t_s = _median_ms(smax, args.repeats)
                 logits_bytes = x.numel() * x.element_size()
-                peak = _peak_extra_bytes(x, a, b, "bcsoftmax(x, a, b).sum().backward()")
-                peak_s = _peak_extra_bytes(x, a, b, "torch.softmax(x, -1).sum().backward()")
+                peak = _peak_extra_bytes(kind, n, k, "bcsoftmax(x, a, b).sum().backward()")
+                peak_s = _peak_extra_bytes(kind, n, k, "torch.softmax(x, -1).sum().backward()")
                 xa = a if isinstance(a, float) else a
                 xb = b
                 *_, iters = _impl._solve(x.detach(), xa, xb, False, torch.finfo(torch.float32).eps,

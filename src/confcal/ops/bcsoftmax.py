@@ -346,7 +346,7 @@ def _emit(e, L, U, cl, a, b):
     p = e.mul_(r[:, None])  # e is scratch (a work buffer or a row copy): reuse it for p
     for mask, v in ((U, b), (L, a)):  # lower last: it wins when a_i == b_i
         if mask is not None:
-            p = p.masked_fill_(mask, v) if isinstance(v, float) else torch.where(mask, v, p)
+            p = p.masked_fill_(mask, v) if isinstance(v, float) else torch.where(mask, v, p, out=p)
     return p, state, s.clamp_min_(0.0)
 
 
@@ -521,6 +521,8 @@ def _solve(x, a, b, check, eps, meta):
         at_upper = torch.as_tensor(at_upper, device=x.device).expand(M)
         direct = at_lower | at_upper
     n_iter = 0
+    if not bool(direct.any()):
+        return _iterate(x, lower, upper, eps, neg is not None)
     if bool(direct.all()):
         p = torch.empty_like(x)
         state = torch.empty(x.shape, dtype=torch.int8, device=x.device)
