@@ -20,6 +20,7 @@ PTS (Tomani et al. 2022; eq. 48), LB (eq. 29), DPB (eq. 33).
 
 from __future__ import annotations
 
+import abc
 import math
 from typing import Any
 
@@ -62,7 +63,7 @@ def top_k_logits(z: torch.Tensor, k: int) -> torch.Tensor:
     return top
 
 
-class LogitMap(nn.Module):
+class LogitMap(nn.Module, metaclass=abc.ABCMeta):
     """Base class: ``forward(z, features=None) -> logits`` in float64.
 
     ``forward`` expects finite logits: :class:`~confcal.calibrators._compose.Composite`
@@ -88,8 +89,9 @@ class LogitMap(nn.Module):
         """Parameter-free transform applied once before masking (default: none)."""
         return z
 
+    @abc.abstractmethod
     def forward(self, z: torch.Tensor, features: torch.Tensor | None = None) -> torch.Tensor:
-        raise NotImplementedError
+        """New logits ``(n, K)`` from logits ``(n, K)`` (and features where the map uses them)."""
 
 
 class IdentityMap(LogitMap):

@@ -28,6 +28,7 @@ predict time: an unseen target domain needs no fallback rule.
 
 from __future__ import annotations
 
+import abc
 import math
 import warnings
 
@@ -309,8 +310,9 @@ class _ClusterBase(Calibrator):
         f = self._checked_features(features)
         return self._temperatures(self._standardize(f))
 
+    @abc.abstractmethod
     def _temperatures(self, z: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+        """Per-sample temperatures for standardised features ``z``."""
 
     # ----------------------------------------------------------------- manifest
     def _get_fitted(self):

@@ -49,3 +49,21 @@ def bin_sums(confidence: np.ndarray, correct: np.ndarray, n_bins: int, binning: 
     conf_sum = np.bincount(idx, weights=confidence, minlength=n_bins)
     corr_sum = np.bincount(idx, weights=correct.astype(np.float64), minlength=n_bins)
     return count, conf_sum, corr_sum, edges
+
+
+NORMS = ("l1", "l2", "max")
+
+
+def binned_gap(count, conf_sum, corr_sum, norm: str = "l1") -> float:
+    """Count-weighted gap between mean confidence and accuracy over non-empty bins:
+    ``l1`` (ECE), ``l2`` (root of the weighted mean squared gap) or ``max`` (MCE)."""
+    nz = count > 0
+    gaps = np.abs(conf_sum[nz] - corr_sum[nz]) / count[nz]
+    w = count[nz] / count.sum()
+    if norm == "l1":
+        return float(np.sum(w * gaps))
+    if norm == "l2":
+        return float(np.sqrt(np.sum(w * gaps**2)))
+    if norm == "max":
+        return float(gaps.max())
+    raise ValueError(f"norm: expected one of {NORMS}, got {norm!r}")

@@ -12,12 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from confcal._validation import check_labels, check_probs
-from confcal.metrics._binning import bin_sums, check_n_bins
+from confcal.metrics._binning import bin_sums, binned_gap, check_n_bins
 
 __all__ = ["ece", "mce", "classwise_ece", "reliability_table", "ECEAccumulator"]
-
-NORMS = ("l1", "l2", "max")
-
 
 def _confidence_correct(probs, labels):
     p = check_probs(probs)
@@ -25,20 +22,6 @@ def _confidence_correct(probs, labels):
     pred = np.argmax(p, axis=1)  # ties: lowest index wins, as in accuracy()
     conf = p[np.arange(p.shape[0]), pred]
     return conf, (pred == y)
-
-
-def _gap(count, conf_sum, corr_sum, norm: str) -> float:
-    n = count.sum()
-    nz = count > 0
-    gaps = np.abs(conf_sum[nz] - corr_sum[nz]) / count[nz]
-    w = count[nz] / n
-    if norm == "l1":
-        return float(np.sum(w * gaps))
-    if norm == "l2":
-        return float(np.sqrt(np.sum(w * gaps**2)))
-    if norm == "max":
-        return float(gaps.max())
-    raise ValueError(f"norm: expected one of {NORMS}, got {norm!r}")
 
 
 def ece(probs, labels, n_bins: int = 15, binning: str = "equal_width", norm: str = "l1",
@@ -77,7 +60,7 @@ def ece(probs, labels, n_bins: int = 15, binning: str = "equal_width", norm: str
 
 def _ece_from_pairs(conf, correct, n_bins, binning, norm, return_n_bins=False):
     count, conf_sum, corr_sum, _ = bin_sums(conf, correct, check_n_bins(n_bins), binning)
-    value = _gap(count, conf_sum, corr_sum, norm)
+    value = binned_gap(count, conf_sum, corr_sum, norm)
     return (value, int(np.count_nonzero(count))) if return_n_bins else value
 
 
@@ -149,6 +132,6 @@ class ECEAccumulator:
     def ece(self, norm: str = "l1") -> float:
         if self.count.sum() == 0:
             raise ValueError("ECEAccumulator: no samples seen; call update() first")
-        return _gap(self.count, self.conf_sum, self.corr_sum, norm)
+        return binned_gap(self.count, self.conf_sum, self.corr_sum, norm)
 
 

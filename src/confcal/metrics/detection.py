@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from confcal._validation import as_numpy, check_domains
-from confcal.metrics._binning import bin_sums, check_n_bins
+from confcal.metrics._binning import bin_sums, binned_gap, check_n_bins
 
 __all__ = ["check_pairs", "detection_ece", "binary_nll", "binary_brier", "detection_reliability",
            "precision_above_threshold", "per_domain", "ALL"]
@@ -58,19 +58,6 @@ def check_pairs(confidence, correct, *, name: str = "confidence"):
     return c, y
 
 
-def _gap(count, conf_sum, corr_sum, norm):
-    nz = count > 0
-    gaps = np.abs(conf_sum[nz] - corr_sum[nz]) / count[nz]
-    w = count[nz] / count.sum()
-    if norm == "l1":
-        return float(np.sum(w * gaps))
-    if norm == "l2":
-        return float(np.sqrt(np.sum(w * gaps**2)))
-    if norm == "max":
-        return float(gaps.max())
-    raise ValueError(f"norm: expected 'l1', 'l2' or 'max', got {norm!r}")
-
-
 def detection_ece(confidence, correct, n_bins: int = 15, binning: str = "equal_width", norm: str = "l1",
                   *, return_n_bins: bool = False):
     """D-ECE: count-weighted mean of ``|fraction of true positives - mean confidence|`` per bin.
@@ -89,7 +76,7 @@ def detection_ece(confidence, correct, n_bins: int = 15, binning: str = "equal_w
     """
     c, y = check_pairs(confidence, correct)
     count, conf_sum, corr_sum, _ = bin_sums(c, y, check_n_bins(n_bins), binning)
-    value = _gap(count, conf_sum, corr_sum, norm)
+    value = binned_gap(count, conf_sum, corr_sum, norm)
     return (value, int(np.count_nonzero(count))) if return_n_bins else value
 
 
