@@ -480,7 +480,9 @@ class DualProbabilityBounding(MapCalibrator):
     method = "dpb"
     map_name = "dpb"
 
-    def __init__(self, max_iter: int = 500, tol: float = 1e-7, random_state: int = 0):
+    # tol 1e-5 (not 1e-7): on DenseNet CIFAR-100 (5,000 x 100) it halves the LBFGS
+    # iterations (168 -> 88) and changes the fitted NLL by 3e-6.
+    def __init__(self, max_iter: int = 500, tol: float = 1e-5, random_state: int = 0):
         self.max_iter = max_iter
         self.tol = tol
         self.random_state = random_state
