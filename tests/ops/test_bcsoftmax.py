@@ -593,5 +593,83 @@ def test_torch_func_grad():
 def test_solver_converges_in_few_iterations(prob):
     g, a, b = prob
     x = torch.as_tensor(g, dtype=F64)[None]
-    *_, n_iter = impl._solve(x, t64(a), t64(b), True, torch.finfo(F64).eps, impl._Meta("t", (1,), 1))
+    *_, n_iter = impl._solve(x, t64(a), t64(b), True, torch.finfo(F64).eps, impl._Meta("t", (1,), 1),
+                             method="newton")
     assert n_iter <= 40
+
+
+# ---------------------------------------------------------------------------
+# both solvers: sort-based (K <= _SORT_MAX_K) and Newton (larger K)
+# ---------------------------------------------------------------------------
+
+
+def _solve_with(method, g, a, b, dtype=F64):
+    """Run one solver on rows g (2-D) with bounds in an internal layout."""
+    x = torch.as_tensor(g, dtype=dtype)
+    return impl._solve(x, a, b, True, torch.finfo(dtype).eps, impl._Meta("t", (x.shape[0],), 1), method=method)
+
+
+@settings(max_examples=400, **HYP)
+@given(problems(max_k=12), st.sampled_from(["sort", "newton"]))
+def test_each_solver_agrees_with_oracle(prob, method):
+    g, a, b = prob
+    p, state, s, n_iter = _solve_with(method, g[None], t64(a), t64(b))
+    ref = oracle(g, a, b)
+    np.testing.assert_allclose(p[0].numpy(), ref, rtol=0, atol=1e-9)
+    # the stored clamp state names the bound each clamped coordinate took
+    st_ = state[0].numpy()
+    np.testing.assert_array_equal(p[0].numpy()[st_ == -1], a[st_ == -1])
+    np.testing.assert_array_equal(p[0].numpy()[st_ == 1], b[st_ == 1])
+    finite = g[np.isfinite(g)]
+    if method == "sort" and not np.isneginf(g).any() and finite.max() - finite.min() <= impl._SORT_MAX_SPREAD:
+        assert n_iter <= 1  # the sort path (1) or a box with no room (0) - no silent fallback to Newton
+
+
+@pytest.mark.parametrize("method", ["sort", "newton"])
+@pytest.mark.parametrize("K", [2, 10, 40])
+def test_each_solver_float32_close_to_float64_oracle(method, K):
+    gen = torch.Generator().manual_seed(K)
+    g = torch.randn(64, K, generator=gen) * 3
+    wa = torch.rand(64, K, generator=gen)
+    a = wa / wa.sum(-1, keepdim=True) * torch.rand(64, 1, generator=gen) * 0.9
+    b = torch.clamp(a + torch.rand(64, K, generator=gen) * 3.0 / K, max=1.0)
+    b = torch.where(b.sum(-1, keepdim=True) < 1.05, a + (1 - a) * 0.6, b)
+    for lo, up in ((a, b), (0.2 / K, 0.5), (0.0, 1.5 / K), (0.5 / K, 1.0)):
+        lo_t = lo if isinstance(lo, float) else lo.clone()
+        up_t = up if isinstance(up, float) else up.clone()
+        p = _solve_with(method, g, lo_t, up_t, torch.float32)[0]
+        assert p.dtype == torch.float32
+        lo_n = lo if isinstance(lo, float) else lo.double().numpy()
+        up_n = up if isinstance(up, float) else up.double().numpy()
+        ref = oracle_rows(g.double().numpy(), lo_n, up_n)
+        np.testing.assert_allclose(p.double().numpy(), ref, rtol=0, atol=3e-7)
+
+
+@pytest.mark.parametrize("K", [impl._SORT_MAX_K, impl._SORT_MAX_K + 1])
+def test_public_api_on_both_sides_of_the_solver_threshold(K, monkeypatch):
+    calls = []
+    for name in ("_sorted", "_iterate"):
+        real = getattr(impl, name)
+        monkeypatch.setattr(impl, name, lambda *args, _real=real, _name=name: calls.append(_name) or _real(*args))
+    gen = torch.Generator().manual_seed(K)
+    g = torch.randn(30, K, generator=gen, dtype=F64) * 3
+    a = torch.rand(30, K, generator=gen, dtype=F64)
+    a = a / a.sum(-1, keepdim=True) * 0.7
+    b = torch.clamp(a + torch.rand(30, K, generator=gen, dtype=F64) * 2.5 / K, max=1.0)
+    b = torch.where(b.sum(-1, keepdim=True) < 1.05, a + (1 - a) * 0.5, b)
+    for lo, up in ((a, b), (0.2 / K, 0.5), (0.0, 1.5 / K), (0.5 / K, 1.0)):
+        calls.clear()
+        p = bcsoftmax(g, lo, up)
+        assert calls == (["_sorted"] if K <= impl._SORT_MAX_K else ["_iterate"])
+        lo_n = lo if isinstance(lo, float) else lo.numpy()
+        up_n = up if isinstance(up, float) else up.numpy()
+        np.testing.assert_allclose(p.numpy(), oracle_rows(g.numpy(), lo_n, up_n), rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("sort_max_k", [0, 10**9])
+def test_gradcheck_through_each_solver(sort_max_k, monkeypatch):
+    monkeypatch.setattr(impl, "_SORT_MAX_K", sort_max_k)
+    g, a, b = _nondegenerate(11, n=3, K=7)
+    inputs = tuple(t.clone().requires_grad_() for t in (g, a, b, t64(0.8)))
+    assert torch.autograd.gradcheck(lambda g, a, b, t: bcsoftmax(g, a, b, tau=t), inputs)
+    assert torch.autograd.gradcheck(lambda g: bcsoftmax(g, 0.03, 0.4), inputs[:1])

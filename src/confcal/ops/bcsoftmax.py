@@ -39,6 +39,14 @@ _MAX_ITER = 200
 # active rows costs about as much as one pass of an iteration.
 _COMPACT_FRACTION = 0.5
 
+# Up to this many classes the sort-based solver (a fixed number of batched
+# ops) beats the Newton iteration (fewer passes, but many ops per pass).
+_SORT_MAX_K = 64
+
+# The sort-based solver works with exp(x - rowmax) in float64; rows whose
+# finite logits span more than this would underflow and go to Newton.
+_SORT_MAX_SPREAD = 600.0
+
 
 class _Meta(NamedTuple):
     """What the error messages need to name a row and class of the input."""
@@ -244,12 +252,32 @@ def _check_logits(x, meta):
     return True
 
 
+def _bounds_ok(a, b, A, B, tol):
+    """Every condition of :func:`_check_bounds` in one fused test with one
+    sync (NaN fails every comparison); the detailed checks run only when it
+    fails, to name the culprit."""
+    ok = True
+    for conds in ((a >= 0.0, a <= b, b <= 1.0), (A <= 1 + tol, B >= 1 - tol)):
+        t = None
+        for c in conds:
+            if not isinstance(c, torch.Tensor):
+                if not c:
+                    return False
+            else:
+                t = c if t is None else t & c  # elementwise layouts broadcast to (M, K)
+        if t is not None:
+            ok = t.all() if ok is True else ok & t.all()
+    return bool(ok)
+
+
 def _check_bounds(a, b, A, B, tol, masked_rows, meta):
     """Elementwise and per-row feasibility of the box.
 
     ``A`` and ``B`` are the row sums of the bounds (floats for uniform bounds,
     else (M,) tensors); in ``B`` masked classes count at their lower bound.
     """
+    if _bounds_ok(a, b, A, B, tol):
+        return
     for v, what in ((a, "lower"), (b, "upper")):
         if isinstance(v, float):
             if not (0.0 <= v <= 1.0):
@@ -486,8 +514,122 @@ def _iterate(x, a, b, eps, masked):
     raise RuntimeError(f"bcsoftmax: no convergence after {_MAX_ITER} iterations (please report this input)")
 
 
-def _solve(x, a, b, check, eps, meta):
-    """Forward pass on (M, K) scaled logits; returns (p, state, s, n_iter)."""
+def _f64(v):
+    """A bound in float64 (None and Python floats pass through)."""
+    return v.to(torch.float64) if isinstance(v, torch.Tensor) else v
+
+
+def _log(v):
+    return torch.log(v) if isinstance(v, torch.Tensor) else math.log(v)
+
+
+def _sorted(x, a, b):
+    """Exact solve of (m, K) rows with room in a fixed number of batched ops.
+
+    The breakpoints of f(nu) = sum_i clip(exp(x_i - nu), a_i, b_i) are
+    u_i = x_i - log b_i (coordinate i leaves its upper bound) and
+    l_i = x_i - log a_i (it reaches its lower bound).  Sorting them once per
+    row, cumulative sums over the sorted events give the clamped mass and the
+    free exp-mass on every piece, hence f at every breakpoint (the sort-based
+    idea of the paper's Algorithms 1-2, both sides at once).  f decreases, so
+    the number k of breakpoints with f > 1 names the piece holding the root;
+    its clamped sets then give the answer by the closed form of eq. 24,
+    computed afresh from the sets (the running sums only choose the piece).
+    Works in float64: an error of the running sums (at most ~K ulps of f) can
+    only misplace the root within rounding of a breakpoint, where both pieces
+    give the same output.
+
+    Returns (p, state, s) as :func:`_emit`, or None when some row's finite
+    logits span more than ``_SORT_MAX_SPREAD`` (exp would under/overflow);
+    the caller then uses :func:`_iterate`.
+    """
+    m, K = x.shape
+    xd = x.to(torch.float64)
+    ad, bd = _f64(a), _f64(b)
+    xs = xd - xd.amax(-1, keepdim=True)
+    if float(xs.amin()) < -_SORT_MAX_SPREAD:
+        return None
+    e = xs.exp()
+    f64 = dict(dtype=torch.float64, device=x.device)
+    uniform = not isinstance(ad, torch.Tensor) and not isinstance(bd, torch.Tensor)
+    u = xs - _log(bd) if bd is not None else None
+    l = xs - _log(ad) if ad is not None else None
+    # Per event in sorted order: dc, the change of the clamped mass, and de,
+    # the change of the free exp-mass.  Leaving the upper bound releases b_i
+    # and adds e_i; reaching the lower bound adds a_i and removes e_i.  At
+    # nu = -inf every coordinate is at its upper bound (or free, without one).
+    if u is not None and l is not None:
+        vals, idx = torch.sort(torch.cat((u, l), 1), -1)
+        if uniform:  # event ids below K are upper-bound events
+            dc = (idx < K).to(torch.float64).mul_(-(ad + bd)).add_(ad)
+        else:
+            dc = torch.cat((torch.as_tensor(bd, **f64).expand(m, K).neg(),
+                            torch.as_tensor(ad, **f64).expand(m, K)), 1).gather(1, idx)
+        de = torch.cat((e, e.neg()), 1).gather(1, idx)
+    else:
+        vals, idx = torch.sort(u if u is not None else l, -1)
+        de = e.gather(1, idx)
+        dc = None if uniform else torch.as_tensor(bd if u is not None else ad, **f64).expand(m, K).gather(1, idx)
+        if u is not None:
+            dc = dc.neg_() if dc is not None else None
+        else:
+            de = de.neg_()
+    n = vals.shape[1]
+    cum_e = de.cumsum_(-1)
+    if u is None:
+        cum_e = cum_e.add_(e.sum(-1, keepdim=True))
+    if dc is None:  # one uniform bound: the clamped mass moves in equal steps
+        step, c0 = (-bd, bd * K) if u is not None else (ad, 0.0)
+        clamped = torch.arange(1, n + 1, **f64).mul_(step).add_(c0)
+    else:
+        clamped = dc.cumsum_(-1)
+        if u is not None:
+            B = _row_sum(bd, m, K)
+            clamped = clamped.add_(B[:, None] if isinstance(B, torch.Tensor) else B)
+    # f at every breakpoint; exp(-vals) <= exp(spread) stays finite.
+    f = vals.neg().exp_().mul_(cum_e).add_(clamped)
+    k = (f > 1.0).sum(-1, keepdim=True)
+    # The root lies between breakpoints k-1 and k.  With an upper bound the
+    # first breakpoint has f = sum(b) > 1 (k >= 1); without one the last has
+    # f = sum(a) < 1 (k <= n - 1).
+    U = L = None
+    if u is not None:
+        t = vals.gather(1, k.sub_(1).clamp_(0, n - 1))
+        U = u > t
+        if l is not None:
+            L = l <= t
+    else:
+        L = l < vals.gather(1, k.clamp_(0, n - 1))
+    if uniform:
+        cl = L.sum(-1, dtype=torch.float64).mul_(ad) if L is not None else 0.0
+        if U is not None:
+            cl = U.sum(-1, dtype=torch.float64).mul_(bd).add_(cl)
+    else:
+        cl = 0.0
+        for mask, v in ((L, ad), (U, bd)):
+            if mask is not None:
+                cl = torch.where(mask, v, 0.0).sum(-1).add_(cl) if isinstance(v, torch.Tensor) \
+                    else mask.sum(-1, dtype=torch.float64).mul_(v).add_(cl)
+    p, state, s = _emit(e, L, U, cl, ad, bd)
+    return p.to(x.dtype), state, s.to(x.dtype)
+
+
+def _solve_room(x, a, b, eps, masked, method=None):
+    """Rows with room: the sort-based solve for small K, else Newton."""
+    if method is None:
+        method = "sort" if x.shape[1] <= _SORT_MAX_K else "newton"
+    if method == "sort" and not masked:
+        out = _sorted(x, a, b)
+        if out is not None:
+            return out + (1,)
+    return _iterate(x, a, b, eps, masked)
+
+
+def _solve(x, a, b, check, eps, meta, method=None):
+    """Forward pass on (M, K) scaled logits; returns (p, state, s, n_iter).
+
+    ``method`` ("sort" or "newton") forces a solver for rows with room (tests
+    and benchmarks); by default K decides."""
     M, K = x.shape
     masked = _check_logits(x, meta) if check else not bool(torch.isfinite(x.sum()))
     neg = torch.isneginf(x) if masked else None
@@ -513,7 +655,7 @@ def _solve(x, a, b, check, eps, meta):
     at_upper = (B <= 1.0 + tol) if upper is not None else False
     if isinstance(at_lower, bool) and isinstance(at_upper, bool):
         if not (at_lower or at_upper):
-            return _iterate(x, lower, upper, eps, neg is not None)
+            return _solve_room(x, lower, upper, eps, neg is not None, method)
         direct = torch.ones(M, dtype=torch.bool, device=x.device)
         at_lower = torch.full((M,), at_lower, dtype=torch.bool, device=x.device)
     else:
@@ -522,14 +664,14 @@ def _solve(x, a, b, check, eps, meta):
         direct = at_lower | at_upper
     n_iter = 0
     if not bool(direct.any()):
-        return _iterate(x, lower, upper, eps, neg is not None)
+        return _solve_room(x, lower, upper, eps, neg is not None, method)
     if bool(direct.all()):
         p = torch.empty_like(x)
         state = torch.empty(x.shape, dtype=torch.int8, device=x.device)
         s = torch.zeros(M, dtype=x.dtype, device=x.device)
     else:
         rows = (~direct).nonzero()[:, 0]
-        pr, sr, ssr, n_iter = _iterate(x[rows], _rows(lower, rows), _rows(upper, rows), eps, neg is not None)
+        pr, sr, ssr, n_iter = _solve_room(x[rows], _rows(lower, rows), _rows(upper, rows), eps, neg is not None, method)
         p = torch.empty_like(x).index_copy_(0, rows, pr)
         state = torch.empty(x.shape, dtype=torch.int8, device=x.device).index_copy_(0, rows, sr)
         s = torch.zeros(M, dtype=x.dtype, device=x.device).index_copy_(0, rows, ssr)
@@ -557,6 +699,16 @@ def _reduce_like(g, v):
 
 class _BoxSoftmax(torch.autograd.Function):
     """p = bcsoftmax(x / tau; a, b) on (M, K) with the O(K) backward of eq. 43-45."""
+
+    @classmethod
+    def apply(cls, *args):
+        # Function.apply binds the arguments to forward's signature with
+        # inspect on every call (a third of a small call's time); every
+        # argument is passed positionally here, so outside torch.func
+        # transforms that step is skipped.
+        if torch._C._are_functorch_transforms_active():
+            return super().apply(*args)
+        return super(torch.autograd.Function, cls).apply(*args)
 
     @staticmethod
     def forward(x, a, b, tau, check, eps, meta):
