@@ -253,10 +253,8 @@ def evaluate_split(source: DomainData, calibration: Mapping[str, DomainData], ta
             temperature_mean=None if t is None else float(t.mean()))
     s, o = results["source-only"].ece_mean, results["target-only"].ece_mean
     for name, r in results.items():
-        try:
-            ir = improvement_ratio(r.ece_mean, s, o)
-        except ValueError:
-            ir = None  # oracle no better than source-only: eq. 19 undefined
+        # eq. 19 is undefined (or flips sign) when the oracle is no better than source-only
+        ir = improvement_ratio(r.ece_mean, s, o) if s - o > 1e-12 else None
         results[name] = MethodResult(**{**r.__dict__, "ir": ir})
     return SplitResult(split=split, methods=results, n_calibration=int(cal_logits.shape[0]),
                        n_target_eval=len(test), n_target_oracle=len(oracle_part),
@@ -325,11 +323,9 @@ def target_summary(results: Sequence[SplitResult]) -> list[dict]:
         for m in METHODS:
             irs = [r.methods[m].ir for r in rs if r.methods[m].ir is not None]
             row[f"ir_{m}"] = float(np.mean(irs)) if irs else None
-            try:
-                row[f"ir_of_mean_{m}"] = improvement_ratio(row[f"ece_{m}"], row["ece_source-only"],
-                                                           row["ece_target-only"])
-            except ValueError:
-                row[f"ir_of_mean_{m}"] = None
+            gain = row["ece_source-only"] - row["ece_target-only"]
+            row[f"ir_of_mean_{m}"] = (improvement_ratio(row[f"ece_{m}"], row["ece_source-only"],
+                                                        row["ece_target-only"]) if gain > 1e-12 else None)
         out.append(row)
     return out
 
