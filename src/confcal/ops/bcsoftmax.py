@@ -43,6 +43,10 @@ _COMPACT_FRACTION = 0.5
 # ops) beats the Newton iteration (fewer passes, but many ops per pass).
 _SORT_MAX_K = 64
 
+# The Newton iteration hands its last rows to the sort-based solver once
+# they hold at most this many logits.
+_SORT_TAIL_SIZE = 1 << 14
+
 # The sort-based solver works with exp(x - rowmax) in float64; rows whose
 # finite logits span more than this would underflow and go to Newton.
 _SORT_MAX_SPREAD = 600.0
@@ -326,59 +330,114 @@ def _rows(v, idx):
     return v[idx] if isinstance(v, torch.Tensor) and v.ndim == 2 else v
 
 
+def _rows_1d(v, idx):
+    """Restrict a per-row (m,) value to some rows (a float is shared)."""
+    return v[idx] if isinstance(v, torch.Tensor) else v
+
+
+def _masked_sum(mask, v):
+    """Row sums of a bound over a 0/1 float mask (v in any operand layout)."""
+    if isinstance(v, float):
+        return mask.sum(-1).mul_(v)
+    if v.ndim == 0 or v.shape[-1] == 1:  # one value per row (or for all rows)
+        return mask.sum(-1).mul_(v.reshape(-1))
+    return torch.linalg.vecdot(mask, v)
+
+
+def _clip(e, a, b, out=None):
+    """clip(e, a, b) for bounds that are None, floats or tensors."""
+    if isinstance(a, torch.Tensor) != isinstance(b, torch.Tensor) and a is not None and b is not None:
+        return torch.clamp(e, a, None, out=out).clamp_(None, b)  # clamp takes two numbers or two tensors
+    return torch.clamp(e, a, b, out=out)
+
+
+def _masks(e, a, b, out_l=None, out_u=None):
+    """0/1 float masks of the clamped coordinates at e = exp(x - nu):
+    L (e <= a) and U (e > b, so disjoint from L even when a_i == b_i).
+    Float, not bool: on CPU, comparisons into float buffers, products and
+    sums are several times faster than bool outputs, where() and
+    masked_fill()."""
+    L = torch.le(e, a, out=out_l if out_l is not None else torch.empty_like(e)) if a is not None else None
+    U = torch.gt(e, b, out=out_u if out_u is not None else torch.empty_like(e)) if b is not None else None
+    return L, U
+
+
 def _evaluate(x, nu, a, b, bufs, sides):
-    """Clamp map at nu: e = exp(x - nu), masks L (e <= a) and U (e >= b, not L),
-    f = sum clip(e, a, b) and the clamped mass ``cl``.  ``None`` bounds are
-    absent.  With ``sides`` also the unclamped mass of each clamped set, for
-    the one-sided steps of a two-sided box."""
-    e, pc, Lb, Ub = (t[: x.shape[0]] for t in bufs)
+    """Clamp map at nu: e = exp(x - nu), f = sum clip(e, a, b), the masses
+    clamped at the lower and the upper bounds (masks as in :func:`_masks`)
+    and code = #L - #U.  ``None`` bounds are absent.  With ``sides`` also the
+    unclamped mass of each clamped set, for the one-sided steps of a
+    two-sided box.  Only ``e`` must outlive the call (the masks and the clip
+    are recomputed from it when rows are emitted), so one scratch buffer
+    serves both masks."""
+    e, pc, mb = (t[: x.shape[0]] for t in bufs)
     torch.sub(x, nu[:, None], out=e)
     e.exp_()
-    if isinstance(a, torch.Tensor) != isinstance(b, torch.Tensor) and a is not None and b is not None:
-        torch.clamp(e, a, None, out=pc).clamp_(None, b)  # clamp takes two numbers or two tensors
-    else:
-        torch.clamp(e, a, b, out=pc)
-    f = pc.sum(-1)
-    L = U = None
+    f = _clip(e, a, b, out=pc).sum(-1)
     cl_l = cl_u = e_l = e_u = 0.0
+    code = 0.0
     if a is not None:
-        L = torch.le(e, a, out=Lb)
-        cl_l = L.sum(-1, dtype=x.dtype).mul_(a) if isinstance(a, float) else torch.where(L, a, 0.0).sum(-1)
+        L = torch.le(e, a, out=mb)
+        code = L.sum(-1)
+        cl_l = code * a if isinstance(a, float) else _masked_sum(L, a)
         if sides:
-            e_l = torch.where(L, e, 0.0).sum(-1)
+            # e may overflow where L is 0: take min(e, a), which is e on L
+            e_l = torch.linalg.vecdot(L, torch.clamp(e, None, a, out=pc))
     if b is not None:
-        U = torch.ge(e, b, out=Ub)
-        if L is not None and not (isinstance(a, float) and isinstance(b, float)):
-            U &= ~L  # a_i == b_i: count the coordinate once, as lower
-        cl_u = U.sum(-1, dtype=x.dtype).mul_(b) if isinstance(b, float) else torch.where(U, b, 0.0).sum(-1)
+        U = torch.gt(e, b, out=mb)
+        n_u = U.sum(-1)
+        code = code - n_u
+        cl_u = n_u * b if isinstance(b, float) else _masked_sum(U, b)
         if sides:
-            e_u = torch.where(U, e, 0.0).sum(-1)
-    return e, L, U, f, cl_l, cl_u, e_l, e_u
+            e_u = torch.linalg.vecdot(U, e)  # e <= b (finite) where U is 0
+    return e, f, cl_l, cl_u, e_l, e_u, code
 
 
-def _emit(e, L, U, cl, a, b):
-    """Eq. 24 from one evaluation: clamped coordinates take their bound, the free
-    ones share ``s = 1 - clamped mass`` in proportion to exp(x).  Returns the
-    probabilities, the clamp state (-1 lower, 0 free, +1 upper; stored so the
-    backward pass never re-derives it from float equality) and ``s``."""
-    s = 1.0 - cl if isinstance(cl, torch.Tensor) else torch.full(e.shape[:1], 1.0 - cl, dtype=e.dtype, device=e.device)
-    if U is not None:
-        state = U.to(torch.int8)
-        if L is not None:
-            state.masked_fill_(L, -1)
-    else:
-        state = L.to(torch.int8).neg_()
-    free = state == 0
-    sf = torch.where(free, e, 0.0).sum(-1)  # (not e * free: clamped e may be inf)
-    r = torch.where(sf > 0, s / sf, 0.0)
-    p = e.mul_(r[:, None])  # e is scratch (a work buffer or a row copy): reuse it for p
-    for mask, v in ((U, b), (L, a)):  # lower last: it wins when a_i == b_i
+def _emit_at(e, a, b, cl, w=None, out_l=None):
+    """:func:`_emit` for the point whose exp(x - nu) is ``e`` (masks and
+    clip recomputed by the same comparisons as in :func:`_evaluate`).
+    ``e`` is overwritten (by the upper mask)."""
+    w = _clip(e, a, b, out=w)
+    L, U = _masks(e, a, b, out_l=out_l, out_u=e)
+    return _emit(w, L, U, cl, a, b)
+
+
+def _emit(w, L, U, cl, a, b):
+    """Eq. 24 from one evaluation: clamped coordinates take their bound, the
+    free ones share ``s = 1 - clamped mass`` in proportion to ``w``.  ``w``
+    must be finite and proportional to exp(x) on the free coordinates (clip
+    of exp(x - nu) is: a clamped exp may overflow); it is overwritten.
+    ``L``, ``U``: 0/1 float masks of the lower/upper-clamped coordinates (or
+    None).  Returns the probabilities, the clamp state (-1 lower, 0 free,
+    +1 upper; stored so the backward pass never re-derives it from float
+    equality) and ``s``."""
+    s = 1.0 - cl if isinstance(cl, torch.Tensor) else torch.full(w.shape[:1], 1.0 - cl, dtype=w.dtype, device=w.device)
+    wf = w
+    for mask in (L, U):  # w - w * mask: exactly 0 on clamped coordinates, w on free ones
         if mask is not None:
-            p = p.masked_fill_(mask, v) if isinstance(v, float) else torch.where(mask, v, p, out=p)
+            wf = wf.addcmul_(wf, mask, value=-1.0)
+    sf = wf.sum(-1)
+    r = torch.where(sf > 0, s / sf, 0.0)
+    p = wf.mul_(r[:, None])
+    for mask, v in ((L, a), (U, b)):
+        if mask is not None:
+            p = p.add_(mask, alpha=v) if isinstance(v, float) else p.addcmul_(mask, v)
+    state = U.to(torch.int8) if U is not None else None
+    if L is not None:
+        state = L.to(torch.int8).neg_() if state is None else state.sub_(L.to(torch.int8))
     return p, state, s.clamp_min_(0.0)
 
 
-def _iterate(x, a, b, eps, masked):
+def _emit_rows(outs, rows, e, cl, a, b, bufs):
+    """Eq. 24 for some finished rows, written into the output buffers;
+    ``e`` holds a copy of their exp(x - nu), ``bufs`` scratch (the clip and
+    the lower mask go there)."""
+    n = e.shape[0]
+    p, st, sr = _emit_at(e, a, b, cl, bufs[1][:n], bufs[2][:n])
+    outs[0][rows], outs[1][rows], outs[2][rows] = p, st, sr
+
+
+def _iterate(x, a, b, eps, masked, sort_tail=True):
     """Solve rows of (m, K) logits whose box has room (sum a < 1 < sum b).
 
     Finds the per-row root nu of f(nu) = sum_i clip(exp(x_i - nu), a_i, b_i) = 1
@@ -391,6 +450,8 @@ def _iterate(x, a, b, eps, masked):
     pieces, so after a few steps every other step is a bisection of the bracket
     [lo, hi] (doubling outwards while one side is unknown).  Converged rows are
     frozen, and the working set is compacted once half of it has converged.
+    With ``sort_tail``, once the unconverged rows hold at most
+    ``_SORT_TAIL_SIZE`` logits they are finished by :func:`_sorted`.
 
     Returns (p, state, s, n_iter) as from :func:`_emit`.
     """
@@ -409,6 +470,7 @@ def _iterate(x, a, b, eps, masked):
         if masked:
             xb = xb.masked_fill_(torch.isneginf(x), math.inf)
         lo = xb.amin(-1)
+        del xb  # (M, K): not needed past here
         f_lo = _row_sum(b, m, K) if not masked else torch.where(torch.isneginf(x), a if a is not None else 0.0, b).sum(-1)
         f_lo = torch.as_tensor(f_lo, dtype=dt, device=x.device).expand(m).clone()
     else:
@@ -417,23 +479,21 @@ def _iterate(x, a, b, eps, masked):
     prev_above = torch.zeros(m, dtype=torch.bool, device=x.device)
     prev_ok = torch.zeros(m, dtype=torch.bool, device=x.device)
     fin = torch.zeros(m, dtype=torch.bool, device=x.device)
-    bufs = (torch.empty_like(x), torch.empty_like(x),
-            torch.empty(x.shape, dtype=torch.bool, device=x.device),
-            torch.empty(x.shape, dtype=torch.bool, device=x.device))
+    bufs = (torch.empty_like(x), torch.empty_like(x), torch.empty_like(x))
     tol_rel = 32 * eps  # |f - 1| <= tol_rel * free mass: nu is within ~32 ulps of the root
     tol_abs = max(K, 4) * eps  # all coordinates clamped and summing to one
     idx = None  # rows of the working set in the input (None: all of them)
     outs = None
     xw, aw, bw = x, a, b
     two_sided = a is not None and b is not None
+    sort_tail = sort_tail and not masked
     n_iter = 0
     for n_iter in range(1, _MAX_ITER + 1):
-        e, L, U, f, cl_l, cl_u, e_l, e_u = _evaluate(xw, nu, aw, bw, bufs, two_sided)
+        e, f, cl_l, cl_u, e_l, e_u, code = _evaluate(xw, nu, aw, bw, bufs, two_sided)
         cl = cl_l + cl_u
         s = 1.0 - cl
         sf = f - cl
         err = f - 1.0
-        code = (L.sum(-1, dtype=dt) if L is not None else 0) - (U.sum(-1, dtype=dt) if U is not None else 0)
         aerr = err.abs()
         # exp(x - nu) carries a relative error of |nu| ulps, hence the scale.
         scale = torch.clamp_min(nu.abs(), 1.0)
@@ -441,11 +501,28 @@ def _iterate(x, a, b, eps, masked):
         done |= (hi - lo) <= 4 * eps * scale  # bracket at rounding width
         n_done = int(done.sum())
         if n_done == done.numel():
-            p, st, sr = _emit(e, L, U, cl, aw, bw)
+            p, st, sr = _emit_at(e, aw, bw, cl, bufs[1][: e.shape[0]], bufs[2][: e.shape[0]])
             if idx is None:
                 return p, st, sr, n_iter
             outs[0][idx], outs[1][idx], outs[2][idx] = p, st, sr
             return outs + (n_iter,)
+        if sort_tail and (done.numel() - n_done) * K <= _SORT_TAIL_SIZE:
+            # A few slow rows left: the sort-based solver finishes them in a
+            # fixed number of ops instead of many more small passes.
+            keep = (~done).nonzero()[:, 0]
+            tail = _sorted(xw[keep], _rows(aw, keep), _rows(bw, keep))
+            if tail is not None:
+                if outs is None:
+                    outs = (torch.empty_like(x), torch.empty(x.shape, dtype=torch.int8, device=x.device),
+                            torch.empty(m, dtype=dt, device=x.device))
+                    idx = torch.arange(m, device=x.device)
+                if n_done:
+                    d = done.nonzero()[:, 0]
+                    _emit_rows(outs, idx[d], e[d], _rows_1d(cl, d), _rows(aw, d), _rows(bw, d), bufs)
+                rows = idx[keep]
+                outs[0][rows], outs[1][rows], outs[2][rows] = tail
+                return outs + (n_iter,)
+            sort_tail = False  # logits too far apart for it: keep iterating
         # f decreases in nu: the root is above nu when f > 1.
         above = err > 0
         # Illinois rule: when the same end moves twice running, halve the
@@ -500,12 +577,7 @@ def _iterate(x, a, b, eps, masked):
                         torch.empty(m, dtype=dt, device=x.device))
                 idx = torch.arange(m, device=x.device)
             d = done.nonzero()[:, 0]
-            Ld = L[d] if L is not None else None
-            Ud = U[d] if U is not None else None
-            cld = cl[d] if isinstance(cl, torch.Tensor) else cl
-            p, st, sr = _emit(e[d], Ld, Ud, cld, _rows(aw, d), _rows(bw, d))
-            rows = idx[d]
-            outs[0][rows], outs[1][rows], outs[2][rows] = p, st, sr
+            _emit_rows(outs, idx[d], e[d], _rows_1d(cl, d), _rows(aw, d), _rows(bw, d), bufs)
             keep = (~done).nonzero()[:, 0]
             idx = idx[keep]
             xw, aw, bw = x[idx], _rows(a, idx), _rows(b, idx)
@@ -610,19 +682,21 @@ def _sorted(x, a, b):
             if mask is not None:
                 cl = torch.where(mask, v, 0.0).sum(-1).add_(cl) if isinstance(v, torch.Tensor) \
                     else mask.sum(-1, dtype=torch.float64).mul_(v).add_(cl)
-    p, state, s = _emit(e, L, U, cl, ad, bd)
+    f64_mask = lambda m_: m_.to(torch.float64) if m_ is not None else None
+    p, state, s = _emit(e, f64_mask(L), f64_mask(U), cl, ad, bd)
     return p.to(x.dtype), state, s.to(x.dtype)
 
 
 def _solve_room(x, a, b, eps, masked, method=None):
-    """Rows with room: the sort-based solve for small K, else Newton."""
+    """Rows with room: the sort-based solve for small K, else Newton.
+    ``method="newton"`` forces Newton throughout (no sort-based tail)."""
     if method is None:
         method = "sort" if x.shape[1] <= _SORT_MAX_K else "newton"
     if method == "sort" and not masked:
         out = _sorted(x, a, b)
         if out is not None:
             return out + (1,)
-    return _iterate(x, a, b, eps, masked)
+    return _iterate(x, a, b, eps, masked, sort_tail=method != "newton")
 
 
 def _solve(x, a, b, check, eps, meta, method=None):
