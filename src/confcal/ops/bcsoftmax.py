@@ -45,7 +45,7 @@ _SORT_MAX_K = 64
 
 # The Newton iteration hands its last rows to the sort-based solver once
 # they hold at most this many logits.
-_SORT_TAIL_SIZE = 1 << 14
+_SORT_TAIL_SIZE = 1 << 16
 
 # The sort-based solver works with exp(x - rowmax) in float64; rows whose
 # finite logits span more than this would underflow and go to Newton.
