@@ -672,28 +672,18 @@ def _sorted(x, a, b):
             L = l <= t
     else:
         L = l < vals.gather(1, k.clamp_(0, n - 1))
-    if uniform:
-        cl = L.sum(-1, dtype=torch.float64).mul_(ad) if L is not None else 0.0
-        if U is not None:
-            cl = U.sum(-1, dtype=torch.float64).mul_(bd).add_(cl)
-    else:
-        cl = 0.0
-        for mask, v in ((L, ad), (U, bd)):
-            if mask is not None:
-                cl = torch.where(mask, v, 0.0).sum(-1).add_(cl) if isinstance(v, torch.Tensor) \
-                    else mask.sum(-1, dtype=torch.float64).mul_(v).add_(cl)
-    f64_mask = lambda m_: m_.to(torch.float64) if m_ is not None else None
-    p, state, s = _emit(e, f64_mask(L), f64_mask(U), cl, ad, bd)
+    L = L.to(torch.float64) if L is not None else None
+    U = U.to(torch.float64) if U is not None else None
+    cl = sum(_masked_sum(mask, v) for mask, v in ((L, ad), (U, bd)) if mask is not None)
+    p, state, s = _emit(e, L, U, cl, ad, bd)
     return p.to(x.dtype), state, s.to(x.dtype)
 
 
 def _solve_room(x, a, b, eps, masked, method=None):
     """Rows with room: the sort-based solve for small K, else Newton.
     ``method="newton"`` forces Newton throughout (no sort-based tail)."""
-    if method is None:
-        method = "sort" if x.shape[1] <= _SORT_MAX_K else "newton"
-    if method == "sort" and not masked:
-        out = _sorted(x, a, b)
+    if method != "newton" and x.shape[1] <= _SORT_MAX_K or method == "sort":
+        out = None if masked else _sorted(x, a, b)
         if out is not None:
             return out + (1,)
     return _iterate(x, a, b, eps, masked, sort_tail=method != "newton")
