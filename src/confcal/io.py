@@ -25,7 +25,7 @@ import numpy as np
 
 from confcal.calibrators import Calibrator, calibrator_from_dict
 
-__all__ = ["load_array", "split_spec", "atomic_write", "save_array", "save_manifest",
+__all__ = ["load_array", "split_spec", "atomic_write", "check_output_path", "save_array", "save_manifest",
            "load_manifest", "load_calibrator"]
 
 ARRAY_SUFFIXES = (".npy", ".npz", ".pt", ".pth", ".csv")
@@ -57,7 +57,10 @@ def _load_csv(path: Path, key: str | None) -> np.ndarray:
         rows = list(csv.reader(fh))
     if not rows:
         raise ValueError(f"{path}: empty CSV file")
-    header, body = rows[0], rows[1:]
+    header, body = rows[0], [r for r in rows[1:] if r]
+    for i, r in enumerate(body):
+        if len(r) != len(header):
+            raise ValueError(f"{path}: row {i + 2} has {len(r)} fields, the header has {len(header)}")
     cols = header if key is None else key.split(",")
     missing = [c for c in cols if c not in header]
     if missing:
@@ -85,10 +88,23 @@ def load_array(spec: str, *, name: str = "array") -> np.ndarray:
     if not path.exists():
         raise FileNotFoundError(f"{name}: no such file {str(path)!r}")
     suffix = path.suffix.lower()
+    try:
+        return _load(path, key, suffix, name)
+    except (ValueError, FileNotFoundError):
+        raise
+    except Exception as exc:  # corrupt files, pickles refused by weights_only, zip errors, ...
+        raise ValueError(f"{name}: could not read {str(path)!r} as {suffix} ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+
+
+def _load(path: Path, key, suffix: str, name: str) -> np.ndarray:
     if suffix == ".npy":
         if key is not None:
             raise ValueError(f"{name}: a .npy file holds one array; drop ':{key}'")
-        return np.load(path, allow_pickle=False)
+        try:
+            return np.load(path, allow_pickle=False)
+        except ValueError as exc:
+            raise ValueError(f"{name}: {str(path)!r}: {exc} (object arrays are refused: pickles are unsafe)") from None
     if suffix == ".npz":
         with np.load(path, allow_pickle=False) as z:
             return np.asarray(_pick({k: z[k] for k in z.files}, key, path, "arrays"))
@@ -97,7 +113,7 @@ def load_array(spec: str, *, name: str = "array") -> np.ndarray:
 
         obj = torch.load(path, map_location="cpu", weights_only=True)
         if isinstance(obj, dict):
-            obj = _pick(obj, key, path, "entries")
+            obj = _pick(obj, key, path, "tensors")
         elif key is not None:
             raise ValueError(f"{name}: {path} holds a single {type(obj).__name__}; drop ':{key}'")
         if torch.is_tensor(obj):
@@ -109,19 +125,39 @@ def load_array(spec: str, *, name: str = "array") -> np.ndarray:
                      f"use one of {', '.join(ARRAY_SUFFIXES)}")
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def check_output_path(path, *, suffixes: tuple[str, ...] | None = None, name: str = "output") -> Path:
+    """Fail early (before any work) if ``path`` cannot be written: missing folder, a folder
+    itself, or (when ``suffixes`` is given) another file type."""
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{name}: output folder {str(folder)!r} does not exist")
+    if path.is_dir():
+        raise ValueError(f"{name}: {str(path)!r} is a folder; give a file name")
+    if suffixes and path.suffix.lower() not in suffixes:
+        raise ValueError(f"{name}: expected a {' or '.join(suffixes)} file, got {str(path)!r}")
+    return path
+
+
 @contextlib.contextmanager
 def atomic_write(path, mode: str = "wb"):
     """Open a temporary file next to ``path``; rename it onto ``path`` only if the block succeeds."""
     path = Path(path)
+    check_output_path(path)
     folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise FileNotFoundError(f"output folder {str(folder)!r} does not exist")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, mode) as fh:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -162,10 +198,13 @@ def load_manifest(path) -> dict:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"calibrator: no such file {str(path)!r}")
+    def refuse(const):
+        raise ValueError(f"calibrator: {str(path)!r} holds {const}, which is not a finite number; the file is damaged")
+
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"calibrator: {str(path)!r} is not valid JSON ({exc})") from None
+        return json.loads(path.read_text(), parse_constant=refuse)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"calibrator: {str(path)!r} is not a JSON manifest ({exc})") from None
 
 
 def load_calibrator(manifest, *, n_classes: int | None = None) -> Calibrator:

@@ -219,5 +219,6 @@ def _fit(logits, labels, sample_weight, t_min, t_max, tol, max_iter, warn) -> Te
             why = ("the calibration set is (nearly) perfectly separated" if temperature == t_min
                    else "the model is mostly wrong or uninformative on the calibration set")
             warnings.warn(f"temperature fit stopped at the search bound T = {temperature:g} ({why}); "
-                          f"widen t_bounds={t_bounds} or check the data", CalibrationWarning, stacklevel=4)
+                          f"widen the search range (t_min={t_min:g}, t_max={t_max:g}; CLI: --param t_max=1000) "
+                          "or check the data", CalibrationWarning, stacklevel=4)
     return TemperatureFit(temperature=temperature, nll=loss, n_iter=n_iter, at_bound=at_bound)

@@ -32,7 +32,7 @@ from confcal._numeric import softmax
 from confcal._validation import check_domains, check_features, check_labels, check_logits
 from confcal.metrics import accuracy, brier_score, ece, nll
 
-__all__ = ["Calibrator", "NotFittedError", "register", "calibrator_from_dict", "METHODS",
+__all__ = ["Calibrator", "NotFittedError", "register", "calibrator_from_dict", "make_calibrator", "METHODS",
            "MANIFEST_FORMAT", "MANIFEST_VERSION", "summary_metrics"]
 
 MANIFEST_FORMAT = "confcal.calibrator"
@@ -242,8 +242,46 @@ def calibrator_from_dict(manifest: dict[str, Any], *, n_classes: int | None = No
     if n_classes is not None and int(n_classes) != k:
         raise ValueError(f"manifest: calibrator was fitted on n_classes={k}, but the logits have "
                          f"{n_classes} classes")
-    cal = METHODS[method](**manifest["hyperparameters"])
-    cal._set_fitted(manifest["parameters"])
+    bad = _first_non_finite(manifest["parameters"])
+    if bad is not None:
+        raise ValueError(f"manifest: parameters{bad} is not a finite number; the file is damaged")
+    cal = make_calibrator(method, manifest["hyperparameters"])
+    try:
+        cal._set_fitted(manifest["parameters"])
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise ValueError(f"manifest: parameters of method {method!r} are invalid "
+                         f"({type(exc).__name__}: {exc})") from None
     cal.n_classes_ = int(k)
     cal.fit_record_ = manifest.get("fit")
     return cal
+
+
+def make_calibrator(method: str, params: dict | None = None) -> Calibrator:
+    """``METHODS[method](**params)`` with errors that name the method and its hyper-parameters."""
+    if method not in METHODS:
+        raise ValueError(f"method: unknown {method!r}; known: {sorted(METHODS)}")
+    cls = METHODS[method]
+    params = dict(params or {})
+    unknown = sorted(set(params) - set(cls._param_names()))
+    if unknown:
+        raise ValueError(f"{method}: unknown hyper-parameter(s) {unknown}; it takes {cls._param_names()}")
+    return cls(**params)
+
+
+def _first_non_finite(obj, where: str = ""):
+    """Path of the first NaN/inf float (or NaN-like string) inside nested lists/dicts, else None."""
+    if isinstance(obj, float):
+        return None if np.isfinite(obj) else where
+    if isinstance(obj, str) and obj.strip().lower() in ("nan", "inf", "-inf", "infinity", "-infinity"):
+        return where
+    if isinstance(obj, dict):
+        items = obj.items()
+    elif isinstance(obj, (list, tuple)):
+        items = enumerate(obj)
+    else:
+        return None
+    for k, v in items:
+        found = _first_non_finite(v, f"{where}[{k!r}]")
+        if found is not None:
+            return found
+    return None

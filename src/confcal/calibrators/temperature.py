@@ -19,6 +19,17 @@ from confcal.calibrators.base import Calibrator, register
 __all__ = ["TemperatureScaling", "GroupedTemperatureScaling"]
 
 
+def _positive_temperature(value, where: str) -> float:
+    """A manifest's temperature: a finite number > 0 (a damaged file must not silently give NaN
+    or rank-reversed probabilities)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{where}: expected a number, got {value!r}")
+    t = float(value)
+    if not (np.isfinite(t) and t > 0):
+        raise ValueError(f"{where}: expected a finite temperature > 0, got {value!r}")
+    return t
+
+
 def _scaled_softmax(logits: np.ndarray, temperature) -> np.ndarray:
     with np.errstate(invalid="ignore"):  # -inf / T stays -inf
         return softmax(np.asarray(logits, dtype=np.float64) / temperature)
@@ -64,7 +75,7 @@ class TemperatureScaling(Calibrator):
                 "at_bound": self.at_bound_}
 
     def _set_fitted(self, params):
-        self.temperature_ = float(params["temperature"])
+        self.temperature_ = _positive_temperature(params["temperature"], "temperature")
         self.nll_ = float(params.get("nll", float("nan")))
         self.n_iter_ = int(params.get("n_iter", 0))
         self.at_bound_ = bool(params.get("at_bound", False))
@@ -160,6 +171,6 @@ class GroupedTemperatureScaling(Calibrator):
         }
 
     def _set_fitted(self, params):
-        self.temperature_ = float(params["temperature"])
-        self.temperatures_ = {k: float(v) for k, v in params["temperatures"]}
+        self.temperature_ = _positive_temperature(params["temperature"], "temperature")
+        self.temperatures_ = {k: _positive_temperature(v, f"temperatures[{k!r}]") for k, v in params["temperatures"]}
         self.domain_counts_ = {k: int(v) for k, v in params.get("domain_counts", [])}

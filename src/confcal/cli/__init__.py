@@ -33,7 +33,11 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 
 def main(argv=None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # --debug is accepted anywhere on the line, not only before the subcommand
+    debug = "--debug" in argv
+    args = parser.parse_args([a for a in argv if a != "--debug"])
+    args.debug = debug
     old = warnings.showwarning
     if not args.debug:
         warnings.showwarning = _one_line_warning

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from confcal.cli._common import add_logits_args, load_logits_labels, load_side
-from confcal.io import load_calibrator, save_array
+from confcal.io import check_output_path, load_array, load_calibrator, save_array
 
 
 def register(sub):
@@ -17,9 +17,16 @@ def register(sub):
 
 
 def run(args) -> int:
-    x, _ = load_logits_labels(args)
-    cal = load_calibrator(args.calibrator, n_classes=x.shape[1])
-    probs = cal.predict_proba(x, **load_side(args))
+    check_output_path(args.output, suffixes=(".npy", ".npz", ".csv"), name="--output")
+    cal = load_calibrator(args.calibrator)
+    if getattr(cal, "takes_box_scores", False):
+        # det-ts / det-platt: 1-D box scores in, (n_boxes, 2) [false, true positive] out
+        probs = cal.predict_proba(load_array(args.logits, name="scores"), input_kind=args.input_kind,
+                                  **load_side(args))
+    else:
+        x, _ = load_logits_labels(args)
+        cal = load_calibrator(args.calibrator, n_classes=x.shape[1])
+        probs = cal.predict_proba(x, **load_side(args))
     save_array(args.output, probs)
     print(f"wrote {probs.shape[0]} x {probs.shape[1]} calibrated probabilities ({cal.method}) -> {args.output}")
     return 0

@@ -8,12 +8,12 @@ from confcal.calibrators import METHODS
 from confcal.cli._common import (
     SPEC_HELP,
     add_logits_args,
-    load_logits_labels,
     load_side,
     metrics_rows,
     parse_params,
 )
-from confcal.io import load_array, save_manifest
+from confcal.calibrators.base import make_calibrator
+from confcal.io import check_output_path, load_array, save_manifest
 
 
 def register(sub):
@@ -38,7 +38,8 @@ def run(args) -> int:
     params = parse_params(args.param)
     if args.per_class:
         params["per_class"] = True
-    cal = METHODS[args.method](**params)
+    check_output_path(args.output, suffixes=(".json",), name="--output")
+    cal = make_calibrator(args.method, params)
     side = load_side(args)
     if getattr(cal, "takes_box_scores", False):
         # detection calibrators take 1-D box scores (e.g. matched.npz:score) and validate them themselves
@@ -49,8 +50,9 @@ def run(args) -> int:
     else:
         if args.per_class or args.category_ids:
             raise ValueError(f"--per-class/--category-ids: only for det-ts and det-platt, not {args.method}")
-        x, y = load_logits_labels(args)
-        cal.fit(x, y, **side)
+        # raw arrays: fit validates them and records the input kind in the manifest
+        cal.fit(load_array(args.logits, name="logits"), load_array(args.labels, name="labels"),
+                input_kind=args.input_kind, **side)
     save_manifest(cal, args.output)
     rec = cal.fit_record_
     if args.json:
@@ -58,8 +60,10 @@ def run(args) -> int:
     else:
         print(f"fitted {args.method} on {rec['n_samples']} samples, {cal.n_classes_} classes -> {args.output}")
         params = cal.to_dict()["parameters"]
-        if "temperature" in params:
-            print(f"temperature T = {params['temperature']:.6g}")
+        if isinstance(params.get("temperature"), float):
+            print(f"temperature T = {params['temperature']:.6g}" + (" (pooled)" if "temperatures" in params else ""))
+        for key, value in params.get("temperatures", []) if isinstance(params.get("temperatures"), list) else []:
+            print(f"  domain {key!r}: T = {value:.6g}")
         print("calibration-set metrics (optimistic: measured on the data the map was fitted on):")
         print(metrics_rows({"before": rec["metrics_before"], "after": rec["metrics_after"]}))
     return 0

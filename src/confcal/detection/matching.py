@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -265,6 +266,10 @@ def _image_domains(gt: dict, domain_key: str | None, domain_map: Mapping | None)
     for im in gt["images"]:
         if domain_key is not None and domain_key in im:
             out[im["id"]] = str(im[domain_key])
+    if domain_key not in (None, "domain") and not out and gt["images"]:
+        # an explicitly named key found nowhere is almost surely a typo; the default may be absent
+        warnings.warn(f"domain_key {domain_key!r} is in none of the GT images; every domain is ''. "
+                      f"Keys of the first image: {sorted(gt['images'][0])}", UserWarning, stacklevel=3)
     if domain_map is not None:
         for k, v in domain_map.items():
             out[k] = str(v)

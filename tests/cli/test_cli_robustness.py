@@ -1,0 +1,114 @@
+"""Bad input found by trying the CLI as a new user: each gets a one-line error, exit 2, no file."""
+
+import json
+import os
+import pickle
+import stat
+
+import numpy as np
+import pytest
+
+from confcal import load_calibrator
+from confcal.cli import main
+
+
+@pytest.fixture
+def fitted(tmp_path):
+    rng = np.random.default_rng(1)
+    z = rng.normal(size=(200, 5)) * 3
+    y = np.where(rng.random(200) < 0.7, z.argmax(1), rng.integers(0, 5, 200))
+    np.save(tmp_path / "z.npy", z)
+    np.save(tmp_path / "y.npy", y)
+    assert main(["fit", "--logits", str(tmp_path / "z.npy"), "--labels", str(tmp_path / "y.npy"),
+                 "--method", "ts", "-o", str(tmp_path / "ts.json")]) == 0
+    return tmp_path, json.loads((tmp_path / "ts.json").read_text())
+
+
+@pytest.mark.parametrize("value, message", [
+    ("NaN", "not a finite number"), ('"NaN"', "not a finite number"), ("-2.0", "temperature > 0"),
+    ("0.0", "temperature > 0"), ('"2"', "expected a number")])
+def test_damaged_manifest_is_refused(fitted, capsys, value, message):
+    d, manifest = fitted
+    text = (d / "ts.json").read_text()
+    old = json.dumps(manifest["parameters"]["temperature"])
+    (d / "bad.json").write_text(text.replace(f'"temperature": {old}', f'"temperature": {value}', 1))
+    code = main(["apply", "--calibrator", str(d / "bad.json"), "--logits", str(d / "z.npy"), "-o", str(d / "p.npy")])
+    assert code == 2 and message in capsys.readouterr().err
+    assert not (d / "p.npy").exists()
+
+
+def test_missing_parameter_names_the_method(fitted):
+    d, manifest = fitted
+    del manifest["parameters"]["temperature"]
+    with pytest.raises(ValueError, match="parameters of method 'ts' are invalid"):
+        load_calibrator(manifest)
+
+
+def test_ragged_csv_and_pickled_pt(tmp_path, capsys):
+    (tmp_path / "r.csv").write_text("a,b,label\n1,2,0\n3,1\n")
+    assert main(["fit", "--logits", f"{tmp_path}/r.csv:a,b", "--labels", f"{tmp_path}/r.csv:label",
+                 "--method", "ts", "-o", str(tmp_path / "o.json")]) == 2
+    assert "row 3 has 2 fields" in capsys.readouterr().err
+    with open(tmp_path / "evil.pt", "wb") as fh:
+        pickle.dump({"logits": object()}, fh)
+    np.save(tmp_path / "y.npy", np.array([0, 1]))
+    assert main(["fit", "--logits", str(tmp_path / "evil.pt"), "--labels", str(tmp_path / "y.npy"),
+                 "--method", "ts", "-o", str(tmp_path / "o.json")]) == 2
+    err = capsys.readouterr().err
+    assert "confcal: error: logits: could not read" in err and "Traceback" not in err
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_unknown_hyperparameter_lists_valid_ones(fitted, capsys):
+    d, _ = fitted
+    assert main(["fit", "--logits", str(d / "z.npy"), "--labels", str(d / "y.npy"), "--method", "ts",
+                 "--param", "t_maxx=5", "-o", str(d / "o.json")]) == 2
+    assert "unknown hyper-parameter(s) ['t_maxx']" in capsys.readouterr().err
+
+
+def test_output_checks_happen_before_fitting(fitted, capsys):
+    d, _ = fitted
+    (d / "adir").mkdir()
+    for out, message in [(d / "adir", "is a folder"), (d / "x.npy", "expected a .json file")]:
+        assert main(["fit", "--logits", str(d / "z.npy"), "--labels", str(d / "y.npy"), "--method", "ts",
+                     "-o", str(out)]) == 2
+        assert message in capsys.readouterr().err
+    assert not (d / "x.npy").exists()
+
+
+def test_debug_after_subcommand(fitted):
+    d, _ = fitted
+    with pytest.raises(FileNotFoundError):
+        main(["fit", "--debug", "--logits", str(d / "nope.npy"), "--labels", str(d / "y.npy"),
+              "--method", "ts", "-o", str(d / "o.json")])
+
+
+def test_outputs_get_umask_permissions_and_input_kind_is_recorded(tmp_path):
+    rng = np.random.default_rng(0)
+    p = rng.dirichlet(np.ones(4), size=100)
+    np.save(tmp_path / "p.npy", p)
+    np.save(tmp_path / "y.npy", rng.integers(0, 4, 100))
+    old = os.umask(0o022)
+    try:
+        assert main(["fit", "--logits", str(tmp_path / "p.npy"), "--labels", str(tmp_path / "y.npy"),
+                     "--input-kind", "probs", "--method", "ts", "-o", str(tmp_path / "ts.json")]) == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "ts.json").stat().st_mode) == 0o644
+    assert json.loads((tmp_path / "ts.json").read_text())["fit"]["input_kind"] == "probs"
+
+
+def test_apply_with_a_box_score_calibrator(tmp_path):
+    rng = np.random.default_rng(2)
+    score = rng.uniform(0.05, 0.95, 300)
+    correct = (rng.random(300) < score**2).astype(int)
+    np.savez(tmp_path / "m.npz", score=score, correct=correct)
+    assert main(["fit", "--method", "det-ts", "--logits", f"{tmp_path}/m.npz:score",
+                 "--labels", f"{tmp_path}/m.npz:correct", "-o", str(tmp_path / "det.json")]) == 0
+    assert main(["apply", "--calibrator", str(tmp_path / "det.json"), "--logits", f"{tmp_path}/m.npz:score",
+                 "-o", str(tmp_path / "p.npy")]) == 0
+    p = np.load(tmp_path / "p.npy")
+    cal = load_calibrator(str(tmp_path / "det.json"))
+    np.testing.assert_allclose(p[:, 1], cal.predict_score(score))
+    # a monotone map keeps the ranking of the boxes
+    assert (np.argsort(p[:, 1], kind="stable") == np.argsort(score, kind="stable")).all()
