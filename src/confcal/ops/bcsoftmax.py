@@ -47,6 +47,10 @@ _SORT_MAX_K = 64
 # they hold at most this many logits.
 _SORT_TAIL_SIZE = 1 << 16
 
+# The sort-based solver runs on blocks of rows holding at most this many
+# logits (bounded temporaries).
+_SORT_BLOCK = 1 << 12
+
 # The sort-based solver works with exp(x - rowmax) in float64; rows whose
 # finite logits span more than this would underflow and go to Newton.
 _SORT_MAX_SPREAD = 600.0
@@ -510,7 +514,7 @@ def _iterate(x, a, b, eps, masked, sort_tail=True):
             # A few slow rows left: the sort-based solver finishes them in a
             # fixed number of ops instead of many more small passes.
             keep = (~done).nonzero()[:, 0]
-            tail = _sorted(xw[keep], _rows(aw, keep), _rows(bw, keep))
+            tail = _sorted_blocks(xw[keep], _rows(aw, keep), _rows(bw, keep))
             if tail is not None:
                 if outs is None:
                     outs = (torch.empty_like(x), torch.empty(x.shape, dtype=torch.int8, device=x.device),
@@ -679,11 +683,31 @@ def _sorted(x, a, b):
     return p.to(x.dtype), state, s.to(x.dtype)
 
 
+def _sorted_blocks(x, a, b):
+    """:func:`_sorted` over blocks of at most ``_SORT_BLOCK`` logits, so
+    that its float64 temporaries (about 40 bytes per logit) stay a bounded
+    multiple of the logits however many rows there are."""
+    m, K = x.shape
+    step = max(1, _SORT_BLOCK // K)
+    if m <= step:
+        return _sorted(x, a, b)
+    p = torch.empty_like(x)
+    state = torch.empty(x.shape, dtype=torch.int8, device=x.device)
+    s = torch.empty(m, dtype=x.dtype, device=x.device)
+    for i in range(0, m, step):
+        rows = slice(i, i + step)
+        out = _sorted(x[rows], _rows(a, rows), _rows(b, rows))
+        if out is None:
+            return None
+        p[rows], state[rows], s[rows] = out
+    return p, state, s
+
+
 def _solve_room(x, a, b, eps, masked, method=None):
     """Rows with room: the sort-based solve for small K, else Newton.
     ``method="newton"`` forces Newton throughout (no sort-based tail)."""
     if method != "newton" and x.shape[1] <= _SORT_MAX_K or method == "sort":
-        out = None if masked else _sorted(x, a, b)
+        out = None if masked else _sorted_blocks(x, a, b)
         if out is not None:
             return out + (1,)
     return _iterate(x, a, b, eps, masked, sort_tail=method != "newton")
