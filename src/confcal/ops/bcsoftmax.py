@@ -11,15 +11,23 @@ KKT conditions say that there is one scalar ``nu`` per row with
 
 so every coordinate is ``a_i``, ``b_i`` or ``exp(g_i / tau) * s / Z_F`` with
 ``s = 1 - (sum of the clamped bounds)`` and ``Z_F`` the sum of ``exp(g_j / tau)``
-over the free coordinates ``F`` (eq. 24).  Instead of the paper's sort-based
-Algorithms 1-2 (``torch.sort`` is slow on CPU) we find ``nu`` with a
-safeguarded Newton iteration on the monotone piecewise function
-``f(nu) = sum_i clip(exp(x_i - nu), a_i, b_i)``.  A Newton step *is* the
-closed form of eq. 24 for the current clamped sets, so the iteration stops, with
-an exact answer, as soon as the sets stop changing; one last pass then applies
-eq. 24 with the free set renormalised exactly.  Memory is O(N K), there is no
-Python loop over rows, and the backward pass is the O(K) vector-Jacobian
-product of eq. 43-45.
+over the free coordinates ``F`` (eq. 24).  ``nu`` is the root of the monotone
+piecewise function ``f(nu) = sum_i clip(exp(x_i - nu), a_i, b_i) - 1``, found
+by one of two exact solvers:
+
+- up to ``_SORT_MAX_K`` classes, a sort-based one in the spirit of the paper's
+  Algorithms 1-2: sort the 2K breakpoints once, evaluate f at all of them with
+  cumulative sums, and read off the piece holding the root - a fixed number
+  of batched ops, whatever the data (small shapes are bound by per-op cost);
+- above that (``torch.sort`` is slow on CPU), a safeguarded Newton iteration:
+  a Newton step *is* the closed form of eq. 24 for the current clamped sets,
+  so it stops, exactly, as soon as the sets stop changing; its last few slow
+  rows are handed to the sort-based solver.
+
+Both finish by applying eq. 24 to the final clamped sets, with the free set
+renormalised exactly.  Memory is O(N K), there is no Python loop over rows
+(the sort-based solver walks blocks of rows to bound its temporaries), and
+the backward pass is the O(K) vector-Jacobian product of eq. 43-45.
 """
 
 from __future__ import annotations
