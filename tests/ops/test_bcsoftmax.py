@@ -127,7 +127,10 @@ def test_batched_equals_row_by_row(probs, K):
         np.testing.assert_allclose(batched[i], oracle(G[i], A[i], Bd[i]), rtol=0, atol=1e-9)
 
 
-def test_larger_rows_agree_with_oracle():
+@pytest.mark.parametrize("kernel", [True, False])
+def test_larger_rows_agree_with_oracle(kernel, monkeypatch):
+    if not kernel:
+        monkeypatch.setattr(impl, "_kernel_usable", lambda x: False)
     gen = torch.Generator().manual_seed(1)
     for K in (50, 150):
         g = torch.randn(20, K, generator=gen, dtype=F64) * 4
@@ -357,7 +360,10 @@ def test_two_classes():
     np.testing.assert_allclose(p.numpy(), oracle_rows(g.numpy(), 0.1, 0.7), rtol=0, atol=1e-12)
 
 
-def test_ten_thousand_classes():
+@pytest.mark.parametrize("kernel", [True, False])
+def test_ten_thousand_classes(kernel, monkeypatch):
+    if not kernel:
+        monkeypatch.setattr(impl, "_kernel_usable", lambda x: False)
     gen = torch.Generator().manual_seed(3)
     g = torch.randn(3, 10_000, generator=gen, dtype=F64) * 3
     for lo, up in ((0.2 / 10_000, 0.5), (0.0, 0.001), (0.9 / 10_000, 1.0)):
@@ -609,8 +615,8 @@ def _solve_with(method, g, a, b, dtype=F64):
     return impl._solve(x, a, b, True, torch.finfo(dtype).eps, impl._Meta("t", (x.shape[0],), 1), method=method)
 
 
-@settings(max_examples=400, **HYP)
-@given(problems(max_k=12), st.sampled_from(["sort", "newton"]))
+@settings(max_examples=600, **HYP)
+@given(problems(max_k=12), st.sampled_from(["kernel", "sort", "newton"]))
 def test_each_solver_agrees_with_oracle(prob, method):
     g, a, b = prob
     p, state, s, n_iter = _solve_with(method, g[None], t64(a), t64(b))
@@ -621,11 +627,14 @@ def test_each_solver_agrees_with_oracle(prob, method):
     np.testing.assert_array_equal(p[0].numpy()[st_ == -1], a[st_ == -1])
     np.testing.assert_array_equal(p[0].numpy()[st_ == 1], b[st_ == 1])
     finite = g[np.isfinite(g)]
-    if method == "sort" and not np.isneginf(g).any() and finite.max() - finite.min() <= impl._SORT_MAX_SPREAD:
-        assert n_iter <= 1  # the sort path (1) or a box with no room (0) - no silent fallback to Newton
+    if not np.isneginf(g).any() and finite.max() - finite.min() <= impl._SORT_MAX_SPREAD:
+        if method == "sort":
+            assert n_iter <= 1  # the sort path (1) or a box with no room (0) - no silent fallback to Newton
+        if method == "kernel":  # no silent fallback to the torch path
+            assert impl._solve_kernel(torch.as_tensor(g)[None], t64(a), t64(b), torch.finfo(F64).eps) is not None
 
 
-@pytest.mark.parametrize("method", ["sort", "newton"])
+@pytest.mark.parametrize("method", ["kernel", "sort", "newton"])
 @pytest.mark.parametrize("K", [2, 10, 40])
 def test_each_solver_float32_close_to_float64_oracle(method, K):
     gen = torch.Generator().manual_seed(K)
@@ -645,12 +654,15 @@ def test_each_solver_float32_close_to_float64_oracle(method, K):
         np.testing.assert_allclose(p.double().numpy(), ref, rtol=0, atol=3e-7)
 
 
+@pytest.mark.parametrize("kernel", [True, False])
 @pytest.mark.parametrize("K", [impl._SORT_MAX_K, impl._SORT_MAX_K + 1])
-def test_public_api_on_both_sides_of_the_solver_threshold(K, monkeypatch):
+def test_public_api_on_both_sides_of_the_solver_threshold(K, kernel, monkeypatch):
     calls = []
-    for name in ("_sorted", "_iterate"):
+    for name in ("_solve_kernel", "_sorted", "_iterate"):
         real = getattr(impl, name)
         monkeypatch.setattr(impl, name, lambda *args, _real=real, _name=name, **kw: calls.append(_name) or _real(*args, **kw))
+    if not kernel:
+        monkeypatch.setattr(impl, "_kernel_usable", lambda x: False)
     gen = torch.Generator().manual_seed(K)
     g = torch.randn(30, K, generator=gen, dtype=F64) * 3
     a = torch.rand(30, K, generator=gen, dtype=F64)
@@ -662,21 +674,152 @@ def test_public_api_on_both_sides_of_the_solver_threshold(K, monkeypatch):
         calls.clear()
         p = bcsoftmax(g, lo, up)
         tails += calls[1:].count("_sorted")
-        # small K: the sort-based solver alone; larger K: Newton (which may
-        # hand its last few rows to the sort-based solver)
-        assert calls[0] == ("_sorted" if K <= impl._SORT_MAX_K else "_iterate")
-        assert calls.count("_iterate") == (K > impl._SORT_MAX_K)
+        if kernel:  # CPU: the compiled kernel alone, whatever K
+            assert calls == ["_solve_kernel"]
+        else:
+            # small K: the sort-based solver alone; larger K: Newton (which
+            # may hand its last rows to the sort-based solver)
+            assert calls[0] == ("_sorted" if K <= impl._SORT_MAX_K else "_iterate")
+            assert calls.count("_iterate") == (K > impl._SORT_MAX_K)
         lo_n = lo if isinstance(lo, float) else lo.numpy()
         up_n = up if isinstance(up, float) else up.numpy()
         np.testing.assert_allclose(p.numpy(), oracle_rows(g.numpy(), lo_n, up_n), rtol=0, atol=1e-9)
     # 30 rows are few: Newton hands its unfinished rows to the sort-based solver
-    assert tails > 0 if K > impl._SORT_MAX_K else tails == 0
+    assert tails > 0 if K > impl._SORT_MAX_K and not kernel else tails == 0
 
 
-@pytest.mark.parametrize("sort_max_k", [0, 10**9])
-def test_gradcheck_through_each_solver(sort_max_k, monkeypatch):
+@pytest.mark.parametrize("sort_max_k, kernel", [(0, False), (10**9, False), (0, True)])
+def test_gradcheck_through_each_solver(sort_max_k, kernel, monkeypatch):
     monkeypatch.setattr(impl, "_SORT_MAX_K", sort_max_k)
+    if not kernel:
+        monkeypatch.setattr(impl, "_kernel_usable", lambda x: False)
     g, a, b = _nondegenerate(11, n=3, K=7)
     inputs = tuple(t.clone().requires_grad_() for t in (g, a, b, t64(0.8)))
     assert torch.autograd.gradcheck(lambda g, a, b, t: bcsoftmax(g, a, b, tau=t), inputs)
     assert torch.autograd.gradcheck(lambda g: bcsoftmax(g, 0.03, 0.4), inputs[:1])
+
+
+# ---------------------------------------------------------------------------
+# the compiled CPU kernel (numba): every bound layout, batches, K up to 300
+# ---------------------------------------------------------------------------
+
+
+@st.composite
+def kernel_batches(draw):
+    """(g, a, b, layout): M rows of K classes with bounds in one of the
+    kernel's layouts, feasible with room or exactly at a bound."""
+    M = draw(st.integers(1, 6))
+    K = draw(st.one_of(st.integers(2, 12), st.integers(13, 300)))
+    layout = draw(st.sampled_from(["float", "0-d", "per-class", "per-row", "per-element"]))
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    g = rng.standard_normal((M, K)) * draw(st.sampled_from([0.1, 3.0, 30.0]))
+    if draw(st.booleans()):
+        g = np.round(g)  # ties
+    shape = {"float": (1, 1), "0-d": (1, 1), "per-class": (1, K), "per-row": (M, 1), "per-element": (M, K)}[layout]
+    n = shape[1] if shape[1] > 1 else K  # classes one bound stands for
+    wa = rng.random(shape)
+    total_a = rng.choice([0.0, 1.0, rng.random() * 0.95, rng.random() * 0.95], size=(shape[0], 1))
+    a = wa / wa.sum(-1, keepdims=True) * total_a if shape[1] > 1 else total_a / n
+    b = np.minimum(a + rng.random(shape) * draw(st.sampled_from([0.5, 3.0, 30.0])) / n, 1.0)
+
+    def lift(target):  # raise b towards a + (1 - a) * t so that sum(b) == target (up to rounding)
+        reps = K // shape[1]
+        t = (target - a.sum(-1, keepdims=True) * reps) / np.maximum((1.0 - a).sum(-1, keepdims=True) * reps, 1e-300)
+        return a + (1.0 - a) * np.clip(t, 0.0, 1.0)
+
+    exact = rng.random((shape[0], 1)) < draw(st.sampled_from([0.0, 0.3]))  # rows with sum(b) == 1
+    b = np.where(exact, lift(1.0), np.maximum(b, lift(1.0 + rng.random((shape[0], 1)) * 0.5 + 1e-6)))
+    if draw(st.booleans()):
+        b = np.maximum(b, rng.random())  # loose upper bounds, some 1
+    if layout == "float":
+        return g, float(a[0, 0]), float(b[0, 0]), layout
+    if layout == "0-d":
+        return g, t64(a[0, 0]), t64(b[0, 0]), layout
+    if layout == "per-class":
+        return g, t64(a[0]), t64(b[0]), layout
+    return g, t64(a), t64(b), layout
+
+
+@settings(max_examples=300, **HYP)
+@given(kernel_batches())
+def test_kernel_batches_agree_with_oracle(batch):
+    g, a, b, layout = batch
+    x = t64(g)
+    eps = torch.finfo(F64).eps
+    a_in = impl._operand(a, "lower", x, 1, x.shape[0], x.shape[1], F64, impl._Meta("t", (x.shape[0],), 1))[0]
+    b_in = impl._operand(b, "upper", x, 1, x.shape[0], x.shape[1], F64, impl._Meta("t", (x.shape[0],), 1))[0]
+    out = impl._solve_kernel(x, a_in, b_in, eps)
+    assert out is not None  # every batch drawn here is the kernel's to solve
+    p, state, s, _ = out
+    assert p.shape == x.shape and state.dtype == torch.int8
+    an = a.numpy() if isinstance(a, torch.Tensor) else a
+    bn = b.numpy() if isinstance(b, torch.Tensor) else b
+    np.testing.assert_allclose(p.numpy(), oracle_rows(g, an, bn), rtol=0, atol=1e-9)
+    # clamped coordinates hold their bound exactly; s = 1 - clamped mass
+    A = np.broadcast_to(an, g.shape)
+    B = np.broadcast_to(bn, g.shape)
+    st_ = state.numpy()
+    np.testing.assert_array_equal(p.numpy()[st_ == -1], A[st_ == -1])
+    np.testing.assert_array_equal(p.numpy()[st_ == 1], B[st_ == 1])
+    if isinstance(a_in, float) and isinstance(b_in, float) and a_in == 0.0 and b_in >= 1.0:
+        return  # the whole simplex: the public API takes softmax, no solver
+    # the same answer as the torch sort-based solver (same rule, no sort)
+    p_sort = impl._solve(x, a_in, b_in, True, eps, impl._Meta("t", (x.shape[0],), 1), method="sort")[0]
+    np.testing.assert_allclose(p.numpy(), p_sort.numpy(), rtol=0, atol=1e-12)
+
+
+def test_kernel_hands_unusual_rows_to_the_torch_path():
+    x = t64([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]])
+    eps = torch.finfo(F64).eps
+    assert impl._solve_kernel(x, 0.1, 0.5, eps) is not None
+    for bad in (float("nan"), float("inf"), -float("inf"), 1e4):
+        y = x.clone()
+        y[1, 1] = bad
+        assert impl._solve_kernel(y, 0.1, 0.5, eps) is None
+    assert impl._solve_kernel(x, 0.4, 0.5, eps) is None  # sum(lower) > 1
+    assert impl._solve_kernel(x, 0.0, 0.3, eps) is None  # sum(upper) < 1
+    assert impl._solve_kernel(x, t64([0.1, 0.6, 0.1]), t64([0.5, 0.5, 0.5]), eps) is None  # lower > upper
+    # a denormal lower bound is the kernel's too (its breakpoint ratio a / e stays finite)
+    p = impl._solve_kernel(x, 5e-324, 0.5, eps)[0]
+    np.testing.assert_allclose(p.numpy(), oracle_rows(x.numpy(), 5e-324, 0.5), rtol=0, atol=1e-12)
+    # ... and the public API still answers them (or raises the detailed error)
+    y = x.clone()
+    y[1, 1] = -float("inf")
+    np.testing.assert_allclose(bcsoftmax(y, 0.1, 0.5).numpy(), oracle_rows(y.numpy(), 0.1, 0.5), rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match=r"lower bound > upper bound at class 1"):
+        bcsoftmax(x, t64([0.1, 0.6, 0.1]), t64([0.5, 0.5, 0.5]))
+
+
+def test_kernel_serves_cpu_float_inputs_and_backward(monkeypatch):
+    calls = []
+    spies = tuple(lambda *args, _real=real, _name=name: calls.append(_name) or _real(*args)
+                  for name, real in zip(("forward", "backward"), impl._kernel.compiled()))
+    monkeypatch.setattr(impl._kernel, "compiled", lambda: spies)
+    for dtype in (torch.float32, torch.float64):
+        calls.clear()
+        g = (torch.randn(8, 10, dtype=dtype) * 3).requires_grad_()
+        bcsoftmax(g, 0.02, 0.5).square().sum().backward()
+        assert calls == ["forward", "backward"]
+    # create_graph (double backward) takes the differentiable torch ops
+    calls.clear()
+    g = (torch.randn(8, 10, dtype=F64) * 3).requires_grad_()
+    (gx,) = torch.autograd.grad(bcsoftmax(g, 0.02, 0.5).square().sum(), g, create_graph=True)
+    assert calls == ["forward"] and gx.requires_grad
+
+
+@pytest.mark.parametrize("order", ["ascending", "descending", "ties"])
+def test_kernel_any_logit_order(order):
+    # the breakpoint selection must not depend on the order of the classes
+    gen = torch.Generator().manual_seed(5)
+    g = torch.randn(4, 500, generator=gen, dtype=F64) * 3
+    if order == "ties":
+        g = g.round()
+    else:
+        g = g.sort(-1, descending=order == "descending").values
+    for lo, up in ((0.2 / 500, 0.5), (0.0, 0.01), (0.5 / 500, 1.0), (0.9 / 500, 0.003)):
+        p = impl._solve_kernel(g, lo, up, torch.finfo(F64).eps)[0]
+        np.testing.assert_allclose(p.numpy(), oracle_rows(g.numpy(), lo, up), rtol=0, atol=1e-9)
+        perm = torch.randperm(500, generator=gen)
+        q = impl._solve_kernel(g[:, perm], lo, up, torch.finfo(F64).eps)[0]
+        np.testing.assert_allclose(q.numpy(), p[:, perm].numpy(), rtol=0, atol=1e-13)  # sums in another order

@@ -28,14 +28,25 @@ Both finish by applying eq. 24 to the final clamped sets, with the free set
 renormalised exactly.  Memory is O(N K), there is no Python loop over rows
 (the sort-based solver walks blocks of rows to bound its temporaries), and
 the backward pass is the O(K) vector-Jacobian product of eq. 43-45.
+
+On CPU, float32/float64 inputs go to a compiled kernel instead (numba,
+:mod:`._bcsoftmax_kernel`): the same breakpoint rule without the sort, in
+float64, and the same backward, one row at a time in one dispatch instead of
+about 50 torch calls per pass.  A batch with a row it does not handle (NaN,
+infeasible, masked, a wide spread) goes to the torch solvers, which raise or
+solve as before; so do other devices and torch.func transforms.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
+import numpy as np
 import torch
+
+from . import _bcsoftmax_kernel as _kernel
 
 __all__ = ["bcsoftmax", "ubsoftmax", "lbsoftmax"]
 
@@ -120,6 +131,11 @@ def bcsoftmax(logits, lower, upper, *, tau=1.0, dim=-1, check=True):
     custom autograd function whose backward is the O(K) product with the
     Jacobians of eq. 43-45.  ``torch.func.vmap`` is not supported (the forward
     iterates with data-dependent stopping); ``torch.func.grad`` works.
+
+    On CPU, float32/float64 inputs are solved (in float64) by a numba-compiled
+    kernel, compiled on the first call (a few seconds, once: the machine code
+    is cached on disk); other devices use batched torch ops.  Both give the
+    exact answer.
     """
     return _apply("bcsoftmax", logits, lower, upper, tau, dim, check)
 
@@ -169,10 +185,14 @@ def _apply(name, logits, lower, upper, tau, dim, check):
         raise ValueError(f"{name}: logits have no classes along dim {dim}")
 
     cd = torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
-    moved = logits.movedim(dim, -1)
+    # (M, K) rows without view ops when the input already is that (each view
+    # is one more autograd node, which small calls notice).
+    plain = logits.ndim == 2 and dim == 1
+    moved = logits if plain else logits.movedim(dim, -1)
     batch_shape = tuple(moved.shape[:-1])
     M = math.prod(batch_shape)
-    x = moved.reshape(M, K).to(cd)
+    x = moved if plain else moved.reshape(M, K)
+    x = x if x.dtype == cd else x.to(cd)
     meta = _Meta(name, batch_shape, dim)
 
     a, eps_a = _operand(lower, "lower", logits, dim, M, K, cd, meta)
@@ -194,9 +214,14 @@ def _apply(name, logits, lower, upper, tau, dim, check):
         if check:
             _check_logits(xs.detach(), meta)
         out = torch.softmax(xs, dim=-1)
-    else:
+    elif torch.is_grad_enabled() and (torch._C._are_functorch_transforms_active() or any(
+            isinstance(v, torch.Tensor) and v.requires_grad for v in (x, a, b, t))):
         out = _BoxSoftmax.apply(x, a, b, t, check, eps, meta)[0]
-    return out.reshape(batch_shape + (K,)).movedim(-1, dim).to(logits.dtype)
+    else:  # nothing to differentiate: skip the autograd function's set-up
+        out = _solve(x if t is None else x / t, a, b, check, eps, meta)[0]
+    if not plain:
+        out = out.reshape(batch_shape + (K,)).movedim(-1, dim)
+    return out if out.dtype == logits.dtype else out.to(logits.dtype)
 
 
 def _operand(value, what, logits, dim, M, K, cd, meta):
@@ -216,20 +241,21 @@ def _operand(value, what, logits, dim, M, K, cd, meta):
         value = value.reshape(())
     if value.ndim == 0 and not value.requires_grad:
         return float(value), eps  # one sync for a constant is cheaper than tensor ops per pass
-    v = value.to(device=logits.device, dtype=cd)
+    v = value if value.dtype == cd and value.device == logits.device else value.to(device=logits.device, dtype=cd)
     if v.ndim == 0:
         return v, eps
     if v.ndim == 1 and v.shape[0] == K:
         return v, eps  # per-class along `dim`
     shape = tuple(logits.shape)
-    try:
-        if torch.broadcast_shapes(v.shape, shape) != torch.Size(shape):
-            raise RuntimeError
-    except RuntimeError:
+    if v.shape == shape and len(shape) == 2 and dim == 1:
+        return v, eps  # already (M, K): no view ops
+    # v must broadcast *to* the logits' shape (torch.broadcast_shapes costs
+    # more than a small call's whole solve).
+    if v.ndim > len(shape) or any(s not in (1, t) for s, t in zip(reversed(v.shape), reversed(shape))):
         raise ValueError(
             f"{meta.name}: {what} of shape {tuple(v.shape)} does not broadcast to logits of "
             f"shape {shape} (a 1-D {what} must have length K={K})"
-        ) from None
+        )
     v = v.reshape((1,) * (len(shape) - v.ndim) + tuple(v.shape)).movedim(dim, -1)
     lead, last = v.shape[:-1], v.shape[-1]
     if all(s == 1 for s in lead):
@@ -721,12 +747,58 @@ def _solve_room(x, a, b, eps, masked, method=None):
     return _iterate(x, a, b, eps, masked, sort_tail=method != "newton")
 
 
+@functools.lru_cache(maxsize=64)
+def _const_bound(v):
+    """A constant bound as a (1, 1) float64 array (the kernel only reads it)."""
+    return np.full((1, 1), v)
+
+
+def _bound_array(v):
+    """A bound layout ((), (K,), (M, 1), (M, K) or a float) as a float64
+    numpy array of shape (1 or M, 1 or K) for the kernel."""
+    if isinstance(v, float):
+        return _const_bound(v)
+    v = v.detach()
+    v = v if v.dtype == torch.float64 else v.to(torch.float64)
+    return v.reshape(1, -1).numpy() if v.ndim < 2 else v.numpy()
+
+
+def _kernel_usable(x):
+    """Whether the compiled kernel may serve a tensor (CPU, float32/64, outside torch.func)."""
+    return (x.is_cpu and x.dtype in (torch.float32, torch.float64) and _kernel.AVAILABLE
+            and not torch._C._are_functorch_transforms_active() and _kernel.compiled() is not None)
+
+
+def _solve_kernel(x, a, b, eps):
+    """The compiled CPU solver (the breakpoint rule of :func:`_sorted`,
+    without its sort; checks included).  Returns (p, state, s, n_iter), or
+    None when some row needs the torch path (a NaN, an infeasible box, a
+    masked class, a wide spread): that path then raises the detailed error or
+    solves the batch."""
+    M, K = x.shape
+    xn = x.detach().contiguous().numpy()
+    p = np.empty((M, K), dtype=xn.dtype)
+    state = np.empty((M, K), dtype=np.int8)
+    s = np.empty(M, dtype=xn.dtype)
+    upper_active = not (isinstance(b, float) and b >= 1.0)
+    forward = _kernel.compiled()[0]
+    n_room = forward(xn, _bound_array(a), _bound_array(b), upper_active, max(K, 4) * eps, _SORT_MAX_SPREAD, p, state, s)
+    if n_room < 0:
+        return None
+    return torch.from_numpy(p), torch.from_numpy(state), torch.from_numpy(s), int(n_room > 0)
+
+
 def _solve(x, a, b, check, eps, meta, method=None):
     """Forward pass on (M, K) scaled logits; returns (p, state, s, n_iter).
 
-    ``method`` ("sort" or "newton") forces a solver for rows with room (tests
-    and benchmarks); by default K decides."""
+    ``method`` ("kernel", "sort" or "newton") forces a solver for rows with
+    room (tests and benchmarks); by default the compiled kernel serves CPU
+    inputs and K decides between the torch solvers elsewhere."""
     M, K = x.shape
+    if method in (None, "kernel") and _kernel_usable(x):
+        out = _solve_kernel(x, a, b, eps)
+        if out is not None:
+            return out
     masked = _check_logits(x, meta) if check else not bool(torch.isfinite(x.sum()))
     neg = torch.isneginf(x) if masked else None
     if neg is not None and not bool(neg.any()):
@@ -832,17 +904,28 @@ class _BoxSoftmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gp, _gstate=None, _gs=None):
         p, state, s, x, a, b, tau = ctx.saved_tensors
-        gp = gp.to(p.dtype)
-        clamped = state != 0
-        # Jacobian on the free block: diag(p) - p q^T with q = p / s (eq. 43);
-        # a clamped bound moves every free p_j by -q_j (eq. 44-45).  In-place
-        # steps keep the extra memory at about two tensors of the size of p.
-        gx = torch.mul(p, gp).masked_fill_(clamped, 0.0)
-        qv = gx.sum(-1)
-        qv = torch.where(s > 0, qv / s, 0.0)
-        u = gp - qv[:, None]
-        gx = gx.copy_(p).mul_(u).masked_fill_(clamped, 0.0)  # in place, not out=: torch.func traces this
-        free = None if x is None else ~clamped
+        gp = gp if gp.dtype == p.dtype else gp.to(p.dtype)
+        want_u = (a is not None and ctx.needs_input_grad[1]) or (b is not None and ctx.needs_input_grad[2])
+        if not torch.is_grad_enabled() and _kernel_usable(p):
+            # One compiled pass (not differentiable: create_graph takes the torch ops below).
+            # (numpy buffers: torch.empty costs several times np.empty + from_numpy)
+            pn = p.detach().contiguous().numpy()
+            gxn = np.empty(pn.shape, dtype=pn.dtype)
+            un = np.empty((pn.shape[0] if want_u else 0, pn.shape[1]), dtype=pn.dtype)
+            backward = _kernel.compiled()[1]
+            backward(pn, state.contiguous().numpy(), s.contiguous().numpy(), gp.contiguous().numpy(), gxn, un)
+            gx, u = torch.from_numpy(gxn), torch.from_numpy(un)
+        else:
+            clamped = state != 0
+            # Jacobian on the free block: diag(p) - p q^T with q = p / s (eq. 43);
+            # a clamped bound moves every free p_j by -q_j (eq. 44-45).  In-place
+            # steps keep the extra memory at about two tensors of the size of p.
+            gx = torch.mul(p, gp).masked_fill_(clamped, 0.0)
+            qv = gx.sum(-1)
+            qv = torch.where(s > 0, qv / s, 0.0)
+            u = gp - qv[:, None]
+            gx = gx.copy_(p).mul_(u).masked_fill_(clamped, 0.0)  # in place, not out=: torch.func traces this
+        free = None if x is None else state == 0
         ga = gb = gt = None
         if a is not None and ctx.needs_input_grad[1]:
             ga = _reduce_like(torch.where(state == -1, u, 0.0), a)
