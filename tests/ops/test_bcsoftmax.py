@@ -823,3 +823,100 @@ def test_kernel_any_logit_order(order):
         perm = torch.randperm(500, generator=gen)
         q = impl._solve_kernel(g[:, perm], lo, up, torch.finfo(F64).eps)[0]
         np.testing.assert_allclose(q.numpy(), p[:, perm].numpy(), rtol=0, atol=1e-13)  # sums in another order
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+def test_unimodal_logits_over_many_classes(kernel, monkeypatch):
+    # a bump over ordered classes (ordinal labels): fixed-position pivots made
+    # the kernel's selection quadratic here; the answer must not change either way
+    if not kernel:
+        monkeypatch.setattr(impl, "_kernel_usable", lambda x: False)
+    K = 3000
+    j = torch.arange(K, dtype=F64)
+    g = (-(((j - K / 2) / (K / 8)) ** 2)).expand(3, K) * torch.tensor([[1.0], [5.0], [40.0]], dtype=F64)
+    p = bcsoftmax(g, 0.1 / K, 5.0 / K)
+    for i in range(3):
+        assert kkt_violation(p[i].numpy(), g[i].numpy(), 0.1 / K, 5.0 / K) <= 1e-9
+
+
+def test_batched_grad_outputs_and_vectorized_jacobian():
+    # the legacy vmap of is_grads_batched hands the backward wrapper tensors without storage
+    g = torch.randn(2, 4, dtype=F64, requires_grad=True)
+    eye = torch.eye(8, dtype=F64).reshape(8, 2, 4)
+    (jac,) = torch.autograd.grad(bcsoftmax(g, 0.05, 0.5), g, eye, is_grads_batched=True)
+    ref = torch.autograd.functional.jacobian(lambda x: bcsoftmax(x, 0.05, 0.5), g)
+    torch.testing.assert_close(jac.reshape(2, 4, 2, 4), ref, rtol=0, atol=1e-15)
+    vec = torch.autograd.functional.jacobian(lambda x: bcsoftmax(x, 0.05, 0.5), g, vectorize=True)
+    torch.testing.assert_close(vec, ref, rtol=0, atol=1e-15)
+
+
+def test_torch_compile_eager_backend():
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    g = torch.randn(4, 5, dtype=F64, requires_grad=True)
+    f = torch.compile(lambda x: bcsoftmax(x, 0.02, 0.5), backend="eager")
+    p = f(g)
+    (grad,) = torch.autograd.grad(p[:, 0].sum(), g)
+    ref = bcsoftmax(g, 0.02, 0.5)
+    (ref_grad,) = torch.autograd.grad(ref[:, 0].sum(), g)
+    torch.testing.assert_close(p, ref, rtol=0, atol=1e-15)
+    torch.testing.assert_close(grad, ref_grad, rtol=0, atol=1e-15)
+    with torch.no_grad():
+        torch.testing.assert_close(f(g), ref, rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+def test_second_derivatives_reach_the_bounds(kernel, monkeypatch):
+    if not kernel:
+        monkeypatch.setattr(impl, "_kernel_usable", lambda x: False)
+    g = t64([[2.0, 0.0, -0.5]]).requires_grad_()
+    up = t64([[0.5, 0.8, 0.8]]).requires_grad_()  # class 0 at its upper bound
+    lo = t64([[0.05, 0.05, 0.3]]).requires_grad_()  # class 2 at its lower bound
+    tau = t64(1.3).requires_grad_()
+    assert torch.autograd.gradgradcheck(lambda x, u: bcsoftmax(x, 0.0, u), (g, up))
+    assert torch.autograd.gradgradcheck(lambda x, a: bcsoftmax(x, a, 1.0), (g, lo))
+    assert torch.autograd.gradgradcheck(lambda x, a, u, t: bcsoftmax(x, a, u, tau=t), (g, lo * 0.5, up, tau))
+
+
+def test_float32_logits_with_a_large_offset_on_the_torch_path(monkeypatch):
+    # exp(x - nu) lost its precision when nu ~ 1e6 was kept in float32 (6% errors)
+    monkeypatch.setattr(impl, "_kernel_usable", lambda x: False)
+    gen = torch.Generator().manual_seed(0)
+    for K in (10, 100):
+        g = (1e6 + 3 * torch.randn(4, K, generator=gen, dtype=F64)).float()
+        p = bcsoftmax(g, 0.2 / K, 0.05 if K == 100 else 0.5)
+        ref = oracle_rows(g.double().numpy(), np.float32(0.2 / K), np.float32(0.05 if K == 100 else 0.5))
+        np.testing.assert_allclose(p.double().numpy(), ref, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype, scale", [(F64, 1e17), (F64, 1e300), (torch.float32, 1e15)])
+def test_logits_too_far_apart_for_the_dtype_raise(dtype, scale):
+    # beyond what exp can resolve, the answer would silently miss the simplex
+    g = torch.tensor([[0.5, -0.3, 1.2, 0.0]], dtype=dtype) * scale
+    with pytest.raises(ValueError, match=r"no exact solution in .* too far apart for exp to resolve"):
+        bcsoftmax(g, 0.02, 0.3)
+    ok = torch.tensor([[0.5, -0.3, 1.2, 0.0]], dtype=F64) * 1e15  # still resolvable in float64
+    np.testing.assert_allclose(bcsoftmax(ok, 0.02, 0.3).numpy(), [[0.3, 0.1, 0.3, 0.3]], rtol=0, atol=1e-12)
+
+
+def test_float_bounds_are_checked_even_without_check():
+    g = torch.randn(2, 3, dtype=F64)
+    with pytest.raises(ValueError, match=r"lower bound -0.5 is outside \[0, 1\]"):
+        bcsoftmax(g, -0.5, 0.6, check=False)
+    with pytest.raises(ValueError, match=r"upper bound 2.0 is outside \[0, 1\]"):
+        ubsoftmax(g, 2.0, check=False)
+    with pytest.raises(TypeError, match="dim must be an int, got float"):
+        bcsoftmax(g, 0.1, 0.6, dim=1.0)
+
+
+def test_kernel_compiles_once_under_concurrent_first_use(monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr(impl._kernel, "_COMPILED", [])
+    builds = []
+    real = impl._kernel._build
+    monkeypatch.setattr(impl._kernel, "_build", lambda: builds.append(1) or real())
+    with ThreadPoolExecutor(8) as pool:
+        outs = list(pool.map(lambda i: impl._kernel.compiled(), range(8)))
+    assert len(builds) == 1 and all(o is outs[0] for o in outs)

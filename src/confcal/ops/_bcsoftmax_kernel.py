@@ -11,7 +11,8 @@ solver ``bcsoftmax._sorted`` (after the paper's Algorithms 1-2): the root of
 f(nu) = sum_i clip(exp(x_i - nu), a_i, b_i) - 1 lies on the piece next to
 the last breakpoint where f > 1, and eq. 24 on that piece's clamped sets is
 the exact answer.  Instead of sorting the 2K breakpoints it selects that one
-breakpoint like a quickselect (f at a median-of-three pivot, keep one side):
+breakpoint like a quickselect (f at a pivot, the median of three events at
+pseudo-random positions, keep one side):
 O(log K) evaluations of f, O(K) each and branch-free, plus O(K) partition
 work, expected, and O(K) scratch per row.  It works in the variable
 w = exp(max_j x_j - nu), where the breakpoints are the ratios
@@ -29,9 +30,9 @@ index, not by copying).  ``numba`` is optional at import: without it
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import math
+import threading
 
 import numpy as np
 
@@ -48,13 +49,16 @@ INFEASIBLE = 6  # sum(lower) > 1 or sum(upper) < 1 beyond the tolerance
 SPREAD = 7      # finite logits too far apart for exp relative to the row max
 
 
-def _f_at(e, a, b, w, K):
+def _f_at_py(e, a, b, w, K):
     """f = sum_j clip(e_j * w, a_j, b_j).  Any fixed summation order keeps f
     monotone in w, so reassociation (vector lanes) is allowed here only."""
     f = 0.0
     for j in range(K):
         f += min(max(e[j] * w, a[j]), b[j])
     return f
+
+
+_f_at = _f_at_py  # _forward calls it by this global name; _build swaps in the compiled one
 
 
 def _forward(x, a, b, upper_active, tol, spread, p, state, s):
@@ -69,6 +73,7 @@ def _forward(x, a, b, upper_active, tol, spread, p, state, s):
     br = np.empty(K)
     ev_val = np.empty(2 * K)
     n_room = 0
+    rng = np.uint64(0x9E3779B97F4A7C15)  # pivot positions (any nonzero seed)
     ra = a.shape[0] > 1
     ca = a.shape[1] > 1
     rb = b.shape[0] > 1
@@ -140,10 +145,17 @@ def _forward(x, a, b, upper_active, tol, spread, p, state, s):
         lo = 0
         hi = n
         while hi > lo:
-            m = (lo + hi) >> 1
-            v0 = ev_val[lo]
-            v1 = ev_val[m]
-            v2 = ev_val[hi - 1]
+            # median of three pseudo-random events: fixed positions (first,
+            # middle, last) degrade to O(K^2) on unimodal logits (a bump over
+            # ordered classes); xorshift positions do not depend on the order.
+            # The answer does not depend on the pivots, only the work does.
+            span = hi - lo
+            rng ^= (rng << np.uint64(13))
+            rng ^= (rng >> np.uint64(7))
+            rng ^= (rng << np.uint64(17))
+            v0 = ev_val[lo + np.int64(rng % np.uint64(span))]
+            v1 = ev_val[lo + np.int64((rng >> np.uint64(21)) % np.uint64(span))]
+            v2 = ev_val[lo + np.int64((rng >> np.uint64(42)) % np.uint64(span))]
             pv = max(min(v0, v1), min(max(v0, v1), v2))
             above = _f_at(e, ar, br, pv, K) > 1.0
             if above:
@@ -204,16 +216,28 @@ def _backward(p, state, s, gp, gx, u):
                 u[i, j] = uj
 
 
-@functools.cache
+_LOCK = threading.Lock()
+_COMPILED = []
+
+
 def compiled():
-    """(forward, backward) compiled with numba, or None without numba."""
+    """(forward, backward) compiled with numba, or None without numba.
+    Thread-safe: concurrent first calls build the dispatchers once."""
+    if not _COMPILED:
+        with _LOCK:
+            if not _COMPILED:
+                _COMPILED.append(_build())
+    return _COMPILED[0]
+
+
+def _build():
     try:
         from numba import njit
     except ImportError:  # pragma: no cover - numba is a dependency; the torch path still works
         return None
     global _f_at
-    # _forward calls _f_at by its global name, resolved when it compiles.
-    # cache=True keeps the machine code on disk (next to this file, or in
-    # numba's user cache directory when that is read-only).
-    _f_at = njit(cache=True, nogil=True, fastmath={"reassoc"})(_f_at)
+    # _forward's global _f_at is resolved when it compiles.  cache=True keeps
+    # the machine code on disk (next to this file, or in numba's user cache
+    # directory when that is read-only).
+    _f_at = njit(cache=True, nogil=True, fastmath={"reassoc"})(_f_at_py)
     return njit(cache=True, nogil=True)(_forward), njit(cache=True, nogil=True)(_backward)

@@ -75,6 +75,9 @@ _SORT_BLOCK = 1 << 12
 _SORT_MAX_SPREAD = 600.0
 
 
+_PRECISION_HINT = {False: "rescale them (e.g. a larger tau) or use float64", True: "rescale them (e.g. a larger tau)"}
+
+
 class _Meta(NamedTuple):
     """What the error messages need to name a row and class of the input."""
 
@@ -174,10 +177,9 @@ def _apply(name, logits, lower, upper, tau, dim, check):
         raise TypeError(f"{name}: logits must have a floating-point dtype, got {logits.dtype}")
     if logits.ndim == 0:
         raise ValueError(f"{name}: logits must have at least one dimension (the classes)")
-    try:
-        dim = dim % logits.ndim if -logits.ndim <= dim < logits.ndim else None
-    except TypeError:
-        dim = None
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"{name}: dim must be an int, got {type(dim).__name__}")
+    dim = dim % logits.ndim if -logits.ndim <= dim < logits.ndim else None
     if dim is None:
         raise ValueError(f"{name}: dim is out of range for logits of shape {tuple(logits.shape)}")
     K = logits.shape[dim]
@@ -216,7 +218,7 @@ def _apply(name, logits, lower, upper, tau, dim, check):
         out = torch.softmax(xs, dim=-1)
     elif torch.is_grad_enabled() and (torch._C._are_functorch_transforms_active() or any(
             isinstance(v, torch.Tensor) and v.requires_grad for v in (x, a, b, t))):
-        out = _BoxSoftmax.apply(x, a, b, t, check, eps, meta)[0]
+        out = _BoxSoftmax.fast_apply(x, a, b, t, check, eps, meta)[0]
     else:  # nothing to differentiate: skip the autograd function's set-up
         out = _solve(x if t is None else x / t, a, b, check, eps, meta)[0]
     if not plain:
@@ -235,7 +237,10 @@ def _operand(value, what, logits, dim, M, K, cd, meta):
     if isinstance(value, bool) or not isinstance(value, (int, float, torch.Tensor)):
         raise TypeError(f"{meta.name}: {what} must be a float or a tensor, got {type(value).__name__}")
     if not isinstance(value, torch.Tensor):
-        return float(value), 0.0
+        value = float(value)
+        if what != "tau" and not 0.0 <= value <= 1.0:  # free to check, so checked even with check=False
+            raise ValueError(f"{meta.name}: {what} bound {value} is outside [0, 1]")
+        return value, 0.0
     eps = torch.finfo(value.dtype).eps if value.is_floating_point() else 0.0
     if value.numel() == 1 and value.ndim <= 1:
         value = value.reshape(())
@@ -621,7 +626,9 @@ def _iterate(x, a, b, eps, masked, sort_tail=True):
             xw, aw, bw = x[idx], _rows(a, idx), _rows(b, idx)
             nu, lo, hi, f_lo, f_hi, prev, prev_above, prev_ok, fin = (
                 t[keep] for t in (nu, lo, hi, f_lo, f_hi, prev, prev_above, prev_ok, fin))
-    raise RuntimeError(f"bcsoftmax: no convergence after {_MAX_ITER} iterations (please report this input)")
+    raise ValueError(
+        f"bcsoftmax: no exact solution after {_MAX_ITER} iterations in {dt}: the logits (divided by tau) of some "
+        f"row are too far apart for exp to resolve the box's breakpoints; {_PRECISION_HINT[dt == torch.float64]}")
 
 
 def _f64(v):
@@ -740,6 +747,11 @@ def _sorted_blocks(x, a, b):
 def _solve_room(x, a, b, eps, masked, method=None):
     """Rows with room: the sort-based solve for small K, else Newton.
     ``method="newton"`` forces Newton throughout (no sort-based tail)."""
+    # Shift invariance (eq. 38): relative to the row max, nu stays near 0,
+    # so exp(x - nu) keeps its precision however large the logits (in
+    # float32, x ~ 1e6 puts nu's rounding error at ~0.06, 6% in exp).
+    m = x.amax(-1, keepdim=True)
+    x = x - torch.where(torch.isfinite(m), m, 0.0)
     if method != "newton" and x.shape[1] <= _SORT_MAX_K or method == "sort":
         out = None if masked else _sorted_blocks(x, a, b)
         if out is not None:
@@ -764,9 +776,21 @@ def _bound_array(v):
 
 
 def _kernel_usable(x):
-    """Whether the compiled kernel may serve a tensor (CPU, float32/64, outside torch.func)."""
+    """Whether the compiled kernel may serve a tensor: CPU, float32/64, outside
+    torch.func transforms and torch.compile (they trace the torch ops)."""
     return (x.is_cpu and x.dtype in (torch.float32, torch.float64) and _kernel.AVAILABLE
-            and not torch._C._are_functorch_transforms_active() and _kernel.compiled() is not None)
+            and not torch._C._are_functorch_transforms_active() and not torch.compiler.is_compiling()
+            and _kernel.compiled() is not None)
+
+
+def _as_numpy(*tensors):
+    """Contiguous numpy views of plain CPU tensors, or None for wrapper tensors
+    without storage (the legacy vmap of ``is_grads_batched``, tensor
+    subclasses), which then take the torch ops."""
+    try:
+        return tuple(t.detach().contiguous().numpy() for t in tensors)
+    except (RuntimeError, TypeError):
+        return None
 
 
 def _solve_kernel(x, a, b, eps):
@@ -776,7 +800,10 @@ def _solve_kernel(x, a, b, eps):
     masked class, a wide spread): that path then raises the detailed error or
     solves the batch."""
     M, K = x.shape
-    xn = x.detach().contiguous().numpy()
+    arrays = _as_numpy(x)
+    if arrays is None:
+        return None
+    xn = arrays[0]
     p = np.empty((M, K), dtype=xn.dtype)
     state = np.empty((M, K), dtype=np.int8)
     s = np.empty(M, dtype=xn.dtype)
@@ -794,11 +821,37 @@ def _solve(x, a, b, check, eps, meta, method=None):
     ``method`` ("kernel", "sort" or "newton") forces a solver for rows with
     room (tests and benchmarks); by default the compiled kernel serves CPU
     inputs and K decides between the torch solvers elsewhere."""
-    M, K = x.shape
     if method in (None, "kernel") and _kernel_usable(x):
         out = _solve_kernel(x, a, b, eps)
         if out is not None:
             return out
+    out = _solve_torch(x, a, b, check, eps, meta, method)
+    if check:
+        _check_solution(out[0], a, b, eps, meta)
+    return out
+
+
+def _check_solution(p, a, b, eps, meta):
+    """Reject rows whose answer the working precision could not resolve.
+
+    The exact answer is in the box and sums to one.  Finite logits spread
+    so far apart that exp(x - nu) cannot tell the breakpoints of a row apart
+    (e.g. 1e17 in float64, 1e8 in float32, or a tiny tau) can end on a wrong
+    piece, whose clamped bounds do not sum to one: an error, not a silent
+    wrong answer."""
+    K = p.shape[-1]
+    tol = 16 * max(K, 4) * torch.finfo(p.dtype).eps
+    bad = ((p.sum(-1) - 1.0).abs() > tol) | ((p < a - tol) | (p > b + tol)).any(-1)
+    if bool(bad.any()):
+        where = _locate(bad[:, None], meta)
+        raise ValueError(
+            f"{meta.name}: no exact solution in {p.dtype} at {where}: its logits (divided by tau) are too far "
+            f"apart for exp to resolve the box's breakpoints; {_PRECISION_HINT[p.dtype == torch.float64]}")
+
+
+def _solve_torch(x, a, b, check, eps, meta, method=None):
+    """:func:`_solve` with the torch solvers (any device)."""
+    M, K = x.shape
     masked = _check_logits(x, meta) if check else not bool(torch.isfinite(x.sum()))
     neg = torch.isneginf(x) if masked else None
     if neg is not None and not bool(neg.any()):
@@ -869,13 +922,13 @@ class _BoxSoftmax(torch.autograd.Function):
     """p = bcsoftmax(x / tau; a, b) on (M, K) with the O(K) backward of eq. 43-45."""
 
     @classmethod
-    def apply(cls, *args):
-        # Function.apply binds the arguments to forward's signature with
-        # inspect on every call (a third of a small call's time); every
-        # argument is passed positionally here, so outside torch.func
-        # transforms that step is skipped.
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)
+    def fast_apply(cls, *args):
+        """``apply`` without its step that binds the arguments to forward's
+        signature with inspect on every call (a third of a small call's
+        time): every argument is passed positionally.  Only outside torch.func
+        transforms and torch.compile, which need the plain ``apply``."""
+        if torch._C._are_functorch_transforms_active() or torch.compiler.is_compiling():
+            return cls.apply(*args)
         return super(torch.autograd.Function, cls).apply(*args)
 
     @staticmethod
@@ -906,17 +959,21 @@ class _BoxSoftmax(torch.autograd.Function):
         p, state, s, x, a, b, tau = ctx.saved_tensors
         gp = gp if gp.dtype == p.dtype else gp.to(p.dtype)
         want_u = (a is not None and ctx.needs_input_grad[1]) or (b is not None and ctx.needs_input_grad[2])
-        if not torch.is_grad_enabled() and _kernel_usable(p):
+        arrays = _as_numpy(p, state, s, gp) if not torch.is_grad_enabled() and _kernel_usable(p) else None
+        if arrays is not None:
             # One compiled pass (not differentiable: create_graph takes the torch ops below).
             # (numpy buffers: torch.empty costs several times np.empty + from_numpy)
-            pn = p.detach().contiguous().numpy()
+            pn = arrays[0]
             gxn = np.empty(pn.shape, dtype=pn.dtype)
             un = np.empty((pn.shape[0] if want_u else 0, pn.shape[1]), dtype=pn.dtype)
-            backward = _kernel.compiled()[1]
-            backward(pn, state.contiguous().numpy(), s.contiguous().numpy(), gp.contiguous().numpy(), gxn, un)
+            _kernel.compiled()[1](*arrays, gxn, un)
             gx, u = torch.from_numpy(gxn), torch.from_numpy(un)
         else:
             clamped = state != 0
+            if torch.is_grad_enabled():
+                # create_graph: s = 1 - (clamped bounds) is the free mass of p;
+                # taking it from p lets second derivatives reach the bounds.
+                s = p.masked_fill(clamped, 0.0).sum(-1)
             # Jacobian on the free block: diag(p) - p q^T with q = p / s (eq. 43);
             # a clamped bound moves every free p_j by -q_j (eq. 44-45).  In-place
             # steps keep the extra memory at about two tensors of the size of p.
