@@ -920,3 +920,24 @@ def test_kernel_compiles_once_under_concurrent_first_use(monkeypatch):
     with ThreadPoolExecutor(8) as pool:
         outs = list(pool.map(lambda i: impl._kernel.compiled(), range(8)))
     assert len(builds) == 1 and all(o is outs[0] for o in outs)
+
+
+def test_kernel_builds_without_a_writable_cache(monkeypatch):
+    # numba refuses cache=True when neither the package folder nor a user
+    # cache folder is writable (read-only installs): compile in memory then
+    import numba
+
+    real = numba.njit
+
+    def no_cache_njit(*args, cache=False, **kw):
+        if cache:
+            raise RuntimeError("cannot cache function: no locator available")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(numba, "njit", no_cache_njit)
+    monkeypatch.setattr(impl._kernel, "_f_at", impl._kernel._f_at)  # _build rebinds it
+    forward, _ = impl._kernel._build()
+    x = np.array([[1.0, 2.0, 3.0]])
+    p, state, s = np.empty((1, 3)), np.empty((1, 3), dtype=np.int8), np.empty(1)
+    assert forward(x, np.full((1, 1), 0.1), np.full((1, 1), 0.5), True, 1e-15, 600.0, p, state, s) == 1
+    np.testing.assert_allclose(p, oracle_rows(x, 0.1, 0.5), rtol=0, atol=1e-12)

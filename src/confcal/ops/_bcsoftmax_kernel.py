@@ -235,9 +235,16 @@ def _build():
         from numba import njit
     except ImportError:  # pragma: no cover - numba is a dependency; the torch path still works
         return None
+    def jit(fn, **options):
+        # cache=True keeps the machine code on disk (next to this file, or in
+        # numba's user cache directory when that is read-only); with no
+        # writable place at all numba refuses it, and each process compiles.
+        try:
+            return njit(cache=True, nogil=True, **options)(fn)
+        except RuntimeError:
+            return njit(cache=False, nogil=True, **options)(fn)
+
     global _f_at
-    # _forward's global _f_at is resolved when it compiles.  cache=True keeps
-    # the machine code on disk (next to this file, or in numba's user cache
-    # directory when that is read-only).
-    _f_at = njit(cache=True, nogil=True, fastmath={"reassoc"})(_f_at_py)
-    return njit(cache=True, nogil=True)(_forward), njit(cache=True, nogil=True)(_backward)
+    # _forward's global _f_at is resolved when it compiles.
+    _f_at = jit(_f_at_py, fastmath={"reassoc"})
+    return jit(_forward), jit(_backward)
