@@ -458,16 +458,9 @@ _REG_DOC = """    alphas : ridge penalties tried by leave-one-out (default
 """
 
 
-@register
-class ClusterRegressionTemperatureScaling(_RegressionMixin, _ClusterBase):
-    __doc__ = """Cluster-level temperature scaling, regression variant (Gong et al. 2021, eq. 18).
-
-    Fits the clusters and their temperatures as :class:`ClusterTemperatureScaling`,
-    then a linear map from a cluster's mean feature (its centroid) to its
-    temperature; each test sample gets ``T(x) = exp(w . x_std + b)``.
-    """ + _RegressionMixin.__doc__ + _CLUSTER_DOC + _REG_DOC
-
-    method = "cluster-ts-regression"
+class _ClusterRegressionBase(_RegressionMixin, _ClusterBase):
+    """Clusters plus the regression of their temperatures: the shared fit of
+    cluster-TS-regression and the domain ensemble."""
 
     def __init__(self, n_clusters: int = 8, random_state: int = 0, n_init: int = 10,
                  min_cluster_size: int = 20, bound_fallback: bool = True,
@@ -482,6 +475,18 @@ class ClusterRegressionTemperatureScaling(_RegressionMixin, _ClusterBase):
         self._fit_clusters(logits, labels, features, domains)
         self._fit_regression()
 
+
+@register
+class ClusterRegressionTemperatureScaling(_ClusterRegressionBase):
+    __doc__ = """Cluster-level temperature scaling, regression variant (Gong et al. 2021, eq. 18).
+
+    Fits the clusters and their temperatures as :class:`ClusterTemperatureScaling`,
+    then a linear map from a cluster's mean feature (its centroid) to its
+    temperature; each test sample gets ``T(x) = exp(w . x_std + b)``.
+    """ + _RegressionMixin.__doc__ + _CLUSTER_DOC + _REG_DOC
+
+    method = "cluster-ts-regression"
+
     def _temperatures(self, z):
         return self._regression_temperatures(z)
 
@@ -494,7 +499,7 @@ class ClusterRegressionTemperatureScaling(_RegressionMixin, _ClusterBase):
 
 
 @register
-class DomainEnsembleTemperatureScaling(_RegressionMixin, _ClusterBase):
+class DomainEnsembleTemperatureScaling(_ClusterRegressionBase):
     __doc__ = """Ensemble of set-level, cluster-NN and cluster-regression TS (Gong et al. 2021, sec. 5.2).
 
     The calibrated logits of the three methods are averaged, then softmax:
@@ -509,19 +514,6 @@ class DomainEnsembleTemperatureScaling(_RegressionMixin, _ClusterBase):
     """ + _CLUSTER_DOC + _REG_DOC
 
     method = "domain-ensemble"
-
-    def __init__(self, n_clusters: int = 8, random_state: int = 0, n_init: int = 10,
-                 min_cluster_size: int = 20, bound_fallback: bool = True,
-                 domain_weighting: str = "sample", t_min: float = DEFAULT_T_BOUNDS[0],
-                 t_max: float = DEFAULT_T_BOUNDS[1], alphas: list | None = None):
-        super().__init__(n_clusters=n_clusters, random_state=random_state, n_init=n_init,
-                         min_cluster_size=min_cluster_size, bound_fallback=bound_fallback,
-                         domain_weighting=domain_weighting, t_min=t_min, t_max=t_max)
-        self.alphas = alphas
-
-    def _fit(self, logits, labels, features, domains=None):
-        self._fit_clusters(logits, labels, features, domains)
-        self._fit_regression()
 
     def member_temperatures(self, features) -> dict[str, np.ndarray]:
         """Per-sample temperatures ``(n_samples,)`` of each member: keys ``set``, ``nn``, ``regression``."""
