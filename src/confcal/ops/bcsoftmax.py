@@ -827,16 +827,16 @@ def _solve(x, a, b, check, eps, meta, method=None):
             return out
     out = _solve_torch(x, a, b, check, eps, meta, method)
     if check:
-        _check_solution(out[0], a, b, eps, meta)
+        _check_solution(out[0], a, b, meta)
     return out
 
 
-def _check_solution(p, a, b, eps, meta):
+def _check_solution(p, a, b, meta):
     """Reject rows whose answer the working precision could not resolve.
 
     The exact answer is in the box and sums to one.  Finite logits spread
     so far apart that exp(x - nu) cannot tell the breakpoints of a row apart
-    (e.g. 1e17 in float64, 1e8 in float32, or a tiny tau) can end on a wrong
+    (seen: 1e17 in float64, 1e15 in float32, or a tiny tau) can end on a wrong
     piece, whose clamped bounds do not sum to one: an error, not a silent
     wrong answer."""
     K = p.shape[-1]
