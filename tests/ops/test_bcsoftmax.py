@@ -890,7 +890,8 @@ def test_float32_logits_with_a_large_offset_on_the_torch_path(monkeypatch):
         np.testing.assert_allclose(p.double().numpy(), ref, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("dtype, scale", [(F64, 1e17), (F64, 1e300), (torch.float32, 1e15)])
+@pytest.mark.parametrize("dtype, scale", [(F64, 1e17), (F64, 1e300), (F64, 1.4e308), (torch.float32, 1e15),
+                                          (torch.float32, 2.8e38)])
 def test_logits_too_far_apart_for_the_dtype_raise(dtype, scale):
     # beyond what exp can resolve, the answer would silently miss the simplex
     g = torch.tensor([[0.5, -0.3, 1.2, 0.0]], dtype=dtype) * scale
