@@ -151,7 +151,10 @@ def atomic_write(path, mode: str = "wb"):
     path = Path(path)
     check_output_path(path)
     folder = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    except OSError as exc:  # name the user's path, not our temporary file
+        raise OSError(exc.errno, f"output: cannot write {str(path)!r}: {exc.strerror}") from None
     try:
         with os.fdopen(fd, mode) as fh:
             yield fh

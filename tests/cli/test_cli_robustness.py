@@ -112,3 +112,40 @@ def test_apply_with_a_box_score_calibrator(tmp_path):
     np.testing.assert_allclose(p[:, 1], cal.predict_score(score))
     # a monotone map keeps the ranking of the boxes
     assert (np.argsort(p[:, 1], kind="stable") == np.argsort(score, kind="stable")).all()
+
+
+def test_non_numeric_hyperparameter_names_it(fitted, capsys):
+    d, _ = fitted
+    assert main(["fit", "--logits", str(d / "z.npy"), "--labels", str(d / "y.npy"), "--method", "ts",
+                 "--param", "t_max=abc", "-o", str(d / "o.json")]) == 2
+    assert "ts: hyper-parameter t_max expects a number (default 100.0), got 'abc'" in capsys.readouterr().err
+    assert not (d / "o.json").exists()
+
+
+def test_true_class_at_minus_inf_is_refused_by_ts(fitted, capsys):
+    # its NLL is infinite under any temperature: before, T ran to 100 and the manifest could not be written
+    d, _ = fitted
+    z = np.load(d / "z.npy")
+    y = np.load(d / "y.npy")
+    z[5] = -np.inf
+    z[5, (y[5] + 1) % 5] = 0.0
+    np.save(d / "zm.npy", z)
+    assert main(["fit", "--logits", str(d / "zm.npy"), "--labels", str(d / "y.npy"), "--method", "ts",
+                 "-o", str(d / "o.json")]) == 2
+    assert f"labels: sample 5 has label {y[5]}, whose logit is -inf" in capsys.readouterr().err
+    assert not (d / "o.json").exists()
+
+
+def test_unwritable_output_names_the_path(fitted, capsys, monkeypatch):
+    import tempfile
+
+    d, _ = fitted
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    assert main(["fit", "--logits", str(d / "z.npy"), "--labels", str(d / "y.npy"), "--method", "ts",
+                 "-o", str(d / "o.json")]) == 2
+    err = capsys.readouterr().err
+    assert f"output: cannot write '{d / 'o.json'}': Permission denied" in err and ".tmp" not in err

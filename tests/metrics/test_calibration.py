@@ -196,3 +196,8 @@ def test_properties(data, n_bins):
     assert ece(probs[perm], labels[perm], n_bins=n_bins) == pytest.approx(e, abs=1e-12)
     assert 0.0 <= brier_score(probs, labels) <= 2.0
     assert nll(probs, labels) >= 0.0
+
+
+def test_accuracy_of_nothing_is_an_error_not_nan():
+    with pytest.raises(ValueError, match=r"probs: expected at least 1 sample, got shape \(0, 5\)"):
+        accuracy(np.zeros((0, 5)), np.zeros(0, dtype=int))

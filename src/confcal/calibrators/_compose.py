@@ -16,6 +16,7 @@ from torch import nn
 
 from confcal.calibrators._maps import LogitMap, build_map, get_state, load_state, mask_neg_inf, remask
 from confcal.calibrators._optim import OptimResult, adam, lbfgs, single_thread, torch_seed
+from confcal.calibrators._tsfit import check_labels_not_masked
 from confcal.calibrators.base import Calibrator
 
 __all__ = ["Composite", "Prepared", "MapCalibrator", "to_torch", "fit_composite", "OPTIM_PARAMS"]
@@ -25,15 +26,6 @@ def to_torch(x) -> torch.Tensor | None:
     if x is None:
         return None
     return torch.as_tensor(np.asarray(x, dtype=np.float64))
-
-
-def check_labels_not_masked(logits: np.ndarray, labels: np.ndarray) -> None:
-    """A label on a ``-inf`` logit has probability 0 under every map: the NLL is infinite, so refuse it."""
-    bad = np.isneginf(logits[np.arange(len(labels)), labels])
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"labels: sample {i} has label {int(labels[i])}, whose logit is -inf (probability 0); "
-                         f"{int(bad.sum())} such samples make the NLL infinite")
 
 
 class Prepared:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["fit_temperature", "TemperatureFit", "CalibrationWarning", "DEFAULT_T_BOUNDS"]
+__all__ = ["fit_temperature", "TemperatureFit", "CalibrationWarning", "DEFAULT_T_BOUNDS", "check_labels_not_masked"]
 
 DEFAULT_T_BOUNDS = (1e-2, 1e2)
 _CHUNK_ELEMS = 1 << 18  # ~1 MB of float32 per chunk: stays in L2
@@ -113,6 +113,22 @@ class _Stats:
         return loss, grad, hess
 
 
+def check_labels_not_masked(logits, labels, sample_weight=None) -> None:
+    """A label on a ``-inf`` logit has probability 0 under every map: the NLL
+    is infinite, so refuse it (samples of weight 0 do not count).  ``logits``
+    ``(n_samples, n_classes)`` numpy or torch, ``labels`` ``(n_samples,)``."""
+    labels = np.asarray(labels)
+    rows = np.arange(len(labels))
+    true = logits[torch.as_tensor(rows), torch.as_tensor(labels)] if torch.is_tensor(logits) else logits[rows, labels]
+    bad = np.isneginf(np.asarray(true.cpu() if torch.is_tensor(true) else true))
+    if sample_weight is not None:
+        bad &= np.asarray(sample_weight) > 0
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"labels: sample {i} has label {int(labels[i])}, whose logit is -inf (probability 0); "
+                         f"{int(bad.sum())} such samples make the NLL infinite")
+
+
 def fit_temperature(logits, labels, *, sample_weight=None, t_bounds=DEFAULT_T_BOUNDS,
                     tol: float = 1e-12, max_iter: int = 100, warn: bool = True) -> TemperatureFit:
     """Temperature ``T`` minimising the mean NLL of ``softmax(logits / T)``.
@@ -133,6 +149,7 @@ def fit_temperature(logits, labels, *, sample_weight=None, t_bounds=DEFAULT_T_BO
     t_min, t_max = (float(b) for b in t_bounds)
     if not (0 < t_min < t_max and math.isfinite(t_max)):
         raise ValueError(f"t_bounds: expected 0 < T_min < T_max < inf, got {t_bounds!r}")
+    check_labels_not_masked(logits, labels, sample_weight)
     n_elems = (logits.numel() if torch.is_tensor(logits) else np.size(logits))
     with _one_thread(n_elems <= _SMALL_ELEMS):
         return _fit(logits, labels, sample_weight, t_min, t_max, tol, max_iter, warn)

@@ -265,6 +265,14 @@ def make_calibrator(method: str, params: dict | None = None) -> Calibrator:
     unknown = sorted(set(params) - set(cls._param_names()))
     if unknown:
         raise ValueError(f"{method}: unknown hyper-parameter(s) {unknown}; it takes {cls._param_names()}")
+    defaults = {p.name: p.default for p in inspect.signature(cls.__init__).parameters.values()}
+    for name, value in params.items():
+        default = defaults.get(name)
+        # a number where the method expects one (bool is not a number here)
+        if (isinstance(default, (int, float)) and not isinstance(default, bool) and value is not None
+                and (isinstance(value, bool) or not isinstance(value, (int, float)))):
+            raise ValueError(f"{method}: hyper-parameter {name} expects a number (default {default!r}), "
+                             f"got {value!r}")
     return cls(**params)
 
 

@@ -53,5 +53,7 @@ def accuracy(probs, labels) -> float:
         s = check_probs(s)
     if s.ndim != 2:
         raise ValueError(f"probs: expected shape (n_samples, n_classes), got {s.shape}")
+    if s.shape[0] == 0:
+        raise ValueError(f"probs: expected at least 1 sample, got shape {s.shape}")
     y = check_labels(labels, s.shape[0], s.shape[1])
     return float(np.mean(np.argmax(s, axis=1) == y))
