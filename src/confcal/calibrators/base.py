@@ -30,6 +30,7 @@ import numpy as np
 
 from confcal._numeric import softmax
 from confcal._validation import check_domains, check_features, check_labels, check_logits
+from confcal.calibrators._constraints import check_hyperparameters, check_manifest_top, check_parameters
 from confcal.metrics import accuracy, brier_score, ece, nll
 
 __all__ = ["Calibrator", "NotFittedError", "register", "calibrator_from_dict", "make_calibrator", "METHODS",
@@ -88,6 +89,11 @@ class Calibrator(abc.ABC):
     method: ClassVar[str] = ""
     side_inputs: ClassVar[tuple[str, ...]] = ()
     optional_side_inputs: ClassVar[tuple[str, ...]] = ()
+    #: ``{hyper-parameter: spec}`` and cross-field rules, checked by ``fit`` and the loader
+    hyper_constraints: ClassVar[dict] = {}
+    hyper_rules: ClassVar[tuple] = ()
+    #: spec of the manifest's ``parameters`` block (see :mod:`._constraints`); None: not loadable
+    fitted_constraints: ClassVar[Any] = None
 
     # ----------------------------------------------------------- hyper-parameters
     @classmethod
@@ -120,6 +126,7 @@ class Calibrator(abc.ABC):
         ValueError, TypeError
             Invalid inputs (the message names the argument and what was wrong).
         """
+        self._check_hyperparameters()
         x = check_logits(logits, input_kind=input_kind)
         y = check_labels(labels, x.shape[0], x.shape[1])
         side = self._check_side(side, x.shape[0])
@@ -188,6 +195,10 @@ class Calibrator(abc.ABC):
         """Inverse of :meth:`_get_fitted`."""
 
     # ------------------------------------------------------------------ helpers
+    def _check_hyperparameters(self) -> None:
+        """The class's ``hyper_constraints`` table applied to ``get_params()`` (called by ``fit``)."""
+        check_hyperparameters(type(self), self.get_params(), where=type(self).__name__)
+
     def _is_fitted(self) -> bool:
         return hasattr(self, "n_classes_")
 
@@ -220,35 +231,33 @@ class Calibrator(abc.ABC):
 def calibrator_from_dict(manifest: dict[str, Any], *, n_classes: int | None = None) -> Calibrator:
     """Rebuild a fitted calibrator from :meth:`Calibrator.to_dict` output.
 
-    Raises ``ValueError`` for a manifest of another format or a newer version, an
-    unknown method, or (when ``n_classes`` is given) a class-count mismatch.
+    Every field is checked against the method's constraint tables
+    (:mod:`confcal.calibrators._constraints`) before anything is built.
+
+    Raises ``ValueError`` (one line naming the field path) for a manifest of another
+    format or a newer version, an unknown method or key, a value of the wrong type,
+    shape or range, or (when ``n_classes`` is given) a class-count mismatch.
     """
-    if not isinstance(manifest, dict):
-        raise TypeError(f"manifest: expected a dict, got {type(manifest).__name__}")
-    fmt = manifest.get("format")
-    if fmt != MANIFEST_FORMAT:
-        raise ValueError(f"manifest: expected format {MANIFEST_FORMAT!r}, got {fmt!r}")
-    version = manifest.get("format_version")
-    if not isinstance(version, int) or version > MANIFEST_VERSION or version < 1:
-        raise ValueError(f"manifest: format_version {version!r} is not supported "
-                         f"(this confcal reads 1..{MANIFEST_VERSION})")
-    for key in ("method", "hyperparameters", "parameters", "n_classes"):
-        if key not in manifest:
-            raise ValueError(f"manifest: missing key {key!r}")
+    check_manifest_top(manifest, fmt=MANIFEST_FORMAT, version=MANIFEST_VERSION)
     method = manifest["method"]
     if method not in METHODS:
-        raise ValueError(f"manifest: unknown method {method!r}; known: {sorted(METHODS)}")
+        raise ValueError(f"manifest: method: unknown {method!r}; known: {sorted(METHODS)}")
     k = manifest["n_classes"]
     if n_classes is not None and int(n_classes) != k:
         raise ValueError(f"manifest: calibrator was fitted on n_classes={k}, but the logits have "
                          f"{n_classes} classes")
-    bad = _first_non_finite(manifest["parameters"])
-    if bad is not None:
-        raise ValueError(f"manifest: parameters{bad} is not a finite number; the file is damaged")
-    cal = make_calibrator(method, manifest["hyperparameters"])
+    cls = METHODS[method]
+    hyper = manifest["hyperparameters"]
+    unknown = sorted(set(hyper) - set(cls._param_names()))
+    if unknown:
+        raise ValueError(f"manifest: hyperparameters.{unknown[0]}: unknown hyper-parameter of {method!r} "
+                         f"(it takes {cls._param_names()})")
+    env = check_hyperparameters(cls, hyper, where="manifest", env={"n_classes": k}, path="hyperparameters")
+    check_parameters(cls, manifest["parameters"], env=env)
+    cal = make_calibrator(method, hyper)
     try:
         cal._set_fitted(manifest["parameters"])
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
+    except (KeyError, TypeError, ValueError, IndexError) as exc:  # a gap in the method's table
         raise ValueError(f"manifest: parameters of method {method!r} are invalid "
                          f"({type(exc).__name__}: {exc})") from None
     cal.n_classes_ = int(k)
@@ -274,22 +283,3 @@ def make_calibrator(method: str, params: dict | None = None) -> Calibrator:
             raise ValueError(f"{method}: hyper-parameter {name} expects a number (default {default!r}), "
                              f"got {value!r}")
     return cls(**params)
-
-
-def _first_non_finite(obj, where: str = ""):
-    """Path of the first NaN/inf float (or NaN-like string) inside nested lists/dicts, else None."""
-    if isinstance(obj, float):
-        return None if np.isfinite(obj) else where
-    if isinstance(obj, str) and obj.strip().lower() in ("nan", "inf", "-inf", "infinity", "-infinity"):
-        return where
-    if isinstance(obj, dict):
-        items = obj.items()
-    elif isinstance(obj, (list, tuple)):
-        items = enumerate(obj)
-    else:
-        return None
-    for k, v in items:
-        found = _first_non_finite(v, f"{where}[{k!r}]")
-        if found is not None:
-            return found
-    return None

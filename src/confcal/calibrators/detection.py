@@ -47,6 +47,8 @@ from scipy.special import expit
 
 from confcal._numeric import softmax
 from confcal._validation import as_numpy, check_domains, check_labels, check_logits
+from confcal.calibrators._constraints import NLL, T_BOUNDS, T_RULE, TEMPERATURE, Bool, Choice, Fields, GroupKey, \
+    Int, ListOf, Opt, Pairs, Real
 from confcal.calibrators._tsfit import DEFAULT_T_BOUNDS, CalibrationWarning, fit_temperature
 from confcal.calibrators.base import Calibrator, _library_version, _sha256, register, summary_metrics
 from confcal.metrics.detection import binary_brier, binary_nll, detection_ece
@@ -213,6 +215,13 @@ def _key_part(v):
     return v.item() if hasattr(v, "item") else v
 
 
+def _grouped_fields(group: Fields) -> Fields:
+    """Manifest parameters of a box-score calibrator whose per-group fit is ``group``."""
+    return Fields({"kind": Choice("binary", "multiclass"), "by_domain": Bool(), "pooled": group,
+                   "groups": Pairs(GroupKey(), group), "group_counts": Opt(Pairs(GroupKey(), Int(ge=0))),
+                   "fallback_groups": Opt(ListOf(GroupKey()))})
+
+
 class _BoxScoreCalibrator(Calibrator):
     """Shared machinery: 1-D score validation, groups, pooled fallback, fit record."""
 
@@ -281,6 +290,7 @@ class _BoxScoreCalibrator(Calibrator):
 
         Raises ``ValueError``/``TypeError`` naming the bad argument.
         """
+        self._check_hyperparameters()
         kind, x, y, keep = self._inputs(scores, labels, input_kind)
         if y is None:
             raise ValueError("labels: required for fit")
@@ -450,6 +460,11 @@ class DetectionTemperatureScaling(_BoxScoreCalibrator):
 
     method = "det-ts"
     supports_multiclass = True
+    hyper_constraints = {"per_class": Bool(), "bias": Bool(), "clip_scores": Bool(), "min_samples": Int(ge=1),
+                         **T_BOUNDS}
+    hyper_rules = (T_RULE,)
+    fitted_constraints = _grouped_fields(Fields({"temperature": TEMPERATURE, "bias": Real(), "nll": NLL,
+                                                 "at_bound": Opt(Bool())}))
 
     def __init__(self, per_class: bool = False, bias: bool = False, clip_scores: bool = False,
                  min_samples: int = 20, t_min: float = DEFAULT_T_BOUNDS[0], t_max: float = DEFAULT_T_BOUNDS[1]):
@@ -513,6 +528,9 @@ class DetectionPlattScaling(_BoxScoreCalibrator):
     """
 
     method = "det-platt"
+    hyper_constraints = {"per_class": Bool(), "increasing": Bool(), "platt_targets": Bool(),
+                         "min_samples": Int(ge=1)}
+    fitted_constraints = _grouped_fields(Fields({"a": Real(), "b": Real(), "nll": NLL, "at_bound": Opt(Bool())}))
 
     def __init__(self, per_class: bool = False, increasing: bool = True, platt_targets: bool = True,
                  min_samples: int = 20):

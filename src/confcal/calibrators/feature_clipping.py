@@ -20,6 +20,7 @@ import numpy as np
 from scipy.optimize import minimize_scalar
 
 from confcal._numeric import log_softmax, softmax
+from confcal.calibrators._constraints import NLL, Array, Fields, Nullable, Real
 from confcal.calibrators.base import Calibrator, register
 
 __all__ = ["FeatureClipping"]
@@ -47,7 +48,7 @@ class FeatureClipping(Calibrator):
 
     Attributes
     ----------
-    threshold_ : float ``c`` (``inf`` when clipping does not help)
+    threshold_ : float ``c`` (``inf`` when clipping does not help; stored as ``null`` in the manifest)
     weight_, bias_ : the layer used (given or recovered), float64 arrays
     nll_ : calibration NLL at ``threshold_``; ``base_nll_`` without clipping
 
@@ -57,6 +58,11 @@ class FeatureClipping(Calibrator):
 
     method = "fc"
     side_inputs = ("features",)
+    hyper_constraints = {"weight": Nullable(Array(("n_classes", "n_features"))),
+                         "bias": Nullable(Array(("n_classes",))), "max_residual": Real(gt=0)}
+    # threshold null: clipping did not help (c = inf, JSON has no inf)
+    fitted_constraints = Fields({"threshold": Nullable(Real(gt=0)), "weight": Array(("n_classes", "n_features")),
+                                 "bias": Array(("n_classes",)), "nll": NLL, "base_nll": NLL})
 
     def __init__(self, weight: list | None = None, bias: list | None = None, max_residual: float = 1e-3):
         self.weight = weight
@@ -115,13 +121,13 @@ class FeatureClipping(Calibrator):
         return softmax(np.clip(features, -c, c) @ self.weight_.T + self.bias_)
 
     def _get_fitted(self):
-        return {"threshold": self.threshold_ if math.isfinite(self.threshold_) else "inf",
+        return {"threshold": self.threshold_ if math.isfinite(self.threshold_) else None,
                 "weight": self.weight_.tolist(), "bias": self.bias_.tolist(),
                 "nll": self.nll_, "base_nll": self.base_nll_}
 
     def _set_fitted(self, params):
         t = params["threshold"]
-        self.threshold_ = math.inf if t == "inf" else float(t)
+        self.threshold_ = math.inf if t is None else float(t)
         self.weight_ = np.asarray(params["weight"], dtype=np.float64)
         self.bias_ = np.asarray(params["bias"], dtype=np.float64)
         self.nll_ = float(params.get("nll", float("nan")))
