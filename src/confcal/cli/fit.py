@@ -52,7 +52,7 @@ def run(args) -> int:
             raise ValueError(f"--per-class/--category-ids: only for det-ts and det-platt, not {args.method}")
         # raw arrays: fit validates them and records the input kind in the manifest
         cal.fit(load_array(args.logits, name="logits"), load_array(args.labels, name="labels"),
-                input_kind=args.input_kind, **side)
+                input_kind=args.input_kind or "logits", **side)
     save_manifest(cal, args.output)
     rec = cal.fit_record_
     if args.json:
