@@ -120,7 +120,7 @@ def test_non_numeric_hyperparameter_names_it(fitted, capsys):
     d, _ = fitted
     assert main(["fit", "--logits", str(d / "z.npy"), "--labels", str(d / "y.npy"), "--method", "ts",
                  "--param", "t_max=abc", "-o", str(d / "o.json")]) == 2
-    assert "ts: hyper-parameter t_max expects a number (default 100.0), got 'abc'" in capsys.readouterr().err
+    assert "ts: t_max: expected a finite number > 0, got 'abc'" in capsys.readouterr().err
     assert not (d / "o.json").exists()
 
 

@@ -114,22 +114,26 @@ def _two_layer_state(width: str, inputs: str, outputs: int, hidden_layers: int) 
     return Fields(fields)
 
 
+#: ``T = exp(log_t)`` divides the logits: T below e^-100 would overflow them
+_LOG_T = Real(log=True, ge=-100)
+#: ``w = exp(log_w)`` multiplies them: w above e^100 would
+_LOG_GAIN = Real(log=True, le=100)
+
 #: per logit map (``parameters.map``): the specs of ``map_config`` and ``map_state``.
-#: Log-scale raw parameters (``T = exp(log_t)``, ...) are ``Real(log=True)``.
 MAP_VARIANTS = {
     "identity": {"map_config": _k_config(), "map_state": Fields({})},
-    "ts": {"map_config": _k_config(), "map_state": Fields({"log_t": Real(log=True)})},
+    "ts": {"map_config": _k_config(), "map_state": Fields({"log_t": _LOG_T})},
     "vs": {"map_config": _k_config(),
            "map_state": Fields({"weight": Array(("n_classes",)), "bias": Array(("n_classes",))})},
     "ms": {"map_config": _k_config(on_log_probs=Bool(), reg_lambda=Real(ge=0), reg_mu=Real(ge=0)),
            "map_state": Fields({"weight": Array(("n_classes", "n_classes")), "bias": Array(("n_classes",))})},
     "ets": {"map_config": _k_config(),
-            "map_state": Fields({"log_t": Real(log=True), "mix_logits": Array((3,), Real(log=True))})},
+            "map_state": Fields({"log_t": _LOG_T, "mix_logits": Array((3,))})},
     "pts": {"map_config": _k_config(top_k=Int(ge=1, bind="top_k"), hidden=Int(ge=1, bind="hidden")),
             "map_state": _two_layer_state("hidden", "top_k", 1, 2)},
     "lb": {"map_config": _k_config(), "map_state": Fields({"c_raw": Real(), "cc_raw": Real()})},
     "dpb": {"map_config": _k_config(),
-            "map_state": Fields({"log_w": Array(("n_classes",), Real(log=True)), "log_d": Real(log=True)})},
+            "map_state": Fields({"log_w": Array(("n_classes",), _LOG_GAIN), "log_d": Real(log=True)})},
 }
 
 

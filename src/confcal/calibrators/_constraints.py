@@ -14,8 +14,9 @@ A spec checks one JSON value at a *path* and raises a one-line ``ValueError``
 symbols (``"n_classes"``, ``"n_features"``, ...): the first occurrence binds a
 symbol, later ones must agree, and the loader binds ``n_classes`` from the
 manifest first. Plain real parameters must lie in ``[-MAX_ABS, MAX_ABS]`` and
-log-scale ones in ``[-MAX_LOG, MAX_LOG]``: no fit produces values outside, and
-beyond them the maps overflow float64 and return NaN.
+log-scale ones in ``[-MAX_LOG, MAX_LOG]`` (tighter on the side where ``exp`` of
+them multiplies the logits): no fit produces values outside, and beyond them the
+maps overflow float64 and return NaN.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ __all__ = ["Spec", "Real", "Int", "Bool", "Choice", "Text", "Nullable", "Array",
 
 #: largest magnitude of a plain real parameter (weights, biases, centroids)
 MAX_ABS = 1e100
-#: largest magnitude of a log-scale parameter (``exp`` of it stays far from overflow)
-MAX_LOG = 100.0
+#: largest magnitude of a log-scale parameter (``exp`` of it stays finite in float64)
+MAX_LOG = 700.0
 
 _REPR_LIMIT = 60
 
@@ -439,7 +440,7 @@ NLL = Opt(Real())
 N_ITER = Opt(Int(ge=0))
 SEED = Nullable(Int(ge=0, le=2 ** 32 - 1))
 #: hyper-parameters every calibrator may have (added by the base class)
-COMMON_HYPER = {"input_kind": Choice("logits", "probs")}
+COMMON_HYPER = {"input_kind": Nullable(Choice("logits", "probs"))}
 
 
 def _hyper_table(cls) -> dict:

@@ -266,7 +266,8 @@ def calibrator_from_dict(manifest: dict[str, Any], *, n_classes: int | None = No
 
 
 def make_calibrator(method: str, params: dict | None = None) -> Calibrator:
-    """``METHODS[method](**params)`` with errors that name the method and its hyper-parameters."""
+    """``METHODS[method](**params)`` with errors that name the method and its hyper-parameters
+    (checked against the method's ``hyper_constraints``)."""
     if method not in METHODS:
         raise ValueError(f"method: unknown {method!r}; known: {sorted(METHODS)}")
     cls = METHODS[method]
@@ -274,12 +275,5 @@ def make_calibrator(method: str, params: dict | None = None) -> Calibrator:
     unknown = sorted(set(params) - set(cls._param_names()))
     if unknown:
         raise ValueError(f"{method}: unknown hyper-parameter(s) {unknown}; it takes {cls._param_names()}")
-    defaults = {p.name: p.default for p in inspect.signature(cls.__init__).parameters.values()}
-    for name, value in params.items():
-        default = defaults.get(name)
-        # a number where the method expects one (bool is not a number here)
-        if (isinstance(default, (int, float)) and not isinstance(default, bool) and value is not None
-                and (isinstance(value, bool) or not isinstance(value, (int, float)))):
-            raise ValueError(f"{method}: hyper-parameter {name} expects a number (default {default!r}), "
-                             f"got {value!r}")
+    check_hyperparameters(cls, params, where=method)  # early and named, before any data is read
     return cls(**params)

@@ -49,7 +49,13 @@ def _sorted(keys) -> list:
 
 def group_rows(keys, expected=()) -> dict[Hashable, np.ndarray]:
     """``{key: row indices}`` for a sequence of hashable keys (plus ``expected`` keys with no rows),
-    keys sorted."""
+    keys sorted.
+
+    Examples
+    --------
+    >>> group_rows(["b", "a", "b"], expected=["c"])
+    {'a': array([1]), 'b': array([0, 2]), 'c': array([], dtype=int64)}
+    """
     index: dict[Hashable, list[int]] = {k: [] for k in expected}
     for i, k in enumerate(keys):
         index.setdefault(k, []).append(i)
@@ -81,7 +87,7 @@ def fit_groups(fit_one: Callable[[np.ndarray | None], Any], keys, *, min_samples
     fit_one : callable taking row indices (``None`` = all rows) and returning a fit
     keys : sequence ``(n_samples,)`` of hashable group keys
     min_samples : groups with fewer rows fall back to the pooled fit
-    labels : if given (0/1), a group holding one label only falls back
+    labels : if given, a group holding one label only falls back (binary targets)
     reject : if given, ``reject(fit)`` returns None to keep a group's own fit, or the
         reason (a phrase) why the group falls back
     pooled : an already made pooled fit (skips the pooled call)
@@ -92,6 +98,17 @@ def fit_groups(fit_one: Callable[[np.ndarray | None], Any], keys, *, min_samples
     Returns
     -------
     GroupFits
+
+    Examples
+    --------
+    >>> import warnings
+    >>> labels = [0, 1, 1, 0, 1, 1]
+    >>> keys = ["a", "a", "a", "a", "b", "b"]
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore")
+    ...     fits = fit_groups(lambda rows: "pooled" if rows is None else len(rows), keys, min_samples=3)
+    >>> fits.fits, fits.fallback, fits.fit_for("b")
+    ({'a': 4}, {'b': 'fewer than min_samples=3 calibration samples'}, 'pooled')
     """
     if pooled is None:
         pooled = fit_one(None)
@@ -125,7 +142,17 @@ def fit_groups(fit_one: Callable[[np.ndarray | None], Any], keys, *, min_samples
 
 def route_groups(keys, known, *, what: str = "group", pooled_name: str = "the pooled fit",
                  stacklevel: int = 3) -> dict[Hashable, np.ndarray]:
-    """``{key: row indices}`` at predict time; keys not in ``known`` (unseen at fit time) get one warning."""
+    """``{key: row indices}`` at predict time; keys not in ``known`` (unseen at fit time) get one warning.
+
+    Examples
+    --------
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     rows = route_groups(["a", "z", "a"], known={"a": 10}, what="domain")
+    >>> rows["z"], str(caught[0].message)
+    (array([1]), "domains ['z'] were not seen at fit time; they use the pooled fit")
+    """
     rows = group_rows(keys)
     unseen = [k for k in rows if k not in known]
     if unseen:
@@ -135,7 +162,14 @@ def route_groups(keys, known, *, what: str = "group", pooled_name: str = "the po
 
 
 def grouped_fields(group: Fields) -> Fields:
-    """Manifest spec of a grouped fit whose pooled and per-group parameters follow ``group``."""
+    """Manifest spec of a grouped fit whose pooled and per-group parameters follow ``group``.
+
+    Examples
+    --------
+    >>> from confcal.calibrators import TemperatureScaling
+    >>> sorted(grouped_fields(TemperatureScaling.fitted_constraints).fields)
+    ['fallback_groups', 'group_counts', 'groups', 'pooled']
+    """
     return Fields({"pooled": group, "groups": Pairs(GroupKey(), group),
                    "group_counts": Opt(Pairs(GroupKey(), Int(ge=0))), "fallback_groups": Opt(ListOf(GroupKey()))})
 
