@@ -267,13 +267,13 @@ class _BoxScoreCalibrator(Calibrator):
         return [tuple(_key_part(p[i]) for p in parts) for i in range(n)]
 
     # --------------------------------------------------------------------- fit
-    def fit(self, scores, labels, *, input_kind: str = "logits", domains=None, category_ids=None):
+    def fit(self, scores, labels, *, sample_weight=None, domains=None, category_ids=None):
         """Fit on matched detections.
 
         Parameters
         ----------
         scores : float ``(n_boxes,)`` box scores, or ``(n_boxes, n_classes)`` class
-            logits/probabilities (``det-ts`` only; ``input_kind`` applies to these)
+            logits/probabilities (``det-ts`` only; the ``input_kind`` hyper-parameter applies to these)
         labels : 0/1 ``(n_boxes,)`` (1 = true positive) for 1-D scores; class
             indices (``-1`` = no target, left out) for class vectors
         domains : optional ``(n_boxes,)`` ids; given at fit time, the fit is per domain
@@ -281,6 +281,9 @@ class _BoxScoreCalibrator(Calibrator):
 
         Raises ``ValueError``/``TypeError`` naming the bad argument.
         """
+        if sample_weight is not None:
+            raise ValueError(f"sample_weight: method {self.method!r} does not support sample weights yet")
+        input_kind = self._input_kind()
         kind, x, y, keep = self._inputs(scores, labels, input_kind)
         if y is None:
             raise ValueError("labels: required for fit")
@@ -343,14 +346,14 @@ class _BoxScoreCalibrator(Calibrator):
                           "or only one label; they use the pooled map", CalibrationWarning, stacklevel=4)
 
     # ----------------------------------------------------------------- predict
-    def predict_proba(self, scores, *, input_kind: str = "logits", domains=None, category_ids=None):
+    def predict_proba(self, scores, *, domains=None, category_ids=None):
         """Calibrated probabilities, float64: ``(n_boxes, 2)`` (columns: false, true
         positive) for 1-D scores, ``(n_boxes, n_classes)`` for class vectors.
 
         Groups unseen at fit time use the pooled map (one ``CalibrationWarning`` per call).
         """
         self._check_fitted()
-        kind, x, _, _ = self._inputs(scores, None, input_kind)
+        kind, x, _, _ = self._inputs(scores, None, self._input_kind())
         if kind != self.kind_:
             raise ValueError(f"scores: calibrator was fitted on {self.kind_} inputs, got shape {x.shape}")
         if kind == "multiclass" and x.shape[1] != self.n_classes_:
@@ -452,7 +455,9 @@ class DetectionTemperatureScaling(_BoxScoreCalibrator):
     supports_multiclass = True
 
     def __init__(self, per_class: bool = False, bias: bool = False, clip_scores: bool = False,
-                 min_samples: int = 20, t_min: float = DEFAULT_T_BOUNDS[0], t_max: float = DEFAULT_T_BOUNDS[1]):
+                 min_samples: int = 20, t_min: float = DEFAULT_T_BOUNDS[0], t_max: float = DEFAULT_T_BOUNDS[1],
+                 input_kind: str = "logits"):
+        self.input_kind = input_kind
         self.per_class = per_class
         self.bias = bias
         self.clip_scores = clip_scores
@@ -515,7 +520,8 @@ class DetectionPlattScaling(_BoxScoreCalibrator):
     method = "det-platt"
 
     def __init__(self, per_class: bool = False, increasing: bool = True, platt_targets: bool = True,
-                 min_samples: int = 20):
+                 min_samples: int = 20, input_kind: str = "logits"):
+        self.input_kind = input_kind
         self.per_class = per_class
         self.increasing = increasing
         self.platt_targets = platt_targets

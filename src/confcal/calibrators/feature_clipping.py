@@ -58,10 +58,17 @@ class FeatureClipping(Calibrator):
     method = "fc"
     side_inputs = ("features",)
 
-    def __init__(self, weight: list | None = None, bias: list | None = None, max_residual: float = 1e-3):
+    def __init__(self, weight: list | None = None, bias: list | None = None, max_residual: float = 1e-3,
+                 input_kind: str = "logits"):
+        self.input_kind = input_kind
         self.weight = weight
         self.bias = bias
         self.max_residual = max_residual
+
+    def _sample_weight_refusal(self):
+        return "its layer recovery and threshold scan are unweighted (not implemented)"
+
+    one_logit_head = False  # the last layer has one output per class
 
     def _layer(self, x, features):
         n, k = x.shape
