@@ -38,8 +38,8 @@ class Prepared:
         with torch.no_grad():
             self.z, self.mask = mask_neg_inf(logit_map.preprocess(z))
         self.features = features
-        # normalised to sum 1, so the weighted mean is a dot product (None: plain mean)
-        self.weight = None if sample_weight is None else _normalised(to_torch(sample_weight))
+        # as given (an integer weight counts as repeated rows, also for quantiles); None: plain mean
+        self.weight = None if sample_weight is None else to_torch(sample_weight)
 
     def rows(self, idx) -> "Prepared":
         if idx is None:
@@ -48,12 +48,8 @@ class Prepared:
         out.z = self.z[idx]
         out.mask = None if self.mask is None else self.mask[idx]
         out.features = None if self.features is None else self.features[idx]
-        out.weight = None if self.weight is None else _normalised(self.weight[idx])
+        out.weight = None if self.weight is None else self.weight[idx]
         return out
-
-
-def _normalised(w: torch.Tensor) -> torch.Tensor:
-    return w / w.sum()
 
 
 def weighted_quantiles(v: torch.Tensor, levels, weight: torch.Tensor | None = None) -> list[float]:
@@ -109,7 +105,7 @@ class Composite(nn.Module):
         if idx is not None:
             prep, y = prep.rows(idx), y[idx]
         logp = self.link.log_prob_of(self.logits(prep), y, prep.z)
-        out = -(logp.mean() if prep.weight is None else (logp * prep.weight).sum())
+        out = -(logp.mean() if prep.weight is None else (logp * prep.weight).sum() / prep.weight.sum())
         return out + self.map.penalty() if with_penalty else out
 
 

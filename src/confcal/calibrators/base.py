@@ -245,7 +245,13 @@ class Calibrator(ClassifierMixin, BaseEstimator, abc.ABC):
         """
         input_kind = self._input_kind()
         x = self._validate_logits(logits)
-        y = check_labels(labels, x.shape[0], x.shape[1])
+        try:
+            y = check_labels(labels, x.shape[0], x.shape[1])
+        except ValueError as exc:
+            if not (np.ndim(logits) == 1 or (np.ndim(logits) == 2 and np.shape(logits)[1] == 1)):
+                raise
+            raise ValueError(f"{exc} (logits of shape {np.shape(logits)} are read as a binary model with one "
+                             "logit, a sigmoid head: labels must be 0 or 1)") from None
         w = self._check_sample_weight(sample_weight, x.shape[0])
         side = self._check_side(side, x.shape[0])
         if w is None:

@@ -122,13 +122,14 @@ class FeatureClipping(Calibrator):
         return softmax(np.clip(features, -c, c) @ self.weight_.T + self.bias_)
 
     def _get_fitted(self):
-        return {"threshold": self.threshold_ if math.isfinite(self.threshold_) else "inf",
+        # no clipping (c = inf) is stored as null: JSON has no inf, and the loader refuses "inf" strings
+        return {"threshold": self.threshold_ if math.isfinite(self.threshold_) else None,
                 "weight": self.weight_.tolist(), "bias": self.bias_.tolist(),
                 "nll": self.nll_, "base_nll": self.base_nll_}
 
     def _set_fitted(self, params):
         t = params["threshold"]
-        self.threshold_ = math.inf if t == "inf" else float(t)
+        self.threshold_ = math.inf if t is None else float(t)
         self.weight_ = np.asarray(params["weight"], dtype=np.float64)
         self.bias_ = np.asarray(params["bias"], dtype=np.float64)
         self.nll_ = float(params.get("nll", float("nan")))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from confcal.calibrators._compose import MapCalibrator
-from confcal.calibrators._maps import _softplus_inv
+from confcal.calibrators._maps import _softplus_inv, mask_neg_inf
 from confcal.calibrators._tsfit import fit_temperature
 from confcal.calibrators.base import register
 
@@ -62,7 +62,9 @@ class ParameterizedTemperatureScaling(MapCalibrator):
         return {"n_classes": n_classes, "top_k": self.top_k, "hidden": self.hidden}
 
     def _init_map(self, m, z, y, features, sample_weight=None):
-        m.set_input_stats(z)
+        # the network sees -inf (masked) logits as their row's smallest finite one (Composite.prepare);
+        # its input statistics must too, or one -inf makes them -inf / NaN
+        m.set_input_stats(mask_neg_inf(z)[0])
         t = fit_temperature(z.numpy(), y.numpy(), warn=False).temperature
         with torch.no_grad():
             m.net[-1].bias.fill_(_softplus_inv(max(t - m.t_floor, 1e-6)))
