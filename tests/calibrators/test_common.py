@@ -45,9 +45,9 @@ FAST = {
 #: methods whose fit is a weighted mean and not mini-batch: sample_weight must act as repetition
 WEIGHTED = ["ts", "grouped-ts", "set-ts", "cluster-ts", "cluster-ts-regression", "domain-ensemble", "vs", "ms",
             "dirichlet", "ets", "lb", "dpb", "pb", "pb-lower", "pb-upper", "ts+pb", "vs+pb", "ms+pb",
-            "dirichlet+pb", "ets+pb"]
+            "dirichlet+pb", "ets+pb", "det-ts", "det-platt"]
 NON_CONVEX = {"lb", "dpb", "pb", "pb-lower", "pb-upper", "ts+pb", "vs+pb", "ms+pb", "dirichlet+pb", "ets+pb"}
-NO_WEIGHTS = ["pts", "pts+pb", "pb-mlp", "fc", "det-ts", "det-platt"]
+NO_WEIGHTS = ["pts", "pts+pb", "pb-mlp", "fc"]
 NO_SIDE = [m for m in ALL if m not in BOX and not METHODS[m].side_inputs]
 
 
@@ -60,7 +60,7 @@ def data(name: str, n: int = 60, k: int = 3, seed: int = 0):
     rng = np.random.default_rng(seed)
     if name in BOX:
         s = rng.uniform(0.02, 0.98, size=n)
-        return s, (rng.uniform(size=n) < s).astype(np.int64), {}
+        return s, (rng.uniform(size=n) < s).astype(np.int64), {"domains": rng.integers(0, 2, size=n)}
     side = {}
     if name == "fc":
         f = rng.normal(size=(n, 4))
