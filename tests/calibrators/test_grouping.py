@@ -117,15 +117,23 @@ def test_single_label_and_rejected_groups_fall_back():
 # ------------------------------------------------------------- box scores as logits
 def test_det_ts_on_raw_logits_oracle():
     """sigmoid(20 / T) = 3/4 gives T = 20 / ln 3; logit 30 then maps to 3^1.5 / (1 + 3^1.5)."""
-    cal = DetectionTemperatureScaling().fit(np.array([20.0, 20, 20, 20]), np.array([1, 1, 1, 0]),
-                                            input_kind="logits")
+    cal = DetectionTemperatureScaling(input_kind="logits").fit(np.array([20.0, 20, 20, 20]),
+                                                               np.array([1, 1, 1, 0]))
     assert cal.temperature_ == pytest.approx(20 / math.log(3), rel=1e-9)
     assert cal.temperature_ == pytest.approx(18.2048, abs=5e-5)
-    p = cal.predict_score(np.array([30.0]))  # input_kind defaults to the fit's
+    p = cal.predict_score(np.array([30.0]))  # input_kind is a hyper-parameter: logits at predict time too
     assert p[0] == pytest.approx(3 ** 1.5 / (1 + 3 ** 1.5), rel=1e-9)
     assert p[0] == pytest.approx(0.838610, abs=5e-7)
     back = load_calibrator(json.loads(json.dumps(cal.to_dict())))
     assert back.predict_score(np.array([30.0]))[0] == p[0]
+
+
+def test_det_ts_probability_scores_lose_the_oracle_when_saturated():
+    """The same data as float32 sigmoid outputs: every score is exactly 1, so T cannot be recovered."""
+    s = expit(np.array([20.0, 20, 20, 20])).astype(np.float32)
+    with pytest.warns(CalibrationWarning, match="4 of 4 probability scores"):
+        cal = DetectionTemperatureScaling().fit(s, np.array([1, 1, 1, 0]))
+    assert abs(cal.temperature_ - 20 / math.log(3)) > 1
 
 
 def test_saturated_probability_scores_warn_with_their_count():
@@ -136,4 +144,23 @@ def test_saturated_probability_scores_warn_with_their_count():
         DetectionTemperatureScaling().fit(s, np.array([1, 1, 1, 0, 1, 0]))
     with warnings.catch_warnings():
         warnings.simplefilter("error", CalibrationWarning)
-        DetectionTemperatureScaling().fit(z, np.array([1, 1, 1, 0, 1, 0]), input_kind="logits")
+        DetectionTemperatureScaling(input_kind="logits").fit(z, np.array([1, 1, 1, 0, 1, 0]))
+
+
+def test_integer_weights_equal_repeated_rows_even_after_a_group_warns():
+    """Weights 0/1/2 give the fit of the data with rows removed / kept / doubled; a group whose
+    own fit warns (separable: T on its bound) does not disturb the groups after it."""
+    z, y = _data(5, n=240)
+    dom = np.array(["a", "b", "c"])[np.arange(240) % 3]
+    sep = dom == "a"
+    z[sep] = 0.0
+    z[sep, y[sep]] = 30.0  # group "a" is perfectly separated: its T stops on t_min
+    w = np.arange(240) % 3 % 2 + (np.arange(240) % 5 == 0)  # 0, 1 and 2
+    rep = np.repeat(np.arange(240), w.astype(int))
+    with pytest.warns(CalibrationWarning, match="domain 'a': temperature fit stopped at the search bound"):
+        weighted = GroupedTemperatureScaling().fit(z, y, domains=dom, sample_weight=w.astype(float))
+    with pytest.warns(CalibrationWarning):
+        repeated = GroupedTemperatureScaling().fit(z[rep], y[rep], domains=dom[rep])
+    for d in ("a", "b", "c"):
+        assert weighted.temperatures_[d] == pytest.approx(repeated.temperatures_[d], rel=1e-9)
+    assert weighted.temperature_ == pytest.approx(repeated.temperature_, rel=1e-9)

@@ -29,19 +29,20 @@ class LogisticFit:
     at_bound: bool
 
 
-def _logistic_stats(x, t, w, b):
+def _logistic_stats(x, t, w, b, sw=None):
     u = w * x + b
-    loss = float(np.mean(t * np.logaddexp(0.0, -u) + (1.0 - t) * np.logaddexp(0.0, u)))
+    mean = np.mean if sw is None else (lambda v: float(np.dot(v, sw)))  # sw sums to 1
+    loss = float(mean(t * np.logaddexp(0.0, -u) + (1.0 - t) * np.logaddexp(0.0, u)))
     p = expit(u)
     r = p - t
     h = p * (1.0 - p)
-    g = np.array([np.mean(r * x), np.mean(r)])
-    hm = np.array([[np.mean(h * x * x), np.mean(h * x)], [np.mean(h * x), np.mean(h)]])
+    g = np.array([mean(r * x), mean(r)])
+    hm = np.array([[mean(h * x * x), mean(h * x)], [mean(h * x), mean(h)]])
     return loss, g, hm
 
 
 def fit_logistic(x, y, *, slope_bounds=(0.0, math.inf), fit_bias: bool = True, targets: str = "hard",
-                 tol: float = 1e-10, max_iter: int = 200) -> LogisticFit:
+                 tol: float = 1e-10, max_iter: int = 200, sample_weight=None) -> LogisticFit:
     """Minimise the mean Bernoulli NLL of ``sigmoid(slope * x + bias)`` exactly.
 
     Projected Newton on ``(slope, bias)`` (the NLL is convex) with a backtracking
@@ -56,6 +57,8 @@ def fit_logistic(x, y, *, slope_bounds=(0.0, math.inf), fit_bias: bool = True, t
     fit_bias : if false, ``bias = 0``
     targets : ``"hard"`` (``t = y``) or ``"platt"`` (``t+ = (N+ + 1)/(N+ + 2)``,
         ``t- = 1/(N- + 2)``, Platt 1999), which keeps the optimum finite on separable data
+    sample_weight : optional ``(n,)`` >= 0; the weighted mean NLL is minimised (and ``N+``,
+        ``N-`` are weight sums), so an integer weight is the same as repeating the box
 
     Returns a :class:`LogisticFit`; ``at_bound`` is true when the slope ended on a bound.
     """
@@ -64,18 +67,22 @@ def fit_logistic(x, y, *, slope_bounds=(0.0, math.inf), fit_bias: bool = True, t
     lo, hi = (float(v) for v in slope_bounds)
     if not (0.0 <= lo < hi):
         raise ValueError(f"slope_bounds: expected 0 <= lo < hi, got {slope_bounds!r}")
+    sw = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
+    if sw is not None:
+        sw = sw / sw.sum()
     if targets == "hard":
         t = y
     elif targets == "platt":
-        n_pos = float(y.sum())
-        n_neg = float(y.size - n_pos)
+        n_all = float(y.size) if sample_weight is None else float(np.sum(sample_weight))
+        n_pos = float(y.sum()) if sample_weight is None else float(np.dot(y, sample_weight))
+        n_neg = n_all - n_pos
         t = np.where(y > 0.5, (n_pos + 1.0) / (n_pos + 2.0), 1.0 / (n_neg + 2.0))
     else:
         raise ValueError(f"targets: expected 'hard' or 'platt', got {targets!r}")
-    tbar = float(np.clip(t.mean(), 1e-12, 1 - 1e-12))
+    tbar = float(np.clip(t.mean() if sw is None else np.dot(t, sw), 1e-12, 1 - 1e-12))
     w = min(max(1.0, lo), hi)
     b = math.log(tbar / (1.0 - tbar)) if fit_bias else 0.0
-    loss, g, hm = _logistic_stats(x, t, w, b)
+    loss, g, hm = _logistic_stats(x, t, w, b, sw)
     n_iter = 0
     for n_iter in range(1, max_iter + 1):
         free_w = not ((w <= lo and g[0] > 0) or (w >= hi and g[0] < 0))
@@ -99,7 +106,7 @@ def fit_logistic(x, y, *, slope_bounds=(0.0, math.inf), fit_bias: bool = True, t
         for _ in range(60):
             w_new = min(max(w + alpha * step[0], lo), hi)
             b_new = b + alpha * step[1]
-            loss_new, g_new, hm_new = _logistic_stats(x, t, w_new, b_new)
+            loss_new, g_new, hm_new = _logistic_stats(x, t, w_new, b_new, sw)
             if loss_new <= loss + 1e-4 * alpha * float(g @ (np.array([w_new - w, b_new - b]) / alpha)) \
                     or loss_new < loss:
                 improved = True

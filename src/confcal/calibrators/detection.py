@@ -132,7 +132,7 @@ def _key_part(v):
 def _grouped_fields(group: Fields) -> Fields:
     """Manifest parameters of a box-score calibrator whose per-group fit is ``group``."""
     return Fields({"kind": Choice("binary", "multiclass"), "by_domain": Bool(),
-                   "score_kind": Opt(Choice("probs", "logits", "raw")), "pooled": group,
+                   "pooled": group,
                    "groups": Pairs(GroupKey(), group), "group_counts": Opt(Pairs(GroupKey(), Int(ge=0))),
                    "fallback_groups": Opt(ListOf(GroupKey()))})
 
@@ -149,9 +149,14 @@ class _BoxScoreCalibrator(Calibrator):
     supports_multiclass = False
 
     # -------------------------------------------------------------- validation
+    def _input_kind(self):
+        """``None`` is allowed here: 1-D scores are then probabilities, class vectors logits."""
+        kind = self.input_kind
+        if kind not in (None, "logits", "probs"):
+            raise ValueError(f"input_kind: expected 'logits', 'probs' or None, got {kind!r}")
+        return kind
+
     def _inputs(self, scores, labels, input_kind):
-        if input_kind not in (None, "logits", "probs"):
-            raise ValueError(f"input_kind: expected 'logits', 'probs' or None, got {input_kind!r}")
         arr = as_numpy(scores, "scores")
         if arr.ndim == 1:
             x = self._features(arr, input_kind)
@@ -193,16 +198,13 @@ class _BoxScoreCalibrator(Calibrator):
         return [tuple(_key_part(p[i]) for p in parts) for i in range(n)]
 
     # --------------------------------------------------------------------- fit
-    def fit(self, scores, labels, *, input_kind: str | None = None, domains=None, category_ids=None):
+    def fit(self, scores, labels, *, sample_weight=None, domains=None, category_ids=None):
         """Fit on matched detections.
 
         Parameters
         ----------
         scores : float ``(n_boxes,)`` box scores, or ``(n_boxes, n_classes)`` class
             logits/probabilities (``det-ts`` only)
-        input_kind : None (default), ``"logits"`` or ``"probs"``. ``det-ts``: 1-D scores are
-            probabilities unless ``"logits"`` (raw detector logits, no clipping needed);
-            class vectors are logits unless ``"probs"``. ``det-platt`` takes raw scores either way.
         labels : 0/1 ``(n_boxes,)`` (1 = true positive) for 1-D scores; class
             indices (``-1`` = no target, left out) for class vectors
         domains : optional ``(n_boxes,)`` ids; given at fit time, the fit is per domain
@@ -211,28 +213,32 @@ class _BoxScoreCalibrator(Calibrator):
         Raises ``ValueError``/``TypeError`` naming the bad argument.
         """
         self._check_hyperparameters()
-        self.score_kind_ = self._score_kind(input_kind)
+        input_kind = self._input_kind()
         kind, x, y, keep = self._inputs(scores, labels, input_kind)
         if y is None:
             raise ValueError("labels: required for fit")
+        w = self._check_sample_weight(sample_weight, x.shape[0])
         d, c = self._side(x.shape[0], domains, category_ids, fitting=True)
         if keep is not None:
             x = x[keep]
             d = None if d is None else d[keep]
             c = None if c is None else c[keep]
+            w = None if w is None else w[keep]
+        if w is not None and not w.sum() > 0:
+            raise ValueError("sample_weight: every box with a class target has weight 0")
         if x.shape[0] == 0:
             raise ValueError("labels: no box has a class target (all labels are -1)")
         self.kind_ = kind
         self.by_domain_ = d is not None
         self.n_classes_ = 2 if kind == "binary" else int(x.shape[1])
-        self._fit(x, y, domains=d, category_ids=c)
+        self._fit(x, y, domains=d, category_ids=c, sample_weight=w)
         after = self._proba(x, d, c, warn_unseen=False)
         before = self._raw_proba(x)
         self.fit_record_ = {
             "n_samples": int(x.shape[0]),
             "n_left_out": int((~keep).sum()) if keep is not None else 0,
-            "data_sha256": _sha256(x, y, *[a for a in (d, c) if a is not None]),
-            "input_kind": self.score_kind_ if kind == "binary" else (input_kind or "logits"),
+            "data_sha256": _sha256(x, y, *[a for a in (d, c, w) if a is not None]),
+            "input_kind": self._score_kind(input_kind) if kind == "binary" else (input_kind or "logits"),
             "metrics_before": self._metrics(before, y),
             "metrics_after": self._metrics(after, y),
             "library_version": _library_version(),
@@ -241,7 +247,7 @@ class _BoxScoreCalibrator(Calibrator):
         return self
 
     def _score_kind(self, input_kind) -> str:
-        """What 1-D scores are: ``"probs"`` (default) or ``"logits"``; ``"raw"`` for det-platt."""
+        """What 1-D scores are (the fit record's ``input_kind``): ``"probs"`` unless ``"logits"``."""
         return "logits" if input_kind == "logits" else "probs"
 
     def _metrics(self, probs, y):
@@ -251,31 +257,35 @@ class _BoxScoreCalibrator(Calibrator):
         return {"precision": float(y.mean()), "mean_confidence": float(p.mean()),
                 "d_ece": detection_ece(p, y, 15), "nll": binary_nll(p, y), "brier": binary_brier(p, y)}
 
-    def _fit(self, x, y, domains=None, category_ids=None):
+    def _fit(self, x, y, domains=None, category_ids=None, sample_weight=None):
+        w = sample_weight
         keys = self._group_keys(x.shape[0], domains, category_ids, self.by_domain_)
         if keys is None:
-            self.pooled_ = self._fit_group(x, y, "pooled")
+            self.pooled_ = self._fit_group(x, y, "pooled", w)
             self.groups_, self.group_counts_, self.fallback_groups_ = {}, {}, []
             return
-        fits = fit_groups(lambda rows: self._fit_group(x if rows is None else x[rows],
-                                                       y if rows is None else y[rows], rows),
-                          keys, min_samples=self.min_samples, labels=y if self.kind_ == "binary" else None,
-                          what="group", pooled_name="the pooled map", stacklevel=5)
+
+        def fit_one(rows):
+            if rows is None:
+                return self._fit_group(x, y, "pooled", w)
+            return self._fit_group(x[rows], y[rows], rows, None if w is None else w[rows])
+
+        # a box of weight 0 counts as absent; an integer weight as that many repeated boxes
+        fits = fit_groups(fit_one, keys, min_samples=self.min_samples, sample_weight=w,
+                          labels=y if self.kind_ == "binary" else None, what="group",
+                          pooled_name="the pooled map", stacklevel=5)
         self.pooled_, self.groups_ = fits.pooled, fits.fits
         self.group_counts_, self.fallback_groups_ = fits.counts, list(fits.fallback)
 
     # ----------------------------------------------------------------- predict
-    def predict_proba(self, scores, *, input_kind: str | None = None, domains=None, category_ids=None):
+    def predict_proba(self, scores, *, domains=None, category_ids=None):
         """Calibrated probabilities, float64: ``(n_boxes, 2)`` (columns: false, true
         positive) for 1-D scores, ``(n_boxes, n_classes)`` for class vectors.
 
         Groups unseen at fit time use the pooled map (one ``CalibrationWarning`` per call).
-        ``input_kind=None`` reads 1-D scores as at fit time.
         """
         self._check_fitted()
-        if input_kind is None and as_numpy(scores, "scores").ndim == 1 and self.score_kind_ != "raw":
-            input_kind = self.score_kind_
-        kind, x, _, _ = self._inputs(scores, None, input_kind)
+        kind, x, _, _ = self._inputs(scores, None, self._input_kind())
         if kind != self.kind_:
             raise ValueError(f"scores: calibrator was fitted on {self.kind_} inputs, got shape {x.shape}")
         if kind == "multiclass" and x.shape[1] != self.n_classes_:
@@ -314,8 +324,7 @@ class _BoxScoreCalibrator(Calibrator):
     def _get_fitted(self):
         enc = lambda k: list(k)  # noqa: E731  tuples -> JSON lists
         return {
-            "kind": self.kind_, "by_domain": self.by_domain_, "score_kind": self.score_kind_,
-            "pooled": self.pooled_,
+            "kind": self.kind_, "by_domain": self.by_domain_, "pooled": self.pooled_,
             "groups": [[enc(k), v] for k, v in self.groups_.items()],
             "group_counts": [[enc(k), v] for k, v in self.group_counts_.items()],
             "fallback_groups": [enc(k) for k in self.fallback_groups_],
@@ -324,7 +333,6 @@ class _BoxScoreCalibrator(Calibrator):
     def _set_fitted(self, params):
         self.kind_ = params["kind"]
         self.by_domain_ = bool(params["by_domain"])
-        self.score_kind_ = params.get("score_kind", "probs")
         self.pooled_ = dict(params["pooled"])
         self.groups_ = {tuple(k): dict(v) for k, v in params["groups"]}
         self.group_counts_ = {tuple(k): int(v) for k, v in params.get("group_counts", [])}
@@ -347,6 +355,10 @@ class DetectionTemperatureScaling(_BoxScoreCalibrator):
     clip_scores : clip scores outside [0, 1] into it instead of raising
     min_samples : groups with fewer boxes use the pooled map
     t_min, t_max : search range of every temperature
+    input_kind : None (default: 1-D scores are probabilities, class vectors logits),
+        ``"logits"`` (1-D raw detector logits, taken as they are: no clip, no
+        saturation) or ``"probs"`` (both are probabilities). Probability scores that
+        are exactly 0 or 1 in their dtype give a warning with their count.
 
     Attributes
     ----------
@@ -364,7 +376,9 @@ class DetectionTemperatureScaling(_BoxScoreCalibrator):
                                                  "at_bound": Opt(Bool())}))
 
     def __init__(self, per_class: bool = False, bias: bool = False, clip_scores: bool = False,
-                 min_samples: int = 20, t_min: float = DEFAULT_T_BOUNDS[0], t_max: float = DEFAULT_T_BOUNDS[1]):
+                 min_samples: int = 20, t_min: float = DEFAULT_T_BOUNDS[0], t_max: float = DEFAULT_T_BOUNDS[1],
+                 input_kind: str | None = None):
+        self.input_kind = input_kind
         self.per_class = per_class
         self.bias = bias
         self.clip_scores = clip_scores
@@ -388,12 +402,13 @@ class DetectionTemperatureScaling(_BoxScoreCalibrator):
         p = expit(x)
         return np.stack([1.0 - p, p], axis=1)
 
-    def _fit_group(self, x, y, key):
+    def _fit_group(self, x, y, key, sample_weight=None):
         if self.kind_ == "multiclass" or not self.bias:
             z = x if self.kind_ == "multiclass" else np.stack([np.zeros_like(x), x], axis=1)
-            res = fit_temperature(z, y, t_bounds=(self.t_min, self.t_max))
+            res = fit_temperature(z, y, sample_weight=sample_weight, t_bounds=(self.t_min, self.t_max))
             return {"temperature": res.temperature, "bias": 0.0, "nll": res.nll, "at_bound": res.at_bound}
-        res = fit_logistic(x, y, slope_bounds=(1.0 / self.t_max, 1.0 / self.t_min), fit_bias=True)
+        res = fit_logistic(x, y, slope_bounds=(1.0 / self.t_max, 1.0 / self.t_min), fit_bias=True,
+                           sample_weight=sample_weight)
         if res.at_bound:
             warnings.warn(f"temperature fit stopped at the search bound T = {1.0 / res.slope:g}",
                           CalibrationWarning, stacklevel=4)
@@ -432,7 +447,8 @@ class DetectionPlattScaling(_BoxScoreCalibrator):
     fitted_constraints = _grouped_fields(Fields({"a": Real(), "b": Real(), "nll": NLL, "at_bound": Opt(Bool())}))
 
     def __init__(self, per_class: bool = False, increasing: bool = True, platt_targets: bool = True,
-                 min_samples: int = 20):
+                 min_samples: int = 20, input_kind: str = "logits"):
+        self.input_kind = input_kind
         self.per_class = per_class
         self.increasing = increasing
         self.platt_targets = platt_targets
@@ -442,19 +458,19 @@ class DetectionPlattScaling(_BoxScoreCalibrator):
         return _check_scores(arr).astype(np.float64)
 
     def _score_kind(self, input_kind) -> str:
-        return "raw"
+        return "scores"  # raw scores, whatever input_kind says
 
     def _raw_proba(self, x):
         p = np.clip(x, 0.0, 1.0)  # raw scores as if probabilities, for the "before" metrics
         return np.stack([1.0 - p, p], axis=1)
 
-    def _fit_group(self, x, y, key):
+    def _fit_group(self, x, y, key, sample_weight=None):
+        targets = "platt" if self.platt_targets else "hard"
         if self.increasing:
-            res = fit_logistic(x, y, slope_bounds=(0.0, math.inf),
-                               targets="platt" if self.platt_targets else "hard")
+            res = fit_logistic(x, y, slope_bounds=(0.0, math.inf), targets=targets, sample_weight=sample_weight)
         else:  # unconstrained slope: fit on -x and x and keep the better (both convex, slope >= 0)
-            pos = fit_logistic(x, y, targets="platt" if self.platt_targets else "hard")
-            neg = fit_logistic(-x, y, targets="platt" if self.platt_targets else "hard")
+            pos = fit_logistic(x, y, targets=targets, sample_weight=sample_weight)
+            neg = fit_logistic(-x, y, targets=targets, sample_weight=sample_weight)
             res = pos if pos.nll <= neg.nll else LogisticFit(-neg.slope, neg.bias, neg.nll, neg.n_iter, False)
         if self.increasing and res.at_bound and res.slope == 0.0:
             warnings.warn("Platt slope a = 0: the scores carry no increasing signal on this set, so every box "

@@ -64,10 +64,17 @@ class FeatureClipping(Calibrator):
     fitted_constraints = Fields({"threshold": Nullable(Real(gt=0)), "weight": Array(("n_classes", "n_features")),
                                  "bias": Array(("n_classes",)), "nll": NLL, "base_nll": NLL})
 
-    def __init__(self, weight: list | None = None, bias: list | None = None, max_residual: float = 1e-3):
+    def __init__(self, weight: list | None = None, bias: list | None = None, max_residual: float = 1e-3,
+                 input_kind: str = "logits"):
+        self.input_kind = input_kind
         self.weight = weight
         self.bias = bias
         self.max_residual = max_residual
+
+    def _sample_weight_refusal(self):
+        return "its layer recovery and threshold scan are unweighted (not implemented)"
+
+    one_logit_head = False  # the last layer has one output per class
 
     def _layer(self, x, features):
         n, k = x.shape
@@ -121,6 +128,7 @@ class FeatureClipping(Calibrator):
         return softmax(np.clip(features, -c, c) @ self.weight_.T + self.bias_)
 
     def _get_fitted(self):
+        # no clipping (c = inf) is stored as null: JSON has no inf, and the loader refuses "inf" strings
         return {"threshold": self.threshold_ if math.isfinite(self.threshold_) else None,
                 "weight": self.weight_.tolist(), "bias": self.bias_.tolist(),
                 "nll": self.nll_, "base_nll": self.base_nll_}

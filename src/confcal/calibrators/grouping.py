@@ -78,6 +78,7 @@ class GroupFits:
 
 def fit_groups(fit_one: Callable[[np.ndarray | None], Any], keys, *, min_samples: int = 1, labels=None,
                reject: Callable[[Any], str | None] | None = None, pooled=None, expected=(),
+               sample_weight=None,
                what: str = "group", pooled_name: str = "the pooled fit", min_name: str = "min_samples",
                stacklevel: int = 3) -> GroupFits:
     """Fit ``fit_one(rows)`` on all rows (``rows=None``, unless ``pooled`` is given) and on each group.
@@ -92,6 +93,9 @@ def fit_groups(fit_one: Callable[[np.ndarray | None], Any], keys, *, min_samples
         reason (a phrase) why the group falls back
     pooled : an already made pooled fit (skips the pooled call)
     expected : keys that are groups even without rows (they count 0 and fall back)
+    sample_weight : optional ``(n_samples,)`` weights: a row of weight 0 is absent (a group
+        with no other rows is left out, unless ``expected``), and a group's size for
+        ``min_samples`` is its total weight (an integer weight counts as repeated rows)
     what, pooled_name, min_name : words for the warnings ("domain", "the pooled temperature",
         the hyper-parameter that holds ``min_samples``)
 
@@ -102,7 +106,6 @@ def fit_groups(fit_one: Callable[[np.ndarray | None], Any], keys, *, min_samples
     Examples
     --------
     >>> import warnings
-    >>> labels = [0, 1, 1, 0, 1, 1]
     >>> keys = ["a", "a", "a", "a", "b", "b"]
     >>> with warnings.catch_warnings():
     ...     warnings.simplefilter("ignore")
@@ -114,10 +117,19 @@ def fit_groups(fit_one: Callable[[np.ndarray | None], Any], keys, *, min_samples
         pooled = fit_one(None)
     out = GroupFits(pooled=pooled)
     reasons: dict[str, list] = {}
+    w = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
+    mass = {}
+    expected = set(expected)
     for key, rows in group_rows(keys, expected).items():
+        if w is not None:
+            rows = rows[w[rows] > 0]
+            if rows.size == 0 and key not in expected:
+                continue
+        size = rows.size if w is None else float(w[rows].sum())
         out.counts[key] = int(rows.size)
+        mass[key] = size
         reason = None
-        if rows.size < min_samples:
+        if size < min_samples:
             reason = f"fewer than {min_name}={min_samples} calibration samples"
         elif labels is not None and np.unique(np.asarray(labels)[rows]).size < 2:
             reason = "one label only"
@@ -128,13 +140,14 @@ def fit_groups(fit_one: Callable[[np.ndarray | None], Any], keys, *, min_samples
             reason = reject(fit) if reject is not None else None
             if reason is None:
                 out.fits[key] = fit
-                for w in caught:
-                    warnings.warn(f"{what} {key!r}: {w.message}", CalibrationWarning, stacklevel=stacklevel)
+                for caught_warning in caught:
+                    warnings.warn(f"{what} {key!r}: {caught_warning.message}", CalibrationWarning,
+                                  stacklevel=stacklevel)
         if reason is not None:
             out.fallback[key] = reason
             reasons.setdefault(reason, []).append(key)
     for reason, group in reasons.items():
-        sizes = [out.counts[k] for k in group]
+        sizes = [mass[k] if w is None or not float(mass[k]).is_integer() else int(mass[k]) for k in group]
         warnings.warn(f"{what}s {group} have {reason} (sizes {sizes}); they use {pooled_name}",
                       CalibrationWarning, stacklevel=stacklevel)
     return out
@@ -191,7 +204,10 @@ class GroupedCalibrator(Calibrator):
         Side input(s) whose values define the groups: ``"domains"``, ``"category_ids"``,
         or both (groups are then the crossed pairs).
     min_samples : int, default 1
-        Groups with fewer calibration rows use the pooled fit.
+        Groups with fewer calibration rows (total ``sample_weight``, when given) use the
+        pooled fit; groups whose rows all have weight 0 are left out, as if absent.
+    input_kind : {"logits", "probs"}, default "logits"
+        What ``fit`` and ``predict_proba`` receive (see :class:`~confcal.calibrators.base.Calibrator`).
 
     Attributes
     ----------
@@ -218,13 +234,15 @@ class GroupedCalibrator(Calibrator):
     hyper_constraints = {"base": Text(), "base_params": Nullable(Fields({}, extra_ok=True)),
                          "by": Choice("domains", "category_ids", ("category_ids", "domains"),
                                       ["category_ids", "domains"]),
-                         "min_samples": Int(ge=1)}
+                         "min_samples": Int(ge=1)}  # + input_kind (COMMON_HYPER)
 
-    def __init__(self, base: str = "ts", base_params: dict | None = None, by="domains", min_samples: int = 1):
+    def __init__(self, base: str = "ts", base_params: dict | None = None, by="domains", min_samples: int = 1,
+                 input_kind: str = "logits"):
         self.base = base
         self.base_params = base_params
         self.by = by
         self.min_samples = min_samples
+        self.input_kind = input_kind
 
     # ----------------------------------------------------------- for subclasses
     def _by(self) -> tuple[str, ...]:
@@ -248,21 +266,29 @@ class GroupedCalibrator(Calibrator):
     _what = "group"
 
     # ------------------------------------------------------------------ fit
-    def _fit(self, logits, labels, **side):
+    def _sample_weight_refusal(self):
+        return self._make_base()._sample_weight_refusal()
+
+    def _fit(self, logits, labels, sample_weight=None, **side):
         k = logits.shape[1]
 
         def fit_one(rows):
             cal = self._make_base()
             if rows is None:
                 cal._check_hyperparameters()
-                cal._fit(logits, labels)
+                x, y, w = logits, labels, sample_weight
             else:
-                cal._fit(logits[rows], labels[rows])
+                x, y = logits[rows], labels[rows]
+                w = None if sample_weight is None else sample_weight[rows]
+            if w is None:
+                cal._fit(x, y)
+            else:
+                cal._fit(x, y, sample_weight=w)
             cal.n_classes_ = k
             return cal
 
-        fits = fit_groups(fit_one, self._keys(side), min_samples=self.min_samples, what=self._what,
-                          pooled_name=f"the pooled {self._what} fit", stacklevel=5)
+        fits = fit_groups(fit_one, self._keys(side), min_samples=self.min_samples, sample_weight=sample_weight,
+                          what=self._what, pooled_name=f"the pooled {self._what} fit", stacklevel=5)
         self.pooled_ = fits.pooled
         self.groups_ = fits.fits
         self.group_counts_ = fits.counts

@@ -49,7 +49,9 @@ class TemperatureScaling(Calibrator):
     fitted_constraints = Fields({"temperature": TEMPERATURE, "nll": NLL, "n_iter": N_ITER,
                                  "at_bound": Opt(Bool())})
 
-    def __init__(self, t_min: float = DEFAULT_T_BOUNDS[0], t_max: float = DEFAULT_T_BOUNDS[1]):
+    def __init__(self, t_min: float = DEFAULT_T_BOUNDS[0], t_max: float = DEFAULT_T_BOUNDS[1],
+                 input_kind: str = "logits"):
+        self.input_kind = input_kind
         self.t_min = t_min
         self.t_max = t_max
 
@@ -106,7 +108,8 @@ class GroupedTemperatureScaling(GroupedCalibrator):
     _what = "domain"
 
     def __init__(self, t_min: float = DEFAULT_T_BOUNDS[0], t_max: float = DEFAULT_T_BOUNDS[1],
-                 min_samples: int = 1):
+                 min_samples: int = 1, input_kind: str = "logits"):
+        self.input_kind = input_kind
         self.t_min = t_min
         self.t_max = t_max
         self.min_samples = min_samples
