@@ -37,7 +37,6 @@ calibration rows whose top probability is tied.
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -167,7 +166,9 @@ class ProbabilityBounding(Calibrator):
     ``p = bcsoftmax(map_X(z); a, b)`` (Atarashi et al., eq. 10-11 for X = none,
     eq. 27 for X = TS). Use a registered preset (``pb``, ``pb-lower``,
     ``pb-upper``, ``ts+pb``, ``vs+pb``, ``ms+pb``, ``dirichlet+pb``, ``ets+pb``,
-    ``pts+pb``, ``pb-mlp``); each fixes ``base``, ``bounds`` and ``bound_model``.
+    ``pts+pb``, ``pb-mlp``): each is a registry entry that fixes ``base``, ``bounds``
+    and ``bound_model`` (:class:`~confcal.calibrators.base.Preset`); ``method`` is the
+    name of the entry whose fixed values match, ``pb`` for any other combination.
 
     Parameters
     ----------
@@ -191,8 +192,8 @@ class ProbabilityBounding(Calibrator):
     tie_rate_ : fraction of calibration rows with a tied top probability
     n_iter_ : optimiser iterations / steps of the joint refinement
 
-    Raises ``ValueError`` for an unknown base / bounds / bound_model or one that
-    contradicts the preset.
+    ``fit`` raises ``ValueError`` for an unknown base / bounds / bound_model;
+    ``METHODS[preset](base=...)`` for one that contradicts the preset.
     """
 
     def __init__(self, base: str = "none", bounds: str = "both", bound_model: str = "uniform",
@@ -227,7 +228,8 @@ class ProbabilityBounding(Calibrator):
         if self.bound_model not in ("uniform", "mlp"):
             raise ValueError(f"bound_model: expected 'uniform' or 'mlp', got {self.bound_model!r}")
         if self.base_params is not None and not isinstance(self.base_params, dict):
-            raise ValueError(f"base_params: expected a dict of X's hyper-parameters or None, got {self.base_params!r}")
+            raise ValueError(f"base_params: expected a dict of X's hyper-parameters or None, "
+                             f"got {self.base_params!r}")
 
     def _sample_weight_refusal(self):
         if self.base == "pts" or self.bound_model == "mlp":

@@ -329,15 +329,15 @@ class _BoxScoreCalibrator(Calibrator):
                 "d_ece": detection_ece(p, y, 15), "nll": binary_nll(p, y), "brier": binary_brier(p, y)}
 
     def _fit(self, x, y, domains=None, category_ids=None, sample_weight=None):
-        w = sample_weight
-        self.pooled_ = self._fit_group(x, y, "pooled", w)
+        sw = sample_weight
+        self.pooled_ = self._fit_group(x, y, "pooled", sw)
         self.groups_, self.group_counts_, self.fallback_groups_ = {}, {}, []
         keys = self._group_keys(x.shape[0], domains, category_ids, self.by_domain_)
         if keys is None:
             return
         index: dict[tuple, list[int]] = {}
         for i, k in enumerate(keys):
-            if w is None or w[i] > 0:  # a box of weight 0 counts as absent
+            if sw is None or sw[i] > 0:  # a box of weight 0 counts as absent
                 index.setdefault(k, []).append(i)
         for k in sorted(index, key=repr):
             idx = np.asarray(index[k])
@@ -345,12 +345,12 @@ class _BoxScoreCalibrator(Calibrator):
             yk = y[idx]
             single = self.kind_ == "binary" and (yk.min() == yk.max())
             # an integer weight counts as that many repeated boxes
-            if (idx.size if w is None else w[idx].sum()) < self.min_samples or single:
+            if (idx.size if sw is None else sw[idx].sum()) < self.min_samples or single:
                 self.fallback_groups_.append(k)
                 continue
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", CalibrationWarning)
-                self.groups_[k] = self._fit_group(x[idx], yk, k, None if w is None else w[idx])
+                self.groups_[k] = self._fit_group(x[idx], yk, k, None if sw is None else sw[idx])
             for w in caught:
                 warnings.warn(f"group {k!r}: {w.message}", CalibrationWarning, stacklevel=4)
         if self.fallback_groups_:

@@ -123,23 +123,23 @@ class GroupedTemperatureScaling(Calibrator):
 
     def _fit(self, logits, labels, domains, sample_weight=None):
         bounds = (self.t_min, self.t_max)
-        w = sample_weight
-        self.temperature_ = fit_temperature(logits, labels, sample_weight=w, t_bounds=bounds).temperature
+        sw = sample_weight
+        self.temperature_ = fit_temperature(logits, labels, sample_weight=sw, t_bounds=bounds).temperature
         self.temperatures_, self.domain_counts_ = {}, {}
         small = []
         # a domain whose rows all have weight 0 is left out, as if absent
-        for d in np.unique(domains if w is None else domains[w > 0]):
+        for d in np.unique(domains if sw is None else domains[sw > 0]):
             idx = np.flatnonzero(domains == d)
             key = _id_key(d)
             self.domain_counts_[key] = int(idx.size)
             # an integer weight counts as that many repeated samples
-            if (idx.size if w is None else w[idx].sum()) < self.min_samples:
+            if (idx.size if sw is None else sw[idx].sum()) < self.min_samples:
                 small.append(key)
                 self.temperatures_[key] = self.temperature_
                 continue
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", CalibrationWarning)
-                res = fit_temperature(logits[idx], labels[idx], sample_weight=None if w is None else w[idx],
+                res = fit_temperature(logits[idx], labels[idx], sample_weight=None if sw is None else sw[idx],
                                       t_bounds=bounds)
             for w in caught:
                 warnings.warn(f"domain {key!r}: {w.message}", CalibrationWarning, stacklevel=4)
