@@ -116,8 +116,11 @@ def test_sklearn_checks_without_data(name):
 
 @pytest.mark.parametrize("name", NO_SIDE)
 def test_sklearn_checks_with_their_data(name):
-    """Their 20 x 3 data are valid 3-class logits with labels in {0, 1, 2}."""
+    """Their 20 x 3 data are valid 3-class logits with labels in {0, 1, 2} (check_fit_idempotent's:
+    2-class logits around 100 with 0/1 labels). check_estimators_pickle's data (3 classes, 2 columns)
+    are not logits: the pickle check below is the equivalent."""
     est = make(name)
+    ec.check_fit_idempotent(name, est)
     ec.check_dont_overwrite_parameters(name, est)
     ec.check_methods_subset_invariance(name, est)
     ec.check_methods_sample_order_invariance(name, est)
@@ -266,6 +269,24 @@ def test_integer_weights_equal_repetition_and_zero_equals_removal(name):
         # iterative optimisers stop on a tolerance: the same optimum, reached along different rounding paths
         np.testing.assert_allclose(pa, pb, rtol=0, atol=1e-6)
         np.testing.assert_allclose(pa, pc, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["grouped-ts", "det-ts"])
+def test_weighted_group_fits_with_a_warning_group(name):
+    """A group whose fit warns (separable: T on its bound) before the other groups."""
+    x, y, side, w, rep = _weight_case(name, seed=5, n=60)
+    side["domains"] = np.repeat([0, 1, 2], 20)
+    if name == "det-ts":
+        x[:20] = np.where(y[:20] == 1, 0.99, 0.01)
+    else:
+        x[:20] = 0.0
+        x[np.arange(20), y[:20]] = 30.0
+    w[:20] = np.maximum(w[:20], 1)
+    with pytest.warns(CalibrationWarning, match=r"domain 0:|group \(0,\):"):
+        warnings.simplefilter("always", CalibrationWarning)
+        a = make(name).fit(x, y, sample_weight=w, **side)
+    b = make(name).fit(x[rep], y[rep], **rows(side, rep))
+    np.testing.assert_allclose(a.predict_proba(x, **side), b.predict_proba(x, **side), rtol=0, atol=1e-9)
 
 
 def test_weights_change_the_fit():

@@ -37,7 +37,6 @@ calibration rows whose top probability is tied.
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -229,7 +228,9 @@ class ProbabilityBounding(Calibrator):
     ``p = bcsoftmax(map_X(z); a, b)`` (Atarashi et al., eq. 10-11 for X = none,
     eq. 27 for X = TS). Use a registered preset (``pb``, ``pb-lower``,
     ``pb-upper``, ``ts+pb``, ``vs+pb``, ``ms+pb``, ``dirichlet+pb``, ``ets+pb``,
-    ``pts+pb``, ``pb-mlp``); each fixes ``base``, ``bounds`` and ``bound_model``.
+    ``pts+pb``, ``pb-mlp``): each is a registry entry that fixes ``base``, ``bounds``
+    and ``bound_model`` (:class:`~confcal.calibrators.base.Preset`); ``method`` is the
+    name of the entry whose fixed values match, ``pb`` for any other combination.
 
     Parameters
     ----------
@@ -253,8 +254,8 @@ class ProbabilityBounding(Calibrator):
     tie_rate_ : fraction of calibration rows with a tied top probability
     n_iter_ : optimiser iterations / steps of the joint refinement
 
-    Raises ``ValueError`` for an unknown base / bounds / bound_model or one that
-    contradicts the preset.
+    ``fit`` raises ``ValueError`` for an unknown base / bounds / bound_model;
+    ``METHODS[preset](base=...)`` for one that contradicts the preset.
     """
 
     hyper_constraints = {"base": Choice(*BASES), "bounds": Choice(*BOUND_MODES),
