@@ -21,7 +21,6 @@ maps overflow float64 and return NaN.
 
 from __future__ import annotations
 
-import math
 import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable

@@ -40,7 +40,6 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
 from scipy.special import expit

@@ -12,7 +12,7 @@ import numpy as np
 
 from confcal._numeric import softmax
 from confcal.calibrators._constraints import NLL, N_ITER, T_BOUNDS, T_RULE, TEMPERATURE, Bool, Fields, Int, Opt
-from confcal.calibrators._tsfit import DEFAULT_T_BOUNDS, CalibrationWarning, fit_temperature
+from confcal.calibrators._tsfit import DEFAULT_T_BOUNDS, fit_temperature
 from confcal.calibrators.base import Calibrator, register
 from confcal.calibrators.grouping import GroupedCalibrator, grouped_fields, route_groups
 
