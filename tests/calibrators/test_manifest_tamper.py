@@ -8,10 +8,13 @@ import copy
 import inspect
 import json
 import math
+import os
 import warnings
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from confcal.calibrators import METHODS, calibrator_from_dict
 from confcal.calibrators._constraints import COMMON_HYPER
@@ -303,11 +306,11 @@ def test_pb_mlp_link_n_classes_zero_is_refused():
         calibrator_from_dict(m)
 
 
-@pytest.mark.parametrize("value", [1e308, 4.5, "4", True, 0, -4, None])
-def test_n_classes_must_be_a_positive_int(value):
+@pytest.mark.parametrize("value", [1e308, 4.5, "4", True, 1, 0, -4, None])
+def test_n_classes_must_be_an_int_of_at_least_two(value):
     m, _, _ = _manifest("ts")
     m["n_classes"] = value
-    with pytest.raises(ValueError, match=r"^manifest: n_classes: expected an integer >= 1, got "):
+    with pytest.raises(ValueError, match=r"^manifest: n_classes: expected an integer >= 2, got "):
         calibrator_from_dict(m)
 
 
@@ -421,3 +424,42 @@ def test_cli_apply_refuses_a_damaged_manifest(tmp_path, capsys, method, edit, me
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "p.npy").exists()
+
+
+# ------------------------------------------------------------------ any JSON value anywhere
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**30, 10**30) | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=6)
+
+
+def _all_paths(obj, path=()):
+    yield path
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _all_paths(v, path + (k,))
+    elif isinstance(obj, list) and obj:
+        yield from _all_paths(obj[0], path + (0,))
+
+
+@settings(max_examples=int(os.environ.get("TAMPER_EXAMPLES", 150)), suppress_health_check=[HealthCheck.too_slow])
+@given(method=st.sampled_from(["ts", "grouped-ts", "set-ts", "vs", "ts+pb", "fc", "det-ts", "cluster-ts"]),
+       pick=st.integers(0, 10**6), value=_json_values)
+def test_any_json_value_at_any_path_is_refused_in_one_line_or_sound(method, pick, value):
+    manifest, data, side = _manifest(method)
+    paths = [p for p in _all_paths(manifest) if p]
+    path = paths[pick % len(paths)]
+    bad = copy.deepcopy(manifest)
+    parent = bad
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = value
+    is_box = getattr(_cls(method), "takes_box_scores", False)
+    try:  # as `confcal apply` does: the logits' class count is checked against the manifest's
+        cal = calibrator_from_dict(bad, n_classes=None if is_box else data["z"].shape[1])
+    except ValueError as exc:
+        assert "\n" not in str(exc)
+        return
+    p = _predict(cal, data, side)
+    assert np.all(np.isfinite(p)) and np.allclose(p.sum(axis=1), 1.0)

@@ -439,7 +439,7 @@ NLL = Opt(Real())
 N_ITER = Opt(Int(ge=0))
 SEED = Nullable(Int(ge=0, le=2 ** 32 - 1))
 #: hyper-parameters every calibrator may have (added by the base class)
-COMMON_HYPER = {"input_kind": Nullable(Choice("logits", "probs"))}
+COMMON_HYPER = {"input_kind": Choice("logits", "probs")}
 
 
 def _hyper_table(cls) -> dict:
@@ -481,7 +481,7 @@ _TOP = Fields({
     "method": Text(),
     "hyperparameters": Fields({}, extra_ok=True),
     "parameters": Fields({}, extra_ok=True),
-    "n_classes": Int(ge=1),
+    "n_classes": Int(ge=2),  # a one-logit binary head counts as 2 classes
     "fit": Opt(Nullable(Fields({}, extra_ok=True))),
 })
 

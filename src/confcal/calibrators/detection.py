@@ -47,7 +47,7 @@ from scipy.special import expit
 from confcal._numeric import softmax
 from confcal._validation import as_numpy, check_domains, check_labels, check_logits
 from confcal.calibrators._constraints import NLL, T_BOUNDS, T_RULE, TEMPERATURE, Bool, Choice, Fields, GroupKey, \
-    Int, ListOf, Opt, Pairs, Real
+    Int, ListOf, Nullable, Opt, Pairs, Real
 from confcal.calibrators._logistic import LogisticFit, fit_logistic
 from confcal.calibrators._tsfit import DEFAULT_T_BOUNDS, CalibrationWarning, fit_temperature
 from confcal.calibrators.base import Calibrator, _library_version, _sha256, register, summary_metrics
@@ -369,7 +369,7 @@ class DetectionTemperatureScaling(_BoxScoreCalibrator):
     method = "det-ts"
     supports_multiclass = True
     hyper_constraints = {"per_class": Bool(), "bias": Bool(), "clip_scores": Bool(), "min_samples": Int(ge=1),
-                         **T_BOUNDS}
+                         **T_BOUNDS, "input_kind": Nullable(Choice("logits", "probs"))}
     hyper_rules = (T_RULE,)
     fitted_constraints = _grouped_fields(Fields({"temperature": TEMPERATURE, "bias": Real(), "nll": NLL,
                                                  "at_bound": Opt(Bool())}))
