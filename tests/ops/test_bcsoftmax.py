@@ -589,6 +589,22 @@ def test_torch_func_grad():
     torch.testing.assert_close(fg, x.grad)
 
 
+def test_autograd_uses_only_public_torch_api():
+    # Function.apply of the combined forward(ctx, ...) form serves eager calls
+    # at the speed the private _C._FunctionBase.apply used to buy.
+    from pathlib import Path
+    for path in Path(impl.__file__).parent.glob("*.py"):
+        assert "_FunctionBase" not in path.read_text(), path
+    g, a, b = _nondegenerate(3, n=4, K=6)
+    inputs = tuple(t.clone().requires_grad_() for t in (g, a, b, t64(0.7)))
+    assert type(bcsoftmax(*inputs[:3]).grad_fn).__name__ == "_BoxSoftmaxEagerBackward"
+    eager = torch.autograd.grad(bcsoftmax(*inputs[:3], tau=inputs[3]).square().sum(), inputs)
+    # torch.func.grad takes the form with a separate setup_context: both agree
+    fun = torch.func.grad(lambda *v: bcsoftmax(*v[:3], tau=v[3]).square().sum(), argnums=(0, 1, 2, 3))(*inputs)
+    for e, f in zip(eager, fun):
+        torch.testing.assert_close(e, f)
+
+
 # ---------------------------------------------------------------------------
 # solver health
 # ---------------------------------------------------------------------------

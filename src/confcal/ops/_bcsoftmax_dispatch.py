@@ -78,7 +78,7 @@ def _apply(name, logits, lower, upper, tau, dim, check):
         out = torch.softmax(xs, dim=-1)
     elif torch.is_grad_enabled() and (torch._C._are_functorch_transforms_active() or any(
             isinstance(v, torch.Tensor) and v.requires_grad for v in (x, a, b, t))):
-        out = _BoxSoftmax.fast_apply(x, a, b, t, check, eps, meta)[0]
+        out = _box_softmax(x, a, b, t, check, eps, meta)[0]
     else:  # nothing to differentiate: skip the autograd function's set-up
         out = _solve(x if t is None else x / t, a, b, check, eps, meta)[0]
     if not plain:
@@ -242,41 +242,45 @@ def _reduce_like(g, v):
     return g if v.shape[-1] == g.shape[-1] else g.sum(-1, keepdim=True)
 
 
+def _forward(x, a, b, tau, check, eps, meta):
+    """p, state, s = bcsoftmax(x / tau; a, b) on (M, K) rows (no graph)."""
+    xs = x if tau is None else x / tau
+    a_ = a.detach() if isinstance(a, torch.Tensor) else a
+    b_ = b.detach() if isinstance(b, torch.Tensor) else b
+    p, state, s, _ = _solve(xs.detach(), a_, b_, check, eps, meta)
+    return p, state, s
+
+
+def _setup_context(ctx, inputs, output):
+    x, a, b, tau, _, _, _ = inputs
+    p, state, s = output
+    ctx.mark_non_differentiable(state, s)
+    tau_t = isinstance(tau, torch.Tensor)
+    ctx.tau_float = None if tau_t else tau
+    # x / tau is only needed for d/dtau; recomputing it is cheap.
+    ctx.save_for_backward(p, state, s, x if tau_t and tau.requires_grad else None,
+                          a if isinstance(a, torch.Tensor) else None,
+                          b if isinstance(b, torch.Tensor) else None,
+                          tau if tau_t else None)
+
+
+def _box_softmax(*args):
+    """The autograd function applied to (x, a, b, tau, check, eps, meta),
+    through torch's public ``Function.apply`` only.  Eager calls take the
+    combined-form function, whose ``apply`` does not bind the arguments to
+    forward's signature with inspect on every call (a sizeable part of a
+    small call); torch.func transforms and torch.compile need the form with
+    a separate ``setup_context``."""
+    if torch._C._are_functorch_transforms_active() or torch.compiler.is_compiling():
+        return _BoxSoftmax.apply(*args)
+    return _BoxSoftmaxEager.apply(*args)
+
+
 class _BoxSoftmax(torch.autograd.Function):
     """p = bcsoftmax(x / tau; a, b) on (M, K) with the O(K) backward of eq. 43-45."""
 
-    @classmethod
-    def fast_apply(cls, *args):
-        """``apply`` without its step that binds the arguments to forward's
-        signature with inspect on every call (a third of a small call's
-        time): every argument is passed positionally.  Only outside torch.func
-        transforms and torch.compile, which need the plain ``apply``."""
-        if torch._C._are_functorch_transforms_active() or torch.compiler.is_compiling():
-            return cls.apply(*args)
-        return super(torch.autograd.Function, cls).apply(*args)
-
-    @staticmethod
-    def forward(x, a, b, tau, check, eps, meta):
-        xs = x if tau is None else x / tau
-        a_ = a.detach() if isinstance(a, torch.Tensor) else a
-        b_ = b.detach() if isinstance(b, torch.Tensor) else b
-        p, state, s, _ = _solve(xs.detach(), a_, b_, check, eps, meta)
-        return p, state, s
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        x, a, b, tau, _, _, _ = inputs
-        p, state, s = output
-        ctx.mark_non_differentiable(state, s)
-        ctx.a_kind = a if isinstance(a, float) else None
-        ctx.b_kind = b if isinstance(b, float) else None
-        tau_t = isinstance(tau, torch.Tensor)
-        ctx.tau_float = None if tau_t else tau
-        # x / tau is only needed for d/dtau; recomputing it is cheap.
-        ctx.save_for_backward(p, state, s, x if tau_t and tau.requires_grad else None,
-                              a if isinstance(a, torch.Tensor) else None,
-                              b if isinstance(b, torch.Tensor) else None,
-                              tau if tau_t else None)
+    forward = staticmethod(_forward)
+    setup_context = staticmethod(_setup_context)
 
     @staticmethod
     def backward(ctx, gp, _gstate=None, _gs=None):
@@ -320,3 +324,15 @@ class _BoxSoftmax(torch.autograd.Function):
         elif ctx.tau_float is not None:
             gx = gx / ctx.tau_float
         return gx, ga, gb, gt, None, None, None
+
+
+class _BoxSoftmaxEager(torch.autograd.Function):
+    """:class:`_BoxSoftmax` in the combined ``forward(ctx, ...)`` form."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = _forward(*inputs)
+        _setup_context(ctx, inputs, output)
+        return output
+
+    backward = staticmethod(_BoxSoftmax.backward)
