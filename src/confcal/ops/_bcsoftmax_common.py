@@ -11,14 +11,16 @@ import torch
 
 
 def _row_sum(v, M, K):
-    """Sum over classes of a bound in one of the four layouts: a float or an (M,) tensor."""
+    """Sum over classes of a bound in one of the four layouts: a float or an
+    (M,) tensor, accumulated in float64 (whether a box has room is decided
+    on these sums, at the bounds' own rounding)."""
     if isinstance(v, float):
         return v * K
     if v.ndim == 0:
         return float(v) * K
     if v.ndim == 1:
-        return float(v.sum())
-    return v.sum(-1) if v.shape[-1] == K else v[:, 0] * K
+        return float(v.sum(dtype=torch.float64))
+    return v.sum(-1, dtype=torch.float64) if v.shape[-1] == K else v[:, 0].to(torch.float64) * K
 
 
 def _rows(v, idx):
@@ -35,7 +37,7 @@ def _masked_sum(mask, v):
     return torch.linalg.vecdot(mask, v)
 
 
-def _emit(w, L, U, cl, a, b):
+def _emit(w, L, U, cl, a, b, free_mass=False):
     """Eq. 24 from one evaluation: clamped coordinates take their bound, the
     free ones share ``s = 1 - clamped mass`` in proportion to ``w``.  ``w``
     must be finite and proportional to exp(x) on the free coordinates (clip
@@ -43,7 +45,9 @@ def _emit(w, L, U, cl, a, b):
     ``L``, ``U``: 0/1 float masks of the lower/upper-clamped coordinates (or
     None).  Returns the probabilities, the clamp state (-1 lower, 0 free,
     +1 upper; stored so the backward pass never re-derives it from float
-    equality) and ``s``."""
+    equality) and ``s``; with ``free_mass`` also the sum of ``w`` over the
+    free coordinates (0 when it carried no mass: then the row sums to the
+    clamped mass, which the caller must repair)."""
     s = 1.0 - cl if isinstance(cl, torch.Tensor) else torch.full(w.shape[:1], 1.0 - cl, dtype=w.dtype, device=w.device)
     wf = w
     for mask in (L, U):  # w - w * mask: exactly 0 on clamped coordinates, w on free ones
@@ -58,4 +62,5 @@ def _emit(w, L, U, cl, a, b):
     state = U.to(torch.int8) if U is not None else None
     if L is not None:
         state = L.to(torch.int8).neg_() if state is None else state.sub_(L.to(torch.int8))
-    return p, state, s.clamp_min_(0.0)
+    s = s.clamp_min_(0.0)
+    return (p, state, s, sf) if free_mass else (p, state, s)

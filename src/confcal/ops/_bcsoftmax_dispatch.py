@@ -27,6 +27,23 @@ from ._bcsoftmax_sort import _SORT_MAX_SPREAD, _sorted_blocks
 _SORT_MAX_K = 64
 
 
+def feasibility_tol(K, eps):
+    """How far sum(lower) may exceed 1, or sum(upper) fall short of it, and
+    the box still be accepted (as feasible up to the rounding of K bounds
+    and of their sum in a dtype with machine epsilon ``eps``)."""
+    return max(K, 4) * eps
+
+
+def room_tol(eps):
+    """Below this distance of sum(lower) or sum(upper) from 1 the box is a
+    point (the bound itself).  Bounds meant to sum to one are off by at
+    most half an ulp each, eps/2 in total (the sums accumulate in float64);
+    a box with more room than this is solved, not snapped to its bound:
+    snapping within the feasibility tolerance instead gave float32 rows
+    summing to 1 + 1.96e-5 (K = 170)."""
+    return 2.0 * eps
+
+
 def _apply(name, logits, lower, upper, tau, dim, check):
     """The public operators' body: check and lay out the arguments, solve
     (through :class:`_BoxSoftmax` when something needs a gradient) and
@@ -151,7 +168,7 @@ def _solve_kernel(x, a, b, eps):
     s = np.empty(M, dtype=xn.dtype)
     upper_active = not (isinstance(b, float) and b >= 1.0)
     forward = _kernel.compiled()[0]
-    n_room = forward(xn, _bound_array(a), _bound_array(b), upper_active, max(K, 4) * eps, _SORT_MAX_SPREAD, p, state, s)
+    n_room = forward(xn, _bound_array(a), _bound_array(b), upper_active, eps, _SORT_MAX_SPREAD, p, state, s)
     if n_room < 0:
         return None
     return torch.from_numpy(p), torch.from_numpy(state), torch.from_numpy(s), int(n_room > 0)
@@ -184,7 +201,7 @@ def _solve_torch(x, a, b, check, eps, meta, method=None):
     # implies it), so it is dropped: fewer passes, and one-sided Newton.
     lower = None if isinstance(a, float) and a == 0.0 else a
     upper = None if isinstance(b, float) and b >= 1.0 else b
-    tol = max(K, 4) * eps
+    tol = feasibility_tol(K, eps)
     A = _row_sum(a, M, K)
     B = _row_sum(b, M, K)
     if neg is not None:
@@ -194,10 +211,12 @@ def _solve_torch(x, a, b, check, eps, meta, method=None):
     if check:
         _check_bounds(a, b, A, B, tol, None if neg is None else neg.any(-1), meta)
     # Rows whose box leaves no room (sum(lower) = 1 or sum(upper) = 1 up to
-    # rounding) are the bound itself.  (Without an upper bound, sum(upper) = 1
-    # means a single reachable class, which the iteration handles.)
-    at_lower = A >= 1.0 - tol
-    at_upper = (B <= 1.0 + tol) if upper is not None else False
+    # the bounds' own rounding) are the bound itself.  (Without an upper
+    # bound, sum(upper) = 1 means a single reachable class, which the
+    # iteration handles.)
+    room = room_tol(eps)
+    at_lower = A >= 1.0 - room
+    at_upper = (B <= 1.0 + room) if upper is not None else False
     if isinstance(at_lower, bool) and isinstance(at_upper, bool):
         if not (at_lower or at_upper):
             return _solve_room(x, lower, upper, eps, neg is not None, method)

@@ -85,21 +85,81 @@ def _evaluate(x, nu, a, b, bufs, sides):
     return e, f, cl_l, cl_u, e_l, e_u, code
 
 
-def _emit_at(e, a, b, cl, w=None, out_l=None):
+def _emit_at(e, a, b, cl, w=None, out_l=None, x=None, nu=None):
     """:func:`_emit` for the point whose exp(x - nu) is ``e`` (masks and
     clip recomputed by the same comparisons as in :func:`_evaluate`).
-    ``e`` is overwritten (by the upper mask)."""
+    ``e`` is overwritten (by the upper mask).  Rows whose free coordinates
+    carry no mass there are finished by :func:`_repair` from ``x - nu``."""
     w = _clip(e, a, b, out=w)
     L, U = _masks(e, a, b, out_l=out_l, out_u=e)
-    return _emit(w, L, U, cl, a, b)
+    p, state, s, sf = _emit(w, L, U, cl, a, b, free_mass=True)
+    stuck = (sf <= 0) & (torch.as_tensor(cl, dtype=p.dtype, device=p.device) != 1.0)
+    if bool(stuck.any()):
+        _repair(p, state, s, stuck.nonzero()[:, 0], x, nu, cl, a, b)
+    return p, state, s
 
 
-def _emit_rows(outs, rows, e, cl, a, b, bufs):
+def _dense_rows(v, rows, n, K, like):
+    """A bound in any layout as an (n, K) tensor for the given rows."""
+    if v is None or isinstance(v, float):
+        return torch.full((n, K), 0.0 if v is None else v, dtype=like.dtype, device=like.device)
+    v = _rows(v, rows)
+    return v.reshape(1, -1).expand(n, K) if v.ndim < 2 else v.expand(n, K)
+
+
+def _repair(p, state, s, rows, x, nu, cl, a, b):
+    """Eq. 24 for rows where it left the free mass ``1 - cl`` unplaced, in place.
+
+    The stop came within the all-clamped tolerance, where f = cl is not 1
+    (e.g. sum(upper) = 1 + 2e-5 in float32 at K = 170).  When cl < 1 and
+    some coordinates are free in exact arithmetic but their exp(x - nu)
+    underflowed (free, or at a lower bound of 0), they share the free mass
+    in proportion to exp(x - their max), which does not underflow.
+    Otherwise the root lies past the nearest breakpoint on its side: the
+    upper-clamped coordinate that leaves its bound first as nu grows (when
+    cl > 1), else the lower-clamped one that leaves first as nu falls.  That
+    coordinate alone turns free and takes the rest of the mass, provided the
+    result satisfies the KKT conditions (it lies in its box, and at its nu
+    every other coordinate still sits at its bound); a row that fails this
+    is left as it was, for the solution check to reject."""
+    z = x[rows] - nu[rows, None]  # log of exp(x - nu): no underflow
+    n, K = z.shape
+    st = state[rows]
+    c = cl[rows] if isinstance(cl, torch.Tensor) and cl.ndim else torch.as_tensor(cl, dtype=z.dtype).expand(n)
+    c = c.to(z.dtype)
+    ar, br = _dense_rows(a, rows, n, K, z), _dense_rows(b, rows, n, K, z)
+    under, over = c < 1.0, c > 1.0
+    # free in exact arithmetic (a masked -inf class stays at its bound)
+    free = ((st == 0) | ((st == -1) & (ar == 0))) & (z > -math.inf)
+    share = under & free.any(-1)
+    zf = z.masked_fill(~free, -math.inf)
+    wf = (zf - torch.where(share, zf.amax(-1), 0.0)[:, None]).exp()  # 0 off the free set
+    gain = torch.where(share[:, None] & free, wf * ((1.0 - c) / wf.sum(-1).clamp_min(1.0))[:, None], 0.0)
+    # otherwise: free the clamped coordinate nearest to its breakpoint
+    dist = torch.where(over[:, None], torch.where(st == 1, z - br.log(), math.inf),
+                       torch.where((st == -1) & (ar > 0), ar.log() - z, math.inf))
+    near, pick = dist.min(-1, keepdim=True)
+    a_pick, b_pick = ar.gather(1, pick)[:, 0], br.gather(1, pick)[:, 0]
+    freed = torch.where(over, b_pick, a_pick) + (1.0 - c)
+    # KKT at the freed coordinate's own nu (its log-value there is log(freed))
+    z_root = z - (z.gather(1, pick)[:, 0] - freed.clamp_min(0.0).log())[:, None]
+    slack = 4 * torch.finfo(z.dtype).eps * z.abs().clamp_min(1.0)
+    kkt = torch.where(st == 1, z_root >= br.log() - slack, torch.where(st == -1, z_root <= ar.log() + slack, True))
+    kkt = kkt.scatter_(1, pick, True).all(-1) & (freed > 0) & (freed >= a_pick) & (freed <= b_pick)
+    release = (over | (under & ~share)) & torch.isfinite(near[:, 0]) & kkt
+    one = torch.zeros_like(free).scatter_(1, pick, True) & release[:, None]
+    pr = torch.where(one, freed[:, None], p[rows].to(z.dtype) + gain)
+    st = torch.where(one | (share[:, None] & free), 0, st).to(torch.int8)
+    sr = torch.where(release, freed, torch.where(share, 1.0 - c, s[rows].to(z.dtype)))
+    p[rows], state[rows], s[rows] = pr.to(p.dtype), st, sr.to(s.dtype)
+
+
+def _emit_rows(outs, rows, e, cl, a, b, bufs, x, nu):
     """Eq. 24 for some finished rows, written into the output buffers;
-    ``e`` holds a copy of their exp(x - nu), ``bufs`` scratch (the clip and
-    the lower mask go there)."""
+    ``e`` holds a copy of their exp(x - nu) (``x``, ``nu``: their logits and
+    root), ``bufs`` scratch (the clip and the lower mask go there)."""
     n = e.shape[0]
-    p, st, sr = _emit_at(e, a, b, cl, bufs[1][:n], bufs[2][:n])
+    p, st, sr = _emit_at(e, a, b, cl, bufs[1][:n], bufs[2][:n], x, nu)
     outs[0][rows], outs[1][rows], outs[2][rows] = p, st, sr
 
 
@@ -167,7 +227,7 @@ def _iterate(x, a, b, eps, masked, sort_tail=True):
         done |= (hi - lo) <= 4 * eps * scale  # bracket at rounding width
         n_done = int(done.sum())
         if n_done == done.numel():
-            p, st, sr = _emit_at(e, aw, bw, cl, bufs[1][: e.shape[0]], bufs[2][: e.shape[0]])
+            p, st, sr = _emit_at(e, aw, bw, cl, bufs[1][: e.shape[0]], bufs[2][: e.shape[0]], xw, nu)
             if idx is None:
                 return p, st, sr, n_iter
             outs[0][idx], outs[1][idx], outs[2][idx] = p, st, sr
@@ -184,7 +244,7 @@ def _iterate(x, a, b, eps, masked, sort_tail=True):
                     idx = torch.arange(m, device=x.device)
                 if n_done:
                     d = done.nonzero()[:, 0]
-                    _emit_rows(outs, idx[d], e[d], _rows_1d(cl, d), _rows(aw, d), _rows(bw, d), bufs)
+                    _emit_rows(outs, idx[d], e[d], _rows_1d(cl, d), _rows(aw, d), _rows(bw, d), bufs, xw[d], nu[d])
                 rows = idx[keep]
                 outs[0][rows], outs[1][rows], outs[2][rows] = tail
                 return outs + (n_iter,)
@@ -243,7 +303,7 @@ def _iterate(x, a, b, eps, masked, sort_tail=True):
                         torch.empty(m, dtype=dt, device=x.device))
                 idx = torch.arange(m, device=x.device)
             d = done.nonzero()[:, 0]
-            _emit_rows(outs, idx[d], e[d], _rows_1d(cl, d), _rows(aw, d), _rows(bw, d), bufs)
+            _emit_rows(outs, idx[d], e[d], _rows_1d(cl, d), _rows(aw, d), _rows(bw, d), bufs, xw[d], nu[d])
             keep = (~done).nonzero()[:, 0]
             idx = idx[keep]
             xw, aw, bw = x[idx], _rows(a, idx), _rows(b, idx)
