@@ -1,13 +1,13 @@
 """Compiled CPU kernels for BCSoftmax (numba).
 
-The torch solvers of :mod:`confcal.ops.bcsoftmax` run a sequence of about
+The torch solvers of :mod:`confcal.ops.bcsoftmax` (sort-based and Newton) run a sequence of about
 50 batched ops per pass; on small inputs (e.g. 128 x 10) each op costs a few
 microseconds of dispatch, far more than its arithmetic, and on large ones
 every pass re-reads the whole batch.  These kernels solve one row at a time
 in compiled loops (one dispatch, the row in cache), forward and backward.
 
 The forward pass uses the breakpoint characterisation of the sort-based
-solver ``bcsoftmax._sorted`` (after the paper's Algorithms 1-2): the root of
+solver ``_bcsoftmax_sort._sorted`` (after the paper's Algorithms 1-2): the root of
 f(nu) = sum_i clip(exp(x_i - nu), a_i, b_i) - 1 lies on the piece next to
 the last breakpoint where f > 1, and eq. 24 on that piece's clamped sets is
 the exact answer.  Instead of sorting the 2K breakpoints it selects that one
