@@ -470,10 +470,10 @@ class DetectionTemperatureScaling(_BoxScoreCalibrator):
     >>> import numpy as np
     >>> from confcal.calibrators import DetectionTemperatureScaling
     >>> scores = np.full(3, 1 / (1 + np.exp(-2.0)))
-    >>> det = DetectionTemperatureScaling(min_samples=1).fit(scores, [1, 1, 0], input_kind="probs")
+    >>> det = DetectionTemperatureScaling(min_samples=1, input_kind="probs").fit(scores, [1, 1, 0])
     >>> round(det.temperature_, 4), round(2 / float(np.log(2)), 4)
     (2.8854, 2.8854)
-    >>> det.predict_proba(scores, input_kind="probs")[0].round(4).tolist()
+    >>> det.predict_proba(scores)[0].round(4).tolist()
     [0.3333, 0.6667]
     """
 
@@ -552,8 +552,8 @@ class DetectionPlattScaling(_BoxScoreCalibrator):
     >>> import numpy as np
     >>> from confcal.calibrators import DetectionPlattScaling
     >>> scores = np.full(3, 0.8)
-    >>> platt = DetectionPlattScaling(min_samples=1).fit(scores, [1, 1, 0], input_kind="probs")
-    >>> platt.predict_proba(scores, input_kind="probs")[0].round(4).tolist()
+    >>> platt = DetectionPlattScaling(min_samples=1, input_kind="probs").fit(scores, [1, 1, 0])
+    >>> platt.predict_proba(scores)[0].round(4).tolist()
     [0.3889, 0.6111]
     """
 
