@@ -13,19 +13,24 @@ from confcal.calibrators import (
     ClusterTemperatureScaling,
     DomainEnsembleTemperatureScaling,
     SetLevelTemperatureScaling,
+    SourceGatedTemperatureScaling,
     TemperatureScaling,
 )
 from confcal.evaluation.domain import (
-    CSV_COLUMNS,
     METHODS,
     DomainData,
     Split,
     all_splits,
     evaluate_split,
+    method_summary,
+    target_summary,
+)
+from confcal.evaluation.domain_tables import (
+    CSV_COLUMNS,
+    method_summary_table,
     results_to_rows,
     rows_to_csv,
     split_table,
-    target_summary,
     target_summary_table,
 )
 from confcal.metrics import bootstrap_ece, improvement_ratio
@@ -92,6 +97,11 @@ def test_every_method_matches_an_independent_recomputation(domains, result):
             "cluster-ts-regression": ClusterRegressionTemperatureScaling().fit(zc, yc, features=fc)
             .predict_proba(z, features=f),
             "domain-ensemble": DomainEnsembleTemperatureScaling().fit(zc, yc, features=fc)
+            .predict_proba(z, features=f),
+            "source-gated-ts": SourceGatedTemperatureScaling(source_domain="src").fit(
+                np.concatenate([domains["src"].logits, zc]), np.concatenate([domains["src"].labels, yc]),
+                features=np.concatenate([domains["src"].features, fc]),
+                domains=np.repeat(["src", "c1", "c2"], [len(domains[d]) for d in ("src", "c1", "c2")]))
             .predict_proba(z, features=f),
         }
     assert list(result.methods) == list(METHODS)
