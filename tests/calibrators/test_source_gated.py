@@ -50,25 +50,36 @@ def fit(data, **kw):
         return SourceGatedTemperatureScaling(**{"source_domain": "src", **kw}).fit(z, y, features=f, domains=dom)
 
 
-def brute_force_gate(pool_features, pool_domains, queries, k, domain_order):
-    """Oracle: standardise on the pool (population std), all pairwise distances, k smallest, Bayes rule."""
+def brute_force_gate(pool_features, pool_domains, queries, k, domain_order, floor):
+    """Oracle: standardise on the pool (population std), all pairwise distances, k smallest, Bayes rule;
+    the floor from every calibration row's k nearest other rows."""
     mean, std = pool_features.mean(0), pool_features.std(0)
     std[std == 0] = 1.0
     p = ((pool_features - mean) / std).astype(np.float32).astype(np.float64)
     q = ((queries - mean) / std).astype(np.float32).astype(np.float64)
-    dist = ((q[:, None, :] - p[None, :, :]) ** 2).sum(-1)
-    nearest = np.argsort(dist, axis=1, kind="stable")[:, :k]
     sizes = np.array([(pool_domains == d).sum() for d in domain_order], dtype=float)
-    rate = np.stack([(pool_domains[nearest] == d).sum(1) for d in domain_order], axis=1) / sizes
-    return rate[:, 0] / rate.sum(1)
+
+    def gate(dist):
+        nearest = np.argsort(dist, axis=1, kind="stable")[:, :k]
+        rate = np.stack([(pool_domains[nearest] == d).sum(1) for d in domain_order], axis=1) / sizes
+        return rate[:, 0] / rate.sum(1)
+
+    g = gate(((q[:, None, :] - p[None, :, :]) ** 2).sum(-1))
+    if floor == "none":
+        return g
+    self_dist = ((p[:, None, :] - p[None, :, :]) ** 2).sum(-1)
+    np.fill_diagonal(self_dist, np.inf)  # leave one out
+    f = np.median(gate(self_dist)[pool_domains != domain_order[0]])
+    return np.clip((g - f) / (1 - f), 0, 1)
 
 
+@pytest.mark.parametrize("floor", ["none", "loo-median"])
 @pytest.mark.parametrize("k", [1, 5, 20])
-def test_gate_matches_brute_force_knn(data, k):
+def test_gate_matches_brute_force_knn(data, k, floor):
     z, y, f, dom = data
-    cal = fit(data, n_neighbors=k, max_pool_size=None)
+    cal = fit(data, n_neighbors=k, max_pool_size=None, floor=floor)
     queries = np.random.default_rng(1).normal(0, 3, (200, 3))
-    ref = brute_force_gate(f, dom, queries, k, ["src", "a", "b"])
+    ref = brute_force_gate(f, dom, queries, k, ["src", "a", "b"], floor)
     np.testing.assert_allclose(cal.gate(queries), ref, rtol=0, atol=1e-12)
     assert cal.domains_ == ["src", "a", "b"] and cal.pool_sizes_.tolist() == [150, 300, 250]
     # the gate spans [0, 1] on these queries, with values in between once k > 1
@@ -189,8 +200,27 @@ def test_pool_allocation_is_max_min_fair(sizes, cap):
         assert keep[short].min() >= keep.max() - 1
 
 
+def test_floor_removes_the_small_source_offset():
+    """Half of a small source overlaps the calibration domains: there one stray source neighbour
+    (1/150 against 1/1000) leaves a raw gate of ~0.3-0.5; the floor maps such samples near 0."""
+    rng = np.random.default_rng(3)
+    parts = [make_rows(rng, n, 1.0, s) for n, s in ((150, 0.0), (150, -4.0), (1000, 0.0), (900, 0.0))]
+    z, y, f = (np.concatenate([p[i] for p in parts]) for i in range(3))
+    dom = np.repeat([0, 0, 1, 2], [150, 150, 1000, 900])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        raw = SourceGatedTemperatureScaling(source_domain=0, base="set-ts", floor="none").fit(
+            z, y, features=f, domains=dom)
+        floored = SourceGatedTemperatureScaling(source_domain=0, base="set-ts").fit(z, y, features=f, domains=dom)
+    assert raw.gate_floor_ == 0.0 and 0.1 < floored.gate_floor_ < 0.9
+    like_cal = rng.normal(0.0, 1.0, (400, 3))
+    assert np.median(raw.gate(like_cal)) > 0.15 and np.median(floored.gate(like_cal)) < 0.1
+    # source-only regions keep the full gate
+    assert np.all(floored.gate(rng.normal(-4.0, 0.3, (50, 3))) == 1.0)
+
+
 def test_n_neighbors_larger_than_the_pool_uses_all_rows(data):
-    cal = fit(data, n_neighbors=10_000, max_pool_size=50)
+    cal = fit(data, n_neighbors=10_000, max_pool_size=50, floor="none")
     assert cal.n_neighbors_ == 50
     # all rows are neighbours: g is the same equal-prior ratio for every query = 1/3
     np.testing.assert_allclose(cal.gate(np.zeros((2, 3))), 1 / 3)
@@ -221,6 +251,7 @@ def test_integer_source_given_as_string_matches(data):
     ({"n_neighbors": 0}, {}, "n_neighbors: expected an integer >= 1"),
     ({"max_pool_size": 1}, {}, "max_pool_size: expected None or an integer >= 2"),
     ({"base_params": [1]}, {}, "base_params: expected a dict"),
+    ({"floor": "mean"}, {}, "floor: expected one of"),
 ])
 def test_fit_errors(data, kwargs, fit_kw, message):
     z, y, f, dom = data
@@ -255,6 +286,7 @@ def test_predict_errors(data):
     ("source_temperature", -1.0, "source_temperature: expected > 0"),
     ("n_neighbors", 0, "n_neighbors: expected 1.."),
     ("pool_sizes", [1, 1, 1], "pool_domains: expected codes"),
+    ("gate_floor", 1.0, r"gate_floor: expected a value in \[0, 1\)"),
 ])
 def test_tampered_manifest_is_refused(data, field, value, message):
     manifest = json.loads(json.dumps(fit(data, base="set-ts", max_pool_size=60).to_dict()))

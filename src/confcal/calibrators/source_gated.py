@@ -20,6 +20,13 @@ Hart & Stork, *Pattern Classification*, 2nd ed., sec. 4.5; equal priors, so
 that the pool sizes do not decide). No target labels are used, and only the
 test sample's own features, as cluster-level TS already does.
 
+The floor: with a tiny source set (63 rows) one stray source neighbour is
+worth ``1/63`` against ``1/1000`` for a calibration row, so samples that are
+not source-like keep ``g`` around 0.2-0.4. By default the gate is rescaled as
+``(g - f) / (1 - f)``, clipped to ``[0, 1]``, with ``f`` the median
+leave-one-out gate of the calibration domains' own pool rows: the value a
+sample that is certainly not from the source gets (label-free; domain ids only).
+
 Measured on ``benchmarks/domain_generalization.py`` (seeds 0 and 1, see
 ``benchmarks/results/domain_generalization.md``); gate variants that lost
 there are listed in that file.
@@ -41,6 +48,7 @@ __all__ = ["SourceGatedTemperatureScaling", "source_gate", "neighbour_counts", "
 
 #: the domain-generalization calibrators a gate can sit on (Gong et al. 2021)
 BASE_METHODS = ("set-ts", "cluster-ts", "cluster-ts-regression", "domain-ensemble")
+FLOORS = ("loo-median", "none")
 
 _CHUNK_ROWS = 2048  # query rows per kneighbors call: bounds the distance block to 2048 x pool
 
@@ -195,6 +203,9 @@ class SourceGatedTemperatureScaling(Calibrator):
         Hyper-parameters of the base calibrator (``n_clusters``, ``domain_weighting``, ...).
     n_neighbors : int, default 20
         ``k``; at most the pool size (smaller pools use all rows).
+    floor : ``"loo-median"`` (default) or ``"none"``
+        Subtract the median leave-one-out gate of the calibration rows (see
+        the module docstring) or use the raw kNN probability.
     max_pool_size : int or None, default 2000
         Cap on the stored reference pool (rows); ``None`` keeps every row.
     random_state : int, default 0
@@ -216,6 +227,7 @@ class SourceGatedTemperatureScaling(Calibrator):
     pool_sizes_ : ``(n_domains,)`` pool rows per domain
     scaler_mean_, scaler_scale_ : ``(n_features,)``
     n_neighbors_ : int, the ``k`` used
+    gate_floor_ : float in ``[0, 1)``, ``f`` (0 with ``floor="none"``)
 
     Raises
     ------
@@ -242,12 +254,13 @@ class SourceGatedTemperatureScaling(Calibrator):
     optional_side_inputs = ("domains",)
 
     def __init__(self, source_domain=None, base: str = "domain-ensemble", base_params: dict | None = None,
-                 n_neighbors: int = 20, max_pool_size: int | None = 2000, random_state: int = 0,
-                 t_min: float = DEFAULT_T_BOUNDS[0], t_max: float = DEFAULT_T_BOUNDS[1]):
+                 n_neighbors: int = 20, floor: str = "loo-median", max_pool_size: int | None = 2000,
+                 random_state: int = 0, t_min: float = DEFAULT_T_BOUNDS[0], t_max: float = DEFAULT_T_BOUNDS[1]):
         self.source_domain = source_domain
         self.base = base
         self.base_params = base_params
         self.n_neighbors = n_neighbors
+        self.floor = floor
         self.max_pool_size = max_pool_size
         self.random_state = random_state
         self.t_min = t_min
@@ -262,6 +275,8 @@ class SourceGatedTemperatureScaling(Calibrator):
         k = self.n_neighbors
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
             raise ValueError(f"n_neighbors: expected an integer >= 1, got {k!r}")
+        if self.floor not in FLOORS:
+            raise ValueError(f"floor: expected one of {FLOORS}, got {self.floor!r}")
         m = self.max_pool_size
         if m is not None and (isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 2):
             raise ValueError(f"max_pool_size: expected None or an integer >= 2, got {m!r}")
@@ -324,6 +339,22 @@ class SourceGatedTemperatureScaling(Calibrator):
         self.n_features_ = int(features.shape[1])
         self.n_neighbors_ = int(min(self.n_neighbors, rows.size))
         self._index = None
+        self.gate_floor_ = self._loo_floor() if self.floor == "loo-median" else 0.0
+
+    def _loo_floor(self) -> float:
+        """Median leave-one-out gate of the calibration domains' pool rows (each row's own
+        neighbours, itself excluded), so a sample that is surely not a source row maps to 0."""
+        from sklearn.neighbors import NearestNeighbors
+
+        k = min(self.n_neighbors_, self.pool_.shape[0] - 1)
+        if k < 1:
+            return 0.0
+        idx = NearestNeighbors().fit(self.pool_).kneighbors(None, n_neighbors=k, return_distance=False)
+        dom = self.pool_domains_[idx]
+        counts = np.stack([(dom == d).sum(axis=1) for d in range(len(self.domains_))], axis=1)
+        g = source_gate(counts, self.pool_sizes_)[self.pool_domains_ > 0]
+        f = float(np.median(g))
+        return f if f < 1.0 else 0.0  # no information to rescale with
 
     # -------------------------------------------------------------- prediction
     def _standardize(self, features) -> np.ndarray:
@@ -342,7 +373,8 @@ class SourceGatedTemperatureScaling(Calibrator):
         return f
 
     def gate(self, features) -> np.ndarray:
-        """``g(x)`` in ``[0, 1]`` for features ``(n_samples, n_features)``: the weight of ``T_source``."""
+        """``g(x)`` in ``[0, 1]`` for features ``(n_samples, n_features)``: the weight of ``T_source``
+        (the kNN source probability, rescaled by the floor)."""
         from sklearn.neighbors import NearestNeighbors
 
         q = self._standardize(self._checked_features(features))
@@ -350,7 +382,9 @@ class SourceGatedTemperatureScaling(Calibrator):
             self._index = NearestNeighbors().fit(self.pool_)
         counts = neighbour_counts(self.pool_, self.pool_domains_, q, self.n_neighbors_,
                                   len(self.domains_), index=self._index)
-        return source_gate(counts, self.pool_sizes_)
+        g = source_gate(counts, self.pool_sizes_)
+        f = self.gate_floor_
+        return g if f == 0.0 else np.clip((g - f) / (1.0 - f), 0.0, 1.0)
 
     def _base_temperatures(self, logits, features) -> np.ndarray:
         if self.base == "set-ts":
@@ -378,6 +412,7 @@ class SourceGatedTemperatureScaling(Calibrator):
             "pool_sizes": [int(v) for v in self.pool_sizes_],
             "n_features": self.n_features_,
             "n_neighbors": self.n_neighbors_,
+            "gate_floor": float(self.gate_floor_),
             "scaler_mean": self.scaler_mean_.tolist(),
             "scaler_scale": self.scaler_scale_.tolist(),
             # shortest float32 repr: exact on reload, ~2x shorter than float64 text
@@ -396,6 +431,9 @@ class SourceGatedTemperatureScaling(Calibrator):
         self.pool_sizes_ = np.asarray(params["pool_sizes"], dtype=np.int64)
         self.n_features_ = int(params["n_features"])
         self.n_neighbors_ = int(params["n_neighbors"])
+        self.gate_floor_ = float(params["gate_floor"])
+        if not 0.0 <= self.gate_floor_ < 1.0:
+            raise ValueError(f"gate_floor: expected a value in [0, 1), got {self.gate_floor_}")
         self.scaler_mean_ = np.asarray(params["scaler_mean"], dtype=np.float64)
         self.scaler_scale_ = np.asarray(params["scaler_scale"], dtype=np.float64)
         self.pool_ = np.asarray(params["pool"], dtype=np.float32).reshape(-1, self.n_features_)
