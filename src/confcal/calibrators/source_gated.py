@@ -212,6 +212,7 @@ class SourceGatedTemperatureScaling(Calibrator):
         Seed of the pool subsample.
     t_min, t_max : float
         Search range of ``T_source`` (default ``[1e-2, 1e2]``).
+    input_kind : ``"logits"`` (default) or ``"probs"`` (probabilities; their log is used)
 
     Side inputs: ``features`` ``(n_samples, n_features)`` at fit and predict
     time; ``domains`` ``(n_samples,)`` at fit time (ignored at predict time).
@@ -227,6 +228,7 @@ class SourceGatedTemperatureScaling(Calibrator):
     pool_sizes_ : ``(n_domains,)`` pool rows per domain
     scaler_mean_, scaler_scale_ : ``(n_features,)``
     n_neighbors_ : int, the ``k`` used
+    neighbors_ : scikit-learn ``NearestNeighbors`` on ``pool_`` (rebuilt from the manifest on load)
     gate_floor_ : float in ``[0, 1)``, ``f`` (0 with ``floor="none"``)
 
     Raises
@@ -255,7 +257,8 @@ class SourceGatedTemperatureScaling(Calibrator):
 
     def __init__(self, source_domain=None, base: str = "domain-ensemble", base_params: dict | None = None,
                  n_neighbors: int = 20, floor: str = "loo-median", max_pool_size: int | None = 2000,
-                 random_state: int = 0, t_min: float = DEFAULT_T_BOUNDS[0], t_max: float = DEFAULT_T_BOUNDS[1]):
+                 random_state: int = 0, t_min: float = DEFAULT_T_BOUNDS[0], t_max: float = DEFAULT_T_BOUNDS[1],
+                 input_kind: str = "logits"):
         self.source_domain = source_domain
         self.base = base
         self.base_params = base_params
@@ -265,6 +268,10 @@ class SourceGatedTemperatureScaling(Calibrator):
         self.random_state = random_state
         self.t_min = t_min
         self.t_max = t_max
+        self.input_kind = input_kind
+
+    def _sample_weight_refusal(self) -> str:
+        return "the kNN gate counts reference-pool rows, so a weight is not the same as repeating a row"
 
     # ------------------------------------------------------------------ checks
     def _check_hyperparameters(self):
@@ -338,18 +345,16 @@ class SourceGatedTemperatureScaling(Calibrator):
         self.domain_sizes_ = sizes.astype(np.int64)
         self.n_features_ = int(features.shape[1])
         self.n_neighbors_ = int(min(self.n_neighbors, rows.size))
-        self._index = None
+        self.neighbors_ = _index(self.pool_)
         self.gate_floor_ = self._loo_floor() if self.floor == "loo-median" else 0.0
 
     def _loo_floor(self) -> float:
         """Median leave-one-out gate of the calibration domains' pool rows (each row's own
         neighbours, itself excluded), so a sample that is surely not a source row maps to 0."""
-        from sklearn.neighbors import NearestNeighbors
-
         k = min(self.n_neighbors_, self.pool_.shape[0] - 1)
         if k < 1:
             return 0.0
-        idx = NearestNeighbors().fit(self.pool_).kneighbors(None, n_neighbors=k, return_distance=False)
+        idx = self.neighbors_.kneighbors(None, n_neighbors=k, return_distance=False)
         dom = self.pool_domains_[idx]
         counts = np.stack([(dom == d).sum(axis=1) for d in range(len(self.domains_))], axis=1)
         g = source_gate(counts, self.pool_sizes_)[self.pool_domains_ > 0]
@@ -375,13 +380,9 @@ class SourceGatedTemperatureScaling(Calibrator):
     def gate(self, features) -> np.ndarray:
         """``g(x)`` in ``[0, 1]`` for features ``(n_samples, n_features)``: the weight of ``T_source``
         (the kNN source probability, rescaled by the floor)."""
-        from sklearn.neighbors import NearestNeighbors
-
         q = self._standardize(self._checked_features(features))
-        if getattr(self, "_index", None) is None:
-            self._index = NearestNeighbors().fit(self.pool_)
         counts = neighbour_counts(self.pool_, self.pool_domains_, q, self.n_neighbors_,
-                                  len(self.domains_), index=self._index)
+                                  len(self.domains_), index=self.neighbors_)
         g = source_gate(counts, self.pool_sizes_)
         f = self.gate_floor_
         return g if f == 0.0 else np.clip((g - f) / (1.0 - f), 0.0, 1.0)
@@ -463,7 +464,13 @@ class SourceGatedTemperatureScaling(Calibrator):
 
         self.base_ = calibrator_from_dict({"format": MANIFEST_FORMAT, "format_version": MANIFEST_VERSION,
                                            **base})
-        self._index = None
+        self.neighbors_ = _index(self.pool_)
+
+
+def _index(pool: np.ndarray):
+    from sklearn.neighbors import NearestNeighbors
+
+    return NearestNeighbors().fit(pool)
 
 
 def _float32_lists(a: np.ndarray) -> list:
