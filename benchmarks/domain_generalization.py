@@ -284,7 +284,8 @@ def main(argv=None) -> int:
         "fitted on 20% of the target; every method is evaluated on the remaining 80%. Set-/cluster-level methods: "
         "fitted on all rows of the two calibration domains (8 k-means clusters, seed 0, sample weighting). "
         "Source-gated TS: log T(x) = g(x) log T_source + (1 - g(x)) log T_ensemble(x), g = kNN probability of "
-        "the source under equal domain priors over the held-out source rows and the calibration rows "
+        "the source under equal domain priors over the held-out source rows and the calibration rows (k = 20, "
+        "pool capped at 2000 rows), rescaled by the median leave-one-out gate of the calibration rows "
         "(hyper-parameters: " + (", ".join(f"{k}={v!r}" for k, v in gate_params.items()) or "defaults")
         + "). "
         f"ECE: 15 equal-width bins, bootstrap mean ± std over {args.draws} draws of min(1500, n) target samples "
