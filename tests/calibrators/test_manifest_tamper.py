@@ -28,6 +28,7 @@ FAST = {
     "cluster-ts": {"n_clusters": 2, "n_init": 1, "min_cluster_size": 5},
     "cluster-ts-regression": {"n_clusters": 4, "n_init": 1, "min_cluster_size": 5},
     "domain-ensemble": {"n_clusters": 4, "n_init": 1, "min_cluster_size": 5},
+    "source-gated-ts": {"source_domain": "a", "base": "set-ts", "n_neighbors": 5},
 }
 
 
@@ -57,7 +58,8 @@ def _side(cls, data):
     side = {}
     if "features" in cls.side_inputs:
         side["features"] = data["f"]
-    if "domains" in names and ("domains" in cls.side_inputs or getattr(cls, "takes_box_scores", False)):
+    if "domains" in names and ("domains" in cls.side_inputs or getattr(cls, "takes_box_scores", False)
+                               or getattr(cls, "method", "") == "source-gated-ts"):
         side["domains"] = data["domains"]
     return side
 

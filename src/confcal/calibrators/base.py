@@ -514,9 +514,13 @@ def calibrator_from_dict(manifest: dict[str, Any], *, n_classes: int | None = No
     cal = make_calibrator(method, hyper)
     try:
         cal._set_fitted(manifest["parameters"])
-    except (KeyError, TypeError, ValueError, IndexError) as exc:  # a gap in the method's table
+    except (KeyError, TypeError, ValueError, IndexError) as exc:  # a relation the table does not state
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        head = text.split(":", 1)[0]
+        if isinstance(exc, ValueError) and head.replace(".", "").replace("_", "").isalnum():
+            raise ValueError(f"manifest: parameters.{text}") from None  # the message starts with the field
         raise ValueError(f"manifest: parameters of method {method!r} are invalid "
-                         f"({type(exc).__name__}: {exc})") from None
+                         f"({type(exc).__name__}: {text})") from None
     cal.n_classes_ = int(k)
     cal.fit_record_ = manifest.get("fit")
     return cal
