@@ -41,7 +41,7 @@ import numpy as np
 
 from confcal._numeric import softmax
 from confcal.calibrators._constraints import SEED, T_BOUNDS, T_RULE, TEMPERATURE, Array, Choice, Fields, GroupKey, \
-    Int, Nullable, Real, Spec, Text, check_hyperparameters, check_parameters
+    Int, Nullable, Real, Spec, check_hyperparameters, check_parameters
 from confcal.calibrators._tsfit import DEFAULT_T_BOUNDS, CalibrationWarning, fit_temperature
 from confcal.calibrators.base import METHODS, Calibrator, calibrator_from_dict, register
 
