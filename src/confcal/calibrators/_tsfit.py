@@ -359,7 +359,12 @@ def ts_batch_stats(logits, labels, t: float, *, sample_weight=None, exact: bool 
 
     Raises ``ValueError`` when a label sits on a ``-inf`` logit (infinite NLL).
     """
-    z = torch.as_tensor(np.asarray(logits)) if not torch.is_tensor(logits) else logits.detach().cpu()
+    if torch.is_tensor(logits):
+        z = logits.detach().cpu()
+    else:
+        with warnings.catch_warnings():  # read-only memory maps: this function never writes to them
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            z = torch.as_tensor(np.asarray(logits))
     if z.dtype not in (torch.float32, torch.float64):
         z = z.float()
     y = torch.as_tensor(np.asarray(labels), dtype=torch.long)
