@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 import warnings
 
@@ -31,7 +32,24 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
     print(f"confcal: warning: {message}", file=sys.stderr)
 
 
+class Terminated(SystemExit):
+    """SIGTERM, turned into an exception so ``atomic_write`` removes its temporary file."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated(128 + signum)
+
+
+def install_signal_handlers() -> None:
+    """SIGTERM unwinds like Ctrl-C (exit status 143), so no ``.NAME.tmp`` file is left behind."""
+    try:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread (e.g. main() called from a worker thread): leave it
+        pass
+
+
 def main(argv=None) -> int:
+    install_signal_handlers()
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     # --debug is accepted anywhere on the line, not only before the subcommand
