@@ -40,16 +40,25 @@ def _on_sigterm(signum, frame):
     raise Terminated(128 + signum)
 
 
-def install_signal_handlers() -> None:
-    """SIGTERM unwinds like Ctrl-C (exit status 143), so no ``.NAME.tmp`` file is left behind."""
+def install_signal_handlers():
+    """SIGTERM unwinds like Ctrl-C (exit status 143), so no ``.NAME.tmp`` file is left behind.
+    Returns the previous handler (None when it cannot be set: not the main thread)."""
     try:
-        signal.signal(signal.SIGTERM, _on_sigterm)
+        return signal.signal(signal.SIGTERM, _on_sigterm)
     except ValueError:  # not the main thread (e.g. main() called from a worker thread): leave it
-        pass
+        return None
 
 
 def main(argv=None) -> int:
-    install_signal_handlers()
+    previous = install_signal_handlers()
+    try:
+        return _main(argv)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv=None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     # --debug is accepted anywhere on the line, not only before the subcommand
