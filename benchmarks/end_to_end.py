@@ -51,7 +51,7 @@ def make_logits(n, k, seed=0, t_opt=0.8, chunk=1_000_000):
     for a in range(0, n, chunk):
         m = min(chunk, n - a)
         u = rng.normal(size=(m, k)).astype(np.float32) * np.float32(2.5)
-        y = np.argmax(u - np.log(-np.log(rng.random((m, k), dtype=np.float32))), axis=1)
+        y = np.argmax(u + rng.gumbel(size=(m, k)).astype(np.float32), axis=1)
         yield (u * np.float32(t_opt)).astype(np.float32), y.astype(np.int64)
 
 

@@ -361,6 +361,14 @@ def ts_batch_stats(logits, labels, t: float, *, sample_weight=None, exact: bool 
     ``grad = sum_i w_i d nll_i / dt`` and ``hess = sum_i w_i d2 nll_i / dt2``.
 
     Raises ``ValueError`` when a label sits on a ``-inf`` logit (infinite NLL).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> z = np.array([[2.0, 0.0], [0.0, 1.0], [1.0, 0.0]]); y = np.array([0, 1, 1])
+    >>> a = ts_batch_stats(z[:1], y[:1], 0.0).merge(ts_batch_stats(z[1:], y[1:], 0.0))
+    >>> bool(np.allclose(a.means(), ts_batch_stats(z, y, 0.0).means()))
+    True
     """
     if torch.is_tensor(logits):
         z = logits.detach().cpu()
@@ -474,6 +482,17 @@ def fit_temperature_stream(logits, labels, *, sample_weight=None, t_bounds=DEFAU
     progress : tqdm bars on stderr per pass (``None``: when stderr is a terminal)
 
     Returns a :class:`StreamedTemperatureFit`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> z = rng.normal(size=(500, 4)) * 3; y = rng.integers(0, 4, size=500)
+    >>> res = fit_temperature_stream(z, y, batch_rows=64)
+    >>> bool(abs(np.log(res.fit.temperature / fit_temperature(z, y).temperature)) < 1e-9)
+    True
+    >>> sorted(res.metrics_after)
+    ['accuracy', 'brier', 'ece', 'nll']
     """
     from confcal._digest import DataDigest
     from confcal._progress import progress_bar
