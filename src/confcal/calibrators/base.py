@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import abc
 import datetime as _dt
-import hashlib
 import inspect
 from typing import Any, ClassVar
 
@@ -46,6 +45,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.exceptions import NotFittedError as _SklearnNotFittedError
 
+from confcal._digest import data_sha256
 from confcal._numeric import softmax
 from confcal._validation import as_numpy, check_domains, check_features, check_labels, check_logits
 from confcal.calibrators._constraints import check_hyperparameters, check_manifest_top, check_parameters
@@ -190,13 +190,7 @@ def _library_version() -> str:
 
 
 def _sha256(*arrays) -> str:
-    h = hashlib.sha256()
-    for a in arrays:
-        a = np.ascontiguousarray(a)
-        h.update(str(a.dtype).encode())
-        h.update(str(a.shape).encode())
-        h.update(a.tobytes() if a.dtype != object else repr(a.tolist()).encode())
-    return h.hexdigest()
+    return data_sha256(*arrays)
 
 
 def summary_metrics(probs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
@@ -264,19 +258,21 @@ class Calibrator(ClassifierMixin, BaseEstimator, abc.ABC):
         return np.arange(self.n_classes_)
 
     # ------------------------------------------------------------------ protocol
-    def fit(self, logits, labels, *, sample_weight=None, **side) -> "Calibrator":
+    def fit(self, logits, labels, *, sample_weight=None, progress=False, **side) -> "Calibrator":
         """Fit on a calibration set.
 
         Parameters
         ----------
         logits : float array ``(n_samples, n_classes)`` (numpy or torch), or a
             one-logit binary head ``(n_samples,)`` / ``(n_samples, 1)``; probabilities
-            when the calibrator was made with ``input_kind="probs"`` (their log is used)
-        labels : int array ``(n_samples,)`` in ``[0, n_classes)`` (or one-hot rows)
+            when the calibrator was made with ``input_kind="probs"`` (their log is used);
+            or a :class:`confcal.sources.Source` or a spec such as ``"val.parquet:logit_*"``
+        labels : int array ``(n_samples,)`` in ``[0, n_classes)`` (or one-hot rows), or a source/spec
         sample_weight : optional float ``(n_samples,)``, finite, >= 0, not all 0: the
             fit minimises the weighted mean of its objective (an integer weight is the
             same as repeating the row, weight 0 the same as leaving it out). Methods
             whose objective is not a weighted mean raise ``ValueError``.
+        progress : progress bars on stderr for fits that stream their data (``None``: when a terminal)
         **side : ``domains=`` / ``features=`` where the method uses them
 
         Raises
@@ -285,6 +281,12 @@ class Calibrator(ClassifierMixin, BaseEstimator, abc.ABC):
             Invalid inputs (the message names the argument and what was wrong).
         """
         self._check_hyperparameters()
+        if self._fit_source(logits, labels, sample_weight=sample_weight, progress=progress,
+                            **side) is not NotImplemented:
+            return self
+        logits, labels = _materialise(logits, "logits"), _materialise(labels, "labels")
+        sample_weight = None if sample_weight is None else _materialise(sample_weight, "sample_weight")
+        side = {k: _materialise(v, k) for k, v in side.items()}
         input_kind = self._input_kind()
         x = self._validate_logits(logits)
         try:
@@ -316,22 +318,63 @@ class Calibrator(ClassifierMixin, BaseEstimator, abc.ABC):
             self.fit_record_["sample_weight"] = True
         return self
 
-    def predict_proba(self, logits, **side) -> np.ndarray:
+    def _fit_source(self, logits, labels, *, sample_weight, progress, **side):
+        """Hook for fits that are sums over row batches: stream ``logits``/``labels`` (arrays,
+        sources or specs), set the fitted attributes, ``n_classes_`` and ``fit_record_``
+        (metrics from the fit's own passes) and return ``self``; the default returns
+        ``NotImplemented`` and :meth:`fit` loads the arrays."""
+        return NotImplemented
+
+    @staticmethod
+    def _fit_record(*, n_samples, data_sha256, input_kind, metrics_before, metrics_after,
+                    sample_weight: bool = False) -> dict:
+        record = {
+            "n_samples": int(n_samples),
+            "data_sha256": data_sha256,
+            "input_kind": input_kind,
+            "metrics_before": metrics_before,
+            "metrics_after": metrics_after,
+            "library_version": _library_version(),
+            "utc_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+        if sample_weight:
+            record["sample_weight"] = True
+        return record
+
+    def predict_proba(self, logits, progress=False, **side) -> np.ndarray:
         """Calibrated probabilities, float64 ``(n_samples, n_classes)``, rows summing to 1.
 
         ``logits`` as at fit time (``input_kind`` is a hyper-parameter); a one-logit
-        binary head ``(n_samples,)`` gives ``(n_samples, 2)``.
+        binary head ``(n_samples,)`` gives ``(n_samples, 2)``. ``logits`` may also be a
+        :class:`confcal.sources.Source` or a spec; ``progress`` as for :meth:`fit`.
 
         Raises :class:`NotFittedError` before ``fit`` and ``ValueError`` when the
         number of classes differs from the one seen at fit time.
         """
         self._check_fitted()
+        out = self._predict_source(logits, progress=progress, **side)
+        if out is not NotImplemented:
+            return out
+        logits = _materialise(logits, "logits")
+        side = {k: _materialise(v, k) for k, v in side.items()}
         x = self._validate_logits(logits)
         if x.shape[1] != self.n_classes_:
             raise ValueError(f"logits: calibrator was fitted on {self.n_classes_} classes, "
                              f"got shape {x.shape}")
         side = self._check_side(side, x.shape[0])
         return self._predict_proba(x, **side)
+
+    def _predict_source(self, logits, *, progress, **side):
+        """Hook for maps that predict batch by batch (:func:`confcal.calibrators._stream.predict_into`);
+        the default returns ``NotImplemented`` and :meth:`predict_proba` loads the arrays."""
+        return NotImplemented
+
+    def _predict_batch(self, logits, *, input_kind, first_row, **side):
+        """``(probs, every row in [0, 1])`` for one raw batch (validated here); used by the
+        batch-by-batch paths of ``apply`` / ``evaluate``."""
+        from confcal.calibrators._stream import default_predict_batch
+
+        return default_predict_batch(self, logits, input_kind=input_kind, first_row=first_row, **side)
 
     def predict(self, logits, **side) -> np.ndarray:
         """Arg-max class of the calibrated probabilities (lowest index wins ties)."""
@@ -478,6 +521,17 @@ def _one_logit_as_two(z: np.ndarray, input_kind: str, name: str) -> np.ndarray:
                              f"got {z[i]!r} at index {i}")
         return check_logits(np.stack([1 - z, z], axis=1), name=name, input_kind="probs")
     return check_logits(np.stack([np.zeros_like(z), z], axis=1), name=name)
+
+
+def _materialise(value, name):
+    """Arrays pass through; a :class:`confcal.sources.Source` or a spec string is read whole."""
+    import os
+
+    from confcal.sources import Source, open_source
+
+    if isinstance(value, (Source, str, os.PathLike)):
+        return open_source(value, name=name).to_numpy()
+    return value
 
 
 def calibrator_from_dict(manifest: dict[str, Any], *, n_classes: int | None = None) -> Calibrator:

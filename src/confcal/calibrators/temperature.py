@@ -12,7 +12,11 @@ import numpy as np
 
 from confcal._numeric import softmax
 from confcal.calibrators._constraints import NLL, N_ITER, T_BOUNDS, T_RULE, TEMPERATURE, Bool, Fields, Int, Opt
-from confcal.calibrators._tsfit import DEFAULT_T_BOUNDS, fit_temperature
+from confcal.calibrators._tsfit import (
+    DEFAULT_T_BOUNDS,
+    fit_temperature,
+    fit_temperature_stream,
+)
 from confcal.calibrators.base import Calibrator, register
 from confcal.calibrators.grouping import GroupedCalibrator, grouped_fields, route_groups
 
@@ -22,6 +26,49 @@ __all__ = ["TemperatureScaling", "GroupedTemperatureScaling"]
 def _scaled_softmax(logits: np.ndarray, temperature) -> np.ndarray:
     with np.errstate(invalid="ignore"):  # -inf / T stays -inf
         return softmax(np.asarray(logits, dtype=np.float64) / temperature)
+
+
+_CHUNK_ELEMS = 1 << 18  # rows of ~2 MB of float64: each step below stays in cache
+
+
+def scaled_softmax_rows(logits: np.ndarray, temperature: float, out: np.ndarray | None = None,
+                        *, first_row: int = 0):
+    """``softmax(logits / T)`` in float64, row chunk by row chunk, into ``out``.
+
+    Validates on the way (the row max is NaN, +inf or -inf exactly for the rows
+    ``check_logits`` refuses) and returns ``(out, every row in [0, 1])``. Each row's result
+    depends only on that row, so any batching gives bit-identical output. The chunk steps
+    run in torch (vectorised float64 exp) on views of ``out``: no copy of the logits.
+    """
+    import torch
+
+    x = np.asarray(logits)
+    n, k = x.shape
+    if out is None:
+        out = np.empty((n, k), dtype=np.float64)
+    if x.dtype not in (np.float32, np.float64):
+        x = x.astype(np.float64)
+    with warnings.catch_warnings():  # read-only memory maps: only read here
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        xt = torch.from_numpy(x)
+    ot = torch.from_numpy(out)
+    unit = True
+    rows = max(1, _CHUNK_ELEMS // max(1, k))
+    for i in range(0, n, rows):
+        xc, o = xt[i:i + rows], ot[i:i + rows]
+        m = xc.amax(dim=1)
+        if not bool(torch.isfinite(m).all()):
+            from confcal._validation import check_logits
+
+            check_logits(x[i:i + rows], first_row=first_row + i, whole=False)
+        if unit:
+            unit = bool((m <= 1).all()) and bool(xc.amin() >= 0)
+        o.copy_(xc)  # float64
+        o.div_(temperature)
+        o.sub_((m.double() / temperature)[:, None])  # the row max is finite: -inf stays -inf
+        o.exp_()
+        o.div_(o.sum(dim=1, keepdim=True))
+    return out, unit
 
 
 @register
@@ -80,8 +127,47 @@ class TemperatureScaling(Calibrator):
         self.n_iter_ = res.n_iter
         self.at_bound_ = res.at_bound
 
+    def _fit_source(self, logits, labels, *, sample_weight, progress, **side):
+        # the fit is a sum over rows: stream it, with the fit record's metrics from the same passes
+        from confcal.sources import open_source
+
+        xs = open_source(logits, name="logits")
+        if xs.ndim != 2 or xs.shape[1] < 2:
+            return NotImplemented  # a one-logit binary head (or a shape error): the in-memory path
+        self._check_side(side, 0)
+        kind = self._input_kind()
+        res = fit_temperature_stream(xs, labels, sample_weight=sample_weight, t_bounds=(self.t_min, self.t_max),
+                                     input_kind=kind, progress=progress)
+        self.temperature_ = res.fit.temperature
+        self.nll_ = res.fit.nll
+        self.n_iter_ = res.fit.n_iter
+        self.at_bound_ = res.fit.at_bound
+        self.n_classes_ = res.n_classes
+        self.fit_record_ = self._fit_record(n_samples=res.n_samples, data_sha256=res.data_sha256,
+                                            input_kind=kind, metrics_before=res.metrics_before,
+                                            metrics_after=res.metrics_after,
+                                            sample_weight=sample_weight is not None)
+        return self
+
+    def _predict_source(self, logits, *, progress, **side):
+        from confcal.calibrators._stream import predict_into
+        from confcal.sources import open_source
+
+        xs = open_source(logits, name="logits")
+        if xs.ndim != 2 or xs.shape[1] < 2:
+            return NotImplemented
+        self._check_side(side, 0)
+        return predict_into(self, xs, progress=progress)
+
+    def _predict_batch(self, logits, *, input_kind, first_row, **side):
+        x = np.asarray(logits)
+        if input_kind != "logits" or x.dtype.kind != "f" or x.dtype == np.float16 or x.ndim != 2 or x.shape[1] < 2:
+            return super()._predict_batch(logits, input_kind=input_kind, first_row=first_row, **side)
+        self._check_side(side, x.shape[0])
+        return scaled_softmax_rows(x, self.temperature_, first_row=first_row)
+
     def _predict_proba(self, logits):
-        return _scaled_softmax(logits, self.temperature_)
+        return scaled_softmax_rows(np.asarray(logits), self.temperature_)[0]
 
     def _get_fitted(self):
         return {"temperature": self.temperature_, "nll": self.nll_, "n_iter": self.n_iter_,

@@ -11,9 +11,12 @@ from confcal.cli._common import (
     load_side,
     metrics_rows,
     parse_params,
+    progress_of,
+    side_sources,
+    source,
 )
 from confcal.calibrators.base import make_calibrator
-from confcal.io import check_output_path, load_array, save_manifest
+from confcal.io import check_not_an_input, check_output_path, load_array, save_manifest
 
 
 def register(sub):
@@ -41,9 +44,11 @@ def run(args) -> int:
     if args.input_kind is not None:
         params["input_kind"] = args.input_kind  # a hyper-parameter: the manifest records it for apply
     check_output_path(args.output, suffixes=(".json",), name="--output")
+    check_not_an_input(args.output, {"--logits": args.logits, "--labels": args.labels, "--domains": args.domains,
+                                     "--features": args.features, "--category-ids": args.category_ids})
     cal = make_calibrator(args.method, params)
-    side = load_side(args)
     if getattr(cal, "takes_box_scores", False):
+        side = load_side(args)
         # detection calibrators take 1-D box scores (e.g. matched.npz:score) and validate them themselves
         x, y = load_array(args.logits, name="scores"), load_array(args.labels, name="labels")
         if args.category_ids:
@@ -52,8 +57,9 @@ def run(args) -> int:
     else:
         if args.per_class or args.category_ids:
             raise ValueError(f"--per-class/--category-ids: only for det-ts and det-platt, not {args.method}")
-        # raw arrays: fit validates them and records the input kind in the manifest
-        cal.fit(load_array(args.logits, name="logits"), load_array(args.labels, name="labels"), **side)
+        # sources: fits that are sums over rows (TS) stream them in batches, the others load
+        # them whole; fit validates them (input_kind is a hyper-parameter, recorded in the manifest)
+        cal.fit(source(args, "logits"), source(args, "labels"), progress=progress_of(args), **side_sources(args))
     save_manifest(cal, args.output)
     rec = cal.fit_record_
     if args.json:
