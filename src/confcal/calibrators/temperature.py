@@ -8,6 +8,8 @@ accuracy is unchanged by construction.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from confcal._numeric import softmax
