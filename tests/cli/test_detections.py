@@ -22,8 +22,9 @@ def test_match_writes_the_reference_labels(tmp_path, visdrone, capsys):
     z, r = np.load(out), np.load(ref)
     np.testing.assert_array_equal(z["correct"], r["label"])
     np.testing.assert_array_equal(z["label"], r["label"])
-    for key in ("score", "iou", "image_id", "category_id", "domain", "ignore", "det_index"):
+    for key in ("score", "iou", "image_id", "category_id", "ignore", "det_index", "matching"):
         assert key in z.files
+    assert "domain" not in z.files  # VisDrone GT images carry no 'domain' key: no domains, not one '' group
     assert "precision" in capsys.readouterr().out
 
 
@@ -70,7 +71,7 @@ def test_errors_are_one_line(tmp_path, visdrone, capsys):
     # per-class without category ids
     assert main(["fit", "--method", "det-ts", "--per-class", "--logits", f"{m}:score", "--labels",
                  f"{m}:correct", "-o", str(tmp_path / "c.json")]) == 2
-    assert "category_ids" in capsys.readouterr().err
+    assert "--category-ids" in capsys.readouterr().err
     # quota without domains
     assert main(["rank", "--detections", str(det), "--per-domain-quota", "-o", str(tmp_path / "q.csv")]) == 2
     assert "domains" in capsys.readouterr().err
@@ -90,3 +91,55 @@ def test_rank_bald_from_mc_scores(tmp_path, visdrone):
                  "-o", str(tmp_path / "q.csv")]) == 0
     rows = list(csv.DictReader((tmp_path / "q.csv").open()))
     assert all(float(r["priority"]) > 0 for r in rows)
+
+
+def test_match_several_sensors_at_once(tmp_path, capsys):
+    k_gt, k_det, k_ref = paths("kitti_bev_cars")
+    r_gt, r_det, r_ref = paths("rareplanes_solaris_airports")
+    out = tmp_path / "m.npz"
+    args = ["detections", "match", "--gt", str(k_gt), "--detections", str(k_det), "--domain-name", "kitti",
+            "--gt", str(r_gt), "--detections", str(r_det), "--domain-name", "rareplanes", "--crowd", "fp",
+            "-o", str(out)]
+    assert main(args) == 0
+    z = np.load(out)
+    assert np.unique(z["domain"]).tolist() == ["kitti", "rareplanes"]
+    np.testing.assert_array_equal(z["correct"], np.concatenate([np.load(k_ref)["label"], np.load(r_ref)["label"]]))
+    matching = json.loads(str(z["matching"]))
+    assert matching["box_format"] == ["xywha", "xywh"] and matching["crowd"] == "fp"
+    assert matching["gt"] == [str(k_gt), str(r_gt)]
+    # several pairs need a name each
+    assert main(args[:6] + args[8:12] + ["-o", str(tmp_path / "n.npz")]) == 2
+    assert "--domain-name" in capsys.readouterr().err and not (tmp_path / "n.npz").exists()
+
+
+def test_library_argument_names_become_cli_options(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "x.npy", rng.normal(size=(60, 3)))
+    np.save(tmp_path / "y.npy", rng.integers(0, 3, 60))
+    assert main(["fit", "--method", "grouped-ts", "--logits", str(tmp_path / "x.npy"), "--labels",
+                 str(tmp_path / "y.npy"), "-o", str(tmp_path / "c.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--domains" in err and "domains=" not in err
+    np.save(tmp_path / "d.npy", np.array([""] * 60))
+    assert main(["fit", "--method", "grouped-ts", "--logits", str(tmp_path / "x.npy"), "--labels",
+                 str(tmp_path / "y.npy"), "--domains", str(tmp_path / "d.npy"), "-o", str(tmp_path / "c.json")]) == 2
+    assert "--domains: every id" in capsys.readouterr().err
+
+
+def test_fit_into_a_closed_pipe_exits_0(tmp_path):
+    # `confcal fit ... | head`: the reader is gone before fit prints; the manifest is written, exit 0
+    import os
+    import subprocess
+    import sys
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "x.npy", rng.normal(size=(60, 3)))
+    np.save(tmp_path / "y.npy", rng.integers(0, 3, 60))
+    r, w = os.pipe()
+    os.close(r)  # nobody will read: every write to w raises EPIPE
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "-m", "confcal", "fit", "--method", "ts", "--logits", str(tmp_path / "x.npy"),
+                          "--labels", str(tmp_path / "y.npy"), "-o", str(tmp_path / "c.json")],
+                         stdout=w, stderr=subprocess.PIPE, text=True, env=env)
+    os.close(w)
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr and (tmp_path / "c.json").exists()

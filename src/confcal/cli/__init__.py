@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 import warnings
 
@@ -31,6 +32,23 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
     print(f"confcal: warning: {message}", file=sys.stderr)
 
 
+#: library argument names that are CLI options of the same meaning (``category_ids`` -> ``--category-ids``)
+_OPTION_NAMES = ("logits", "labels", "domains", "features", "category_ids", "box_format")
+
+
+def cli_message(msg: str, args) -> str:
+    """Say a library error in the CLI's words: ``domains: ... pass domains= ...`` becomes
+    ``--domains: ... pass --domains ...``, for the options this subcommand has."""
+    for name in _OPTION_NAMES:
+        if not hasattr(args, name):
+            continue
+        opt = "--" + name.replace("_", "-")
+        msg = re.sub(rf"^{name}:", f"{opt}:", msg)
+        msg = re.sub(rf"\b(?:pass |choose ){name}=?\s?", f"pass {opt} ", msg)
+        msg = re.sub(rf"\b{name}=\s*", opt + " ", msg)
+    return msg
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -43,10 +61,18 @@ def main(argv=None) -> int:
         warnings.showwarning = _one_line_warning
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:
+        # `confcal fit ... | head`: the reader left; outputs were already written. Point stdout at
+        # /dev/null so the interpreter's final flush does not fail again.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (ValueError, TypeError, KeyError, OSError, RuntimeError) as exc:
         if args.debug:
             raise
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        msg = cli_message(msg, args)
         print(f"confcal: error: {msg}", file=sys.stderr)
         return 2
     finally:

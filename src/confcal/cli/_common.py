@@ -28,7 +28,11 @@ def add_logits_args(p, *, labels: bool, side: bool = True, labels_required: bool
 def load_side(args) -> dict:
     side = {}
     if getattr(args, "domains", None):
-        side["domains"] = load_array(args.domains, name="domains")
+        d = load_array(args.domains, name="domains")
+        if d.dtype.kind == "U" and d.size and np.all(d == ""):
+            raise ValueError(f"--domains: every id in {args.domains} is empty (''): the data has no domains; "
+                             "drop --domains (or re-match with a --domain-key/--domain-name that exists)")
+        side["domains"] = d
     if getattr(args, "features", None):
         side["features"] = load_array(args.features, name="features")
     return side

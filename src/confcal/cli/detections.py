@@ -7,7 +7,7 @@ import json
 import numpy as np
 
 from confcal.cli._common import format_table
-from confcal.detection import BOX_FORMATS, CROWD_RULES, match_detections
+from confcal.detection import BOX_FORMATS, CROWD_RULES, match_detections, match_many
 from confcal.io import atomic_write
 from confcal.metrics.detection import ALL, detection_ece, per_domain
 
@@ -23,8 +23,14 @@ def register(sub):
                     "unmatched GT of highest IoU >= threshold). Writes an .npz with score, correct (=label), iou, "
                     "image_id, category_id, domain, ignore, det_index (+ class_logits/class_label when the "
                     "detections carry class vectors), in the order of the detections file.")
-    m.add_argument("--gt", required=True, help="COCO ground-truth JSON (images, annotations, categories)")
-    m.add_argument("--detections", required=True, help="COCO results JSON (list, or dict with 'annotations')")
+    m.add_argument("--gt", required=True, action="append",
+                   help="COCO ground-truth JSON (images, annotations, categories); repeat it with --detections "
+                        "and --domain-name to match several sensors into one file")
+    m.add_argument("--detections", required=True, action="append",
+                   help="COCO results JSON (list, or dict with 'annotations'), one per --gt")
+    m.add_argument("--domain-name", action="append", metavar="NAME",
+                   help="domain (sensor) name of each --gt/--detections pair, in order; needed with several "
+                        "pairs (each pair then picks its own box format under --box-format auto)")
     m.add_argument("-o", "--output", required=True, help="output .npz")
     m.add_argument("--iou-threshold", type=float, default=0.5, help="IoU needed for a match (default 0.5)")
     m.add_argument("--crowd", choices=CROWD_RULES, default="coco",
@@ -51,14 +57,32 @@ def load_domain_map(path):
 
 
 def run_match(args) -> int:
-    res = match_detections(args.gt, args.detections, iou_threshold=args.iou_threshold, crowd=args.crowd,
-                           box_format=args.box_format, class_agnostic=args.class_agnostic,
-                           domain_key=args.domain_key, domain_map=load_domain_map(args.domain_map))
+    if len(args.gt) != len(args.detections):
+        raise ValueError(f"--gt/--detections: expected one --detections per --gt, got {len(args.gt)} --gt and "
+                         f"{len(args.detections)} --detections")
+    names = args.domain_name or []
+    if len(args.gt) > 1 and len(names) != len(args.gt):
+        raise ValueError(f"--domain-name: with {len(args.gt)} --gt/--detections pairs give one --domain-name per "
+                         f"pair, got {len(names)}")
+    if names and len(names) != len(args.gt):
+        raise ValueError(f"--domain-name: expected {len(args.gt)} (one per pair), got {len(names)}")
+    if names and args.domain_map:
+        raise ValueError("--domain-map: not with --domain-name (the pair's name is the domain of its boxes)")
+    if not str(args.output).lower().endswith(".npz"):
+        raise ValueError(f"--output: expected a .npz path, got {args.output!r}")
+    if names:
+        res = match_many(list(zip(args.gt, args.detections, names)), iou_threshold=args.iou_threshold,
+                         crowd=args.crowd, box_format=args.box_format, class_agnostic=args.class_agnostic)
+    else:
+        res = match_detections(args.gt[0], args.detections[0], iou_threshold=args.iou_threshold, crowd=args.crowd,
+                               box_format=args.box_format, class_agnostic=args.class_agnostic,
+                               domain_key=args.domain_key, domain_map=load_domain_map(args.domain_map))
+    # provenance: which files were matched, and how (read back by `confcal fit` into the manifest)
+    res.matching = {**res.matching, "gt": [str(p) for p in args.gt], "detections": [str(p) for p in args.detections],
+                    "drop_ignored": bool(args.drop_ignored)}
     n_ignored = int(res.ignore.sum())
     if args.drop_ignored:
         res = res.drop_ignored()
-    if not str(args.output).lower().endswith(".npz"):
-        raise ValueError(f"--output: expected a .npz path, got {args.output!r}")
     with atomic_write(args.output) as fh:
         np.savez(fh, **res.to_arrays())
     print(f"matched {len(res)} detections at IoU >= {args.iou_threshold:g} (crowd rule {args.crowd!r}, "
@@ -67,11 +91,11 @@ def run_match(args) -> int:
         conf = np.clip(res.score, 0.0, 1.0)
         rows = []
         keep = ~res.ignore
-        for key, idx in per_domain(res.domain if np.any(res.domain != "") else None, len(res)).items():
+        for key, idx in per_domain(res.domain, len(res)).items():
             idx = idx[keep[idx]]
             if idx.size == 0:
                 continue
-            rows.append({"domain": key if key != "" else "(none)", "boxes": int(idx.size),
+            rows.append({"domain": key, "boxes": int(idx.size),
                          "precision": float(res.correct[idx].mean()), "mean_score": float(res.score[idx].mean()),
                          "d_ece15": detection_ece(conf[idx], res.correct[idx], 15)})
         rows.sort(key=lambda r: (r["domain"] != ALL, str(r["domain"])))
