@@ -12,7 +12,7 @@ import warnings
 from confcal import __version__
 
 #: subcommand modules, in the order ``confcal --help`` lists them
-SUBCOMMANDS = ["fit", "apply", "evaluate", "compare", "domain_eval", "demo", "detections", "rank"]
+SUBCOMMANDS = ["fit", "apply", "evaluate", "compare", "domain_eval", "demo", "detections", "rank", "drift", "report"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,6 +56,7 @@ def main(argv=None) -> int:
     debug = "--debug" in argv
     args = parser.parse_args([a for a in argv if a != "--debug"])
     args.debug = debug
+    args.argv = [a for a in argv if a != "--debug"]  # the command line, for manifests' provenance
     old = warnings.showwarning
     if not args.debug:
         warnings.showwarning = _one_line_warning

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from confcal.cli._common import add_logits_args, load_logits_labels, load_side
+from confcal.cli.drift import warn_if_drift
 from confcal.io import check_output_path, load_array, load_calibrator, save_array
 
 
@@ -21,12 +22,15 @@ def run(args) -> int:
     cal = load_calibrator(args.calibrator)
     if getattr(cal, "takes_box_scores", False):
         # det-ts / det-platt: 1-D box scores in, (n_boxes, 2) [false, true positive] out
-        probs = cal.predict_proba(load_array(args.logits, name="scores"), input_kind=args.input_kind,
-                                  **load_side(args))
+        scores, side = load_array(args.logits, name="scores"), load_side(args)
+        probs = cal.predict_proba(scores, input_kind=args.input_kind, **side)
+        warn_if_drift(cal, scores, domains=side.get("domains"))
     else:
         x, _ = load_logits_labels(args)
         cal = load_calibrator(args.calibrator, n_classes=x.shape[1])
-        probs = cal.predict_proba(x, **load_side(args))
+        side = load_side(args)
+        probs = cal.predict_proba(x, **side)
+        warn_if_drift(cal, x, domains=side.get("domains"))
     save_array(args.output, probs)
     print(f"wrote {probs.shape[0]} x {probs.shape[1]} calibrated probabilities ({cal.method}) -> {args.output}")
     return 0

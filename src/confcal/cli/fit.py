@@ -13,6 +13,8 @@ from confcal.cli._common import (
     parse_params,
 )
 from confcal.calibrators.base import make_calibrator
+from confcal.cli._provenance import provenance
+from confcal.metrics.drift import data_summary
 from confcal.io import check_output_path, load_array, save_manifest
 
 
@@ -31,6 +33,8 @@ def register(sub):
                    help="det-ts/det-platt: one map per category (needs --category-ids)")
     p.add_argument("-o", "--output", required=True, help="manifest path (.json)")
     p.add_argument("--json", action="store_true", help="print the fit record as JSON")
+    p.add_argument("--dataset-version", metavar="VERSION",
+                   help="version/tag of the calibration dataset, stored in the manifest's fit.provenance")
     p.set_defaults(func=run)
 
 
@@ -51,8 +55,12 @@ def run(args) -> int:
         if args.per_class or args.category_ids:
             raise ValueError(f"--per-class/--category-ids: only for det-ts and det-platt, not {args.method}")
         # raw arrays: fit validates them and records the input kind in the manifest
-        cal.fit(load_array(args.logits, name="logits"), load_array(args.labels, name="labels"),
-                input_kind=args.input_kind, **side)
+        x = load_array(args.logits, name="logits")
+        cal.fit(x, load_array(args.labels, name="labels"), input_kind=args.input_kind, **side)
+    cal.fit_record_["provenance"] = provenance(args)
+    cal.fit_record_["data_summary"] = data_summary(
+        x, input_kind="probs" if args.input_kind == "probs" and x.ndim == 2 else "logits",
+        domains=side.get("domains"), features=side.get("features"))
     save_manifest(cal, args.output)
     rec = cal.fit_record_
     if args.json:
