@@ -42,11 +42,28 @@ def test_fit_and_rank_with_domains(tmp_path, capsys):
                  "--domain-key", "location", "--by", "entropy", "--aggregate", "max", "--per-domain-quota",
                  "-o", str(q)]) == 0
     rows = list(csv.DictReader(q.open()))
-    assert list(rows[0]) == ["rank", "image_id", "domain", "priority", "n_boxes", "top_score"]
+    assert list(rows[0]) == ["rank", "image_id", "file_name", "domain", "priority", "total_uncertainty", "n_boxes",
+                             "top_score", "calibrated_confidence", "uncertain_det_ids", "uncertain_confidences",
+                             "calibrator_sha256"]
     assert [int(r["rank"]) for r in rows] == [1, 2, 3]
     assert sum(int(r["n_boxes"]) for r in rows) == 194
     prio = [float(r["priority"]) for r in rows]
-    assert prio == sorted(prio, reverse=True) and all(0 <= v <= np.log(2) for v in prio)
+    assert all(0 <= v <= np.log(2) for v in prio)
+    import hashlib
+    assert {r["calibrator_sha256"] for r in rows} == {hashlib.sha256(cal.read_bytes()).hexdigest()}
+    assert all(r["file_name"] == r["image_id"] for r in rows)  # RarePlanes file_name = scene id
+    # the uncertain boxes: exactly those with 0.11 < p < 0.89 (entropy >= ln(2)/2), ids = file positions
+    from confcal.io import load_calibrator
+    dets = json.loads(det.read_text())
+    z = np.load(m)
+    p = load_calibrator(str(cal)).predict_score(z["score"], domains=z["domain"])
+    from confcal.active import entropy
+    for r in rows:
+        idx = [int(i) for i in r["uncertain_det_ids"].split(";") if i]
+        want = [i for i, d in enumerate(dets) if str(d["image_id"]) == r["image_id"]
+                and entropy(np.array([p[i]]))[0] >= np.log(2) / 2]
+        assert sorted(idx) == sorted(want)
+        np.testing.assert_allclose([float(c) for c in r["uncertain_confidences"].split(";") if c], p[idx], atol=5e-5)
 
 
 def test_fit_platt_per_class_on_raw_scores(tmp_path, visdrone, capsys):
@@ -143,3 +160,24 @@ def test_fit_into_a_closed_pipe_exits_0(tmp_path):
     os.close(w)
     assert out.returncode == 0, out.stderr
     assert "Traceback" not in out.stderr and (tmp_path / "c.json").exists()
+
+
+def test_rank_breaks_saturated_entropy_ties_on_kitti(tmp_path):
+    gt, det, _ = paths("kitti_bev_cars")
+    m, cal, q = tmp_path / "m.npz", tmp_path / "cal.json", tmp_path / "q.csv"
+    assert main(["detections", "match", "--gt", str(gt), "--detections", str(det), "-o", str(m)]) == 0
+    assert main(["fit", "--method", "det-platt", "--logits", f"{m}:score", "--labels", f"{m}:correct",
+                 "-o", str(cal)]) == 0
+    assert main(["rank", "--detections", str(det), "--calibrator", str(cal), "--gt", str(gt), "-o", str(q)]) == 0
+    rows = list(csv.DictReader(q.open()))
+    prio = np.array([float(r["priority"]) for r in rows])
+    total = np.array([float(r["total_uncertainty"]) for r in rows])
+    top = prio >= prio.max() * 0.99
+    assert top.sum() > 10  # many tiles near-tie at the top (entropy saturates at ln 2)
+    k = int(top.sum())
+    assert top[:k].all()  # the band comes first ...
+    assert np.all(np.diff(total[:k]) <= 0)  # ... ordered by the documented secondary key
+    assert rows[0]["file_name"].endswith(".png") and rows[0]["uncertain_det_ids"]
+    assert main(["rank", "--detections", str(det), "--calibrator", str(cal), "--aggregate", "count",
+                 "--threshold", "nan", "-o", str(tmp_path / "n.csv")]) == 2
+    assert not (tmp_path / "n.csv").exists()

@@ -7,12 +7,18 @@ import math
 
 import numpy as np
 
-from confcal.active import AGGREGATIONS, UNCERTAINTIES, rank_tiles
+from confcal.active import AGGREGATIONS, TIE_TOLERANCE, UNCERTAINTIES, rank_tiles, uncertainty
+from confcal.cli._provenance import file_sha256
 from confcal.cli.detections import load_domain_map
 from confcal.detection import load_coco_detections, load_coco_gt
-from confcal.io import atomic_write, load_array, load_calibrator
+from confcal.io import atomic_write, check_output_path, load_array, load_calibrator
 
-COLUMNS = ["rank", "image_id", "domain", "priority", "n_boxes", "top_score"]
+COLUMNS = ["rank", "image_id", "file_name", "domain", "priority", "total_uncertainty", "n_boxes", "top_score",
+           "calibrated_confidence", "uncertain_det_ids", "uncertain_confidences", "calibrator_sha256"]
+#: the largest value of each per-box uncertainty for a binary box score; a box is "uncertain" at half of it
+MAX_UNCERTAINTY = {"least_confidence": 0.5, "margin": 1.0, "entropy": math.log(2), "bald": math.log(2)}
+#: uncertain detection ids listed per tile at most
+MAX_IDS = 50
 
 
 def register(sub):
@@ -20,7 +26,15 @@ def register(sub):
                        description="Calibrate every box score with a det-ts/det-platt manifest, compute a per-box "
                                    "uncertainty, aggregate it per image tile, and write the queue as CSV "
                                    f"(columns: {', '.join(COLUMNS)}). top_score is the tile's largest calibrated "
-                                   "box probability.")
+                                   "box probability; calibrated_confidence the calibrated P(true positive) of its "
+                                   "most uncertain box; uncertain_det_ids the detection ids (the record's 'id', "
+                                   "else its position in the detections file) of the boxes whose uncertainty is "
+                                   "at least half its maximum (entropy >= ln(2)/2: 0.11 < p < 0.89), most "
+                                   f"uncertain first (at most {MAX_IDS}), with their calibrated confidences; "
+                                   "calibrator_sha256 the sha256 of the manifest file. Ties: tiles whose "
+                                   "priority lies in the same band of --tie-tolerance times the top priority "
+                                   "are ordered by total_uncertainty (the sum over the tile's boxes), largest "
+                                   "first, because binary entropy saturates at ln 2.")
     p.add_argument("--detections", required=True, help="COCO results JSON")
     p.add_argument("--calibrator", help="det-ts/det-platt manifest from 'confcal fit'; without it the raw "
                                         "scores (clipped to [0, 1]) are used")
@@ -28,6 +42,9 @@ def register(sub):
     p.add_argument("--aggregate", choices=AGGREGATIONS, default="max", help="per-tile aggregation (default max)")
     p.add_argument("--threshold", type=float,
                    help="with --aggregate count: count boxes whose uncertainty is >= this")
+    p.add_argument("--tie-tolerance", type=float, default=TIE_TOLERANCE,
+                   help=f"relative width of the near-tie bands broken by total_uncertainty (default "
+                        f"{TIE_TOLERANCE:g}; 0: plain priority order)")
     p.add_argument("--per-domain-quota", nargs="?", const="equal", metavar="SHARE",
                    help="guarantee every domain a share of every prefix of the queue: a number in (0, 1] "
                         "per domain, or no value for equal shares")
@@ -62,7 +79,34 @@ def _domains(dets, args):
     return np.asarray(out)
 
 
+def _file_names(dets, args):
+    names = {}
+    if args.gt:
+        names = {im["id"]: str(im.get("file_name", "")) for im in load_coco_gt(args.gt)["images"]}
+    return {r["image_id"]: str(r.get("file_name", names.get(r["image_id"], ""))) for r in dets}
+
+
+def _tile_boxes(tiles, u, probs, det_ids, cut):
+    """``{tile: (confidence of its most uncertain box, ids of uncertain boxes, their confidences)}``."""
+    out = {}
+    order = np.argsort(-u, kind="stable")
+    for i in order:
+        key = tiles[i].item() if hasattr(tiles[i], "item") else tiles[i]
+        entry = out.setdefault(key, [float(probs[i]), [], []])
+        if u[i] >= cut and len(entry[1]) < MAX_IDS:
+            entry[1].append(str(det_ids[i]))
+            entry[2].append(f"{float(probs[i]):.4f}")
+    return out
+
+
 def run(args) -> int:
+    for name in ("threshold", "tie_tolerance"):
+        v = getattr(args, name)
+        if v is not None and not math.isfinite(v):
+            raise ValueError(f"--{name.replace('_', '-')}: expected a finite number, got {v!r}")
+    if args.tie_tolerance < 0:
+        raise ValueError(f"--tie-tolerance: expected a value >= 0, got {args.tie_tolerance!r}")
+    check_output_path(args.output, suffixes=(".csv",), name="--output")
     dets = load_coco_detections(args.detections)
     if not dets:
         raise ValueError(f"--detections: {args.detections} holds no detections")
@@ -104,16 +148,26 @@ def run(args) -> int:
             raise ValueError(f"--mc-scores: expected shape (n_samples_mc, {scores.size}), got {raw.shape}")
         mc = np.stack([calibrate(row) for row in raw])
     queue = rank_tiles(probs if args.by != "bald" else None, tiles, by=args.by, aggregate=args.aggregate,
-                       domains=domains, quota=quota, threshold=args.threshold, mc_probs=mc)
+                       domains=domains, quota=quota, threshold=args.threshold, mc_probs=mc,
+                       tie_tolerance=args.tie_tolerance)
+    u = uncertainty(probs if args.by != "bald" else None, args.by, mc_probs=mc)
+    det_ids = [r.get("id", i) for i, r in enumerate(dets)]
+    boxes = _tile_boxes(tiles, u, probs, det_ids, MAX_UNCERTAINTY[args.by] / 2)
+    files = _file_names(dets, args)
+    sha = file_sha256(args.calibrator) if args.calibrator else ""
     n = queue["rank"].size
     with atomic_write(args.output, "w") as fh:
         w = csv.writer(fh)
         w.writerow(COLUMNS)
         for i in range(n):
-            w.writerow([int(queue["rank"][i]), queue["image_id"][i],
+            tile = queue["image_id"][i]
+            tile = tile.item() if hasattr(tile, "item") else tile
+            conf, ids, confs = boxes.get(tile, [float("nan"), [], []])
+            w.writerow([int(queue["rank"][i]), tile, files.get(tile, ""),
                         queue["domain"][i] if "domain" in queue else "",
-                        repr(float(queue["priority"][i])), int(queue["n_boxes"][i]),
-                        repr(float(queue["top_score"][i]))])
+                        repr(float(queue["priority"][i])), repr(float(queue["total_uncertainty"][i])),
+                        int(queue["n_boxes"][i]), repr(float(queue["top_score"][i])), repr(conf),
+                        ";".join(ids), ";".join(confs), sha])
     print(f"ranked {n} tiles ({scores.size} boxes) by {args.aggregate} {args.by}"
           f"{' with per-domain quota ' + str(quota) if quota is not None else ''}"
           f"{'' if cal else ' on raw scores'} -> {args.output}")
