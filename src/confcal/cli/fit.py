@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 from confcal.calibrators import METHODS
 from confcal.cli._common import (
@@ -63,6 +64,11 @@ def run(args) -> int:
         domains=side.get("domains"), features=side.get("features"))
     save_manifest(cal, args.output)
     rec = cal.fit_record_
+    before, after = rec.get("metrics_before", {}), rec.get("metrics_after", {})
+    if "d_ece" in after and after["d_ece"] > before.get("d_ece", float("inf")):
+        warnings.warn(f"{args.method} raised the calibration-set D-ECE from {before['d_ece']:.4f} to "
+                      f"{after['d_ece']:.4f} (it minimises NLL, and its map family cannot follow these scores); "
+                      "compare det-ts/det-platt on held-out data before using it", UserWarning, stacklevel=2)
     if args.json:
         print(json.dumps(cal.to_dict(), indent=2))
     else:
