@@ -13,6 +13,7 @@ per-target summary (Table 1) and can write the long CSV.
 from __future__ import annotations
 
 import itertools
+import warnings
 
 from confcal.cli._common import parse_params
 from confcal.evaluation.domain import (
@@ -32,7 +33,7 @@ def register(sub):
         "domain-eval", help="calibration under domain shift: source-only, oracle, set- and cluster-level TS",
         description="Run the protocol of Gong et al. (ICCV 2021) on one model's outputs on several domains: "
                     "uncalibrated, source-only TS, target-only oracle TS, set-level TS, cluster-level TS "
-                    "(nearest centroid, regression) and their ensemble; bootstrap ECE (%%, mean ± std) and "
+                    "(nearest centroid, regression) and their ensemble; bootstrap ECE (in percent, mean ± std) and "
                     "improvement ratio per split, and a per-target summary.")
     p.add_argument("--domain", action="append", required=True, metavar="NAME=PATH",
                    help="a domain's .npz with logits, labels and features (repeat for each domain)")
@@ -82,6 +83,9 @@ def splits_for(names: list[str], source: str, targets: list[str] | None, n_calib
     if source not in names:
         raise ValueError(f"--source: {source!r} is not one of the domains {names}")
     targets = targets or [d for d in names if d != source]
+    if not targets:
+        raise ValueError(f"--domain: only the source domain {source!r} was given; the protocol needs at least "
+                         "one target domain besides it (and --n-calibration calibration domains)")
     for t in targets:
         if t not in names or t == source:
             raise ValueError(f"--target: {t!r} must be one of the non-source domains "
@@ -99,6 +103,11 @@ def splits_for(names: list[str], source: str, targets: list[str] | None, n_calib
 def run(args) -> int:
     data = _load_domains(args.domain, args.keys)
     splits = splits_for(list(data), args.source, args.target, args.n_calibration)
+    for name in sorted({c for s in splits for c in s.calibration}):
+        if data[name].labels.shape[0] < 2:
+            warnings.warn(f"calibration domain {name!r} has {data[name].labels.shape[0]} sample: its set-level "
+                          "statistics (feature mean, fitted temperature) are noise; give it more rows or leave it "
+                          "out", UserWarning, stacklevel=2)
     results = []
     for split in splits:
         results.append(evaluate_split(

@@ -13,7 +13,7 @@ from confcal._numeric import softmax
 def register(sub):
     p = sub.add_parser("report", help="write one self-contained HTML calibration report",
                        description="Reliability diagrams before/after the calibrator (all samples and per "
-                                   "--domains), confidence histograms, metrics with bootstrap 95%% intervals, "
+                                   "--domains), confidence histograms, metrics with bootstrap 95 percent intervals, "
                                    "the head of an annotation queue (--queue) and the manifest's provenance, in "
                                    "one HTML file that needs no network. --logits may be 1-D box scores.")
     add_logits_args(p, labels=True)
