@@ -35,7 +35,11 @@ def register(sub):
                                    "priority lies in the same band of --tie-tolerance times the top priority "
                                    "are ordered by total_uncertainty (the sum over the tile's boxes), largest "
                                    "first, because binary entropy saturates at ln 2.")
-    p.add_argument("--detections", required=True, help="COCO results JSON")
+    p.add_argument("--detections", required=True, action="append",
+                   help="COCO results JSON; repeat it with --domain-name (and --gt) to rank several sensors in "
+                        "one queue")
+    p.add_argument("--domain-name", action="append", metavar="NAME",
+                   help="domain (sensor) of each --detections file, in order (needed with several)")
     p.add_argument("--calibrator", help="det-ts/det-platt manifest from 'confcal fit'; without it the raw "
                                         "scores (clipped to [0, 1]) are used")
     p.add_argument("--by", choices=UNCERTAINTIES, default="entropy", help="per-box uncertainty (default entropy)")
@@ -48,7 +52,9 @@ def register(sub):
     p.add_argument("--per-domain-quota", nargs="?", const="equal", metavar="SHARE",
                    help="guarantee every domain a share of every prefix of the queue: a number in (0, 1] "
                         "per domain, or no value for equal shares")
-    p.add_argument("--gt", help="COCO GT JSON, to read each image's domain from its 'images' entries")
+    p.add_argument("--gt", action="append",
+                   help="COCO GT JSON, for each image's domain (its 'images' entries) and file name; with several "
+                        "--detections, one per file")
     p.add_argument("--domain-key", default="domain", help="key of the GT 'images' entries with the domain id")
     p.add_argument("--domain-map", help="JSON file {image_id: domain}")
     p.add_argument("--mc-scores", metavar="SPEC",
@@ -79,11 +85,44 @@ def _domains(dets, args):
     return np.asarray(out)
 
 
-def _file_names(dets, args):
+def _file_names(dets, gt):
     names = {}
-    if args.gt:
-        names = {im["id"]: str(im.get("file_name", "")) for im in load_coco_gt(args.gt)["images"]}
-    return {r["image_id"]: str(r.get("file_name", names.get(r["image_id"], ""))) for r in dets}
+    if gt:
+        names = {im["id"]: str(im.get("file_name", "")) for im in load_coco_gt(gt)["images"]}
+    return [str(r.get("file_name", names.get(r["image_id"], ""))) for r in dets]
+
+
+def _load_pairs(args):
+    """``(dets, tiles, domains or None, file_names, det_ids)`` over every --detections file."""
+    dpaths, gts, names = args.detections, args.gt or [], args.domain_name or []
+    if len(dpaths) > 1 and len(names) != len(dpaths):
+        raise ValueError(f"--domain-name: with {len(dpaths)} --detections files give one --domain-name each, "
+                         f"got {len(names)}")
+    if names and len(names) != len(dpaths):
+        raise ValueError(f"--domain-name: expected {len(dpaths)} (one per --detections), got {len(names)}")
+    if gts and len(gts) != len(dpaths):
+        raise ValueError(f"--gt: expected one per --detections ({len(dpaths)}), got {len(gts)}")
+    if len(set(names)) != len(names) or any(not n for n in names):
+        raise ValueError(f"--domain-name: expected distinct non-empty names, got {names}")
+    dets, tiles, files, ids, doms = [], [], [], [], []
+    for k, path in enumerate(dpaths):
+        part = load_coco_detections(path)
+        if not part:
+            raise ValueError(f"--detections: {path} holds no detections")
+        gt = gts[k] if gts else None
+        dets += part
+        files += _file_names(part, gt)
+        ids += [r.get("id", i) for i, r in enumerate(part)]
+        if names:
+            # image ids of different sensors may collide: the tile is (sensor, image)
+            tiles += [f"{names[k]}/{r['image_id']}" for r in part]
+            doms += [names[k]] * len(part)
+        else:
+            tiles += [r["image_id"] for r in part]
+    if names:
+        return dets, np.asarray(tiles), np.asarray(doms), files, ids
+    args.gt = gts[0] if gts else None
+    return dets, np.asarray(tiles), _domains(dets, args), files, ids
 
 
 def _tile_boxes(tiles, u, probs, det_ids, cut):
@@ -107,13 +146,10 @@ def run(args) -> int:
     if args.tie_tolerance < 0:
         raise ValueError(f"--tie-tolerance: expected a value >= 0, got {args.tie_tolerance!r}")
     check_output_path(args.output, suffixes=(".csv",), name="--output")
-    dets = load_coco_detections(args.detections)
-    if not dets:
-        raise ValueError(f"--detections: {args.detections} holds no detections")
+    multi = bool(args.domain_name)
+    dets, tiles, domains, box_files, det_ids = _load_pairs(args)
     scores = np.asarray([float(r["score"]) for r in dets])
     cats = np.asarray([int(r["category_id"]) for r in dets], dtype=np.int64)
-    tiles = np.asarray([r["image_id"] for r in dets])
-    domains = _domains(dets, args)
     if args.per_domain_quota is not None and domains is None:
         raise ValueError("--per-domain-quota: no domains found; give --gt with --domain-key, or --domain-map")
     quota = None
@@ -151,9 +187,10 @@ def run(args) -> int:
                        domains=domains, quota=quota, threshold=args.threshold, mc_probs=mc,
                        tie_tolerance=args.tie_tolerance)
     u = uncertainty(probs if args.by != "bald" else None, args.by, mc_probs=mc)
-    det_ids = [r.get("id", i) for i, r in enumerate(dets)]
     boxes = _tile_boxes(tiles, u, probs, det_ids, MAX_UNCERTAINTY[args.by] / 2)
-    files = _file_names(dets, args)
+    files, image_of = {}, {}
+    for t, f, r in zip(tiles.tolist(), box_files, dets):
+        files[t], image_of[t] = f, r["image_id"]
     sha = file_sha256(args.calibrator) if args.calibrator else ""
     n = queue["rank"].size
     with atomic_write(args.output, "w") as fh:
@@ -163,7 +200,7 @@ def run(args) -> int:
             tile = queue["image_id"][i]
             tile = tile.item() if hasattr(tile, "item") else tile
             conf, ids, confs = boxes.get(tile, [float("nan"), [], []])
-            w.writerow([int(queue["rank"][i]), tile, files.get(tile, ""),
+            w.writerow([int(queue["rank"][i]), image_of[tile] if multi else tile, files.get(tile, ""),
                         queue["domain"][i] if "domain" in queue else "",
                         repr(float(queue["priority"][i])), repr(float(queue["total_uncertainty"][i])),
                         int(queue["n_boxes"][i]), repr(float(queue["top_score"][i])), repr(conf),
