@@ -296,9 +296,10 @@ class ProbabilityBounding(Calibrator):
             m.clip_()
         self.fallback_ = not (nll <= self.base_nll_)
         if self.fallback_:
+            base = "the uncalibrated softmax" if self.base == "none" else f"plain {self.base}"
             warnings.warn(f"{self.method}: the probability bounds did not lower the calibration-set NLL "
-                          f"({nll:.6g} vs {self.base_nll_:.6g} for {self.base} alone), so the fitted map is "
-                          f"plain {self.base} (fallback: a = 0, b = 1)", CalibrationWarning, stacklevel=3)
+                          f"({nll:.6g} vs {self.base_nll_:.6g} without them), so the fitted map is {base} "
+                          "(fallback: a = 0, b = 1)", CalibrationWarning, stacklevel=3)
             m.load_state_dict(base_state)
             self.link_ = None
             a, b, nll = 0.0, 1.0, self.base_nll_
