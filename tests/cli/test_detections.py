@@ -181,3 +181,16 @@ def test_rank_breaks_saturated_entropy_ties_on_kitti(tmp_path):
     assert main(["rank", "--detections", str(det), "--calibrator", str(cal), "--aggregate", "count",
                  "--threshold", "nan", "-o", str(tmp_path / "n.csv")]) == 2
     assert not (tmp_path / "n.csv").exists()
+
+
+def test_rank_with_a_per_domain_calibrator_but_no_domains_names_the_options(tmp_path, capsys):
+    gt, det, _ = paths("rareplanes_solaris_airports")
+    m, cal = tmp_path / "m.npz", tmp_path / "cal.json"
+    assert main(["detections", "match", "--gt", str(gt), "--detections", str(det), "--domain-key", "location",
+                 "-o", str(m)]) == 0
+    assert main(["fit", "--method", "det-ts", "--logits", f"{m}:score", "--labels", f"{m}:correct",
+                 "--domains", f"{m}:domain", "--param", "min_samples=10", "-o", str(cal)]) == 0
+    capsys.readouterr()
+    assert main(["rank", "--detections", str(det), "--calibrator", str(cal), "-o", str(tmp_path / "q.csv")]) == 2
+    err = capsys.readouterr().err
+    assert "--domain-key" in err and "--domain-name" in err and "domains=" not in err

@@ -78,10 +78,18 @@ def test_absent_domain_key_means_no_domains(tmp_path):
         match_detections(g, [DET])
 
 
-def test_mixed_box_lengths_name_the_cli_option():
+def test_mixed_box_lengths_name_the_cli_option(tmp_path, capsys):
+    import json
+    from confcal.cli import main
     g = _g(annotations=[{"image_id": 1, "category_id": 1, "bbox": [0, 0, 4, 4, 0.1]}])
-    with pytest.raises(ValueError, match="--box-format"):
+    with pytest.raises(ValueError, match="choose box_format 'xywh' or 'xywha'"):  # the library's word
         match_detections(g, [DET])
+    (tmp_path / "g.json").write_text(json.dumps(g))
+    (tmp_path / "d.json").write_text(json.dumps([DET]))
+    assert main(["detections", "match", "--gt", str(tmp_path / "g.json"), "--detections", str(tmp_path / "d.json"),
+                 "-o", str(tmp_path / "m.npz")]) == 2
+    err = capsys.readouterr().err
+    assert "pass --box-format 'xywh' or 'xywha'" in err and "box_format" not in err  # the CLI's word
 
 
 def test_match_many_combines_rotated_and_axis_aligned_sensors():

@@ -174,6 +174,9 @@ def run(args) -> int:
                              "fit det-ts or det-platt")
         if cal.kind_ != "binary":
             raise ValueError("--calibrator: this manifest was fitted on class vectors; rank takes box scores")
+        if cal.by_domain_ and domains is None:
+            raise ValueError("--calibrator: this manifest was fitted per domain; give each box's domain with "
+                             "--gt and --domain-key, --domain-map, or --domain-name")
     probs = calibrate(scores)
     mc = None
     if args.by == "bald":

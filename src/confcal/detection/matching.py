@@ -244,7 +244,7 @@ def match_detections(gt, detections, *, iou_threshold: float = 0.5, crowd: str =
     thr_eff = min(thr, 1.0 - 1e-10)  # as COCO: a threshold of 1 still admits float-rounded perfect overlaps
     g = load_coco_gt(gt)
     dets = load_coco_detections(detections)
-    fmt = detect_box_format(g["annotations"], dets, option="--box-format") if box_format == "auto" else box_format
+    fmt = detect_box_format(g["annotations"], dets) if box_format == "auto" else box_format
     image_ids = {im["id"] for im in g["images"]}
     for i, r in enumerate(dets):
         if r["image_id"] not in image_ids:
