@@ -3,13 +3,17 @@ come from :func:`confcal.evaluation.audit.calibration_audit`."""
 
 from __future__ import annotations
 
+import json
 import sys
+import warnings
 
 import numpy as np
 
-from confcal.cli._common import format_table
+from confcal._numeric import softmax
+from confcal.calibrators.base import _sha256
+from confcal.cli._common import format_table, load_logits_labels, load_side
 from confcal.evaluation.audit import ALL, calibration_audit, domain_parameters, ece_violations, gate_metric
-from confcal.io import load_array
+from confcal.io import load_array, load_calibrator, load_manifest
 
 #: exit status of ``evaluate --max-ece`` when a calibration error is above the limit
 EXIT_ECE_EXCEEDED = 3
@@ -86,3 +90,40 @@ def gate(audits: dict, max_ece: float | None) -> int:
     which = ", ".join(f"{g} {v:.4f}" for g, v in bad)
     print(f"confcal: {gate_metric(a)} above --max-ece {max_ece:g} ({stage}): {which}", file=sys.stderr)
     return EXIT_ECE_EXCEEDED
+
+
+def run_audit(args) -> int:
+    """``confcal evaluate`` in memory: the audit of the raw and calibrated predictions."""
+    if args.max_ece is not None and not 0.0 <= args.max_ece <= 1.0:  # also refuses nan
+        raise ValueError(f"--max-ece: expected a number in [0, 1], got {args.max_ece!r}")
+    side = load_side(args)
+    manifest = load_manifest(args.calibrator) if args.calibrator else None
+    if load_array(args.logits, name="logits").ndim == 1:  # box scores (n_boxes,) with 0/1 labels
+        cal = load_calibrator(manifest) if manifest else None
+        stages, y = box_score_predictions(args, cal, side)
+        x = stages["uncalibrated"][:, None]
+    else:
+        x, y = load_logits_labels(args)
+        stages = {"uncalibrated": softmax(x)}
+        cal = None
+        if manifest:
+            cal = load_calibrator(manifest, n_classes=x.shape[1])
+            stages[cal.method] = cal.predict_proba(x, **side)
+    if cal is not None:
+        record = getattr(cal, "fit_record_", None) or {}
+        if record.get("data_sha256") == _sha256(x if x.shape[1] > 1 else load_array(args.logits, name="logits"),
+                                                y, *[side[k] for k in sorted(side)]):
+            warnings.warn("these are the arrays the calibrator was fitted on: the calibrated metrics are "
+                          "optimistic; evaluate on a held-out test set", UserWarning, stacklevel=2)
+    audits = audit_stages(stages, y, side, args.n_bins)
+    add_parameters(audits, manifest)
+    if args.json:
+        metrics = {k: {m: v for m, v in a["groups"]["(all)"].items() if m != "reliability"}
+                   for k, a in audits.items()}
+        print(json.dumps({"n_samples": int(y.shape[0]), "n_classes": 2 if x.shape[1] == 1 else int(x.shape[1]),
+                          "metrics": metrics, "audit": audits}, indent=2))
+    else:
+        print(f"{y.shape[0]} samples, {2 if x.shape[1] == 1 else x.shape[1]} classes"
+              + (" (box scores)" if x.shape[1] == 1 else ""))
+        print(render(audits))
+    return gate(audits, args.max_ece)
