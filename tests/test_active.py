@@ -164,4 +164,4 @@ def test_tie_broken_order_is_a_permutation_that_keeps_bands(prio, tol):
     if tol * p.max() > 0:
         with np.errstate(over="ignore"):
             band = np.floor((p.max() - p[order]) / (tol * p.max()))
-        assert np.all(np.diff(band) >= 0)  # bands in order: never more than one band width out of place
+        assert np.all(band[1:] >= band[:-1])  # bands in order (inf-safe): never a band width out of place
