@@ -194,3 +194,30 @@ def test_rank_with_a_per_domain_calibrator_but_no_domains_names_the_options(tmp_
     assert main(["rank", "--detections", str(det), "--calibrator", str(cal), "-o", str(tmp_path / "q.csv")]) == 2
     err = capsys.readouterr().err
     assert "--domain-key" in err and "--domain-name" in err and "domains=" not in err
+
+
+def test_fit_accepts_repeated_inputs(tmp_path):
+    # two per-sensor match files -> one fit == the fit on the file matched from both pairs at once
+    k_gt, k_det, _ = paths("kitti_bev_cars")
+    r_gt, r_det, _ = paths("rareplanes_solaris_airports")
+    a, b, both = tmp_path / "a.npz", tmp_path / "b.npz", tmp_path / "both.npz"
+    assert main(["detections", "match", "--gt", str(k_gt), "--detections", str(k_det), "--domain-name", "kitti",
+                 "-o", str(a)]) == 0
+    assert main(["detections", "match", "--gt", str(r_gt), "--detections", str(r_det), "--domain-name",
+                 "rareplanes", "-o", str(b)]) == 0
+    assert main(["detections", "match", "--gt", str(k_gt), "--detections", str(k_det), "--domain-name", "kitti",
+                 "--gt", str(r_gt), "--detections", str(r_det), "--domain-name", "rareplanes", "-o", str(both)]) == 0
+    c1, c2 = tmp_path / "c1.json", tmp_path / "c2.json"
+    assert main(["fit", "--method", "det-platt", "--logits", f"{a}:score", "--labels", f"{a}:correct",
+                 "--domains", f"{a}:domain", "--logits", f"{b}:score", "--labels", f"{b}:correct",
+                 "--domains", f"{b}:domain", "-o", str(c1)]) == 0
+    assert main(["fit", "--method", "det-platt", "--logits", f"{both}:score", "--labels", f"{both}:correct",
+                 "--domains", f"{both}:domain", "-o", str(c2)]) == 0
+    m1, m2 = json.loads(c1.read_text()), json.loads(c2.read_text())
+    assert m1["parameters"] == m2["parameters"] and m1["fit"]["data_sha256"] == m2["fit"]["data_sha256"]
+    prov = m1["fit"]["provenance"]
+    assert [e["path"] for e in prov["inputs"]["logits"]] == [str(a), str(b)]
+    assert [m["pairs"] for m in prov["matching"]] == [["kitti"], ["rareplanes"]]
+    assert main(["fit", "--method", "det-platt", "--logits", f"{a}:score", "--labels", f"{a}:correct",
+                 "--logits", f"{b}:score", "-o", str(tmp_path / "c3.json")]) == 2
+    assert not (tmp_path / "c3.json").exists()

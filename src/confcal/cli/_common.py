@@ -13,28 +13,49 @@ from confcal.io import load_array
 SPEC_HELP = "PATH or PATH:KEY (.npy, .npz, .pt, .csv)"
 
 
-def add_logits_args(p, *, labels: bool, side: bool = True, labels_required: bool = True):
-    p.add_argument("--logits", required=True, metavar="SPEC", help=f"logits (n_samples, n_classes): {SPEC_HELP}")
+def add_logits_args(p, *, labels: bool, side: bool = True, labels_required: bool = True, repeatable: bool = False):
+    """``--logits``, ``--input-kind`` and (as asked) ``--labels``, ``--domains``, ``--features``; with
+    ``repeatable=True`` each array option may be given several times (files concatenated in order)."""
+    rep = {"action": "append"} if repeatable else {}
+    again = "; repeat to concatenate several files" if repeatable else ""
+    p.add_argument("--logits", required=True, metavar="SPEC",
+                   help=f"logits (n_samples, n_classes): {SPEC_HELP}{again}", **rep)
     p.add_argument("--input-kind", choices=["logits", "probs"], default="logits",
                    help="'probs' if the file holds probabilities (their log is used as logits)")
     if labels:
         p.add_argument("--labels", required=labels_required, metavar="SPEC",
-                       help=f"integer labels (n_samples,): {SPEC_HELP}")
+                       help=f"integer labels (n_samples,): {SPEC_HELP}", **rep)
     if side:
-        p.add_argument("--domains", metavar="SPEC", help=f"domain/sensor ids (n_samples,): {SPEC_HELP}")
-        p.add_argument("--features", metavar="SPEC", help=f"features (n_samples, n_features): {SPEC_HELP}")
+        p.add_argument("--domains", metavar="SPEC", help=f"domain/sensor ids (n_samples,): {SPEC_HELP}", **rep)
+        p.add_argument("--features", metavar="SPEC", help=f"features (n_samples, n_features): {SPEC_HELP}",
+                       **rep)
+
+
+def load_repeated(args, name: str, what: str | None = None):
+    """The array of option ``name``: one spec, or a list of specs (a repeatable option) loaded and
+    concatenated along the first axis; ``None`` when the option is absent."""
+    specs = getattr(args, name, None)
+    if not specs:
+        return None
+    if isinstance(specs, str):
+        return load_array(specs, name=what or name)
+    arrays = [load_array(s, name=what or name) for s in specs]
+    if len(arrays) > 1 and len({a.shape[1:] for a in arrays}) > 1:
+        raise ValueError(f"--{name.replace('_', '-')}: the files have different row shapes "
+                         f"{[a.shape[1:] for a in arrays]}; they cannot be concatenated")
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
 
 def load_side(args) -> dict:
     side = {}
     if getattr(args, "domains", None):
-        d = load_array(args.domains, name="domains")
+        d = load_repeated(args, "domains")
         if d.dtype.kind == "U" and d.size and np.all(d == ""):
             raise ValueError(f"--domains: every id in {args.domains} is empty (''): the data has no domains; "
                              "drop --domains (or re-match with a --domain-key/--domain-name that exists)")
         side["domains"] = d
     if getattr(args, "features", None):
-        side["features"] = load_array(args.features, name="features")
+        side["features"] = load_repeated(args, "features")
     return side
 
 

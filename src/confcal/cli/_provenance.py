@@ -42,16 +42,20 @@ def provenance(args) -> dict:
     """``{"inputs": {option: {"path", "key", "sha256"}}, "command", "dataset_version"?, "matching"?}``."""
     inputs = {}
     for name in INPUT_OPTIONS:
-        spec = getattr(args, name, None)
-        if not spec:
+        specs = getattr(args, name, None)
+        if not specs:
             continue
-        path, key = split_spec(spec)
-        inputs[name] = {"path": str(path), "key": key, "sha256": file_sha256(path)}
+        entries = []
+        for spec in [specs] if isinstance(specs, str) else specs:
+            path, key = split_spec(spec)
+            entries.append({"path": str(path), "key": key, "sha256": file_sha256(path)})
+        inputs[name] = entries[0] if len(entries) == 1 else entries  # repeated: a list, in order
     out = {"inputs": inputs,
            "command": shlex.join(["confcal", *getattr(args, "argv", sys.argv[1:])])}
     if getattr(args, "dataset_version", None):
         out["dataset_version"] = str(args.dataset_version)
-    matching = matching_parameters(args.logits) if getattr(args, "logits", None) else None
-    if matching is not None:
-        out["matching"] = matching
+    logits = getattr(args, "logits", None) or []
+    matching = [matching_parameters(s) for s in ([logits] if isinstance(logits, str) else logits)]
+    if any(m is not None for m in matching):
+        out["matching"] = matching[0] if len(matching) == 1 else matching
     return out

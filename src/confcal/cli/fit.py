@@ -9,6 +9,7 @@ from confcal.calibrators import METHODS
 from confcal.cli._common import (
     SPEC_HELP,
     add_logits_args,
+    load_repeated,
     load_side,
     metrics_rows,
     parse_params,
@@ -16,19 +17,19 @@ from confcal.cli._common import (
 from confcal.calibrators.base import make_calibrator
 from confcal.cli._provenance import provenance
 from confcal.metrics.drift import data_summary
-from confcal.io import check_output_path, load_array, save_manifest
+from confcal.io import check_output_path, save_manifest
 
 
 def register(sub):
     p = sub.add_parser("fit", help="fit a calibrator on a calibration set and save it as JSON",
                        description="Fit a calibrator on held-out logits and labels; write a JSON manifest "
                                    "and print calibration-set metrics before/after.")
-    add_logits_args(p, labels=True)
+    add_logits_args(p, labels=True, repeatable=True)
     p.add_argument("--method", required=True, choices=sorted(METHODS), metavar="METHOD",
                    help="one of: " + ", ".join(sorted(METHODS)))
     p.add_argument("--param", action="append", metavar="KEY=VALUE",
                    help="hyper-parameter of the method (repeatable), e.g. --param t_max=1000")
-    p.add_argument("--category-ids", metavar="SPEC",
+    p.add_argument("--category-ids", metavar="SPEC", action="append",
                    help=f"det-ts/det-platt: category id per box (n_boxes,): {SPEC_HELP}")
     p.add_argument("--per-class", action="store_true",
                    help="det-ts/det-platt: one map per category (needs --category-ids)")
@@ -45,19 +46,24 @@ def run(args) -> int:
         params["per_class"] = True
     check_output_path(args.output, suffixes=(".json",), name="--output")
     cal = make_calibrator(args.method, params)
+    counts = {k: len(getattr(args, k)) for k in ("logits", "labels", "domains", "features", "category_ids")
+              if getattr(args, k, None)}
+    if len(set(counts.values())) > 1:
+        raise ValueError("--logits/--labels: give every repeated input the same number of times (one file per "
+                         f"part), got {counts}")
     side = load_side(args)
     if getattr(cal, "takes_box_scores", False):
         # detection calibrators take 1-D box scores (e.g. matched.npz:score) and validate them themselves
-        x, y = load_array(args.logits, name="scores"), load_array(args.labels, name="labels")
+        x, y = load_repeated(args, "logits", "scores"), load_repeated(args, "labels")
         if args.category_ids:
-            side["category_ids"] = load_array(args.category_ids, name="category_ids")
+            side["category_ids"] = load_repeated(args, "category_ids")
         cal.fit(x, y, input_kind=args.input_kind, **side)
     else:
         if args.per_class or args.category_ids:
             raise ValueError(f"--per-class/--category-ids: only for det-ts and det-platt, not {args.method}")
         # raw arrays: fit validates them and records the input kind in the manifest
-        x = load_array(args.logits, name="logits")
-        cal.fit(x, load_array(args.labels, name="labels"), input_kind=args.input_kind, **side)
+        x = load_repeated(args, "logits")
+        cal.fit(x, load_repeated(args, "labels"), input_kind=args.input_kind, **side)
     cal.fit_record_["provenance"] = provenance(args)
     cal.fit_record_["data_summary"] = data_summary(
         x, input_kind="probs" if args.input_kind == "probs" and x.ndim == 2 else "logits",
