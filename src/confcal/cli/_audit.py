@@ -34,7 +34,8 @@ def box_score_predictions(args, cal, side):
         if not getattr(cal, "takes_box_scores", False):
             raise ValueError(f"--calibrator: {cal.method} calibrates class vectors, but --logits holds 1-D box "
                              "scores; fit det-ts or det-platt")
-        stages[cal.method] = cal.predict_proba(s, input_kind=args.input_kind, **side)[:, 1]
+        cal.set_params(input_kind=args.input_kind)
+        stages[cal.method] = cal.predict_proba(s, **side)[:, 1]
     return stages, y
 
 
@@ -98,6 +99,8 @@ def run_audit(args) -> int:
         raise ValueError(f"--max-ece: expected a number in [0, 1], got {args.max_ece!r}")
     side = load_side(args)
     manifest = load_manifest(args.calibrator) if args.calibrator else None
+    if getattr(args, "input_kind", None) is None:  # default: what the calibrator was fitted on
+        args.input_kind = load_calibrator(manifest).input_kind if manifest else "logits"
     if load_array(args.logits, name="logits").ndim == 1:  # box scores (n_boxes,) with 0/1 labels
         cal = load_calibrator(manifest) if manifest else None
         stages, y = box_score_predictions(args, cal, side)
@@ -108,6 +111,7 @@ def run_audit(args) -> int:
         cal = None
         if manifest:
             cal = load_calibrator(manifest, n_classes=x.shape[1])
+            cal.set_params(input_kind="logits")  # x holds validated logits (log-probabilities for probs)
             stages[cal.method] = cal.predict_proba(x, **side)
     if cal is not None:
         record = getattr(cal, "fit_record_", None) or {}

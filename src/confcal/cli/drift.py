@@ -24,8 +24,8 @@ def register(sub):
     p.add_argument("--calibrator", required=True, help="manifest written by 'confcal fit'")
     p.add_argument("--logits", required=True, metavar="SPEC",
                    help="new logits (n_samples, n_classes) or box scores (n_boxes,): PATH or PATH:KEY")
-    p.add_argument("--input-kind", choices=["logits", "probs"], default="logits",
-                   help="'probs' if the file holds probabilities")
+    p.add_argument("--input-kind", choices=["logits", "probs"],
+                   help="'probs' if the file holds probabilities (default: what the calibrator was fitted on)")
     p.add_argument("--domains", metavar="SPEC", help="domain/sensor ids of the new data (n_samples,)")
     p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
                    help=f"family-wise false-alarm level (default {DEFAULT_ALPHA:g})")
@@ -59,7 +59,8 @@ def run(args) -> int:
         raise ValueError(f"--alpha: expected a value in (0, 1), got {args.alpha!r}")
     cal = load_calibrator(args.calibrator)
     domains = load_array(args.domains, name="domains") if args.domains else None
-    rows = check(cal.fit_record_, load_array(args.logits, name="logits"), input_kind=args.input_kind,
+    kind = args.input_kind or ("probs" if getattr(cal, "input_kind", "logits") == "probs" else "logits")
+    rows = check(cal.fit_record_, load_array(args.logits, name="logits"), input_kind=kind,
                  domains=domains, alpha=args.alpha)
     if args.json:
         print(json.dumps({"alpha": args.alpha, "tests": rows}, indent=2))

@@ -14,6 +14,7 @@ def register(sub):
                                    "reliability table. With --max-ece the exit status is 3 when the calibrated "
                                    "ECE (D-ECE for box scores) of any domain or of all samples exceeds the limit.")
     add_logits_args(p, labels=True)
+    p.set_defaults(input_kind=None)  # default: the calibrator's (its manifest), else logits
     p.add_argument("--calibrator", help="manifest written by 'confcal fit'")
     p.add_argument("--n-bins", type=int, default=15, help="bins for ECE/MCE (default 15)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -44,6 +44,8 @@ def run(args) -> int:
     params = parse_params(args.param)
     if args.per_class:
         params["per_class"] = True
+    if args.input_kind != "logits" or "input_kind" not in params:
+        params["input_kind"] = args.input_kind  # a hyper-parameter: the manifest records it for apply
     check_output_path(args.output, suffixes=(".json",), name="--output")
     cal = make_calibrator(args.method, params)
     counts = {k: len(getattr(args, k)) for k in ("logits", "labels", "domains", "features", "category_ids")
@@ -57,13 +59,13 @@ def run(args) -> int:
         x, y = load_repeated(args, "logits", "scores"), load_repeated(args, "labels")
         if args.category_ids:
             side["category_ids"] = load_repeated(args, "category_ids")
-        cal.fit(x, y, input_kind=args.input_kind, **side)
+        cal.fit(x, y, **side)
     else:
         if args.per_class or args.category_ids:
             raise ValueError(f"--per-class/--category-ids: only for det-ts and det-platt, not {args.method}")
         # raw arrays: fit validates them and records the input kind in the manifest
         x = load_repeated(args, "logits")
-        cal.fit(x, load_repeated(args, "labels"), input_kind=args.input_kind, **side)
+        cal.fit(x, load_repeated(args, "labels"), **side)
     cal.fit_record_["provenance"] = provenance(args)
     cal.fit_record_["data_summary"] = data_summary(
         x, input_kind="probs" if args.input_kind == "probs" and x.ndim == 2 else "logits",

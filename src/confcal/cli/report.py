@@ -17,6 +17,7 @@ def register(sub):
                                    "the head of an annotation queue (--queue) and the manifest's provenance, in "
                                    "one HTML file that needs no network. --logits may be 1-D box scores.")
     add_logits_args(p, labels=True)
+    p.set_defaults(input_kind=None)  # default: what the calibrator was fitted on (its manifest)
     p.add_argument("--calibrator", required=True, help="manifest written by 'confcal fit'")
     p.add_argument("--queue", help="queue CSV written by 'confcal rank' (its head is shown)")
     p.add_argument("--n-bins", type=int, default=15, help="bins (default 15)")
@@ -34,11 +35,14 @@ def run(args) -> int:
         raise ValueError(f"--bootstrap: expected a positive number of resamples, got {args.bootstrap}")
     side = load_side(args)
     manifest = load_manifest(args.calibrator)
+    if args.input_kind is None:
+        args.input_kind = load_calibrator(manifest).input_kind
     if load_array(args.logits, name="logits").ndim == 1:
         stages, y = _audit.box_score_predictions(args, load_calibrator(manifest), side)
     else:
         x, y = load_logits_labels(args)
         cal = load_calibrator(manifest, n_classes=x.shape[1])
+        cal.set_params(input_kind="logits")  # x holds validated logits (log-probabilities for probs)
         stages = {"uncalibrated": softmax(x), cal.method: cal.predict_proba(x, **side)}
     text = build_report(stages, np.asarray(y), domains=side.get("domains"), manifest=manifest,
                         queue_csv=args.queue, n_bins=args.n_bins, n_draws=args.bootstrap, max_ece=args.max_ece)
