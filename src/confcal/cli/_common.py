@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 from confcal._tables import format_table, metrics_rows  # noqa: F401  (re-exported for the subcommands)
 from confcal._validation import check_labels, check_logits
 from confcal.io import load_array
