@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from confcal.active import (
@@ -131,9 +131,37 @@ def test_per_domain_calibration_reorders_tiles_across_domains():
 
 def test_rank_tiles_columns_and_mixed_domain_error():
     q = rank_tiles(np.array([0.9, 0.5, 0.2]), np.array([1, 1, 2]), by="entropy", aggregate="max")
-    assert set(q) == {"rank", "image_id", "priority", "n_boxes", "top_score"}
+    assert set(q) == {"rank", "image_id", "priority", "n_boxes", "top_score", "total_uncertainty"}
     assert q["image_id"].tolist() == [1, 2] and q["top_score"].tolist() == [0.9, 0.2]
     with pytest.raises(ValueError, match="two domains"):
         rank_tiles(np.array([0.9, 0.5]), np.array([1, 1]), domains=np.array(["a", "b"]))
     with pytest.raises(ValueError, match="mc_probs"):
         rank_tiles(np.array([0.9]), np.array([1]), by="bald")
+
+
+def test_near_ties_at_the_top_go_to_the_larger_total_uncertainty():
+    from confcal.active import entropy, tie_broken_order
+    # tile 1: one box at p = 0.5 (entropy ln 2); tile 2: three boxes near 0.5 (max 0.6929 < ln 2, within 1%)
+    p = np.array([0.5, 0.49, 0.48, 0.51, 0.05])
+    t = np.array([1, 2, 2, 2, 3])
+    q = rank_tiles(p, t, by="entropy", aggregate="max")
+    assert q["image_id"].tolist() == [2, 1, 3]
+    np.testing.assert_allclose(q["total_uncertainty"][0], entropy(p[1:4]).sum())
+    # without the tie rule: plain falling priority
+    assert rank_tiles(p, t, tie_tolerance=0.0)["image_id"].tolist() == [1, 2, 3]
+    # a clear gap (more than 1% of the top) is never overridden by the secondary key
+    assert tie_broken_order(np.array([0.5, 0.69]), np.array([100.0, 0.0]), 0.01).tolist() == [1, 0]
+
+
+@settings(max_examples=100)
+@given(st.lists(st.floats(0, 1), min_size=1, max_size=30), st.floats(0, 0.2))
+def test_tie_broken_order_is_a_permutation_that_keeps_bands(prio, tol):
+    from confcal.active import tie_broken_order
+    p = np.array(prio)
+    sec = np.random.default_rng(len(prio)).random(p.size)
+    order = tie_broken_order(p, sec, tol)
+    assert sorted(order.tolist()) == list(range(p.size))
+    if tol * p.max() > 0:
+        with np.errstate(over="ignore"):
+            band = np.floor((p.max() - p[order]) / (tol * p.max()))
+        assert np.all(band[1:] >= band[:-1])  # bands in order (inf-safe): never a band width out of place

@@ -28,7 +28,8 @@ import numpy as np
 from confcal._validation import as_numpy, check_domains, check_probs
 
 __all__ = ["least_confidence", "margin", "entropy", "bald", "uncertainty", "UNCERTAINTIES",
-           "aggregate_by_tile", "AGGREGATIONS", "build_queue", "quota_order", "rank_tiles"]
+           "aggregate_by_tile", "AGGREGATIONS", "build_queue", "quota_order", "rank_tiles", "tie_broken_order",
+           "TIE_TOLERANCE"]
 
 UNCERTAINTIES = ("least_confidence", "margin", "entropy", "bald")
 AGGREGATIONS = ("max", "mean", "sum", "count")
@@ -252,7 +253,35 @@ def quota_order(priority, domains, quota) -> np.ndarray:
     return order
 
 
-def build_queue(tile_ids, priority, *, domains=None, quota=None, **columns) -> dict:
+def tie_broken_order(priority, secondary=None, tie_tolerance: float = 0.0) -> np.ndarray:
+    """Order of items by falling ``priority`` with near-ties broken by falling ``secondary``.
+
+    Items are put in bands of width ``tie_tolerance * max(priority)`` counted down from the
+    largest priority (band 0 holds every item within that distance of the top); bands go in
+    order, and within a band the larger ``secondary`` comes first, then the larger priority,
+    then the lower index. Binary entropy saturates at ``ln 2`` (any box with p near 1/2
+    scores about the same), so without this many tiles tie at the top of the queue.
+    ``tie_tolerance = 0`` or no ``secondary``: plain falling priority (stable).
+
+    Examples
+    --------
+    >>> tie_broken_order(np.array([0.690, 0.693, 0.5]), np.array([3.0, 1.0, 9.0]), 0.01).tolist()
+    [0, 1, 2]
+    """
+    p = np.asarray(priority, dtype=np.float64)
+    if secondary is None or tie_tolerance <= 0 or p.size == 0:
+        return np.argsort(-p, kind="stable")
+    width = float(tie_tolerance) * max(float(p.max()), 0.0)
+    if not width > 0:  # all priorities <= 0, or a band narrower than the float range: no ties to break
+        return np.argsort(-p, kind="stable")
+    with np.errstate(over="ignore"):
+        band = np.floor((p.max() - p) / width)
+    sec = np.asarray(secondary, dtype=np.float64)
+    return np.lexsort((np.arange(p.size), -p, -sec, band))
+
+
+def build_queue(tile_ids, priority, *, domains=None, quota=None, secondary=None, tie_tolerance: float = 0.0,
+                **columns) -> dict:
     """The annotation queue: tiles sorted by falling priority, optionally with per-domain quotas.
 
     Parameters
@@ -260,6 +289,8 @@ def build_queue(tile_ids, priority, *, domains=None, quota=None, **columns) -> d
     tile_ids, priority : ``(n_tiles,)``
     domains : ``(n_tiles,)`` domain/sensor id per tile (needed with ``quota``)
     quota : see :func:`quota_order`; None = pure priority order
+    secondary, tie_tolerance : ``(n_tiles,)`` secondary key and relative band width that break
+        near-ties of ``priority`` (see :func:`tie_broken_order`); quotas then act on that order
     **columns : further ``(n_tiles,)`` arrays carried along (e.g. ``n_boxes``, ``top_score``)
 
     Returns a dict of arrays in queue order: ``rank`` (1-based), ``image_id``,
@@ -273,7 +304,10 @@ def build_queue(tile_ids, priority, *, domains=None, quota=None, **columns) -> d
         raise ValueError("priority: expected finite values")
     if quota is not None and domains is None:
         raise ValueError("domains: a per-domain quota needs the domain of every tile")
-    order = quota_order(p, domains if domains is not None else np.zeros(t.size, np.int64), quota)
+    base = tie_broken_order(p, secondary, tie_tolerance)
+    surrogate = np.empty(t.size)
+    surrogate[base] = -np.arange(t.size, dtype=np.float64)  # the tie-broken order as a priority
+    order = quota_order(surrogate, domains if domains is not None else np.zeros(t.size, np.int64), quota)
     out = {"rank": np.arange(1, t.size + 1), "image_id": t[order]}
     if domains is not None:
         out["domain"] = check_domains(domains, t.size)[order]
@@ -286,15 +320,23 @@ def build_queue(tile_ids, priority, *, domains=None, quota=None, **columns) -> d
     return out
 
 
+#: default relative width of the near-tie bands of the queue (1% of the top priority)
+TIE_TOLERANCE = 0.01
+
+
 def rank_tiles(box_probs, tile_ids, *, by: str = "entropy", aggregate: str = "max", domains=None,
-               quota=None, threshold: float | None = None, mc_probs=None, tiles=None) -> dict:
+               quota=None, threshold: float | None = None, mc_probs=None, tiles=None,
+               tie_tolerance: float = TIE_TOLERANCE) -> dict:
     """Per-box calibrated probabilities -> per-tile priority -> queue.
 
     ``box_probs``: calibrated ``(n_boxes,)`` P(true positive) or ``(n_boxes, K)``;
     ``tile_ids``/``domains``: ``(n_boxes,)`` (a tile must have one domain).
     ``by``: an uncertainty (:data:`UNCERTAINTIES`); ``aggregate``: :data:`AGGREGATIONS`.
-    Returns :func:`build_queue` output with columns ``n_boxes`` and ``top_score``
-    (the tile's largest calibrated box probability; NaN for a tile without boxes).
+    Returns :func:`build_queue` output with columns ``n_boxes``, ``top_score``
+    (the tile's largest calibrated box probability; NaN for a tile without boxes) and
+    ``total_uncertainty`` (sum of the tile's box uncertainties), the secondary key: tiles
+    whose priorities lie within ``tie_tolerance`` (relative to the top priority, default 1%)
+    of each other's band are ordered by it, largest first (:func:`tie_broken_order`).
     """
     u = uncertainty(box_probs, by, mc_probs=mc_probs)
     if box_probs is None:
@@ -308,6 +350,7 @@ def rank_tiles(box_probs, tile_ids, *, by: str = "entropy", aggregate: str = "ma
         raise ValueError(f"tile_ids: expected {u.shape[0]} ids (one per box), got {t.shape}")
     tiles_u, prio, n_boxes = aggregate_by_tile(u, t, aggregate, threshold=threshold, tiles=tiles)
     _, top_tile, _ = aggregate_by_tile(top, t, "max", tiles=tiles)
+    _, total, _ = aggregate_by_tile(u, t, "sum", tiles=tiles)
     top_tile = np.where(n_boxes > 0, top_tile, np.nan)
     tile_dom = None
     if domains is not None:
@@ -317,4 +360,5 @@ def rank_tiles(box_probs, tile_ids, *, by: str = "entropy", aggregate: str = "ma
             if mapping.setdefault(ti, di) != di:
                 raise ValueError(f"domains: tile {ti!r} has boxes of two domains ({mapping[ti]!r}, {di!r})")
         tile_dom = np.asarray([mapping.get(k.item() if hasattr(k, "item") else k, "") for k in tiles_u])
-    return build_queue(tiles_u, prio, domains=tile_dom, quota=quota, n_boxes=n_boxes, top_score=top_tile)
+    return build_queue(tiles_u, prio, domains=tile_dom, quota=quota, secondary=total, tie_tolerance=tie_tolerance,
+                       n_boxes=n_boxes, top_score=top_tile, total_uncertainty=total)

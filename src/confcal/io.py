@@ -45,13 +45,13 @@ def check_not_an_input(output, inputs: dict) -> None:
     """Refuse an output path that is also one of the input files (``{argument: spec}``): writing
     it would destroy the input (e.g. the other arrays of an ``.npz``)."""
     out = Path(output)
-    for arg, spec in inputs.items():
-        if not spec:
-            continue
-        path = split_spec(spec)[0]
-        same = (out.exists() and path.exists() and os.path.samefile(out, path)) or \
-            out.resolve() == path.resolve()
-        if same:
+    for arg, specs in inputs.items():
+        for spec in [specs] if isinstance(specs, str) else specs or []:  # repeatable options: lists
+            path = split_spec(spec)[0]
+            same = (out.exists() and path.exists() and os.path.samefile(out, path)) or \
+                out.resolve() == path.resolve()
+            if not same:
+                continue
             raise ValueError(f"--output: {str(output)!r} is also the input of {arg}; writing it would destroy "
                              "that input, so choose another output file")
 

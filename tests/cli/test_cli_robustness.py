@@ -57,7 +57,7 @@ def test_ragged_csv_and_pickled_pt(tmp_path, capsys):
     assert main(["fit", "--logits", str(tmp_path / "evil.pt"), "--labels", str(tmp_path / "y.npy"),
                  "--method", "ts", "-o", str(tmp_path / "o.json")]) == 2
     err = capsys.readouterr().err
-    assert "confcal: error: logits: could not read" in err and "Traceback" not in err
+    assert "confcal: error: --logits: could not read" in err and "Traceback" not in err
     assert not (tmp_path / "o.json").exists()
 
 

@@ -22,8 +22,9 @@ def test_match_writes_the_reference_labels(tmp_path, visdrone, capsys):
     z, r = np.load(out), np.load(ref)
     np.testing.assert_array_equal(z["correct"], r["label"])
     np.testing.assert_array_equal(z["label"], r["label"])
-    for key in ("score", "iou", "image_id", "category_id", "domain", "ignore", "det_index"):
+    for key in ("score", "iou", "image_id", "category_id", "ignore", "det_index", "matching"):
         assert key in z.files
+    assert "domain" not in z.files  # VisDrone GT images carry no 'domain' key: no domains, not one '' group
     assert "precision" in capsys.readouterr().out
 
 
@@ -41,11 +42,28 @@ def test_fit_and_rank_with_domains(tmp_path, capsys):
                  "--domain-key", "location", "--by", "entropy", "--aggregate", "max", "--per-domain-quota",
                  "-o", str(q)]) == 0
     rows = list(csv.DictReader(q.open()))
-    assert list(rows[0]) == ["rank", "image_id", "domain", "priority", "n_boxes", "top_score"]
+    assert list(rows[0]) == ["rank", "image_id", "file_name", "domain", "priority", "total_uncertainty", "n_boxes",
+                             "top_score", "calibrated_confidence", "uncertain_det_ids", "uncertain_confidences",
+                             "calibrator_sha256"]
     assert [int(r["rank"]) for r in rows] == [1, 2, 3]
     assert sum(int(r["n_boxes"]) for r in rows) == 194
     prio = [float(r["priority"]) for r in rows]
-    assert prio == sorted(prio, reverse=True) and all(0 <= v <= np.log(2) for v in prio)
+    assert all(0 <= v <= np.log(2) for v in prio)
+    import hashlib
+    assert {r["calibrator_sha256"] for r in rows} == {hashlib.sha256(cal.read_bytes()).hexdigest()}
+    assert all(r["file_name"] == r["image_id"] for r in rows)  # RarePlanes file_name = scene id
+    # the uncertain boxes: exactly those with 0.11 < p < 0.89 (entropy >= ln(2)/2), ids = file positions
+    from confcal.io import load_calibrator
+    dets = json.loads(det.read_text())
+    z = np.load(m)
+    p = load_calibrator(str(cal)).predict_score(z["score"], domains=z["domain"])
+    from confcal.active import entropy
+    for r in rows:
+        idx = [int(i) for i in r["uncertain_det_ids"].split(";") if i]
+        want = [i for i, d in enumerate(dets) if str(d["image_id"]) == r["image_id"]
+                and entropy(np.array([p[i]]))[0] >= np.log(2) / 2]
+        assert sorted(idx) == sorted(want)
+        np.testing.assert_allclose([float(c) for c in r["uncertain_confidences"].split(";") if c], p[idx], atol=5e-5)
 
 
 def test_fit_platt_per_class_on_raw_scores(tmp_path, visdrone, capsys):
@@ -70,7 +88,7 @@ def test_errors_are_one_line(tmp_path, visdrone, capsys):
     # per-class without category ids
     assert main(["fit", "--method", "det-ts", "--per-class", "--logits", f"{m}:score", "--labels",
                  f"{m}:correct", "-o", str(tmp_path / "c.json")]) == 2
-    assert "category_ids" in capsys.readouterr().err
+    assert "--category-ids" in capsys.readouterr().err
     # quota without domains
     assert main(["rank", "--detections", str(det), "--per-domain-quota", "-o", str(tmp_path / "q.csv")]) == 2
     assert "domains" in capsys.readouterr().err
@@ -90,3 +108,116 @@ def test_rank_bald_from_mc_scores(tmp_path, visdrone):
                  "-o", str(tmp_path / "q.csv")]) == 0
     rows = list(csv.DictReader((tmp_path / "q.csv").open()))
     assert all(float(r["priority"]) > 0 for r in rows)
+
+
+def test_match_several_sensors_at_once(tmp_path, capsys):
+    k_gt, k_det, k_ref = paths("kitti_bev_cars")
+    r_gt, r_det, r_ref = paths("rareplanes_solaris_airports")
+    out = tmp_path / "m.npz"
+    args = ["detections", "match", "--gt", str(k_gt), "--detections", str(k_det), "--domain-name", "kitti",
+            "--gt", str(r_gt), "--detections", str(r_det), "--domain-name", "rareplanes", "--crowd", "fp",
+            "-o", str(out)]
+    assert main(args) == 0
+    z = np.load(out)
+    assert np.unique(z["domain"]).tolist() == ["kitti", "rareplanes"]
+    np.testing.assert_array_equal(z["correct"], np.concatenate([np.load(k_ref)["label"], np.load(r_ref)["label"]]))
+    matching = json.loads(str(z["matching"]))
+    assert matching["box_format"] == ["xywha", "xywh"] and matching["crowd"] == "fp"
+    assert matching["gt"] == [str(k_gt), str(r_gt)]
+    # several pairs need a name each
+    assert main(args[:6] + args[8:12] + ["-o", str(tmp_path / "n.npz")]) == 2
+    assert "--domain-name" in capsys.readouterr().err and not (tmp_path / "n.npz").exists()
+
+
+def test_library_argument_names_become_cli_options(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "x.npy", rng.normal(size=(60, 3)))
+    np.save(tmp_path / "y.npy", rng.integers(0, 3, 60))
+    assert main(["fit", "--method", "grouped-ts", "--logits", str(tmp_path / "x.npy"), "--labels",
+                 str(tmp_path / "y.npy"), "-o", str(tmp_path / "c.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--domains" in err and "domains=" not in err
+    np.save(tmp_path / "d.npy", np.array([""] * 60))
+    assert main(["fit", "--method", "grouped-ts", "--logits", str(tmp_path / "x.npy"), "--labels",
+                 str(tmp_path / "y.npy"), "--domains", str(tmp_path / "d.npy"), "-o", str(tmp_path / "c.json")]) == 2
+    assert "--domains: every id" in capsys.readouterr().err
+
+
+def test_fit_into_a_closed_pipe_exits_0(tmp_path):
+    # `confcal fit ... | head`: the reader is gone before fit prints; the manifest is written, exit 0
+    import os
+    import subprocess
+    import sys
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "x.npy", rng.normal(size=(60, 3)))
+    np.save(tmp_path / "y.npy", rng.integers(0, 3, 60))
+    r, w = os.pipe()
+    os.close(r)  # nobody will read: every write to w raises EPIPE
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "-m", "confcal", "fit", "--method", "ts", "--logits", str(tmp_path / "x.npy"),
+                          "--labels", str(tmp_path / "y.npy"), "-o", str(tmp_path / "c.json")],
+                         stdout=w, stderr=subprocess.PIPE, text=True, env=env)
+    os.close(w)
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr and (tmp_path / "c.json").exists()
+
+
+def test_rank_breaks_saturated_entropy_ties_on_kitti(tmp_path):
+    gt, det, _ = paths("kitti_bev_cars")
+    m, cal, q = tmp_path / "m.npz", tmp_path / "cal.json", tmp_path / "q.csv"
+    assert main(["detections", "match", "--gt", str(gt), "--detections", str(det), "-o", str(m)]) == 0
+    assert main(["fit", "--method", "det-platt", "--logits", f"{m}:score", "--labels", f"{m}:correct",
+                 "-o", str(cal)]) == 0
+    assert main(["rank", "--detections", str(det), "--calibrator", str(cal), "--gt", str(gt), "-o", str(q)]) == 0
+    rows = list(csv.DictReader(q.open()))
+    prio = np.array([float(r["priority"]) for r in rows])
+    total = np.array([float(r["total_uncertainty"]) for r in rows])
+    top = prio >= prio.max() * 0.99
+    assert top.sum() > 10  # many tiles near-tie at the top (entropy saturates at ln 2)
+    k = int(top.sum())
+    assert top[:k].all()  # the band comes first ...
+    assert np.all(np.diff(total[:k]) <= 0)  # ... ordered by the documented secondary key
+    assert rows[0]["file_name"].endswith(".png") and rows[0]["uncertain_det_ids"]
+    assert main(["rank", "--detections", str(det), "--calibrator", str(cal), "--aggregate", "count",
+                 "--threshold", "nan", "-o", str(tmp_path / "n.csv")]) == 2
+    assert not (tmp_path / "n.csv").exists()
+
+
+def test_rank_with_a_per_domain_calibrator_but_no_domains_names_the_options(tmp_path, capsys):
+    gt, det, _ = paths("rareplanes_solaris_airports")
+    m, cal = tmp_path / "m.npz", tmp_path / "cal.json"
+    assert main(["detections", "match", "--gt", str(gt), "--detections", str(det), "--domain-key", "location",
+                 "-o", str(m)]) == 0
+    assert main(["fit", "--method", "det-ts", "--logits", f"{m}:score", "--labels", f"{m}:correct",
+                 "--domains", f"{m}:domain", "--param", "min_samples=10", "-o", str(cal)]) == 0
+    capsys.readouterr()
+    assert main(["rank", "--detections", str(det), "--calibrator", str(cal), "-o", str(tmp_path / "q.csv")]) == 2
+    err = capsys.readouterr().err
+    assert "--domain-key" in err and "--domain-name" in err and "domains=" not in err
+
+
+def test_fit_accepts_repeated_inputs(tmp_path):
+    # two per-sensor match files -> one fit == the fit on the file matched from both pairs at once
+    k_gt, k_det, _ = paths("kitti_bev_cars")
+    r_gt, r_det, _ = paths("rareplanes_solaris_airports")
+    a, b, both = tmp_path / "a.npz", tmp_path / "b.npz", tmp_path / "both.npz"
+    assert main(["detections", "match", "--gt", str(k_gt), "--detections", str(k_det), "--domain-name", "kitti",
+                 "-o", str(a)]) == 0
+    assert main(["detections", "match", "--gt", str(r_gt), "--detections", str(r_det), "--domain-name",
+                 "rareplanes", "-o", str(b)]) == 0
+    assert main(["detections", "match", "--gt", str(k_gt), "--detections", str(k_det), "--domain-name", "kitti",
+                 "--gt", str(r_gt), "--detections", str(r_det), "--domain-name", "rareplanes", "-o", str(both)]) == 0
+    c1, c2 = tmp_path / "c1.json", tmp_path / "c2.json"
+    assert main(["fit", "--method", "det-platt", "--logits", f"{a}:score", "--labels", f"{a}:correct",
+                 "--domains", f"{a}:domain", "--logits", f"{b}:score", "--labels", f"{b}:correct",
+                 "--domains", f"{b}:domain", "-o", str(c1)]) == 0
+    assert main(["fit", "--method", "det-platt", "--logits", f"{both}:score", "--labels", f"{both}:correct",
+                 "--domains", f"{both}:domain", "-o", str(c2)]) == 0
+    m1, m2 = json.loads(c1.read_text()), json.loads(c2.read_text())
+    assert m1["parameters"] == m2["parameters"] and m1["fit"]["data_sha256"] == m2["fit"]["data_sha256"]
+    prov = m1["fit"]["provenance"]
+    assert [e["path"] for e in prov["inputs"]["logits"]] == [str(a), str(b)]
+    assert [m["pairs"] for m in prov["matching"]] == [["kitti"], ["rareplanes"]]
+    assert main(["fit", "--method", "det-platt", "--logits", f"{a}:score", "--labels", f"{a}:correct",
+                 "--logits", f"{b}:score", "-o", str(tmp_path / "c3.json")]) == 2
+    assert not (tmp_path / "c3.json").exists()

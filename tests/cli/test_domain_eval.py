@@ -46,7 +46,7 @@ def test_domain_eval_tables_and_csv(files, capsys):
     assert rc == 0
     out = capsys.readouterr().out
     assert "per split:" in out and "per target:" in out
-    for split in ("src | b+c -> a", "src | a+c -> b", "src | a+b -> c"):
+    for split in (r"src \| b\+c -> a", r"src \| a\+c -> b", r"src \| a\+b -> c"):  # escaped Markdown
         assert split in out
     rows = list(csv.DictReader(open(d / "rows.csv")))
     assert len(rows) == 3 * len(METHODS)
@@ -60,7 +60,7 @@ def test_domain_eval_one_target_one_calibration_domain(files, capsys):
         assert run("domain-eval", *[x for k, p in f.items() for x in ("--domain", f"{k}={p}")],
                    "--source", "src", "--target", "c", "--n-calibration", 1, "--draws", 10) == 0
     out = capsys.readouterr().out
-    assert "src | a -> c" in out and "src | b -> c" in out and "-> a" not in out
+    assert r"src \| a -> c" in out and r"src \| b -> c" in out and "-> a" not in out
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -120,6 +120,34 @@ def test_generic_fit_and_apply_with_features_and_domains(tmp_path, method, capsy
         assert "features" in capsys.readouterr().err
 
 
+def test_domain_eval_edge_cases(files, capsys):
+    d, f = files
+    # only the source domain: an error, not a table of nan
+    assert run("domain-eval", "--domain", f"src={f['src']}", "--source", "src") == 2
+    assert "only the source domain" in capsys.readouterr().err
+    # a one-sample calibration domain is warned about
+    z = np.load(f["a"])
+    np.savez(d / "one.npz", **{k: z[k][:1] for k in z.files})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        rc = run("domain-eval", "--domain", f"src={f['src']}", "--domain", f"one={d / 'one.npz'}",
+                 "--domain", f"c={f['c']}", "--source", "src", "--target", "c", "--n-calibration", 1, "--draws", 5)
+    assert rc == 0
+    assert "calibration domain 'one' has 1 sample" in capsys.readouterr().err
+    # every Markdown row has as many cells as the header (a '|' inside a cell is escaped)
+    out_lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("|")]
+    import re
+    counts = {len(re.split(r"(?<!\\)\|", ln)) for ln in out_lines}
+    assert len(counts) <= 1
+
+
+def test_domain_eval_help_shows_percent(capsys):
+    with pytest.raises(SystemExit):
+        run("domain-eval", "--help")
+    out = capsys.readouterr().out
+    assert "%%" not in out and "percent" in out
+
+
 def test_domain_eval_seeds_and_gate_param(files, capsys):
     d, f = files
     with warnings.catch_warnings():
@@ -129,7 +157,7 @@ def test_domain_eval_seeds_and_gate_param(files, capsys):
                  "--gate-param", "n_neighbors=5", "--seeds", 0, 1, "--csv", d / "seeds.csv")
     assert rc == 0
     out = capsys.readouterr().out
-    assert "seed 0 src | a+b -> c" in out and "seed 1 src | a+b -> c" in out
+    assert r"seed 0 src \| a\+b -> c" in out and r"seed 1 src \| a\+b -> c" in out  # escaped Markdown
     assert "per method" in out and "seed 1 paper-IR" in out and "source-gated" in out
     rows = list(csv.DictReader(open(d / "seeds.csv")))
     assert len(rows) == 2 * len(METHODS) and {r["seed"] for r in rows} == {"0", "1"}

@@ -143,7 +143,7 @@ def test_crowd_region_absorbs_several_detections():
 
 def test_greedy_order_and_exclusion():
     # Two detections on one GT: the higher score wins even with the lower IoU.
-    g = {"images": [{"id": 1}], "categories": [{"id": 1}],
+    g = {"images": [{"id": 1}], "categories": [{"id": 1}, {"id": 2}],
          "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 10, 10]}]}
     d = [{"image_id": 1, "category_id": 1, "bbox": [0, 0, 10, 10], "score": 0.5},
          {"image_id": 1, "category_id": 1, "bbox": [1, 0, 10, 10], "score": 0.9}]

@@ -110,13 +110,27 @@ class TemperatureMap(LogitMap):
     def __init__(self, n_classes: int, temperature: float = 1.0):
         super().__init__(n_classes)
         self.log_t = nn.Parameter(torch.tensor(math.log(temperature), dtype=DTYPE))
+        self.log_bounds: tuple[float, float] | None = None  # set by joint fits that must respect TS's range
+
+    def bound_(self, t_bounds) -> "TemperatureMap":
+        """Keep ``T`` in ``t_bounds = (t_min, t_max)`` from now on (the joint X+PB fit): the forward
+        pass uses the clipped ``log T``, and :meth:`clip_` writes it back after fitting."""
+        self.log_bounds = (math.log(t_bounds[0]), math.log(t_bounds[1]))
+        return self.clip_()
+
+    def clip_(self) -> "TemperatureMap":
+        if self.log_bounds is not None:
+            with torch.no_grad():
+                self.log_t.clamp_(*self.log_bounds)
+        return self
 
     @property
     def temperature(self) -> float:
         return float(torch.exp(self.log_t))
 
     def forward(self, z, features=None):
-        return z * torch.exp(-self.log_t)
+        log_t = self.log_t if self.log_bounds is None else self.log_t.clamp(*self.log_bounds)
+        return z * torch.exp(-log_t)
 
 
 class VectorScalingMap(LogitMap):

@@ -37,6 +37,7 @@ calibration rows whose top probability is tied.
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import torch
@@ -53,7 +54,7 @@ from confcal.calibrators._links import (
 )
 from confcal.calibrators._maps import IdentityMap, LogitMap, TemperatureMap, build_map, get_state, load_state
 from confcal.calibrators._optim import single_thread, torch_seed
-from confcal.calibrators._tsfit import fit_temperature
+from confcal.calibrators._tsfit import DEFAULT_T_BOUNDS, CalibrationWarning, fit_temperature
 from confcal.calibrators.base import METHODS, Calibrator, _preset_for, register, register_preset
 
 __all__ = ["ProbabilityBounding", "LogitBounding", "DualProbabilityBounding", "BASES", "tie_rate"]
@@ -326,7 +327,8 @@ class ProbabilityBounding(Calibrator):
         if self.base == "ts":
             t = fit_temperature(z.numpy(), y.numpy(), sample_weight=sample_weight,
                                 **(self.base_params or {})).temperature
-            return TemperatureMap(k, t)
+            # the joint fit with the bounds must not leave TS's range either (T -> 0 overflows at apply time)
+            return TemperatureMap(k, t).bound_((self.base_params or {}).get("t_bounds", DEFAULT_T_BOUNDS))
         cls = METHODS[self.base]
         names = cls._param_names()
         kw = {n: getattr(self, n) for n in ("max_iter", "tol", "epochs", "batch_size", "lr", "random_state",
@@ -383,8 +385,14 @@ class ProbabilityBounding(Calibrator):
             else:  # the network did not beat its uniform start: keep the uniform bounds
                 m.load_state_dict(uniform_state)
         a, b = (float(v.detach()) for v in link.bounds())
+        if isinstance(m, TemperatureMap):
+            m.clip_()
         self.fallback_ = not (nll <= self.base_nll_)
         if self.fallback_:
+            base = "the uncalibrated softmax" if self.base == "none" else f"plain {self.base}"
+            warnings.warn(f"{self.method}: the probability bounds did not lower the calibration-set NLL "
+                          f"({nll:.6g} vs {self.base_nll_:.6g} without them), so the fitted map is {base} "
+                          "(fallback: a = 0, b = 1)", CalibrationWarning, stacklevel=3)
             m.load_state_dict(base_state)
             self.link_ = None
             a, b, nll = 0.0, 1.0, self.base_nll_

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import signal
 import sys
 import warnings
@@ -12,7 +13,7 @@ import warnings
 from confcal import __version__
 
 #: subcommand modules, in the order ``confcal --help`` lists them
-SUBCOMMANDS = ["fit", "apply", "evaluate", "compare", "domain_eval", "demo", "detections", "rank"]
+SUBCOMMANDS = ["fit", "apply", "evaluate", "compare", "domain_eval", "demo", "detections", "rank", "drift", "report"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,6 +50,23 @@ def install_signal_handlers():
         return None
 
 
+#: library argument names that are CLI options of the same meaning (``category_ids`` -> ``--category-ids``)
+_OPTION_NAMES = ("logits", "labels", "domains", "features", "category_ids", "box_format")
+
+
+def cli_message(msg: str, args) -> str:
+    """Say a library error in the CLI's words: ``domains: ... pass domains= ...`` becomes
+    ``--domains: ... pass --domains ...``, for the options this subcommand has."""
+    for name in _OPTION_NAMES:
+        if not hasattr(args, name):
+            continue
+        opt = "--" + name.replace("_", "-")
+        msg = re.sub(rf"^{name}:", f"{opt}:", msg)
+        msg = re.sub(rf"\b(?:pass |choose ){name}=?\s?", f"pass {opt} ", msg)
+        msg = re.sub(rf"\b{name}=\s*", opt + " ", msg)
+    return msg
+
+
 def main(argv=None) -> int:
     previous = install_signal_handlers()
     try:
@@ -65,15 +83,24 @@ def _main(argv=None) -> int:
     debug = "--debug" in argv
     args = parser.parse_args([a for a in argv if a != "--debug"])
     args.debug = debug
+    args.argv = [a for a in argv if a != "--debug"]  # the command line, for manifests' provenance
     old = warnings.showwarning
     if not args.debug:
         warnings.showwarning = _one_line_warning
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:
+        # `confcal fit ... | head`: the reader left; outputs were already written. Point stdout at
+        # /dev/null so the interpreter's final flush does not fail again.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (ValueError, TypeError, KeyError, OSError, RuntimeError) as exc:
         if args.debug:
             raise
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        msg = cli_message(msg, args)
         print(f"confcal: error: {msg}", file=sys.stderr)
         return 2
     finally:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 from confcal._tables import format_table, metrics_rows  # noqa: F401  (re-exported for the subcommands)
 from confcal._validation import check_labels, check_logits
 from confcal.io import load_array
@@ -13,8 +15,13 @@ SPEC_HELP = ("PATH or PATH:KEY (.npy, .npz, .pt, headed .csv, .parquet/.arrow fi
              "KEY: array, column, or column group such as logit_*)")
 
 
-def add_logits_args(p, *, labels: bool, side: bool = True, labels_required: bool = True):
-    p.add_argument("--logits", required=True, metavar="SPEC", help=f"logits (n_samples, n_classes): {SPEC_HELP}")
+def add_logits_args(p, *, labels: bool, side: bool = True, labels_required: bool = True, repeatable: bool = False):
+    """``--logits``, ``--input-kind`` and (as asked) ``--labels``, ``--domains``, ``--features``; with
+    ``repeatable=True`` each array option may be given several times (files concatenated in order)."""
+    rep = {"action": "append"} if repeatable else {}
+    again = "; repeat to concatenate several files" if repeatable else ""
+    p.add_argument("--logits", required=True, metavar="SPEC",
+                   help=f"logits (n_samples, n_classes): {SPEC_HELP}{again}", **rep)
     p.add_argument("--csv-header", choices=CSV_HEADERS, default="first",
                    help="CSV inputs: 'first' (default) = the first row names the columns; 'none' = no header "
                         "(a first row of numbers is refused unless you say so)")
@@ -24,10 +31,27 @@ def add_logits_args(p, *, labels: bool, side: bool = True, labels_required: bool
                         "'logits' (det-ts box scores: 'probs', unless 'logits' is given)")
     if labels:
         p.add_argument("--labels", required=labels_required, metavar="SPEC",
-                       help=f"integer labels (n_samples,): {SPEC_HELP}")
+                       help=f"integer labels (n_samples,): {SPEC_HELP}", **rep)
     if side:
-        p.add_argument("--domains", metavar="SPEC", help=f"domain/sensor ids (n_samples,): {SPEC_HELP}")
-        p.add_argument("--features", metavar="SPEC", help=f"features (n_samples, n_features): {SPEC_HELP}")
+        p.add_argument("--domains", metavar="SPEC", help=f"domain/sensor ids (n_samples,): {SPEC_HELP}", **rep)
+        p.add_argument("--features", metavar="SPEC", help=f"features (n_samples, n_features): {SPEC_HELP}",
+                       **rep)
+
+
+def load_repeated(args, name: str, what: str | None = None):
+    """The array of option ``name``: one spec, or a list of specs (a repeatable option) loaded and
+    concatenated along the first axis; ``None`` when the option is absent."""
+    specs = getattr(args, name, None)
+    if not specs:
+        return None
+    header = getattr(args, "csv_header", "first")
+    if isinstance(specs, str):
+        return load_array(specs, name=what or name, csv_header=header)
+    arrays = [load_array(s, name=what or name, csv_header=header) for s in specs]
+    if len(arrays) > 1 and len({a.shape[1:] for a in arrays}) > 1:
+        raise ValueError(f"--{name.replace('_', '-')}: the files have different row shapes "
+                         f"{[a.shape[1:] for a in arrays]}; they cannot be concatenated")
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
 
 def progress_of(args):
@@ -40,7 +64,24 @@ def source(args, attr: str, name: str | None = None):
     spec = getattr(args, attr, None)
     if not spec:
         return None
+    if not isinstance(spec, str):  # a repeatable option: one file streams, several are concatenated
+        if len(spec) > 1:
+            return open_source(load_repeated(args, attr, name), name=name or attr)
+        spec = spec[0]
     return open_source(spec, name=name or attr, csv_header=getattr(args, "csv_header", "first"))
+
+
+#: rows behind a drift summary or check of streamed data (evenly spread blocks)
+SPREAD_ROWS = 200_000
+
+
+def spread_rows(src) -> np.ndarray:
+    """All rows of a source, or ``SPREAD_ROWS`` of them in 20 evenly spread blocks: bounded memory
+    for the drift summary (``fit``) and drift check (``apply``) of streamed data."""
+    if src.n_rows <= SPREAD_ROWS:
+        return src.to_numpy()
+    per = SPREAD_ROWS // 20
+    return np.concatenate([src.read(a, a + per) for a in np.linspace(0, src.n_rows - per, 20).astype(np.int64)])
 
 
 def side_sources(args) -> dict:
@@ -49,12 +90,15 @@ def side_sources(args) -> dict:
 
 
 def load_side(args) -> dict:
-    header = getattr(args, "csv_header", "first")
     side = {}
     if getattr(args, "domains", None):
-        side["domains"] = load_array(args.domains, name="domains", csv_header=header)
+        d = load_repeated(args, "domains")
+        if d.dtype.kind == "U" and d.size and np.all(d == ""):
+            raise ValueError(f"--domains: every id in {args.domains} is empty (''): the data has no domains; "
+                             "drop --domains (or re-match with a --domain-key/--domain-name that exists)")
+        side["domains"] = d
     if getattr(args, "features", None):
-        side["features"] = load_array(args.features, name="features", csv_header=header)
+        side["features"] = load_repeated(args, "features")
     return side
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from confcal.cli._common import add_logits_args, load_side, progress_of, side_sources, source
+from confcal.cli._common import add_logits_args, load_side, progress_of, side_sources, source, spread_rows
+from confcal.cli.drift import warn_if_drift
 from confcal.io import (
     OUTPUT_SUFFIXES,
     check_not_an_input,
@@ -46,8 +47,9 @@ def run(args) -> int:
     if getattr(cal, "takes_box_scores", False):
         # det-ts / det-platt: 1-D box scores in, (n_boxes, 2) [false, true positive] out
         cal.set_params(input_kind=args.input_kind)
-        probs = cal.predict_proba(load_array(args.logits, name="scores", csv_header=args.csv_header),
-                                  **load_side(args))
+        scores, side = load_array(args.logits, name="scores", csv_header=args.csv_header), load_side(args)
+        probs = cal.predict_proba(scores, **side)
+        warn_if_drift(cal, scores, domains=side.get("domains"))
         save_array(args.output, probs.astype(dtype))
         print(f"wrote {probs.shape[0]} x {probs.shape[1]} calibrated probabilities ({cal.method}) -> {args.output}")
         return 0
@@ -64,8 +66,11 @@ def run(args) -> int:
                                  f"({xs.n_rows},)")
     from confcal.calibrators._stream import iter_predict
 
+    side = side_sources(args)
+    warn_if_drift(cal, spread_rows(xs), input_kind=args.input_kind,
+                  domains=spread_rows(side["domains"]) if "domains" in side else None)
     with open_array_writer(args.output, xs.n_rows, cal.n_classes_, dtype=dtype, keep=keep) as out:
-        for _, probs in iter_predict(cal, xs, input_kind=args.input_kind, side=side_sources(args),
+        for _, probs in iter_predict(cal, xs, input_kind=args.input_kind, side=side,
                                      progress=progress_of(args), desc="apply"):
             out.write(probs)
     print(f"wrote {xs.n_rows} x {cal.n_classes_} calibrated probabilities ({cal.method}, {dtype.name}) "

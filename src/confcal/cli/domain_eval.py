@@ -15,6 +15,7 @@ and can write the long CSV.
 from __future__ import annotations
 
 import itertools
+import warnings
 
 from confcal.cli._common import parse_params
 from confcal.evaluation.domain import DomainData, Split, evaluate_split
@@ -35,7 +36,7 @@ def register(sub):
                     "uncalibrated, source-only TS, target-only oracle TS, set-level TS, cluster-level TS "
                     "(nearest centroid, regression), their ensemble and source-gated TS (per sample between "
                     "source-only TS and the ensemble, by the kNN source probability of its features); "
-                    "bootstrap ECE (%%, mean ± std) and improvement ratio per split, a per-target and a "
+                    "bootstrap ECE (in percent, mean ± std) and improvement ratio per split, a per-target and a "
                     "per-method summary.")
     p.add_argument("--domain", action="append", required=True, metavar="NAME=PATH",
                    help="a domain's .npz with logits, labels and features (repeat for each domain)")
@@ -90,6 +91,9 @@ def splits_for(names: list[str], source: str, targets: list[str] | None, n_calib
     if source not in names:
         raise ValueError(f"--source: {source!r} is not one of the domains {names}")
     targets = targets or [d for d in names if d != source]
+    if not targets:
+        raise ValueError(f"--domain: only the source domain {source!r} was given; the protocol needs at least "
+                         "one target domain besides it (and --n-calibration calibration domains)")
     for t in targets:
         if t not in names or t == source:
             raise ValueError(f"--target: {t!r} must be one of the non-source domains "
@@ -107,6 +111,11 @@ def splits_for(names: list[str], source: str, targets: list[str] | None, n_calib
 def run(args) -> int:
     data = _load_domains(args.domain, args.keys)
     splits = splits_for(list(data), args.source, args.target, args.n_calibration)
+    for name in sorted({c for s in splits for c in s.calibration}):
+        if data[name].labels.shape[0] < 2:
+            warnings.warn(f"calibration domain {name!r} has {data[name].labels.shape[0]} sample: its set-level "
+                          "statistics (feature mean, fitted temperature) are noise; give it more rows or leave it "
+                          "out", UserWarning, stacklevel=2)
     seeds = list(dict.fromkeys(args.seeds)) if args.seeds else [args.seed]
     cluster_params, gate_params = parse_params(args.param), parse_params(args.gate_param)
     results = []

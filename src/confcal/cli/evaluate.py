@@ -14,6 +14,7 @@ import numpy as np
 from confcal._digest import DataDigest
 from confcal._progress import progress_bar
 from confcal._validation import check_domains, check_features, check_labels, check_logits
+from confcal.cli import _audit
 from confcal.cli._common import add_logits_args, metrics_rows, progress_of, side_sources, source
 from confcal.io import load_calibrator
 from confcal.metrics import SummaryAccumulator
@@ -22,13 +23,19 @@ from confcal.sources import DEFAULT_BATCH_BYTES, batch_rows_for, iter_aligned
 
 def register(sub):
     p = sub.add_parser("evaluate", help="print calibration metrics (with or without a calibrator)",
-                       description="Accuracy, ECE (equal-width and equal-mass), MCE, NLL and Brier score "
-                                   "of the logits, and after a calibrator if one is given.")
+                       description="Accuracy, ECE, NLL and Brier score of the logits (or of 1-D box scores "
+                                   "with 0/1 labels: then also D-ECE, and Brier is the binary mean (p - y)^2), "
+                                   "and after a calibrator if one is given; overall and per --domains, with the "
+                                   "reliability table. With --max-ece the exit status is 3 when the calibrated "
+                                   "ECE (D-ECE for box scores) of any domain or of all samples exceeds the limit.")
     add_logits_args(p, labels=True)
     p.set_defaults(input_kind=None)  # default: the calibrator's (its manifest), else logits
     p.add_argument("--calibrator", help="manifest written by 'confcal fit'")
     p.add_argument("--n-bins", type=int, default=15, help="bins for ECE/MCE (default 15)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--max-ece", type=float, metavar="X",
+                   help="CI gate: exit 3 if the ECE (D-ECE for box scores) after the calibrator (or of the raw "
+                        "predictions without one) exceeds X overall or in any domain")
     p.set_defaults(func=run)
 
 
@@ -89,6 +96,9 @@ def evaluate_sources(xs, ys, *, cal=None, side=None, input_kind="logits", n_bins
 
 
 def run(args) -> int:
+    if args.max_ece is not None or args.domains or source(args, "logits").ndim == 1:
+        # the audit (box scores, per-domain table, --max-ece gate) holds the data in memory
+        return _audit.run_audit(args)
     if args.input_kind is None:  # default: the calibrator's (its manifest), else logits
         args.input_kind = load_calibrator(args.calibrator).input_kind if args.calibrator else "logits"
     xs, ys = source(args, "logits"), source(args, "labels")

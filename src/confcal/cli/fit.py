@@ -3,37 +3,44 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 from confcal.calibrators import METHODS
 from confcal.cli._common import (
     SPEC_HELP,
     add_logits_args,
+    load_repeated,
     load_side,
     metrics_rows,
     parse_params,
     progress_of,
     side_sources,
     source,
+    spread_rows,
 )
 from confcal.calibrators.base import make_calibrator
-from confcal.io import check_not_an_input, check_output_path, load_array, save_manifest
+from confcal.cli._provenance import provenance
+from confcal.io import check_not_an_input, check_output_path, save_manifest
+from confcal.metrics.drift import data_summary
 
 
 def register(sub):
     p = sub.add_parser("fit", help="fit a calibrator on a calibration set and save it as JSON",
                        description="Fit a calibrator on held-out logits and labels; write a JSON manifest "
                                    "and print calibration-set metrics before/after.")
-    add_logits_args(p, labels=True)
+    add_logits_args(p, labels=True, repeatable=True)
     p.add_argument("--method", required=True, choices=sorted(METHODS), metavar="METHOD",
                    help="one of: " + ", ".join(sorted(METHODS)))
     p.add_argument("--param", action="append", metavar="KEY=VALUE",
                    help="hyper-parameter of the method (repeatable), e.g. --param t_max=1000")
-    p.add_argument("--category-ids", metavar="SPEC",
+    p.add_argument("--category-ids", metavar="SPEC", action="append",
                    help=f"det-ts/det-platt: category id per box (n_boxes,): {SPEC_HELP}")
     p.add_argument("--per-class", action="store_true",
                    help="det-ts/det-platt: one map per category (needs --category-ids)")
     p.add_argument("-o", "--output", required=True, help="manifest path (.json)")
     p.add_argument("--json", action="store_true", help="print the fit record as JSON")
+    p.add_argument("--dataset-version", metavar="VERSION",
+                   help="version/tag of the calibration dataset, stored in the manifest's fit.provenance")
     p.set_defaults(func=run)
 
 
@@ -47,21 +54,37 @@ def run(args) -> int:
     check_not_an_input(args.output, {"--logits": args.logits, "--labels": args.labels, "--domains": args.domains,
                                      "--features": args.features, "--category-ids": args.category_ids})
     cal = make_calibrator(args.method, params)
+    counts = {k: len(getattr(args, k)) for k in ("logits", "labels", "domains", "features", "category_ids")
+              if getattr(args, k, None)}
+    if len(set(counts.values())) > 1:
+        raise ValueError("--logits/--labels: give every repeated input the same number of times (one file per "
+                         f"part), got {counts}")
     if getattr(cal, "takes_box_scores", False):
         side = load_side(args)
         # detection calibrators take 1-D box scores (e.g. matched.npz:score) and validate them themselves
-        x, y = load_array(args.logits, name="scores"), load_array(args.labels, name="labels")
+        x, y = load_repeated(args, "logits", "scores"), load_repeated(args, "labels")
         if args.category_ids:
-            side["category_ids"] = load_array(args.category_ids, name="category_ids")
+            side["category_ids"] = load_repeated(args, "category_ids")
         cal.fit(x, y, **side)
     else:
         if args.per_class or args.category_ids:
             raise ValueError(f"--per-class/--category-ids: only for det-ts and det-platt, not {args.method}")
         # sources: fits that are sums over rows (TS) stream them in batches, the others load
         # them whole; fit validates them (input_kind is a hyper-parameter, recorded in the manifest)
-        cal.fit(source(args, "logits"), source(args, "labels"), progress=progress_of(args), **side_sources(args))
+        xs, side = source(args, "logits"), side_sources(args)
+        cal.fit(xs, source(args, "labels"), progress=progress_of(args), **side)
+        x, side = spread_rows(xs), {k: spread_rows(v) for k, v in side.items()}
+    cal.fit_record_["provenance"] = provenance(args)
+    cal.fit_record_["data_summary"] = data_summary(
+        x, input_kind="probs" if args.input_kind == "probs" and x.ndim == 2 else "logits",
+        domains=side.get("domains"), features=side.get("features"))
     save_manifest(cal, args.output)
     rec = cal.fit_record_
+    before, after = rec.get("metrics_before", {}), rec.get("metrics_after", {})
+    if "d_ece" in after and after["d_ece"] > before.get("d_ece", float("inf")):
+        warnings.warn(f"{args.method} raised the calibration-set D-ECE from {before['d_ece']:.4f} to "
+                      f"{after['d_ece']:.4f} (it minimises NLL, and its map family cannot follow these scores); "
+                      "compare det-ts/det-platt on held-out data before using it", UserWarning, stacklevel=2)
     if args.json:
         print(json.dumps(cal.to_dict(), indent=2))
     else:

@@ -7,12 +7,18 @@ import math
 
 import numpy as np
 
-from confcal.active import AGGREGATIONS, UNCERTAINTIES, rank_tiles
+from confcal.active import AGGREGATIONS, TIE_TOLERANCE, UNCERTAINTIES, rank_tiles, uncertainty
+from confcal.cli._provenance import file_sha256
 from confcal.cli.detections import load_domain_map
 from confcal.detection import load_coco_detections, load_coco_gt
-from confcal.io import atomic_write, load_array, load_calibrator
+from confcal.io import atomic_write, check_output_path, load_array, load_calibrator
 
-COLUMNS = ["rank", "image_id", "domain", "priority", "n_boxes", "top_score"]
+COLUMNS = ["rank", "image_id", "file_name", "domain", "priority", "total_uncertainty", "n_boxes", "top_score",
+           "calibrated_confidence", "uncertain_det_ids", "uncertain_confidences", "calibrator_sha256"]
+#: the largest value of each per-box uncertainty for a binary box score; a box is "uncertain" at half of it
+MAX_UNCERTAINTY = {"least_confidence": 0.5, "margin": 1.0, "entropy": math.log(2), "bald": math.log(2)}
+#: uncertain detection ids listed per tile at most
+MAX_IDS = 50
 
 
 def register(sub):
@@ -20,18 +26,35 @@ def register(sub):
                        description="Calibrate every box score with a det-ts/det-platt manifest, compute a per-box "
                                    "uncertainty, aggregate it per image tile, and write the queue as CSV "
                                    f"(columns: {', '.join(COLUMNS)}). top_score is the tile's largest calibrated "
-                                   "box probability.")
-    p.add_argument("--detections", required=True, help="COCO results JSON")
+                                   "box probability; calibrated_confidence the calibrated P(true positive) of its "
+                                   "most uncertain box; uncertain_det_ids the detection ids (the record's 'id', "
+                                   "else its position in the detections file) of the boxes whose uncertainty is "
+                                   "at least half its maximum (entropy >= ln(2)/2: 0.11 < p < 0.89), most "
+                                   f"uncertain first (at most {MAX_IDS}), with their calibrated confidences; "
+                                   "calibrator_sha256 the sha256 of the manifest file. Ties: tiles whose "
+                                   "priority lies in the same band of --tie-tolerance times the top priority "
+                                   "are ordered by total_uncertainty (the sum over the tile's boxes), largest "
+                                   "first, because binary entropy saturates at ln 2.")
+    p.add_argument("--detections", required=True, action="append",
+                   help="COCO results JSON; repeat it with --domain-name (and --gt) to rank several sensors in "
+                        "one queue")
+    p.add_argument("--domain-name", action="append", metavar="NAME",
+                   help="domain (sensor) of each --detections file, in order (needed with several)")
     p.add_argument("--calibrator", help="det-ts/det-platt manifest from 'confcal fit'; without it the raw "
                                         "scores (clipped to [0, 1]) are used")
     p.add_argument("--by", choices=UNCERTAINTIES, default="entropy", help="per-box uncertainty (default entropy)")
     p.add_argument("--aggregate", choices=AGGREGATIONS, default="max", help="per-tile aggregation (default max)")
     p.add_argument("--threshold", type=float,
                    help="with --aggregate count: count boxes whose uncertainty is >= this")
+    p.add_argument("--tie-tolerance", type=float, default=TIE_TOLERANCE,
+                   help=f"relative width of the near-tie bands broken by total_uncertainty (default "
+                        f"{TIE_TOLERANCE:g}; 0: plain priority order)")
     p.add_argument("--per-domain-quota", nargs="?", const="equal", metavar="SHARE",
                    help="guarantee every domain a share of every prefix of the queue: a number in (0, 1] "
                         "per domain, or no value for equal shares")
-    p.add_argument("--gt", help="COCO GT JSON, to read each image's domain from its 'images' entries")
+    p.add_argument("--gt", action="append",
+                   help="COCO GT JSON, for each image's domain (its 'images' entries) and file name; with several "
+                        "--detections, one per file")
     p.add_argument("--domain-key", default="domain", help="key of the GT 'images' entries with the domain id")
     p.add_argument("--domain-map", help="JSON file {image_id: domain}")
     p.add_argument("--mc-scores", metavar="SPEC",
@@ -62,14 +85,71 @@ def _domains(dets, args):
     return np.asarray(out)
 
 
+def _file_names(dets, gt):
+    names = {}
+    if gt:
+        names = {im["id"]: str(im.get("file_name", "")) for im in load_coco_gt(gt)["images"]}
+    return [str(r.get("file_name", names.get(r["image_id"], ""))) for r in dets]
+
+
+def _load_pairs(args):
+    """``(dets, tiles, domains or None, file_names, det_ids)`` over every --detections file."""
+    dpaths, gts, names = args.detections, args.gt or [], args.domain_name or []
+    if len(dpaths) > 1 and len(names) != len(dpaths):
+        raise ValueError(f"--domain-name: with {len(dpaths)} --detections files give one --domain-name each, "
+                         f"got {len(names)}")
+    if names and len(names) != len(dpaths):
+        raise ValueError(f"--domain-name: expected {len(dpaths)} (one per --detections), got {len(names)}")
+    if gts and len(gts) != len(dpaths):
+        raise ValueError(f"--gt: expected one per --detections ({len(dpaths)}), got {len(gts)}")
+    if len(set(names)) != len(names) or any(not n for n in names):
+        raise ValueError(f"--domain-name: expected distinct non-empty names, got {names}")
+    dets, tiles, files, ids, doms = [], [], [], [], []
+    for k, path in enumerate(dpaths):
+        part = load_coco_detections(path)
+        if not part:
+            raise ValueError(f"--detections: {path} holds no detections")
+        gt = gts[k] if gts else None
+        dets += part
+        files += _file_names(part, gt)
+        ids += [r.get("id", i) for i, r in enumerate(part)]
+        if names:
+            # image ids of different sensors may collide: the tile is (sensor, image)
+            tiles += [f"{names[k]}/{r['image_id']}" for r in part]
+            doms += [names[k]] * len(part)
+        else:
+            tiles += [r["image_id"] for r in part]
+    if names:
+        return dets, np.asarray(tiles), np.asarray(doms), files, ids
+    args.gt = gts[0] if gts else None
+    return dets, np.asarray(tiles), _domains(dets, args), files, ids
+
+
+def _tile_boxes(tiles, u, probs, det_ids, cut):
+    """``{tile: (confidence of its most uncertain box, ids of uncertain boxes, their confidences)}``."""
+    out = {}
+    order = np.argsort(-u, kind="stable")
+    for i in order:
+        key = tiles[i].item() if hasattr(tiles[i], "item") else tiles[i]
+        entry = out.setdefault(key, [float(probs[i]), [], []])
+        if u[i] >= cut and len(entry[1]) < MAX_IDS:
+            entry[1].append(str(det_ids[i]))
+            entry[2].append(f"{float(probs[i]):.4f}")
+    return out
+
+
 def run(args) -> int:
-    dets = load_coco_detections(args.detections)
-    if not dets:
-        raise ValueError(f"--detections: {args.detections} holds no detections")
+    for name in ("threshold", "tie_tolerance"):
+        v = getattr(args, name)
+        if v is not None and not math.isfinite(v):
+            raise ValueError(f"--{name.replace('_', '-')}: expected a finite number, got {v!r}")
+    if args.tie_tolerance < 0:
+        raise ValueError(f"--tie-tolerance: expected a value >= 0, got {args.tie_tolerance!r}")
+    check_output_path(args.output, suffixes=(".csv",), name="--output")
+    multi = bool(args.domain_name)
+    dets, tiles, domains, box_files, det_ids = _load_pairs(args)
     scores = np.asarray([float(r["score"]) for r in dets])
     cats = np.asarray([int(r["category_id"]) for r in dets], dtype=np.int64)
-    tiles = np.asarray([r["image_id"] for r in dets])
-    domains = _domains(dets, args)
     if args.per_domain_quota is not None and domains is None:
         raise ValueError("--per-domain-quota: no domains found; give --gt with --domain-key, or --domain-map")
     quota = None
@@ -94,6 +174,9 @@ def run(args) -> int:
                              "fit det-ts or det-platt")
         if cal.kind_ != "binary":
             raise ValueError("--calibrator: this manifest was fitted on class vectors; rank takes box scores")
+        if cal.by_domain_ and domains is None:
+            raise ValueError("--calibrator: this manifest was fitted per domain; give each box's domain with "
+                             "--gt and --domain-key, --domain-map, or --domain-name")
     probs = calibrate(scores)
     mc = None
     if args.by == "bald":
@@ -104,16 +187,27 @@ def run(args) -> int:
             raise ValueError(f"--mc-scores: expected shape (n_samples_mc, {scores.size}), got {raw.shape}")
         mc = np.stack([calibrate(row) for row in raw])
     queue = rank_tiles(probs if args.by != "bald" else None, tiles, by=args.by, aggregate=args.aggregate,
-                       domains=domains, quota=quota, threshold=args.threshold, mc_probs=mc)
+                       domains=domains, quota=quota, threshold=args.threshold, mc_probs=mc,
+                       tie_tolerance=args.tie_tolerance)
+    u = uncertainty(probs if args.by != "bald" else None, args.by, mc_probs=mc)
+    boxes = _tile_boxes(tiles, u, probs, det_ids, MAX_UNCERTAINTY[args.by] / 2)
+    files, image_of = {}, {}
+    for t, f, r in zip(tiles.tolist(), box_files, dets):
+        files[t], image_of[t] = f, r["image_id"]
+    sha = file_sha256(args.calibrator) if args.calibrator else ""
     n = queue["rank"].size
     with atomic_write(args.output, "w") as fh:
         w = csv.writer(fh)
         w.writerow(COLUMNS)
         for i in range(n):
-            w.writerow([int(queue["rank"][i]), queue["image_id"][i],
+            tile = queue["image_id"][i]
+            tile = tile.item() if hasattr(tile, "item") else tile
+            conf, ids, confs = boxes.get(tile, [float("nan"), [], []])
+            w.writerow([int(queue["rank"][i]), image_of[tile] if multi else tile, files.get(tile, ""),
                         queue["domain"][i] if "domain" in queue else "",
-                        repr(float(queue["priority"][i])), int(queue["n_boxes"][i]),
-                        repr(float(queue["top_score"][i]))])
+                        repr(float(queue["priority"][i])), repr(float(queue["total_uncertainty"][i])),
+                        int(queue["n_boxes"][i]), repr(float(queue["top_score"][i])), repr(conf),
+                        ";".join(ids), ";".join(confs), sha])
     print(f"ranked {n} tiles ({scores.size} boxes) by {args.aggregate} {args.by}"
           f"{' with per-domain quota ' + str(quota) if quota is not None else ''}"
           f"{'' if cal else ' on raw scores'} -> {args.output}")

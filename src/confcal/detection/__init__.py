@@ -2,22 +2,18 @@
 
 * :func:`match_detections` reads COCO ground truth and COCO detection results and
   returns :class:`MatchedDetections` arrays (``score, correct, iou, image_id,
-  category_id, domain``, ...), see :mod:`confcal.detection.matching`.
+  category_id, domain``, ...), see :mod:`confcal.detection.matching`; :func:`match_many`
+  does several GT/detections pairs (sensors) at once. Reading: :mod:`confcal.detection.coco`;
+  IoU: :mod:`confcal.detection.geometry`.
 * Detection metrics on those pairs (D-ECE, reliability per domain, precision
   above a threshold) live in :mod:`confcal.metrics.detection` and are re-exported here.
 * The box-score calibrators ``det-ts`` and ``det-platt`` live in
   :mod:`confcal.calibrators.detection` (registered in ``confcal.calibrators.METHODS``).
 """
 
-from confcal.detection.matching import (
-    BOX_FORMATS,
-    CROWD_RULES,
-    MatchedDetections,
-    box_iou,
-    load_coco_detections,
-    load_coco_gt,
-    match_detections,
-)
+from confcal.detection.coco import load_coco_detections, load_coco_gt
+from confcal.detection.geometry import BOX_FORMATS, box_iou
+from confcal.detection.matching import CROWD_RULES, MatchedDetections, match_detections, match_many
 from confcal.metrics.detection import (
     binary_brier,
     binary_nll,
@@ -26,6 +22,6 @@ from confcal.metrics.detection import (
     precision_above_threshold,
 )
 
-__all__ = ["match_detections", "MatchedDetections", "box_iou", "load_coco_gt", "load_coco_detections",
+__all__ = ["match_detections", "match_many", "MatchedDetections", "box_iou", "load_coco_gt", "load_coco_detections",
            "CROWD_RULES", "BOX_FORMATS", "detection_ece", "detection_reliability", "precision_above_threshold",
            "binary_nll", "binary_brier"]

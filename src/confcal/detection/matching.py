@@ -7,7 +7,12 @@ its area ranges and ``maxDets`` cut):
   detections are taken in order of falling score (a stable sort, so ties keep
   file order);
 * each one is matched to the still-unmatched, non-crowd GT box of highest IoU,
-  if that IoU is ``>= iou_threshold``; equal IoUs go to the GT box listed first;
+  if that IoU is ``>= iou_threshold``; among equal IoUs the GT box listed *last*
+  wins, exactly as ``COCOeval.evaluateImg`` (its scan replaces the candidate
+  whenever ``iou >= best``). Example: GT A ``[0,0,10,10]`` (first), GT B
+  ``[2,0,10,10]``; det1 ``[1,0,10,10]`` (score 0.9) has IoU 0.8182 with both
+  and takes B, so det2 ``[-3,0,10,10]`` (score 0.8, IoU 0.5385 with A) takes A:
+  ``correct = [1, 1]``, as COCOeval;
 * a matched detection is a true positive (``correct = 1``), any other is a
   false positive (``correct = 0``).
 
@@ -23,11 +28,17 @@ Crowd regions (GT with ``iscrowd = 1``), two conventions:
   as false positives. This is the rule used to make the ``matched_iou50.npz``
   files in ``shared/data/detection``.
 
-Boxes: ``[x, y, w, h]`` axis-aligned (pixels, or any unit shared by GT and
-detections), IoU from ``pycocotools.mask.iou``; or ``[x, y, w, h, yaw, ...]``
-rotated boxes (a ``w x h`` rectangle centred at ``(x + w/2, y + h/2)``,
-rotated by ``yaw`` radians counter-clockwise about its centre; trailing
-values such as a 3-D height are ignored), IoU of the polygons from shapely.
+Boxes: ``[x, y, w, h]`` axis-aligned or ``[x, y, w, h, yaw, ...]`` rotated,
+IoU from :mod:`confcal.detection.geometry`. Reading and checking the files is
+:mod:`confcal.detection.coco`.
+
+Domains: the domain (sensor) of a detection is its record's ``domain`` field,
+else ``domain_map[image_id]``, else the GT image's ``domain_key`` entry. When no
+image has that key (and no map or record gives one), there are no domains
+(``MatchedDetections.domain is None``), never one empty-named group; a GT where
+some images have the key and others not is refused. :func:`match_many` matches
+several GT/detections pairs (one sensor each, box formats may differ) into one
+result whose domain is the pair's name.
 
 Class vectors: a detection may carry ``class_scores`` (probabilities) or
 ``class_logits`` (a list of ``K`` floats), whose columns follow the GT
@@ -40,151 +51,19 @@ detection (or ``-1``, excluded, when there is no background column).
 from __future__ import annotations
 
 import json
-import math
 import warnings
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["MatchedDetections", "match_detections", "load_coco_gt", "load_coco_detections",
+from confcal.detection.coco import category_columns, load_coco_detections, load_coco_gt
+from confcal.detection.geometry import BOX_FORMATS, box_iou, detect_box_format
+
+__all__ = ["MatchedDetections", "match_detections", "match_many", "load_coco_gt", "load_coco_detections",
            "box_iou", "CROWD_RULES", "BOX_FORMATS"]
 
 CROWD_RULES = ("coco", "fp")
-BOX_FORMATS = ("auto", "xywh", "xywha")
-
-
-# ---------------------------------------------------------------------------- reading
-def _read_json(src, name: str):
-    if isinstance(src, (str, Path)):
-        try:
-            with open(src) as fh:
-                return json.load(fh)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{name}: {src} is not valid JSON ({exc})") from None
-    return src
-
-
-def load_coco_gt(gt) -> dict:
-    """Read COCO ground truth (path or dict) and check its structure.
-
-    Expects a dict with ``images`` (each with ``id``), ``annotations`` (each with
-    ``image_id``, ``category_id``, ``bbox``; ``iscrowd`` defaults to 0) and
-    optionally ``categories``. Returns the dict. Raises ``ValueError`` naming the
-    first malformed entry.
-    """
-    g = _read_json(gt, "gt")
-    if not isinstance(g, dict) or "annotations" not in g or "images" not in g:
-        raise ValueError("gt: expected a COCO dict with 'images' and 'annotations', got "
-                         f"{type(g).__name__}{' with keys ' + str(sorted(g)) if isinstance(g, dict) else ''}")
-    for i, im in enumerate(g["images"]):
-        if "id" not in im:
-            raise ValueError(f"gt: images[{i}] has no 'id'")
-    for i, a in enumerate(g["annotations"]):
-        for key in ("image_id", "category_id", "bbox"):
-            if key not in a:
-                raise ValueError(f"gt: annotations[{i}] has no {key!r}")
-    return g
-
-
-def load_coco_detections(detections) -> list[dict]:
-    """Read COCO detection results (path, list, or a dict with ``annotations``).
-
-    Each record needs ``image_id``, ``category_id``, ``bbox`` and a finite
-    ``score``. Returns the list of records. Raises ``ValueError`` naming the
-    first malformed record.
-    """
-    d = _read_json(detections, "detections")
-    if isinstance(d, dict):
-        if "annotations" not in d:
-            raise ValueError(f"detections: a dict must hold the results under 'annotations', got keys {sorted(d)}")
-        d = d["annotations"]
-    if not isinstance(d, list):
-        raise ValueError(f"detections: expected a list of result records, got {type(d).__name__}")
-    for i, r in enumerate(d):
-        for key in ("image_id", "category_id", "bbox", "score"):
-            if key not in r:
-                raise ValueError(f"detections: record {i} has no {key!r}")
-        s = r["score"]
-        if not isinstance(s, (int, float)) or isinstance(s, bool) or not math.isfinite(s):
-            raise ValueError(f"detections: record {i} has score {s!r}; expected a finite number")
-    return d
-
-
-# -------------------------------------------------------------------------------- IoU
-def _box_array(boxes, fmt: str, what: str) -> np.ndarray:
-    width = 4 if fmt == "xywh" else 5
-    if len(boxes) == 0:
-        return np.zeros((0, width))
-    rows = []
-    for i, b in enumerate(boxes):
-        if len(b) < width:
-            raise ValueError(f"{what}: box {i} has {len(b)} values; format {fmt!r} needs {width}")
-        rows.append([float(v) for v in b[:width]])
-    a = np.asarray(rows, dtype=np.float64)
-    if not np.all(np.isfinite(a)) or np.any(a[:, 2:4] < 0):
-        i = int(np.flatnonzero(~np.isfinite(a).all(1) | (a[:, 2:4] < 0).any(1))[0])
-        raise ValueError(f"{what}: box {i} = {a[i].tolist()} needs finite values and w, h >= 0")
-    return a
-
-
-def _polygons(a: np.ndarray):
-    import shapely
-
-    cx, cy = a[:, 0] + a[:, 2] / 2, a[:, 1] + a[:, 3] / 2
-    c, s = np.cos(a[:, 4]), np.sin(a[:, 4])
-    # corners of the centred rectangle, rotated counter-clockwise by yaw, then shifted
-    ux = np.array([-0.5, 0.5, 0.5, -0.5])[None, :] * a[:, 2:3]
-    uy = np.array([-0.5, -0.5, 0.5, 0.5])[None, :] * a[:, 3:4]
-    px = cx[:, None] + c[:, None] * ux - s[:, None] * uy
-    py = cy[:, None] + s[:, None] * ux + c[:, None] * uy
-    return shapely.polygons(np.stack([px, py], axis=-1))
-
-
-def box_iou(det_boxes, gt_boxes, iscrowd=None, *, box_format: str = "xywh") -> np.ndarray:
-    """IoU matrix ``(n_det, n_gt)`` between detection and GT boxes.
-
-    ``box_format="xywh"``: axis-aligned ``[x, y, w, h]`` rows, computed by
-    ``pycocotools.mask.iou``. ``"xywha"``: rotated ``[x, y, w, h, yaw]`` rows
-    (see the module docstring), polygon IoU from shapely. For a crowd GT
-    column (``iscrowd[j]`` true) the value is ``intersection / area(det)``, as
-    in COCO evaluation. Degenerate (zero-area) boxes give IoU 0. Rotated pairs whose
-    exact GEOS overlay comes back lower-dimensional although the boxes intersect (a
-    known robustness limit with nearly collinear edges) are recomputed on a snapping
-    grid of 1e-9 times the coordinate extent.
-    """
-    if box_format not in ("xywh", "xywha"):
-        raise ValueError(f"box_format: expected 'xywh' or 'xywha', got {box_format!r}")
-    d = _box_array(det_boxes, box_format, "det_boxes")
-    g = _box_array(gt_boxes, box_format, "gt_boxes")
-    crowd = np.zeros(len(g), dtype=bool) if iscrowd is None else np.asarray(iscrowd, dtype=bool)
-    if crowd.shape != (len(g),):
-        raise ValueError(f"iscrowd: expected shape ({len(g)},), got {crowd.shape}")
-    if len(d) == 0 or len(g) == 0:
-        return np.zeros((len(d), len(g)))
-    if box_format == "xywh":
-        from pycocotools import mask as mask_utils
-
-        return np.asarray(mask_utils.iou(d, g, crowd.astype(np.uint8).tolist()), dtype=np.float64)
-    import shapely
-
-    pd, pg = _polygons(d), _polygons(g)
-    geom = shapely.intersection(pd[:, None], pg[None, :])
-    inter = shapely.area(geom)
-    # GEOS can lose the overlap of rectangles whose edges are nearly collinear after rotation
-    # (e.g. a box inside another that shares an edge): it returns a point or a line. Redo those
-    # pairs on a fine snapping grid (1e-9 of the boxes' extent), which is robust.
-    suspect = (shapely.get_dimensions(geom) < 2) & shapely.intersects(pd[:, None], pg[None, :])
-    if suspect.any():
-        i, j = np.nonzero(suspect)
-        scale = float(np.abs(np.concatenate([d[:, :4], g[:, :4]])).max()) or 1.0
-        inter[i, j] = shapely.area(shapely.intersection(pd[i], pg[j], grid_size=scale * 1e-9))
-    ad, ag = shapely.area(pd), shapely.area(pg)
-    denom = np.where(crowd[None, :], ad[:, None], ad[:, None] + ag[None, :] - inter)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out = np.where(denom > 0, inter / np.where(denom > 0, denom, 1.0), 0.0)
-    return out
 
 
 # --------------------------------------------------------------------------- matching
@@ -201,12 +80,15 @@ class MatchedDetections:
         (0 when there is none)
     image_id : ``(n,)`` ids as in the files (int64 or str)
     category_id : int64 ``(n,)``
-    domain : str ``(n,)``, the image's domain/sensor id (``""`` when unknown)
+    domain : str ``(n,)`` or None, the image's domain/sensor id; None when the inputs give no domains
     ignore : bool ``(n,)``, detections on crowd regions under ``crowd="coco"``
     det_index : int64 ``(n,)``, position in the detections file
     class_logits : float64 ``(n, K)`` or None; log of ``class_scores`` when those were given
     class_label : int64 ``(n,)`` or None; multiclass target column (``-1``: excluded)
     n_gt : dict ``{category_id: number of non-crowd GT boxes}``
+    source : str ``(n,)`` or None, the detections file (or pair name) of each row (set by :func:`match_many`)
+    matching : dict, the matching parameters (``iou_threshold``, ``crowd``, ``class_agnostic``,
+        ``box_format`` per pair, ``pairs``), stored by :meth:`to_arrays` as JSON under ``matching``
     """
 
     score: np.ndarray
@@ -214,7 +96,7 @@ class MatchedDetections:
     iou: np.ndarray
     image_id: np.ndarray
     category_id: np.ndarray
-    domain: np.ndarray
+    domain: np.ndarray | None
     ignore: np.ndarray
     det_index: np.ndarray
     class_logits: np.ndarray | None = None
@@ -222,9 +104,11 @@ class MatchedDetections:
     n_gt: dict = field(default_factory=dict)
     iou_threshold: float = 0.5
     crowd: str = "coco"
+    source: np.ndarray | None = None
+    matching: dict = field(default_factory=dict)
 
     _ARRAYS = ("score", "correct", "iou", "image_id", "category_id", "domain", "ignore",
-               "det_index", "class_logits", "class_label")
+               "det_index", "class_logits", "class_label", "source")
 
     def __len__(self) -> int:
         return int(self.score.shape[0])
@@ -240,35 +124,31 @@ class MatchedDetections:
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         """Named arrays for ``np.savez`` (``label`` is ``correct`` under the name used
-        by ``matched_iou50.npz``; absent class vectors are left out)."""
+        by ``matched_iou50.npz``; absent class vectors and domains are left out; ``matching`` is
+        the JSON of the matching parameters, read back by ``confcal fit`` as provenance)."""
         out = {k: getattr(self, k) for k in self._ARRAYS if getattr(self, k) is not None}
         out["label"] = self.correct
         cats = sorted(self.n_gt)
         out["gt_category_id"] = np.asarray(cats, dtype=np.int64)
         out["gt_count"] = np.asarray([self.n_gt[c] for c in cats], dtype=np.int64)
         out["iou_threshold"] = np.asarray(self.iou_threshold)
+        out["matching"] = np.asarray(json.dumps(self.matching, sort_keys=True))
         return out
-
-
-def _detect_format(gt_anns, dets) -> str:
-    lengths = {len(a["bbox"]) for a in gt_anns} | {len(r["bbox"]) for r in dets}
-    if not lengths:
-        return "xywh"
-    if lengths == {4}:
-        return "xywh"
-    if min(lengths) >= 5:
-        return "xywha"
-    raise ValueError(f"bbox: mixed box lengths {sorted(lengths)}; pass box_format='xywh' or 'xywha'")
 
 
 def _image_domains(gt: dict, domain_key: str | None, domain_map: Mapping | None) -> dict:
     out = {}
-    for im in gt["images"]:
-        if domain_key is not None and domain_key in im:
-            out[im["id"]] = str(im[domain_key])
-    if domain_key not in (None, "domain") and not out and gt["images"]:
+    if domain_key is not None:
+        have = [im for im in gt["images"] if domain_key in im]
+        if have and len(have) < len(gt["images"]):
+            miss = next(im["id"] for im in gt["images"] if domain_key not in im)
+            raise ValueError(f"gt: image {miss!r} has no {domain_key!r} key while {len(have)} of "
+                             f"{len(gt['images'])} images have one; give every image a domain (--domain-key) "
+                             "or pass a map (--domain-map)")
+        out = {im["id"]: str(im[domain_key]) for im in have}
+    if domain_key not in (None, "domain") and not out and gt["images"] and domain_map is None:
         # an explicitly named key found nowhere is almost surely a typo; the default may be absent
-        warnings.warn(f"domain_key {domain_key!r} is in none of the GT images; every domain is ''. "
+        warnings.warn(f"domain_key {domain_key!r} is in none of the GT images; there are no domains. "
                       f"Keys of the first image: {sorted(gt['images'][0])}", UserWarning, stacklevel=3)
     if domain_map is not None:
         for k, v in domain_map.items():
@@ -313,7 +193,8 @@ def _greedy(scores, ious, crowd_ious, thr):
     for i in order:
         if n_gt:
             cand = np.where(taken, -1.0, ious[i])
-            j = int(np.argmax(cand))  # first of equal IoUs
+            # COCOeval's scan keeps the *last* GT of equal IoU (it replaces on iou >= best)
+            j = n_gt - 1 - int(np.argmax(cand[::-1]))
             if cand[j] >= thr:
                 match[i] = j
                 taken[j] = True
@@ -363,15 +244,13 @@ def match_detections(gt, detections, *, iou_threshold: float = 0.5, crowd: str =
     thr_eff = min(thr, 1.0 - 1e-10)  # as COCO: a threshold of 1 still admits float-rounded perfect overlaps
     g = load_coco_gt(gt)
     dets = load_coco_detections(detections)
-    fmt = _detect_format(g["annotations"], dets) if box_format == "auto" else box_format
+    fmt = detect_box_format(g["annotations"], dets) if box_format == "auto" else box_format
     image_ids = {im["id"] for im in g["images"]}
     for i, r in enumerate(dets):
         if r["image_id"] not in image_ids:
             raise ValueError(f"detections: record {i} has image_id {r['image_id']!r}, which is not in gt images")
     dom_of_image = _image_domains(g, domain_key, domain_map)
-    categories = [c["id"] for c in g.get("categories", [])]
-    if not categories:
-        categories = sorted({a["category_id"] for a in g["annotations"]})
+    categories = category_columns(g, dets)
     col_of_cat = {c: k for k, c in enumerate(categories)}
     class_logits = _class_vectors(dets, len(categories))
 
@@ -379,10 +258,14 @@ def match_detections(gt, detections, *, iou_threshold: float = 0.5, crowd: str =
     score = np.asarray([float(r["score"]) for r in dets], dtype=np.float64)
     cat = np.asarray([int(r["category_id"]) for r in dets], dtype=np.int64)
     img = [r["image_id"] for r in dets]
-    domain = np.asarray([str(r["domain"]) if "domain" in r else dom_of_image.get(r["image_id"], "")
-                         for r in dets], dtype=str)
-    if n == 0:
-        domain = np.zeros(0, dtype="<U1")
+    domain = None
+    if dom_of_image or any("domain" in r for r in dets):
+        vals = [str(r["domain"]) if "domain" in r else dom_of_image.get(r["image_id"]) for r in dets]
+        if None in vals:
+            i = vals.index(None)
+            raise ValueError(f"detections: record {i} (image_id {dets[i]['image_id']!r}) has no domain while "
+                             "others have one; give every image a domain (--domain-key or --domain-map)")
+        domain = np.asarray(vals, dtype=str) if n else np.zeros(0, dtype="<U1")
 
     # group GT and detections by (image, category) or image
     def key(rec):
@@ -438,6 +321,85 @@ def match_detections(gt, detections, *, iou_threshold: float = 0.5, crowd: str =
     out = MatchedDetections(
         score=score, correct=correct, iou=best_iou, image_id=np.asarray(img) if n else np.zeros(0, np.int64),
         category_id=cat, domain=domain, ignore=ignore, det_index=np.arange(n, dtype=np.int64),
-        class_logits=class_logits, class_label=class_label, n_gt=n_gt, iou_threshold=thr, crowd=crowd)
+        class_logits=class_logits, class_label=class_label, n_gt=n_gt, iou_threshold=thr, crowd=crowd,
+        matching={"iou_threshold": thr, "crowd": crowd, "class_agnostic": bool(class_agnostic),
+                  "box_format": [fmt], "tie_rule": "cocoeval (last GT of equal IoU)"})
     out._matched_gt = matched_gt  # index into gt['annotations'], for diagnostics
     return out
+
+
+def _as_str_ids(a: np.ndarray) -> np.ndarray:
+    return a.astype(str) if a.dtype.kind != "U" else a
+
+
+def match_many(pairs: Sequence[tuple], *, iou_threshold: float = 0.5, crowd: str = "coco",
+               box_format: str = "auto", class_agnostic: bool = False) -> MatchedDetections:
+    """Match several GT/detections pairs (one sensor or domain each) into one result.
+
+    Parameters
+    ----------
+    pairs : sequence of ``(gt, detections, domain)``
+        ``gt`` and ``detections`` as in :func:`match_detections`; ``domain`` (str)
+        names the pair and becomes the ``domain`` of each of its rows. Each pair
+        picks its own box format under ``box_format="auto"``, so axis-aligned and
+        rotated sets can be combined. Domain names must be distinct and non-empty.
+    iou_threshold, crowd, box_format, class_agnostic
+        As in :func:`match_detections`, for every pair.
+
+    Returns
+    -------
+    MatchedDetections
+        Rows of the pairs in order; ``det_index`` is the position in the pair's own
+        detections file, ``source`` the pair's domain name, ``image_id`` strings when
+        the pairs' id types differ; ``n_gt`` sums the GT counts per category id.
+        Class vectors are dropped when the pairs do not all carry them with one width.
+
+    Raises
+    ------
+    ValueError
+        No pairs, a repeated or empty domain name, or any error of :func:`match_detections`
+        (prefixed by the pair's domain name).
+
+    Examples
+    --------
+    >>> g = {"images": [{"id": 1}], "annotations": [{"image_id": 1, "category_id": 1, "bbox": [0, 0, 4, 4]}]}
+    >>> d = [{"image_id": 1, "category_id": 1, "bbox": [0, 0, 4, 4], "score": 0.9}]
+    >>> m = match_many([(g, d, "cam_a"), (g, d, "cam_b")])
+    >>> m.domain.tolist(), m.correct.tolist()
+    (['cam_a', 'cam_b'], [1, 1])
+    """
+    pairs = list(pairs)
+    if not pairs:
+        raise ValueError("pairs: expected at least one (gt, detections, domain) pair")
+    names = [str(p[2]) for p in pairs]
+    if any(not n for n in names) or len(set(names)) != len(names):
+        raise ValueError(f"domain names: expected distinct non-empty names, one per GT/detections pair, got {names}")
+    parts = []
+    for gt, dets, name in pairs:
+        try:
+            parts.append(match_detections(gt, dets, iou_threshold=iou_threshold, crowd=crowd,
+                                          box_format=box_format, class_agnostic=class_agnostic,
+                                          domain_key=None, domain_map=None))
+        except ValueError as exc:
+            raise ValueError(f"pair {name!r}: {exc}") from None
+    ids = [p.image_id for p in parts]
+    if len({a.dtype.kind for a in ids}) > 1:
+        ids = [_as_str_ids(a) for a in ids]
+    widths = {None if p.class_logits is None else p.class_logits.shape[1] for p in parts}
+    keep_cls = len(widths) == 1 and None not in widths
+    n_gt: dict = {}
+    for p in parts:
+        for k, v in p.n_gt.items():
+            n_gt[k] = n_gt.get(k, 0) + v
+    cat = lambda xs: np.concatenate(xs) if xs else None  # noqa: E731
+    return MatchedDetections(
+        score=cat([p.score for p in parts]), correct=cat([p.correct for p in parts]),
+        iou=cat([p.iou for p in parts]), image_id=cat(ids), category_id=cat([p.category_id for p in parts]),
+        domain=np.asarray([n for p, n in zip(parts, names) for _ in range(len(p))], dtype=str),
+        ignore=cat([p.ignore for p in parts]), det_index=cat([p.det_index for p in parts]),
+        class_logits=cat([p.class_logits for p in parts]) if keep_cls else None,
+        class_label=cat([p.class_label for p in parts]) if keep_cls else None,
+        n_gt=n_gt, iou_threshold=parts[0].iou_threshold, crowd=crowd,
+        source=np.asarray([n for p, n in zip(parts, names) for _ in range(len(p))], dtype=str),
+        matching={**parts[0].matching, "box_format": [p.matching["box_format"][0] for p in parts],
+                  "pairs": names})

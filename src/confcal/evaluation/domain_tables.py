@@ -41,7 +41,14 @@ def _ir(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.2f}"
 
 
+def _md_cell(text: str) -> str:
+    # a literal '|' would end the cell, and '+' may start a list item: escape both
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("+", "\\+")
+
+
 def _markdown(header: list[str], rows: list[list[str]]) -> str:
+    header = [_md_cell(h) for h in header]
+    rows = [[_md_cell(c) for c in r] for r in rows]
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
     line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
     sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"

@@ -10,6 +10,7 @@ from confcal.metrics.accumulators import (
 )
 from confcal.metrics.bootstrap import BootstrapResult, bootstrap_ece, improvement_ratio
 from confcal.metrics.calibration import ECEAccumulator, classwise_ece, ece, mce, reliability_table
+from confcal.metrics.detection import binary_brier, binary_nll, detection_ece, detection_reliability
 from confcal.metrics.scores import accuracy, brier_score, nll
 from confcal.metrics.smooth_ece import smooth_ece
 from confcal.metrics.summary import calibration_summary
@@ -17,5 +18,6 @@ from confcal.metrics.summary import calibration_summary
 __all__ = ["ece", "mce", "classwise_ece", "reliability_table", "ECEAccumulator",
            "nll", "brier_score", "accuracy", "smooth_ece", "calibration_summary",
            "bootstrap_ece", "BootstrapResult", "improvement_ratio",
+           "detection_ece", "detection_reliability", "binary_nll", "binary_brier",
            "ScoresAccumulator", "BinnedAccumulator", "ClasswiseAccumulator", "SmoothECEAccumulator",
            "EqualMassAccumulator", "SummaryAccumulator"]

@@ -1,0 +1,133 @@
+"""Text rendering and the CI gate of the calibration audit (``confcal evaluate``); the numbers
+come from :func:`confcal.evaluation.audit.calibration_audit`."""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+
+import numpy as np
+
+from confcal._numeric import softmax
+from confcal.calibrators.base import _sha256
+from confcal.cli._common import format_table, load_logits_labels, load_side
+from confcal.evaluation.audit import ALL, calibration_audit, domain_parameters, ece_violations, gate_metric
+from confcal.io import load_array, load_calibrator, load_manifest
+
+#: exit status of ``evaluate --max-ece`` when a calibration error is above the limit
+EXIT_ECE_EXCEEDED = 3
+
+
+def box_score_predictions(args, cal, side):
+    """``(stages, labels)`` for 1-D box scores: ``{"uncalibrated": clipped scores, method: p(TP)}``."""
+    s = load_array(args.logits, name="logits").astype(np.float64)
+    y = load_array(args.labels, name="labels")
+    if not np.all(np.isfinite(s)):
+        raise ValueError("--logits: box scores must be finite")
+    n_out = int(np.count_nonzero((s < 0) | (s > 1)))
+    if n_out:
+        print(f"note: {n_out} of {s.size} box scores lie outside [0, 1]; the uncalibrated metrics use them "
+              "clipped to [0, 1]", file=sys.stderr)
+    stages = {"uncalibrated": np.clip(s, 0.0, 1.0)}
+    if cal is not None:
+        if not getattr(cal, "takes_box_scores", False):
+            raise ValueError(f"--calibrator: {cal.method} calibrates class vectors, but --logits holds 1-D box "
+                             "scores; fit det-ts or det-platt")
+        cal.set_params(input_kind=args.input_kind)
+        stages[cal.method] = cal.predict_proba(s, **side)[:, 1]
+    return stages, y
+
+
+def audit_stages(stages: dict, labels, side: dict, n_bins: int) -> dict:
+    return {name: calibration_audit(p, labels, domains=side.get("domains"), n_bins=n_bins)
+            for name, p in stages.items()}
+
+
+def add_parameters(audits: dict, manifest: dict | None) -> None:
+    """Attach each domain's fitted parameters (from the manifest) to the calibrated stage."""
+    if not manifest:
+        return
+    a = audits.get(manifest["method"])
+    if a is None:
+        return
+    for g, m in a["groups"].items():
+        if g != ALL:
+            m["parameters"] = domain_parameters(manifest.get("parameters", {}), g)
+
+
+def render(audits: dict) -> str:
+    first = next(iter(audits.values()))
+    cols = ["n", "accuracy", "ece", *(["d_ece"] if first["kind"] == "binary" else []), "nll", "brier"]
+    rows = []
+    for stage, a in audits.items():
+        for g, m in a["groups"].items():
+            row = {"stage": stage, "domain": g, **{c: m[c] for c in cols}}
+            if m.get("parameters"):
+                row["parameters"] = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                              for k, v in m["parameters"].items())
+            rows.append(row)
+    extra = ["parameters"] if any("parameters" in r for r in rows) else []
+    out = [format_table(rows, ["stage", "domain", *cols, *extra])]
+    for stage, a in audits.items():
+        acc = "precision" if a["kind"] == "binary" else "accuracy"
+        rel = [{"bin": f"({b['bin_lo']:.3f}, {b['bin_hi']:.3f}]", "count": b["count"],
+                "confidence": float("nan") if b["mean_confidence"] is None else b["mean_confidence"],
+                acc: float("nan") if b["accuracy"] is None else b["accuracy"]}
+               for b in a["groups"][ALL]["reliability"] if b["count"]]
+        out.append(f"\nreliability ({stage}, all samples, non-empty bins):")
+        out.append(format_table(rel, ["bin", "count", "confidence", acc]))
+    return "\n".join(out)
+
+
+def gate(audits: dict, max_ece: float | None) -> int:
+    """0, or :data:`EXIT_ECE_EXCEEDED` after saying which groups of the last stage exceed ``max_ece``."""
+    if max_ece is None:
+        return 0
+    stage, a = list(audits.items())[-1]
+    bad = ece_violations(a, max_ece)
+    if not bad:
+        return 0
+    which = ", ".join(f"{g} {v:.4f}" for g, v in bad)
+    print(f"confcal: {gate_metric(a)} above --max-ece {max_ece:g} ({stage}): {which}", file=sys.stderr)
+    return EXIT_ECE_EXCEEDED
+
+
+def run_audit(args) -> int:
+    """``confcal evaluate`` in memory: the audit of the raw and calibrated predictions."""
+    if args.max_ece is not None and not 0.0 <= args.max_ece <= 1.0:  # also refuses nan
+        raise ValueError(f"--max-ece: expected a number in [0, 1], got {args.max_ece!r}")
+    side = load_side(args)
+    manifest = load_manifest(args.calibrator) if args.calibrator else None
+    if getattr(args, "input_kind", None) is None:  # default: what the calibrator was fitted on
+        args.input_kind = load_calibrator(manifest).input_kind if manifest else "logits"
+    if load_array(args.logits, name="logits").ndim == 1:  # box scores (n_boxes,) with 0/1 labels
+        cal = load_calibrator(manifest) if manifest else None
+        stages, y = box_score_predictions(args, cal, side)
+        x = stages["uncalibrated"][:, None]
+    else:
+        x, y = load_logits_labels(args)
+        stages = {"uncalibrated": softmax(x)}
+        cal = None
+        if manifest:
+            cal = load_calibrator(manifest, n_classes=x.shape[1])
+            cal.set_params(input_kind="logits")  # x holds validated logits (log-probabilities for probs)
+            stages[cal.method] = cal.predict_proba(x, **side)
+    if cal is not None:
+        record = getattr(cal, "fit_record_", None) or {}
+        if record.get("data_sha256") == _sha256(x if x.shape[1] > 1 else load_array(args.logits, name="logits"),
+                                                y, *[side[k] for k in sorted(side)]):
+            warnings.warn("these are the arrays the calibrator was fitted on: the calibrated metrics are "
+                          "optimistic; evaluate on a held-out test set", UserWarning, stacklevel=2)
+    audits = audit_stages(stages, y, side, args.n_bins)
+    add_parameters(audits, manifest)
+    if args.json:
+        metrics = {k: {m: v for m, v in a["groups"]["(all)"].items() if m != "reliability"}
+                   for k, a in audits.items()}
+        print(json.dumps({"n_samples": int(y.shape[0]), "n_classes": 2 if x.shape[1] == 1 else int(x.shape[1]),
+                          "metrics": metrics, "audit": audits}, indent=2))
+    else:
+        print(f"{y.shape[0]} samples, {2 if x.shape[1] == 1 else x.shape[1]} classes"
+              + (" (box scores)" if x.shape[1] == 1 else ""))
+        print(render(audits))
+    return gate(audits, args.max_ece)

@@ -1,0 +1,61 @@
+"""What a manifest records about where its calibration data came from (``fit.provenance``) and what
+that data looked like (``fit.data_summary``, for ``confcal drift``)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import sys
+
+import numpy as np
+
+from confcal.io import split_spec
+
+#: CLI options whose files are calibration inputs
+INPUT_OPTIONS = ("logits", "labels", "domains", "features", "category_ids")
+
+
+def file_sha256(path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def matching_parameters(spec: str) -> dict | None:
+    """The ``matching`` record a ``confcal detections match`` output carries, if ``spec`` is one."""
+    path, _ = split_spec(spec)
+    if path.suffix.lower() != ".npz" or not path.exists():
+        return None
+    with np.load(path, allow_pickle=False) as z:
+        if "matching" not in z.files:
+            return None
+        try:
+            return json.loads(str(z["matching"]))
+        except json.JSONDecodeError:
+            return None
+
+
+def provenance(args) -> dict:
+    """``{"inputs": {option: {"path", "key", "sha256"}}, "command", "dataset_version"?, "matching"?}``."""
+    inputs = {}
+    for name in INPUT_OPTIONS:
+        specs = getattr(args, name, None)
+        if not specs:
+            continue
+        entries = []
+        for spec in [specs] if isinstance(specs, str) else specs:
+            path, key = split_spec(spec)
+            entries.append({"path": str(path), "key": key, "sha256": file_sha256(path)})
+        inputs[name] = entries[0] if len(entries) == 1 else entries  # repeated: a list, in order
+    out = {"inputs": inputs,
+           "command": shlex.join(["confcal", *getattr(args, "argv", sys.argv[1:])])}
+    if getattr(args, "dataset_version", None):
+        out["dataset_version"] = str(args.dataset_version)
+    logits = getattr(args, "logits", None) or []
+    matching = [matching_parameters(s) for s in ([logits] if isinstance(logits, str) else logits)]
+    if any(m is not None for m in matching):
+        out["matching"] = matching[0] if len(matching) == 1 else matching
+    return out

@@ -1,0 +1,73 @@
+"""``confcal drift``: has the data moved away from the calibration data a manifest was fitted on?"""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+from confcal.cli._common import format_table
+from confcal.io import load_array, load_calibrator
+from confcal.metrics.drift import DEFAULT_ALPHA, drift_check
+
+#: exit status of ``drift --fail-on-drift`` when drift is flagged
+EXIT_DRIFT = 3
+
+
+def register(sub):
+    p = sub.add_parser(
+        "drift", help="check new logits/box scores against the calibration data summary in a manifest",
+        description="Two-sample Kolmogorov-Smirnov test of the uncalibrated top-label confidence (the raw score "
+                    "for 1-D box scores) of new data against the quantiles stored in the manifest "
+                    "(fit.data_summary), pooled and per domain. Drift when D > sqrt(-ln(a/2)/2) * "
+                    "sqrt((n+m)/(n m)) with a = --alpha / (number of groups tested); the false-alarm rate on "
+                    "same-distribution data is at most --alpha (see benchmarks/results/drift.md).")
+    p.add_argument("--calibrator", required=True, help="manifest written by 'confcal fit'")
+    p.add_argument("--logits", required=True, metavar="SPEC",
+                   help="new logits (n_samples, n_classes) or box scores (n_boxes,): PATH or PATH:KEY")
+    p.add_argument("--input-kind", choices=["logits", "probs"],
+                   help="'probs' if the file holds probabilities (default: what the calibrator was fitted on)")
+    p.add_argument("--domains", metavar="SPEC", help="domain/sensor ids of the new data (n_samples,)")
+    p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
+                   help=f"family-wise false-alarm level (default {DEFAULT_ALPHA:g})")
+    p.add_argument("--fail-on-drift", action="store_true", help=f"exit {EXIT_DRIFT} when drift is flagged")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=run)
+
+
+def check(manifest_fit: dict | None, logits, *, input_kind: str, domains=None, alpha: float = DEFAULT_ALPHA):
+    summary = (manifest_fit or {}).get("data_summary")
+    if summary is None:
+        raise ValueError("--calibrator: the manifest holds no fit.data_summary (refit it with this confcal)")
+    return drift_check(summary, logits, input_kind=input_kind, domains=domains, alpha=alpha)
+
+
+def warn_if_drift(cal, logits, *, input_kind: str = "logits", domains=None) -> None:
+    """``apply``'s check: one warning naming the drifting groups (silent without a data summary)."""
+    fit = getattr(cal, "fit_record_", None) or {}
+    if "data_summary" not in fit:
+        return
+    rows = check(fit, logits, input_kind=input_kind, domains=domains)
+    bad = [r for r in rows if r["drift"]]
+    if bad:
+        warnings.warn("the data differs from the calibration data (KS test of the top-label confidence): "
+                      + ", ".join(f"{r['domain']} D={r['statistic']:.3f} > {r['threshold']:.3f}" for r in bad)
+                      + "; check with 'confcal drift' and consider refitting", UserWarning, stacklevel=2)
+
+
+def run(args) -> int:
+    if not 0.0 < args.alpha < 1.0:
+        raise ValueError(f"--alpha: expected a value in (0, 1), got {args.alpha!r}")
+    cal = load_calibrator(args.calibrator)
+    domains = load_array(args.domains, name="domains") if args.domains else None
+    kind = args.input_kind or ("probs" if getattr(cal, "input_kind", "logits") == "probs" else "logits")
+    rows = check(cal.fit_record_, load_array(args.logits, name="logits"), input_kind=kind,
+                 domains=domains, alpha=args.alpha)
+    if args.json:
+        print(json.dumps({"alpha": args.alpha, "tests": rows}, indent=2))
+    else:
+        print(format_table(rows, ["domain", "n_ref", "n_new", "statistic", "threshold", "drift", "unseen",
+                                  *(["class_tv"] if "class_tv" in rows[0] else [])]))
+    drifted = [r["domain"] for r in rows if r["drift"]]
+    if drifted:
+        print(f"drift flagged in: {', '.join(drifted)}")
+    return EXIT_DRIFT if drifted and args.fail_on_drift else 0

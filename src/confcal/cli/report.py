@@ -1,0 +1,52 @@
+"""``confcal report``: a self-contained HTML audit of a calibrator on held-out data."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from confcal.cli import _audit
+from confcal.cli._common import add_logits_args, load_logits_labels, load_side
+from confcal.io import atomic_write, check_output_path, load_array, load_calibrator, load_manifest
+from confcal._numeric import softmax
+
+
+def register(sub):
+    p = sub.add_parser("report", help="write one self-contained HTML calibration report",
+                       description="Reliability diagrams before/after the calibrator (all samples and per "
+                                   "--domains), confidence histograms, metrics with bootstrap 95 percent intervals, "
+                                   "the head of an annotation queue (--queue) and the manifest's provenance, in "
+                                   "one HTML file that needs no network. --logits may be 1-D box scores.")
+    add_logits_args(p, labels=True)
+    p.set_defaults(input_kind=None)  # default: what the calibrator was fitted on (its manifest)
+    p.add_argument("--calibrator", required=True, help="manifest written by 'confcal fit'")
+    p.add_argument("--queue", help="queue CSV written by 'confcal rank' (its head is shown)")
+    p.add_argument("--n-bins", type=int, default=15, help="bins (default 15)")
+    p.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples for the intervals (default 200)")
+    p.add_argument("--max-ece", type=float, metavar="X", help="mark groups whose calibrated ECE/D-ECE exceeds X")
+    p.add_argument("-o", "--output", required=True, help="output .html")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from confcal.report import build_report
+
+    check_output_path(args.output, suffixes=(".html", ".htm"), name="--output")
+    if args.bootstrap < 1:
+        raise ValueError(f"--bootstrap: expected a positive number of resamples, got {args.bootstrap}")
+    side = load_side(args)
+    manifest = load_manifest(args.calibrator)
+    if args.input_kind is None:
+        args.input_kind = load_calibrator(manifest).input_kind
+    if load_array(args.logits, name="logits").ndim == 1:
+        stages, y = _audit.box_score_predictions(args, load_calibrator(manifest), side)
+    else:
+        x, y = load_logits_labels(args)
+        cal = load_calibrator(manifest, n_classes=x.shape[1])
+        cal.set_params(input_kind="logits")  # x holds validated logits (log-probabilities for probs)
+        stages = {"uncalibrated": softmax(x), cal.method: cal.predict_proba(x, **side)}
+    text = build_report(stages, np.asarray(y), domains=side.get("domains"), manifest=manifest,
+                        queue_csv=args.queue, n_bins=args.n_bins, n_draws=args.bootstrap, max_ece=args.max_ece)
+    with atomic_write(args.output, "w") as fh:
+        fh.write(text)
+    print(f"wrote report ({len(text) // 1024} KiB, {text.count('<svg')} charts) -> {args.output}")
+    return 0

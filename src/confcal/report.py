@@ -1,0 +1,167 @@
+"""``confcal report``: one self-contained HTML file auditing a calibrator on held-out data.
+
+Contents: reliability diagrams before/after calibration (all samples and each domain),
+confidence histograms, the metrics table with bootstrap 95% intervals, the head of an
+annotation queue (if given) and the manifest's provenance and fit record. Charts are
+matplotlib SVG inlined in the page; the file references nothing outside itself (no
+scripts, fonts, images or style sheets from the network), so it opens offline.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import json
+
+import numpy as np
+
+from confcal.evaluation.audit import ALL, brier, calibration_audit, gate_metric
+from confcal.metrics.bootstrap import bootstrap_indices
+from confcal.metrics.calibration import ece
+from confcal.metrics.detection import detection_ece
+
+__all__ = ["build_report", "reliability_svg", "bootstrap_interval"]
+
+_CSS = """body{font-family:sans-serif;margin:2em;max-width:1200px;color:#222}
+table{border-collapse:collapse;margin:0.5em 0 1.5em}td,th{border:1px solid #bbb;padding:3px 8px;text-align:right}
+th{background:#eee}td.l,th.l{text-align:left}figure{display:inline-block;margin:0 1em 1em 0}
+figure svg{width:560px;height:auto}pre{background:#f6f6f6;padding:1em;overflow-x:auto;font-size:12px}
+.bad{color:#b00;font-weight:bold}"""
+
+
+def bootstrap_interval(metric, probs, labels, *, n_draws: int = 200, seed: int = 0) -> tuple[float, float]:
+    """2.5 and 97.5 percentiles of ``metric(probs[idx], labels[idx])`` over ``n_draws`` resamples
+    of all rows with replacement."""
+    idx = bootstrap_indices(labels.shape[0], n_draws, None, seed)
+    vals = np.array([metric(probs[i], labels[i]) for i in idx])
+    lo, hi = np.percentile(vals, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def reliability_svg(stages: dict, title: str) -> str:
+    """SVG of reliability bars (top) and confidence histograms (bottom), one column per stage.
+
+    ``stages``: ``{name: audit group dict}`` from :func:`calibration_audit` (uses its
+    ``reliability`` rows, so box scores and class vectors draw the same way)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    names = list(stages)
+    fig, axes = plt.subplots(2, len(names), figsize=(3.6 * len(names), 4.6), squeeze=False,
+                             gridspec_kw={"height_ratios": [3, 1]}, sharex=True)
+    try:
+        for j, name in enumerate(names):
+            rel = stages[name]["reliability"]
+            lo = np.array([b["bin_lo"] for b in rel])
+            w = np.array([b["bin_hi"] - b["bin_lo"] for b in rel])
+            acc = np.array([b["accuracy"] or 0.0 for b in rel])
+            conf = np.array([b["mean_confidence"] or 0.0 for b in rel])
+            cnt = np.array([b["count"] for b in rel], dtype=float)
+            top, bottom = axes[0, j], axes[1, j]
+            top.bar(lo, acc, width=w, align="edge", color="#4c72b0", edgecolor="black", lw=0.5)
+            top.bar(lo, np.abs(conf - acc) * (cnt > 0), bottom=np.minimum(conf, acc), width=w, align="edge",
+                    color="#dd8452", alpha=0.5)
+            top.plot([0, 1], [0, 1], "k--", lw=1)
+            top.set_xlim(0, 1)
+            top.set_ylim(0, 1)
+            g = stages[name]
+            key = "d_ece" if "d_ece" in g else "ece"
+            top.set_title(f"{name}: {key.upper().replace('_', '-')} {100 * g[key]:.2f}%", fontsize=9)
+            top.set_ylabel("observed frequency" if j == 0 else "")
+            bottom.bar(lo, cnt / max(1.0, cnt.sum()), width=w, align="edge", color="#999", edgecolor="black", lw=0.5)
+            bottom.set_xlabel("confidence")
+        fig.suptitle(title, fontsize=10)
+        fig.tight_layout()
+        buf = io.StringIO()
+        fig.savefig(buf, format="svg")
+    finally:
+        plt.close(fig)
+    svg = buf.getvalue()
+    svg = svg[svg.index("<svg"):]  # drop the XML prolog and DOCTYPE: the SVG lives inside HTML
+    return svg.replace("<svg ", '<svg class="chart" role="img" ', 1)
+
+
+def _table(rows: list[dict], cols: list[str]) -> str:
+    def cell(v):
+        if isinstance(v, float):
+            return f"{v:.4f}"
+        return html.escape(str(v))
+
+    head = "".join(f"<th{' class=l' if i == 0 else ''}>{html.escape(c)}</th>" for i, c in enumerate(cols))
+    body = "".join("<tr>" + "".join(f"<td{' class=l' if i == 0 else ''}>{cell(r.get(c, ''))}</td>"
+                                    for i, c in enumerate(cols)) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def build_report(stages: dict, labels, *, domains=None, manifest: dict | None = None, queue_csv=None,
+                 queue_head: int = 20, n_bins: int = 15, n_draws: int = 200, max_ece: float | None = None,
+                 title: str = "confcal calibration report") -> str:
+    """The report as an HTML string.
+
+    Parameters
+    ----------
+    stages : ``{name: probabilities}``, e.g. ``{"uncalibrated": p0, "det-ts": p1}``; each
+        ``(n_samples, n_classes)`` or ``(n_boxes,)`` box scores (all of one kind)
+    labels : int ``(n_samples,)``
+    domains : ``(n_samples,)`` ids, optional (one diagram and table rows per domain)
+    manifest : the calibrator's manifest dict, optional (its ``fit.provenance`` and fit record are shown)
+    queue_csv : path of a ``confcal rank`` queue, optional (its first ``queue_head`` rows are shown)
+    n_draws : bootstrap resamples for the 95% intervals of ECE/D-ECE and Brier
+    max_ece : optional limit; groups above it are marked
+
+    Returns
+    -------
+    str, a complete HTML document.
+    """
+    labels = np.asarray(labels)
+    audits = {k: calibration_audit(p, labels, domains=domains, n_bins=n_bins) for k, p in stages.items()}
+    first = next(iter(audits.values()))
+    key = gate_metric(first)
+    binary = first["kind"] == "binary"
+    groups = {ALL: np.arange(labels.shape[0])}
+    if domains is not None:
+        d = np.asarray(domains).astype(str)
+        groups.update({str(g): np.flatnonzero(d == g) for g in np.unique(d)})
+    e_fn = (lambda p, y: detection_ece(p, y, n_bins)) if binary else (lambda p, y: ece(p, y, n_bins=n_bins))
+    rows = []
+    for stage, a in audits.items():
+        p = np.asarray(stages[stage], dtype=np.float64)
+        for g, idx in groups.items():
+            m = a["groups"][g]
+            lo, hi = bootstrap_interval(e_fn, p[idx], labels[idx], n_draws=n_draws)
+            blo, bhi = bootstrap_interval(brier, p[idx], labels[idx], n_draws=n_draws, seed=1)
+            flag = max_ece is not None and stage == list(audits)[-1] and m[key] > max_ece
+            rows.append({"stage": stage, "domain": g, "n": m["n"], "accuracy": m["accuracy"],
+                         key: f"{m[key]:.4f} [{lo:.4f}, {hi:.4f}]" + (" (above limit)" if flag else ""),
+                         "nll": m["nll"], "brier": f"{m['brier']:.4f} [{blo:.4f}, {bhi:.4f}]"})
+    parts = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
+             f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>",
+             f"<p>{labels.shape[0]} {'boxes (box scores)' if binary else 'samples'}; {n_bins} equal-width bins; "
+             f"95% bootstrap intervals from {n_draws} resamples. "
+             + (f"Limit {key} &le; {max_ece:g}." if max_ece is not None else "") + "</p>",
+             "<h2>Metrics</h2>", _table(rows, ["stage", "domain", "n", "accuracy", key, "nll", "brier"]),
+             "<h2>Reliability diagrams and confidence histograms</h2>"]
+    for g in groups:
+        svg = reliability_svg({s: a["groups"][g] for s, a in audits.items()},
+                              "all samples" if g == ALL else f"domain {g}")
+        parts.append(f"<figure>{svg}<figcaption>{html.escape('all samples' if g == ALL else 'domain ' + g)}"
+                     "</figcaption></figure>")
+    if queue_csv is not None:
+        with open(queue_csv, newline="") as fh:
+            q = list(csv.DictReader(fh))
+        parts.append(f"<h2>Annotation queue (first {min(queue_head, len(q))} of {len(q)} tiles)</h2>")
+        parts.append(_table(q[:queue_head], list(q[0]) if q else []))
+    if manifest is not None:
+        fit = dict(manifest.get("fit") or {})
+        prov = fit.pop("provenance", None)
+        fit.pop("data_summary", None)  # quantiles: long and not for reading
+        parts.append(f"<h2>Calibrator</h2><p>method <b>{html.escape(str(manifest.get('method')))}</b></p>")
+        parts.append("<h3>Provenance</h3><pre>" + html.escape(json.dumps(prov, indent=2)) + "</pre>")
+        parts.append("<h3>Fit record and parameters</h3><pre>"
+                     + html.escape(json.dumps({"fit": fit, "hyperparameters": manifest.get("hyperparameters"),
+                                               "parameters": manifest.get("parameters")}, indent=2)) + "</pre>")
+    parts.append("</body></html>")
+    return "\n".join(parts)

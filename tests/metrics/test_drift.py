@@ -1,0 +1,101 @@
+"""Drift: KS statistic against scipy, the critical value against the Kolmogorov distribution,
+false alarms on same-distribution data, flags on shifted data, CLI (drift, apply warning) and provenance."""
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import special, stats
+
+from confcal.cli import main
+from confcal.metrics.drift import data_summary, drift_check, ks_statistic, ks_threshold
+from tests.conftest import require_shared_data
+
+
+@settings(max_examples=60)
+@given(n=st.integers(1, 300), m=st.integers(1, 300), seed=st.integers(0, 2**31 - 1), ties=st.booleans())
+def test_ks_statistic_equals_scipy_when_every_value_is_kept(n, m, seed, ties):
+    rng = np.random.default_rng(seed)
+    a, b = rng.normal(size=n), rng.normal(0.3, 1.2, size=m)
+    if ties:
+        a, b = np.round(a, 1), np.round(b, 1)
+    s = data_summary(a)  # n <= 1000: the stored quantiles are the sample itself
+    assert sorted(s["confidence_quantiles"]) == sorted(a.tolist())
+    assert ks_statistic(s["confidence_quantiles"], b) == pytest.approx(stats.ks_2samp(a, b).statistic, abs=1e-12)
+
+
+@pytest.mark.parametrize("alpha", [0.001, 0.01, 0.05])
+def test_critical_value_is_the_kolmogorov_quantile(alpha):
+    # asymptotic c(alpha) vs the exact quantile of the Kolmogorov distribution
+    assert ks_threshold(1, 10**12, alpha) == pytest.approx(special.kolmogi(alpha), rel=2e-3)
+
+
+def test_quantile_summary_is_close_to_the_full_sample():
+    rng = np.random.default_rng(1)
+    a, b = rng.beta(5, 1, 20000), rng.beta(4, 1, 3000)
+    d = ks_statistic(data_summary(a)["confidence_quantiles"], b)
+    assert d == pytest.approx(stats.ks_2samp(a, b).statistic, abs=1.5e-3)  # 1000 quantiles: within 1/1000
+
+
+def test_false_alarms_and_shift_on_cifar():
+    path = require_shared_data("cifar", "densenet-bc-100-cifar-100.npz")
+    with np.load(path) as z:
+        p = z["predictions"].astype(np.float64)
+    rng = np.random.default_rng(0)
+    alarms = 0
+    for _ in range(40):
+        perm = rng.permutation(len(p))
+        s = data_summary(p[perm[:5000]], input_kind="probs")
+        alarms += drift_check(s, p[perm[5000:]], input_kind="probs")[0]["drift"]
+    assert alarms <= 2  # <= 5%; 200 draws in benchmarks/drift.py give 2.0%
+    # a softer model (logits / 2) is a shift of the confidence distribution
+    logits = np.log(np.clip(p, 1e-300, None))
+    s = data_summary(logits[:5000])
+    row = drift_check(s, logits[5000:] / 2)[0]
+    assert row["drift"] and row["statistic"] > 3 * row["threshold"]
+    assert 0 <= row["class_tv"] < 0.1  # arg-max unchanged by scaling: only sampling noise
+
+
+def test_per_domain_bonferroni_and_unseen():
+    rng = np.random.default_rng(0)
+    s = data_summary(rng.random(600), domains=np.repeat(["a", "b"], 300))
+    new = np.concatenate([rng.random(200), rng.random(200) ** 4])
+    rows = drift_check(s, new, domains=np.repeat(["a", "c"], 200), alpha=0.03)
+    by = {r["domain"]: r for r in rows}
+    assert set(by) == {"(all)", "a", "c"} and all(r["alpha"] == pytest.approx(0.01) for r in rows)
+    assert not by["a"]["drift"] and by["c"]["drift"] and by["c"]["unseen"] and by["c"]["n_ref"] == 600
+    with pytest.raises(ValueError, match="alpha"):
+        drift_check(s, new, alpha=0.0)
+    with pytest.raises(ValueError, match="box scores"):
+        drift_check(s, rng.normal(size=(5, 3)))
+
+
+def test_cli_drift_apply_warning_and_provenance(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 4, 2000)
+    x = rng.normal(size=(2000, 4)) + 2.5 * np.eye(4)[y]
+    np.savez(tmp_path / "cal.npz", logits=x[:1000], labels=y[:1000])
+    np.save(tmp_path / "same.npy", x[1000:])
+    np.save(tmp_path / "soft.npy", x[1000:] / 3)
+    cal = tmp_path / "ts.json"
+    assert main(["fit", "--method", "ts", "--logits", f"{tmp_path}/cal.npz:logits", "--labels",
+                 f"{tmp_path}/cal.npz:labels", "--dataset-version", "2026-11-30", "-o", str(cal)]) == 0
+    fit = json.loads(cal.read_text())["fit"]
+    prov = fit["provenance"]
+    assert prov["dataset_version"] == "2026-11-30" and prov["command"].startswith("confcal fit --method ts")
+    assert prov["inputs"]["logits"] == {"path": f"{tmp_path}/cal.npz", "key": "logits",
+                                        "sha256": prov["inputs"]["labels"]["sha256"]}
+    assert "matching" not in prov and fit["data_summary"]["n"] == 1000
+    capsys.readouterr()
+    args = ["drift", "--calibrator", str(cal), "--fail-on-drift", "--logits"]
+    assert main(args + [str(tmp_path / "same.npy")]) == 0
+    assert main(args + [str(tmp_path / "soft.npy")]) == 3
+    assert "drift flagged in: (all)" in capsys.readouterr().out
+    assert main(["apply", "--calibrator", str(cal), "--logits", str(tmp_path / "soft.npy"),
+                 "-o", str(tmp_path / "p.npy")]) == 0
+    assert "differs from the calibration data" in capsys.readouterr().err
+    assert main(["apply", "--calibrator", str(cal), "--logits", str(tmp_path / "same.npy"),
+                 "-o", str(tmp_path / "p.npy")]) == 0
+    assert "differs" not in capsys.readouterr().err
