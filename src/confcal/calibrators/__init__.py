@@ -40,6 +40,18 @@ from confcal.calibrators.ensemble import EnsembleTemperatureScaling
 from confcal.calibrators.parametric import ParameterizedTemperatureScaling
 from confcal.calibrators.feature_clipping import FeatureClipping
 from confcal.calibrators.bounding import DualProbabilityBounding, LogitBounding, ProbabilityBounding
+from confcal.calibrators.binning import (
+    BBQ,
+    HistogramBinning,
+    IsotonicCalibration,
+    MarginalScalingBinning,
+    ScalingBinning,
+    TopLabelBBQ,
+    TopLabelHistogramBinning,
+    TopLabelIsotonicCalibration,
+)
+from confcal.calibrators.beta import BetaCalibration
+from confcal.calibrators.platt import PlattOneVsRest
 
 __all__ = [
     "METHODS", "Calibrator", "NotFittedError", "CalibrationWarning", "calibrator_from_dict",
@@ -48,5 +60,7 @@ __all__ = [
     "DomainEnsembleTemperatureScaling", "DetectionTemperatureScaling", "DetectionPlattScaling",
     "VectorScaling", "MatrixScaling", "DirichletCalibration", "EnsembleTemperatureScaling",
     "ParameterizedTemperatureScaling", "FeatureClipping", "ProbabilityBounding", "LogitBounding",
-    "DualProbabilityBounding",
+    "DualProbabilityBounding", "IsotonicCalibration", "TopLabelIsotonicCalibration", "HistogramBinning",
+    "TopLabelHistogramBinning", "BBQ", "TopLabelBBQ", "ScalingBinning", "MarginalScalingBinning",
+    "BetaCalibration", "PlattOneVsRest",
 ]
