@@ -4,8 +4,10 @@
   class ``k`` against ``1[y = k]``; the ``K`` outputs are divided by their row sum
   (rows whose outputs are all 0 get ``1/K``, scikit-learn's ``CalibratedClassifierCV``
   rule). With two classes a single map on class 1 is fitted and class 0 gets its
-  complement (the binary rule). The arg-max can change, so the fit record carries
-  ``accuracy_change`` and ``argmax_changed`` on the calibration set.
+  complement (the binary rule). A tie between the original arg-max and another class
+  (common after binning) is broken toward the original by one ulp. The arg-max can still
+  change, so the fit record carries ``accuracy_change`` and ``argmax_changed`` on the
+  calibration set, and ``confcal compare`` a ``Δacc`` column.
 * **Top-label** (Kumar et al. 2019, sec. 3; Gupta & Ramdas 2022): one map on the
   confidence ``c = max_k p_k`` against "the arg-max is right". The new confidence ``c'``
   replaces ``c`` and the other classes share ``1 - c'`` in proportion to their
@@ -30,7 +32,7 @@ from confcal._numeric import log_softmax, softmax
 from confcal.calibrators.base import Calibrator
 
 __all__ = ["OneVsRestCalibrator", "TopLabelCalibrator", "log_odds", "top_label_log_odds", "spread_top_label",
-           "LOGIT_CLIP"]
+           "predicted_class", "break_ties_toward", "LOGIT_CLIP"]
 
 LOGIT_CLIP = float(np.log(1.0 / np.finfo(np.float64).eps))
 
@@ -127,13 +129,32 @@ def spread_top_label(p: np.ndarray, top: np.ndarray, conf: np.ndarray) -> np.nda
     return q
 
 
-def _accuracy_report(cal: Calibrator, logits, labels, side) -> None:
+def predicted_class(probs: np.ndarray) -> np.ndarray:
+    """The arg-max that is kept: of the uncalibrated probabilities ``softmax(logits)``, lowest index on
+    ties (the rule of :func:`confcal.metrics.accuracy`; logits that differ by less than rounding
+    give equal probabilities, so this can differ from the arg-max of the logits themselves)."""
+    return np.argmax(probs, axis=1)
+
+
+def break_ties_toward(q: np.ndarray, top: np.ndarray) -> np.ndarray:
+    """Where class ``top`` ties with the row maximum of ``q`` (binned maps give many ties), raise it
+    by one ulp so the arg-max stays the original one; rows without such a tie are unchanged."""
+    rows = np.arange(q.shape[0])
+    best = q.max(axis=1)
+    tied = (q[rows, top] == best) & (np.sum(q == best[:, None], axis=1) > 1)
+    if tied.any():
+        q[rows[tied], top[tied]] = np.nextafter(best[tied], np.inf)
+    return q
+
+
+def _accuracy_report(cal: Calibrator, logits, side) -> None:
     rec = cal.fit_record_
     before = rec["metrics_before"]["accuracy"]
     after = rec["metrics_after"]["accuracy"]
     rec["accuracy_change"] = float(after - before)
     x = np.asarray(logits)
-    changed = np.argmax(cal.predict_proba(x, **side), axis=1) != np.argmax(x, axis=1) if x.ndim == 2 else None
+    changed = (np.argmax(cal.predict_proba(x, **side), axis=1) != predicted_class(softmax(x))
+               if x.ndim == 2 else None)
     if changed is not None:
         rec["argmax_changed"] = float(np.mean(changed))
 
@@ -165,7 +186,7 @@ class _ReportingCalibrator(Calibrator):
         side = {k: v for k, v in kw.items() if k in set(self.side_inputs) | set(self.optional_side_inputs)}
         from confcal._validation import check_logits
 
-        _accuracy_report(self, check_logits(logits, input_kind=input_kind), labels, side)
+        _accuracy_report(self, check_logits(logits, input_kind=input_kind), side)
         return self
 
 
@@ -196,7 +217,8 @@ class OneVsRestCalibrator(_MapMixin, _ReportingCalibrator):
         zero = total[:, 0] <= 0.0
         q[zero] = 1.0
         total[zero] = q.shape[1]
-        return q / total
+        q /= total
+        return break_ties_toward(q, predicted_class(softmax(logits)))
 
     def _get_fitted(self):
         return {"maps": self.maps_}
@@ -214,19 +236,20 @@ class TopLabelCalibrator(_MapMixin, _ReportingCalibrator):
     keeps_argmax: ClassVar[bool] = True
 
     def _top(self, logits):
-        top = np.argmax(logits, axis=1)
+        p = softmax(logits)
+        top = predicted_class(p)
         if self.space == "prob":
-            return top, softmax(logits)[np.arange(logits.shape[0]), top]
-        return top, top_label_log_odds(logits, top)
+            return p, top, p[np.arange(logits.shape[0]), top]
+        return p, top, top_label_log_odds(logits, top)
 
     def _fit(self, logits, labels, sample_weight=None, **side):
-        top, s = self._top(logits)
+        _, top, s = self._top(logits)
         self.map_ = self._fit_map(s, (labels == top).astype(np.float64), sample_weight)
 
     def _predict_proba(self, logits, **side):
-        top, s = self._top(logits)
+        p, top, s = self._top(logits)
         conf = self._apply_map(self.map_, s)
-        return spread_top_label(softmax(logits), top, conf)
+        return spread_top_label(p, top, conf)
 
     def _get_fitted(self):
         return {"map": self.map_}

@@ -119,9 +119,9 @@ def apply_isotonic(params: dict, scores) -> np.ndarray:
 def bbq_bin_range(n_samples: int, spread: float = 10.0) -> range:
     """Bin counts BBQ averages over: ``floor(N^(1/3) / C) .. ceil(C N^(1/3))`` with ``C = spread``
     (Naeini et al., AAAI 2015, sec. "Bayesian Binning into Quantiles"), at least one bin."""
-    root = n_samples ** (1.0 / 3.0)
-    lo = max(1, int(math.floor(root / spread)))
-    hi = max(lo, int(math.ceil(spread * root)))
+    root = n_samples ** (1.0 / 3.0)  # 1000 ** (1/3) = 9.999999999999998: the 1e-9 keeps exact cubes exact
+    lo = max(1, int(math.floor(root / spread + 1e-9)))
+    hi = max(lo, int(math.ceil(spread * root - 1e-9)))
     return range(lo, hi + 1)
 
 

@@ -28,6 +28,7 @@ from confcal.calibrators._reduce import (
     OneVsRestCalibrator,
     TopLabelCalibrator,
     log_odds,
+    predicted_class,
     spread_top_label,
     top_label_log_odds,
 )
@@ -417,7 +418,7 @@ class ScalingBinning(_ScalingBinning, TopLabelCalibrator):
         n_bins, seed = self._check_hyper()
         w = np.ones(labels.size) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
         first, second = random_halves(labels.size, seed)
-        top = np.argmax(logits, axis=1)
+        top = predicted_class(softmax(logits))
         platt = None
         if self.scaler == "ts":
             self.temperature_ = fit_temperature(logits[first], labels[first], sample_weight=w[first]).temperature
@@ -428,9 +429,10 @@ class ScalingBinning(_ScalingBinning, TopLabelCalibrator):
         self.map_ = {**(platt or {}), **fit_bin_means(g, n_bins=n_bins, sample_weight=w[second])}
 
     def _predict_proba(self, logits, **side):
-        top = np.argmax(logits, axis=1)
+        p = softmax(logits)
+        top = predicted_class(p)
         conf = apply_step(self.map_["edges"], self.map_["values"], self._scaled(logits, top))
-        return spread_top_label(softmax(logits), top, conf)
+        return spread_top_label(p, top, conf)
 
     def _get_fitted(self):
         out = {"map": self.map_}
