@@ -420,3 +420,38 @@ def test_one_vs_rest_reports_a_moved_arg_max():
     x, y = make(90, 30, seed=14)
     rec = METHODS["histogram-binning"](n_bins=5).fit(x, y).fit_record_
     assert rec["argmax_changed"] > 0
+
+
+# ------------------------------------------------------------------------ det-beta
+def test_det_beta_pooled_and_per_class_fits_are_the_beta_optimum_of_each_group():
+    rng = np.random.default_rng(21)
+    n = 900
+    s = rng.uniform(0.02, 0.98, size=n)
+    cls = rng.integers(0, 2, size=n)
+    y = (rng.random(n) < np.where(cls == 0, s ** 2, np.sqrt(s))).astype(int)
+    cal = METHODS["det-beta"](per_class=True).fit(s, y, category_ids=cls)
+    lo = np.log(s) - np.log1p(-s)
+    for key, mask in [((0,), cls == 0), ((1,), cls == 1)]:
+        f = beta_features(lo[mask])
+        ref = minimize(_beta_nll, x0=np.array([1.0, 1.0, 0.0]), args=(f, y[mask].astype(float)),
+                       method="L-BFGS-B", bounds=[(0, None), (0, None), (None, None)],
+                       options={"ftol": 1e-15, "gtol": 1e-12})
+        g = cal.groups_[key]
+        np.testing.assert_allclose([g["a"], g["b"], g["c"]], ref.x, atol=2e-4)
+        p = cal.predict_score(s[mask], category_ids=cls[mask])
+        np.testing.assert_allclose(p, expit(f @ np.array([g["a"], g["b"]]) + g["c"]), rtol=1e-12)
+    back = calibrator_from_dict(json.loads(json.dumps(cal.to_dict())))
+    np.testing.assert_array_equal(back.predict_proba(s, category_ids=cls), cal.predict_proba(s, category_ids=cls))
+    d = cal.to_dict()
+    d["parameters"]["pooled"]["a"] = -1.0
+    with pytest.raises(ValueError, match="manifest"):
+        calibrator_from_dict(d)
+
+
+def test_det_beta_refuses_raw_scores_outside_the_unit_interval_unless_clipped():
+    s = np.array([0.2, 0.5, 1.2, 0.9] * 10)
+    y = np.array([0, 1, 1, 0, 1, 0, 0, 1] * 5)
+    with pytest.raises(ValueError, match="scores"):
+        METHODS["det-beta"]().fit(s, y)
+    p = METHODS["det-beta"](clip_scores=True).fit(s, y).predict_score(s)
+    assert np.all((p > 0) & (p < 1))

@@ -50,7 +50,7 @@ from confcal.calibrators.binning import (
     TopLabelHistogramBinning,
     TopLabelIsotonicCalibration,
 )
-from confcal.calibrators.beta import BetaCalibration
+from confcal.calibrators.beta import BetaCalibration, DetectionBetaCalibration
 from confcal.calibrators.platt import PlattOneVsRest
 
 __all__ = [
@@ -62,5 +62,5 @@ __all__ = [
     "ParameterizedTemperatureScaling", "FeatureClipping", "ProbabilityBounding", "LogitBounding",
     "DualProbabilityBounding", "IsotonicCalibration", "TopLabelIsotonicCalibration", "HistogramBinning",
     "TopLabelHistogramBinning", "BBQ", "TopLabelBBQ", "ScalingBinning", "MarginalScalingBinning",
-    "BetaCalibration", "PlattOneVsRest",
+    "BetaCalibration", "DetectionBetaCalibration", "PlattOneVsRest",
 ]

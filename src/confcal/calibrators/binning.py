@@ -396,7 +396,8 @@ class ScalingBinning(_ScalingBinning, TopLabelCalibrator):
     >>> import numpy as np
     >>> from confcal.calibrators import METHODS
     >>> rng = np.random.default_rng(0)
-    >>> logits, labels = rng.normal(size=(400, 5)) * 3, rng.integers(0, 5, size=400)
+    >>> logits = rng.normal(size=(400, 5)) * 3
+    >>> labels = np.where(rng.random(400) < 0.7, logits.argmax(axis=1), rng.integers(0, 5, size=400))
     >>> cal = METHODS["scaling-binning"]().fit(logits, labels)
     >>> len(cal.map_["values"]) <= 10, cal.fit_record_["accuracy_change"]
     (True, 0.0)
@@ -471,7 +472,8 @@ class MarginalScalingBinning(_ScalingBinning, OneVsRestCalibrator):
     >>> import numpy as np
     >>> from confcal.calibrators import METHODS
     >>> rng = np.random.default_rng(0)
-    >>> logits, labels = rng.normal(size=(400, 3)) * 3, rng.integers(0, 3, size=400)
+    >>> logits = rng.normal(size=(400, 3)) * 3
+    >>> labels = np.where(rng.random(400) < 0.7, logits.argmax(axis=1), rng.integers(0, 3, size=400))
     >>> cal = METHODS["scaling-binning-marginal"]().fit(logits, labels)
     >>> len(cal.maps_)
     3
