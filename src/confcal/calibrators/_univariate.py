@@ -70,6 +70,13 @@ def _bin_sums(idx, n_bins, w, v):
     return np.bincount(idx, weights=w, minlength=n_bins), np.bincount(idx, weights=w * v, minlength=n_bins)
 
 
+def _bin_means(count, total, fallback):
+    # a bin can only be weightless when zero sample weights sit on an edge: it gets the overall mean
+    out = np.full(count.shape, fallback)
+    np.divide(total, count, out=out, where=count > 0)
+    return out
+
+
 # -------------------------------------------------------------------- histogram
 def fit_histogram(scores, targets, *, n_bins: int, sample_weight=None) -> dict:
     """Histogram binning (Zadrozny & Elkan, ICML 2001): equal-mass bins, each bin's value is the
@@ -81,8 +88,7 @@ def fit_histogram(scores, targets, *, n_bins: int, sample_weight=None) -> dict:
     edges = equal_mass_edges(s, n_bins, w)
     idx = bin_index(edges, s)
     count, pos = _bin_sums(idx, edges.size + 1, w, y)
-    values = pos / count
-    return {"edges": edges.tolist(), "values": values.tolist()}
+    return {"edges": edges.tolist(), "values": _bin_means(count, pos, float(np.sum(w * y) / np.sum(w))).tolist()}
 
 
 def apply_histogram(params: dict, scores) -> np.ndarray:
@@ -227,7 +233,8 @@ def fit_bin_means(values, *, n_bins: int, sample_weight=None) -> dict:
     edges = equal_mass_edges(g, n_bins, w)
     idx = bin_index(edges, g)
     count, total = _bin_sums(idx, edges.size + 1, w, g)
-    return {"edges": edges.tolist(), "values": np.clip(total / count, 0.0, 1.0).tolist()}
+    fallback = float(np.sum(w * g) / np.sum(w))
+    return {"edges": edges.tolist(), "values": np.clip(_bin_means(count, total, fallback), 0.0, 1.0).tolist()}
 
 
 def fit_platt(logit_scores, targets, *, sample_weight=None, smoothed: bool = False) -> dict:
