@@ -111,7 +111,7 @@ def cifar(splits: int, out: Path, names) -> None:
         lines.append("")
         print("\n".join(lines[-len(res.rows) - 4:]), flush=True)
     (out.parent / f"{out.name}_cifar.md").write_text("\n".join(lines) + "\n")
-    (out.parent / f"{out.name}_cifar.json").write_text(json.dumps(dump, allow_nan=False, indent=1))
+    (out.parent / f"{out.name}_cifar.json").write_text(json.dumps(dump, allow_nan=False, separators=(",", ":")))
 
 
 def _clip_scores(s):
