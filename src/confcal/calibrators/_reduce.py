@@ -29,6 +29,7 @@ import numpy as np
 from scipy.special import logsumexp
 
 from confcal._numeric import log_softmax, softmax
+from confcal._validation import check_logits
 from confcal.calibrators.base import Calibrator
 
 __all__ = ["OneVsRestCalibrator", "TopLabelCalibrator", "log_odds", "top_label_log_odds", "spread_top_label",
@@ -184,8 +185,6 @@ class _ReportingCalibrator(Calibrator):
     def fit(self, logits, labels, *, input_kind: str = "logits", **kw):
         super().fit(logits, labels, input_kind=input_kind, **kw)
         side = {k: v for k, v in kw.items() if k in set(self.side_inputs) | set(self.optional_side_inputs)}
-        from confcal._validation import check_logits
-
         _accuracy_report(self, check_logits(logits, input_kind=input_kind), side)
         return self
 
