@@ -50,6 +50,7 @@ DATASETS = {
     "lenet-5-cifar-10": "LeNet-5, CIFAR-10",
 }
 CIFAR_METHODS = ["ts", "isotonic-top", "histogram-binning-top", "bbq-top", "scaling-binning",
+                 ("scaling-binning (scaler=ts)", "scaling-binning", {"scaler": "ts"}),
                  ("scaling-binning (scaler=platt)", "scaling-binning", {"scaler": "platt"}),
                  "isotonic", "histogram-binning", "bbq", "scaling-binning-marginal", "beta", "platt-ovr"]
 BINARY_METHODS = ["isotonic", "histogram-binning", "bbq", "scaling-binning-marginal", "beta", "platt-ovr"]

@@ -148,7 +148,7 @@ def test_scaling_binning_bin_step_is_equal_mass_bins_of_the_scaled_outputs():
 
 def test_scaling_binning_fit_bins_the_second_half_by_hand():
     x, y = make(401, 6, seed=7)
-    cal = METHODS["scaling-binning"](n_bins=7, seed=3).fit(x, y)
+    cal = METHODS["scaling-binning"](n_bins=7, scaler="ts", seed=3).fit(x, y)
     first, second = random_halves(401, 3)
     assert first.size == 200 and np.intersect1d(first, second).size == 0
     ts = METHODS["ts"]().fit(x[first], y[first])
@@ -163,10 +163,33 @@ def test_scaling_binning_fit_bins_the_second_half_by_hand():
                                rtol=1e-14)
 
 
+@pytest.mark.parametrize("case,expected", [("ts-model", "ts"), ("shifted", "platt")])
+def test_scaling_binning_auto_keeps_the_scaler_with_the_lower_held_out_nll(case, expected):
+    rng = np.random.default_rng(0)
+    if case == "ts-model":  # labels drawn from softmax(x / 2): temperature scaling is the true model
+        x = rng.normal(size=(600, 10)) * 4
+        y = np.array([rng.choice(10, p=r) for r in softmax(x / 2)])
+    else:  # a class-0 bias TS cannot undo
+        x, y = make(600, 4, seed=31, scale=5.0)
+        x[:, 0] += 1.5
+    first, second = random_halves(600, 0)
+    top = softmax(x).argmax(1)
+    correct = (top == y).astype(float)
+    fits = {sc: METHODS["scaling-binning"](scaler=sc).fit(x, y) for sc in ("ts", "platt")}
+    ts_g = softmax(x[second] / fits["ts"].temperature_)[np.arange(second.size), top[second]]
+    pl = fits["platt"].map_
+    pl_g = expit(pl["a"] * top_label_log_odds(x[second], top[second]) + pl["b"])
+    nll = {sc: -np.mean(correct[second] * np.log(g) + (1 - correct[second]) * np.log1p(-g))
+           for sc, g in (("ts", ts_g), ("platt", pl_g))}
+    auto = METHODS["scaling-binning"]().fit(x, y)
+    assert auto.scaler_ == min(nll, key=nll.get) == expected
+    np.testing.assert_array_equal(auto.predict_proba(x), fits[auto.scaler_].predict_proba(x))
+
+
 def test_scaling_binning_platt_scaler_and_marginal_variant_fit_and_round_trip():
     x, y = make(300, 3, seed=8)
     for name, kw in [("scaling-binning", {"scaler": "platt"}), ("scaling-binning-marginal", {}),
-                     ("scaling-binning-marginal", {"scaler": "platt"})]:
+                     ("scaling-binning-marginal", {"scaler": "platt"}), ("scaling-binning-marginal", {"scaler": "ts"})]:
         cal = METHODS[name](**kw).fit(x, y)
         back = calibrator_from_dict(json.loads(json.dumps(cal.to_dict())))
         np.testing.assert_array_equal(back.predict_proba(x), cal.predict_proba(x))

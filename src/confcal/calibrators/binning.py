@@ -338,9 +338,14 @@ class TopLabelBBQ(_BBQ, TopLabelCalibrator):
 
 
 # ------------------------------------------------------------------- scaling-binning
+def _binary_nll(g, t) -> float:
+    g = np.clip(g, 1e-15, 1 - 1e-15)
+    return float(-np.mean(t * np.log(g) + (1 - t) * np.log1p(-g)))
+
+
 class _ScalingBinning:
     space = "logit"
-    scalers = ("ts", "platt")
+    scalers = ("auto", "ts", "platt")
 
     def _check_hyper(self):
         n_bins = _check_positive_int(self.n_bins, "n_bins")
@@ -348,6 +353,9 @@ class _ScalingBinning:
         if self.scaler not in self.scalers:
             raise ValueError(f"scaler: expected one of {list(self.scalers)}, got {self.scaler!r}")
         return n_bins, seed
+
+    def _candidates(self):
+        return ("ts", "platt") if self.scaler == "auto" else (self.scaler,)
 
     def _check_map(self, params):
         out = _check_step(params)
@@ -359,8 +367,19 @@ class _ScalingBinning:
                 out[key] = float(v)
         return out
 
-    def _set_temperature(self, params):
-        if self.scaler == "ts":
+    def _get_scaler(self, out):
+        out["scaler"] = self.scaler_
+        if self.scaler_ == "ts":
+            out["temperature"] = self.temperature_
+        return out
+
+    def _set_scaler(self, params):
+        scaler = params["scaler"]
+        if scaler not in ("ts", "platt") or (self.scaler != "auto" and scaler != self.scaler):
+            raise ValueError(f"scaler: expected 'ts' or 'platt' (matching the hyper-parameter "
+                             f"{self.scaler!r}), got {scaler!r}")
+        self.scaler_ = scaler
+        if scaler == "ts":
             self.temperature_ = _positive_temperature(params["temperature"], "temperature")
 
 
@@ -369,24 +388,27 @@ class ScalingBinning(_ScalingBinning, TopLabelCalibrator):
     """Scaling-binning calibrator, top-label (``scaling-binning``); keeps the arg-max.
 
     The calibration set is split in two halves at random (``seed``). Step 1, on the first
-    half: fit a scaling map -- temperature scaling (``scaler="ts"``, default: one ``T`` by
-    NLL, confidence ``g = max softmax(logits / T)``) or Platt scaling of the top-label
-    confidence (``scaler="platt"``: ``g = sigmoid(a logit(c) + b)`` against "the arg-max is
-    right"). Steps 2-3, on the second half: cut ``g``'s outputs into ``n_bins`` equal-mass
-    bins and give each bin the mean ``g`` of its members. At predict time the confidence
-    is the value of the bin ``g`` falls in; the other classes share the rest in proportion
-    (capped so the arg-max stays, see :mod:`confcal.calibrators._reduce`).
+    half: fit a scaling map -- temperature scaling (``"ts"``: one ``T`` by NLL, confidence
+    ``g = max softmax(logits / T)``) or Platt scaling of the top-label confidence
+    (``"platt"``: ``g = sigmoid(a logit(c) + b)`` against "the arg-max is right", the paper's
+    top-label choice). With ``scaler="auto"`` (default) both are fitted and the one whose
+    ``g`` has the lower NLL against "the arg-max is right" on the second half is kept.
+    Steps 2-3, on the second half: cut ``g``'s outputs into ``n_bins`` equal-mass bins and
+    give each bin the mean ``g`` of its members. At predict time the confidence is the value
+    of the bin ``g`` falls in; the other classes share the rest in proportion (capped so the
+    arg-max stays, see :mod:`confcal.calibrators._reduce`).
 
     Parameters
     ----------
     n_bins : int, default 10 (the paper's ``B = 10``)
-    scaler : ``"ts"`` (default) or ``"platt"``
+    scaler : ``"auto"`` (default), ``"ts"`` or ``"platt"``
     seed : int, default 0 -- the split into halves
 
     Attributes
     ----------
+    scaler_ : ``"ts"`` or ``"platt"``, the scaler used
     map_ : ``{"edges", "values"}`` plus ``{"a", "b"}`` for Platt
-    temperature_ : float, the fitted ``T`` (``scaler="ts"``)
+    temperature_ : float, the fitted ``T`` (when ``scaler_ == "ts"``)
 
     Source: A. Kumar, P. Liang and T. Ma, "Verified Uncertainty Calibration", NeurIPS 2019,
     sec. 4 (steps 1-3), top-label calibration error (sec. 3).
@@ -405,64 +427,73 @@ class ScalingBinning(_ScalingBinning, TopLabelCalibrator):
 
     method = "scaling-binning"
 
-    def __init__(self, n_bins: int = 10, scaler: str = "ts", seed: int = 0):
+    def __init__(self, n_bins: int = 10, scaler: str = "auto", seed: int = 0):
         self.n_bins = n_bins
         self.scaler = scaler
         self.seed = seed
 
-    def _scaled(self, logits, top, params=None):
-        if self.scaler == "ts":
-            return softmax(np.asarray(logits, dtype=np.float64) / self.temperature_)[np.arange(top.size), top]
-        return apply_platt(params if params is not None else self.map_, top_label_log_odds(logits, top))
+    def _scaled(self, logits, top, scaler, params):
+        if scaler == "ts":
+            return softmax(np.asarray(logits, dtype=np.float64) / params["temperature"])[np.arange(top.size), top]
+        return apply_platt(params, top_label_log_odds(logits, top))
 
     def _fit(self, logits, labels, sample_weight=None, **side):
         n_bins, seed = self._check_hyper()
         w = np.ones(labels.size) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
         first, second = random_halves(labels.size, seed)
         top = predicted_class(softmax(logits))
-        platt = None
-        if self.scaler == "ts":
-            self.temperature_ = fit_temperature(logits[first], labels[first], sample_weight=w[first]).temperature
-        else:
-            platt = fit_platt(top_label_log_odds(logits[first], top[first]),
-                              (labels[first] == top[first]).astype(np.float64), sample_weight=w[first])
-        g = self._scaled(logits[second], top[second], platt)
-        self.map_ = {**(platt or {}), **fit_bin_means(g, n_bins=n_bins, sample_weight=w[second])}
+        correct = (labels == top).astype(np.float64)
+        best = None
+        for scaler in self._candidates():
+            if scaler == "ts":
+                params = {"temperature": fit_temperature(logits[first], labels[first],
+                                                         sample_weight=w[first]).temperature}
+            else:
+                params = fit_platt(top_label_log_odds(logits[first], top[first]), correct[first],
+                                   sample_weight=w[first])
+            g = self._scaled(logits[second], top[second], scaler, params)
+            score = _binary_nll(g, correct[second])
+            if best is None or score < best[0]:
+                best = (score, scaler, params, g)
+        _, self.scaler_, params, g = best
+        if self.scaler_ == "ts":
+            self.temperature_ = params["temperature"]
+            params = {}
+        self.map_ = {**params, **fit_bin_means(g, n_bins=n_bins, sample_weight=w[second])}
 
     def _predict_proba(self, logits, **side):
         p = softmax(logits)
         top = predicted_class(p)
-        conf = apply_step(self.map_["edges"], self.map_["values"], self._scaled(logits, top))
+        params = {"temperature": self.temperature_} if self.scaler_ == "ts" else self.map_
+        conf = apply_step(self.map_["edges"], self.map_["values"], self._scaled(logits, top, self.scaler_, params))
         return spread_top_label(p, top, conf)
 
     def _get_fitted(self):
-        out = {"map": self.map_}
-        if self.scaler == "ts":
-            out["temperature"] = self.temperature_
-        return out
+        return self._get_scaler({"map": self.map_})
 
     def _set_fitted(self, params):
-        self._set_temperature(params)
+        self._set_scaler(params)
         self.map_ = self._check_map(params["map"])
-        if self.scaler == "platt" and not {"a", "b"} <= set(self.map_):
-            raise ValueError("map: scaler='platt' needs 'a' and 'b'")
+        if self.scaler_ == "platt" and not {"a", "b"} <= set(self.map_):
+            raise ValueError("map: scaler 'platt' needs 'a' and 'b'")
 
 
 @register
 class MarginalScalingBinning(_ScalingBinning, OneVsRestCalibrator):
     """Scaling-binning per class (marginal), renormalised (``scaling-binning-marginal``).
 
-    Step 1 on the first random half: temperature scaling (``scaler="ts"``, default; class
-    ``k``'s scaled output is ``softmax(logits / T)_k``) or one Platt map per class on
-    ``logit(p_k)`` against ``1[y = k]`` (``scaler="platt"``). Steps 2-3 on the second half:
-    per class, equal-mass bins of the scaled outputs, each bin's value their mean. The ``K``
+    Step 1 on the first random half: temperature scaling (``"ts"``: class ``k``'s scaled
+    output is ``softmax(logits / T)_k``) or one Platt map per class on ``logit(p_k)`` against
+    ``1[y = k]`` (``"platt"``); ``scaler="auto"`` (default) keeps the one with the lower
+    one-vs-rest NLL (mean over classes) on the second half. Steps 2-3 on the second half: per
+    class, equal-mass bins of the scaled outputs, each bin's value their mean. The ``K``
     binned outputs are divided by their sum (two classes: class 1 binned, class 0 its
     complement). May change the arg-max (reported in the fit record).
 
     Parameters
     ----------
     n_bins : int, default 10
-    scaler : ``"ts"`` (default) or ``"platt"``
+    scaler : ``"auto"`` (default), ``"ts"`` or ``"platt"``
     seed : int, default 0
 
     Source: Kumar, Liang & Ma, NeurIPS 2019, sec. 4 (marginal calibration error, sec. 3).
@@ -481,43 +512,51 @@ class MarginalScalingBinning(_ScalingBinning, OneVsRestCalibrator):
 
     method = "scaling-binning-marginal"
 
-    def __init__(self, n_bins: int = 10, scaler: str = "ts", seed: int = 0):
+    def __init__(self, n_bins: int = 10, scaler: str = "auto", seed: int = 0):
         self.n_bins = n_bins
         self.scaler = scaler
         self.seed = seed
 
     def _scores(self, logits):
-        if self.scaler == "ts":
+        if self.scaler_ == "ts":
             return softmax(np.asarray(logits, dtype=np.float64) / self.temperature_)
         return log_odds(logits)
 
     def _apply_map(self, params, scores):
-        g = apply_platt(params, scores) if self.scaler == "platt" else scores
+        g = apply_platt(params, scores) if self.scaler_ == "platt" else scores
         return apply_step(params["edges"], params["values"], g)
 
     def _fit(self, logits, labels, sample_weight=None, **side):
         n_bins, seed = self._check_hyper()
         w = np.ones(labels.size) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
         first, second = random_halves(labels.size, seed)
-        if self.scaler == "ts":
-            self.temperature_ = fit_temperature(logits[first], labels[first], sample_weight=w[first]).temperature
-        s = self._scores(logits)
-        classes = [1] if logits.shape[1] == 2 else range(logits.shape[1])
-        self.maps_ = []
-        for j in classes:
-            platt = None
-            g = s[second, j]
-            if self.scaler == "platt":
-                platt = fit_platt(s[first, j], (labels[first] == j).astype(np.float64), sample_weight=w[first])
-                g = apply_platt(platt, g)
-            self.maps_.append({**(platt or {}), **fit_bin_means(g, n_bins=n_bins, sample_weight=w[second])})
+        classes = [1] if logits.shape[1] == 2 else list(range(logits.shape[1]))
+        best = None
+        for scaler in self._candidates():
+            if scaler == "ts":
+                t = fit_temperature(logits[first], labels[first], sample_weight=w[first]).temperature
+                s = softmax(np.asarray(logits, dtype=np.float64) / t)
+                platts = [None] * len(classes)
+                g = [s[second, j] for j in classes]
+            else:
+                t = None
+                s = log_odds(logits)
+                platts = [fit_platt(s[first, j], (labels[first] == j).astype(np.float64), sample_weight=w[first])
+                          for j in classes]
+                g = [apply_platt(pl, s[second, j]) for pl, j in zip(platts, classes)]
+            score = float(np.mean([_binary_nll(gj, (labels[second] == j).astype(np.float64))
+                                   for gj, j in zip(g, classes)]))
+            if best is None or score < best[0]:
+                best = (score, scaler, t, platts, g)
+        _, self.scaler_, t, platts, g = best
+        if t is not None:
+            self.temperature_ = t
+        self.maps_ = [{**(pl or {}), **fit_bin_means(gj, n_bins=n_bins, sample_weight=w[second])}
+                      for pl, gj in zip(platts, g)]
 
     def _get_fitted(self):
-        out = super()._get_fitted()
-        if self.scaler == "ts":
-            out["temperature"] = self.temperature_
-        return out
+        return self._get_scaler(super()._get_fitted())
 
     def _set_fitted(self, params):
-        self._set_temperature(params)
+        self._set_scaler(params)
         super()._set_fitted(params)
