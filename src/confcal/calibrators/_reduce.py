@@ -29,7 +29,6 @@ import numpy as np
 from scipy.special import logsumexp
 
 from confcal._numeric import log_softmax, softmax
-from confcal._validation import check_logits
 from confcal.calibrators.base import Calibrator
 
 __all__ = ["OneVsRestCalibrator", "TopLabelCalibrator", "log_odds", "top_label_log_odds", "spread_top_label",
@@ -153,11 +152,9 @@ def _accuracy_report(cal: Calibrator, logits, side) -> None:
     before = rec["metrics_before"]["accuracy"]
     after = rec["metrics_after"]["accuracy"]
     rec["accuracy_change"] = float(after - before)
-    x = np.asarray(logits)
-    changed = (np.argmax(cal.predict_proba(x, **side), axis=1) != predicted_class(softmax(x))
-               if x.ndim == 2 else None)
-    if changed is not None:
-        rec["argmax_changed"] = float(np.mean(changed))
+    x = np.asarray(logits)  # validated, (n, K)
+    q = cal._predict_proba(x, **cal._check_side(side, x.shape[0]))
+    rec["argmax_changed"] = float(np.mean(np.argmax(q, axis=1) != predicted_class(softmax(x))))
 
 
 class _MapMixin:
@@ -182,10 +179,9 @@ class _ReportingCalibrator(Calibrator):
     """Adds ``accuracy_change`` (after - before) and ``argmax_changed`` (fraction of rows whose
     arg-max moved) to the fit record."""
 
-    def fit(self, logits, labels, *, input_kind: str = "logits", **kw):
-        super().fit(logits, labels, input_kind=input_kind, **kw)
-        side = {k: v for k, v in kw.items() if k in set(self.side_inputs) | set(self.optional_side_inputs)}
-        _accuracy_report(self, check_logits(logits, input_kind=input_kind), side)
+    def fit(self, logits, labels, *, sample_weight=None, **side):
+        super().fit(logits, labels, sample_weight=sample_weight, **side)
+        _accuracy_report(self, self._validate_logits(logits), side)
         return self
 
 

@@ -181,7 +181,8 @@ def fit_bbq(scores, targets, *, spread: float = 10.0, prior_strength: float = 2.
     cpos = np.cumsum(w[order] * y[order])
     total, total_pos = cw[-1], cpos[-1]
     models, seen = [], set()
-    for b in bbq_bin_range(s.size, spread):
+    # N is the (weighted) count, so an integer weight acts as a repeated score
+    for b in bbq_bin_range(int(round(total)) if sample_weight is not None else s.size, spread):
         # the edges of equal_mass_edges(s, b, w), from the one sort
         idx = np.minimum(np.searchsorted(cw, np.arange(1, b) * total / b, side="left"), s.size - 1)
         edges = np.unique(s_sorted[idx])

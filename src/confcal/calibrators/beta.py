@@ -96,8 +96,8 @@ class BetaCalibration(OneVsRestCalibrator):
     method = "beta"
     space = "logit"
 
-    def __init__(self):
-        pass
+    def __init__(self, input_kind: str = "logits"):
+        self.input_kind = input_kind
 
     def _fit_map(self, scores, targets, sample_weight):
         return fit_beta(scores, targets, sample_weight=sample_weight)
@@ -148,10 +148,12 @@ class DetectionBetaCalibration(_BoxScoreCalibrator):
 
     method = "det-beta"
 
-    def __init__(self, per_class: bool = False, clip_scores: bool = False, min_samples: int = 20):
+    def __init__(self, per_class: bool = False, clip_scores: bool = False, min_samples: int = 20,
+                 input_kind: str = "logits"):
         self.per_class = per_class
         self.clip_scores = clip_scores
         self.min_samples = min_samples
+        self.input_kind = input_kind
 
     def _features(self, arr):
         return score_logit(arr, clip_scores=self.clip_scores)
@@ -160,9 +162,9 @@ class DetectionBetaCalibration(_BoxScoreCalibrator):
         p = expit(x)
         return np.stack([1.0 - p, p], axis=1)
 
-    def _fit_group(self, x, y, key):
-        params = fit_beta(x, y.astype(np.float64))
-        return {**params, "nll": float(_beta_nll(params, x, y))}
+    def _fit_group(self, x, y, key, sample_weight=None):
+        params = fit_beta(x, y.astype(np.float64), sample_weight=sample_weight)
+        return {**params, "nll": float(_beta_nll(params, x, y, sample_weight))}
 
     def _set_fitted(self, params):
         super()._set_fitted(params)
@@ -175,7 +177,7 @@ class DetectionBetaCalibration(_BoxScoreCalibrator):
         return p["a"] * f[:, 0] + p["b"] * f[:, 1] + p["c"]
 
 
-def _beta_nll(params, x, y):
+def _beta_nll(params, x, y, sample_weight=None):
     f = beta_features(x)
     u = params["a"] * f[:, 0] + params["b"] * f[:, 1] + params["c"]
-    return np.mean(y * np.logaddexp(0.0, -u) + (1 - y) * np.logaddexp(0.0, u))
+    return np.average(y * np.logaddexp(0.0, -u) + (1 - y) * np.logaddexp(0.0, u), weights=sample_weight)

@@ -136,8 +136,8 @@ class IsotonicCalibration(_Isotonic, OneVsRestCalibrator):
 
     method = "isotonic"
 
-    def __init__(self):
-        pass
+    def __init__(self, input_kind: str = "logits"):
+        self.input_kind = input_kind
 
 
 @register
@@ -169,8 +169,8 @@ class TopLabelIsotonicCalibration(_Isotonic, TopLabelCalibrator):
 
     method = "isotonic-top"
 
-    def __init__(self):
-        pass
+    def __init__(self, input_kind: str = "logits"):
+        self.input_kind = input_kind
 
 
 # ------------------------------------------------------------------------ histogram
@@ -219,8 +219,9 @@ class HistogramBinning(_Histogram, OneVsRestCalibrator):
 
     method = "histogram-binning"
 
-    def __init__(self, n_bins: int = 15):
+    def __init__(self, n_bins: int = 15, input_kind: str = "logits"):
         self.n_bins = n_bins
+        self.input_kind = input_kind
 
 
 @register
@@ -246,8 +247,9 @@ class TopLabelHistogramBinning(_Histogram, TopLabelCalibrator):
 
     method = "histogram-binning-top"
 
-    def __init__(self, n_bins: int = 15):
+    def __init__(self, n_bins: int = 15, input_kind: str = "logits"):
         self.n_bins = n_bins
+        self.input_kind = input_kind
 
 
 # ------------------------------------------------------------------------------ BBQ
@@ -303,9 +305,10 @@ class BBQ(_BBQ, OneVsRestCalibrator):
 
     method = "bbq"
 
-    def __init__(self, spread: float = 10.0, prior_strength: float = 2.0):
+    def __init__(self, spread: float = 10.0, prior_strength: float = 2.0, input_kind: str = "logits"):
         self.spread = spread
         self.prior_strength = prior_strength
+        self.input_kind = input_kind
 
 
 @register
@@ -332,9 +335,10 @@ class TopLabelBBQ(_BBQ, TopLabelCalibrator):
 
     method = "bbq-top"
 
-    def __init__(self, spread: float = 10.0, prior_strength: float = 2.0):
+    def __init__(self, spread: float = 10.0, prior_strength: float = 2.0, input_kind: str = "logits"):
         self.spread = spread
         self.prior_strength = prior_strength
+        self.input_kind = input_kind
 
 
 # ------------------------------------------------------------------- scaling-binning
@@ -353,6 +357,10 @@ class _ScalingBinning:
         if self.scaler not in self.scalers:
             raise ValueError(f"scaler: expected one of {list(self.scalers)}, got {self.scaler!r}")
         return n_bins, seed
+
+    def _sample_weight_refusal(self):
+        # the two halves are drawn over rows: a weight of 2 is not the same as a repeated row
+        return "its random split into halves is over rows, so a weight is not a repetition"
 
     def _candidates(self):
         return ("ts", "platt") if self.scaler == "auto" else (self.scaler,)
@@ -427,10 +435,11 @@ class ScalingBinning(_ScalingBinning, TopLabelCalibrator):
 
     method = "scaling-binning"
 
-    def __init__(self, n_bins: int = 10, scaler: str = "auto", seed: int = 0):
+    def __init__(self, n_bins: int = 10, scaler: str = "auto", seed: int = 0, input_kind: str = "logits"):
         self.n_bins = n_bins
         self.scaler = scaler
         self.seed = seed
+        self.input_kind = input_kind
 
     def _scaled(self, logits, top, scaler, params):
         if scaler == "ts":
@@ -512,10 +521,11 @@ class MarginalScalingBinning(_ScalingBinning, OneVsRestCalibrator):
 
     method = "scaling-binning-marginal"
 
-    def __init__(self, n_bins: int = 10, scaler: str = "auto", seed: int = 0):
+    def __init__(self, n_bins: int = 10, scaler: str = "auto", seed: int = 0, input_kind: str = "logits"):
         self.n_bins = n_bins
         self.scaler = scaler
         self.seed = seed
+        self.input_kind = input_kind
 
     def _scores(self, logits):
         if self.scaler_ == "ts":

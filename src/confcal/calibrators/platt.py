@@ -51,8 +51,8 @@ class PlattOneVsRest(OneVsRestCalibrator):
     method = "platt-ovr"
     space = "logit"
 
-    def __init__(self):
-        pass
+    def __init__(self, input_kind: str = "logits"):
+        self.input_kind = input_kind
 
     def _fit_map(self, scores, targets, sample_weight):
         return fit_platt(scores, targets, sample_weight=sample_weight, smoothed=True)
