@@ -42,6 +42,7 @@ FAST = {
     "det-ts": {"min_samples": 5},
     "det-platt": {"min_samples": 5},
     "det-beta": {"min_samples": 5},
+    "source-gated-ts": {"source_domain": 0, "base_params": {"n_clusters": 3, "n_init": 1, "min_cluster_size": 5}},
 }
 #: methods whose fit is a weighted mean and not mini-batch: sample_weight must act as repetition
 WEIGHTED = ["ts", "grouped-ts", "set-ts", "cluster-ts", "cluster-ts-regression", "domain-ensemble", "vs", "ms",
@@ -49,7 +50,7 @@ WEIGHTED = ["ts", "grouped-ts", "set-ts", "cluster-ts", "cluster-ts-regression",
             "dirichlet+pb", "ets+pb", "det-ts", "det-platt", "det-beta", "isotonic", "isotonic-top",
             "histogram-binning", "histogram-binning-top", "bbq", "bbq-top", "beta", "platt-ovr"]
 NON_CONVEX = {"lb", "dpb", "pb", "pb-lower", "pb-upper", "ts+pb", "vs+pb", "ms+pb", "dirichlet+pb", "ets+pb"}
-NO_WEIGHTS = ["pts", "pts+pb", "pb-mlp", "fc", "scaling-binning", "scaling-binning-marginal"]
+NO_WEIGHTS = ["pts", "pts+pb", "pb-mlp", "fc", "source-gated-ts", "scaling-binning", "scaling-binning-marginal"]
 NO_SIDE = [m for m in ALL if m not in BOX and not METHODS[m].side_inputs]
 
 
@@ -73,7 +74,7 @@ def data(name: str, n: int = 60, k: int = 3, seed: int = 0):
         z = 2.0 * rng.normal(size=(n, k))
     if "features" in METHODS[name].side_inputs and name != "fc":
         side["features"] = z[:, :2] + 0.3 * rng.normal(size=(n, 2))
-    if "domains" in METHODS[name].side_inputs:
+    if "domains" in METHODS[name].side_inputs or name == "source-gated-ts":  # its domains: fit time only
         side["domains"] = rng.integers(0, 2, size=n)
     p = softmax(z / 1.5)
     y = (rng.uniform(size=(n, 1)) > np.cumsum(p, axis=1)).sum(axis=1)
