@@ -281,12 +281,13 @@ def test_predict_errors(data):
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("pool_domains", [0, 1], "pool_domains has shape"),
-    ("scaler_scale", [1.0, 0.0, 1.0], "scaler_scale: expected every entry > 0"),
-    ("source_temperature", -1.0, "source_temperature: expected > 0"),
-    ("n_neighbors", 0, "n_neighbors: expected 1.."),
-    ("pool_sizes", [1, 1, 1], "pool_domains: expected codes"),
-    ("gate_floor", 1.0, r"gate_floor: expected a value in \[0, 1\)"),
+    ("pool_domains", [0, 1], r"parameters.pool_domains: expected an array of shape \(n_pool,\) with n_pool = 60"),
+    ("scaler_scale", [1.0, 0.0, 1.0], r"parameters.scaler_scale\[1\]: expected a finite number > 0, got 0.0"),
+    ("source_temperature", -1.0, "parameters.source_temperature: expected a finite number > 0, got -1.0"),
+    ("n_neighbors", 0, "parameters.n_neighbors: expected an integer >= 1, got 0"),
+    ("n_neighbors", 61, r"parameters.n_neighbors: expected 1..60 \(the pool size\)"),
+    ("pool_sizes", [1, 1, 1], "parameters.pool_domains: expected codes"),
+    ("gate_floor", 1.0, "parameters.gate_floor: expected a finite number >= 0 and < 1, got 1.0"),
 ])
 def test_tampered_manifest_is_refused(data, field, value, message):
     manifest = json.loads(json.dumps(fit(data, base="set-ts", max_pool_size=60).to_dict()))

@@ -1,19 +1,13 @@
-"""Exact small logistic regressions with sign constraints (Platt, beta, scaling-binning's scaling step).
+"""Exact 2-parameter logistic regression ``sigmoid(slope * x + bias)`` by projected Newton.
 
-Minimises the weighted mean Bernoulli NLL of ``sigmoid(X @ w + b)`` over ``w``
-(``d <= 3`` features) and ``b``, with ``w[j] >= 0`` for the coordinates in
-``nonneg``. The problem is convex, so its constrained optimum is the
-unconstrained optimum of the sub-problem in which the active coordinates are
-fixed at 0: every subset of ``nonneg`` is solved by damped Newton (closed-form
-Hessian, backtracking line search) and the best *feasible* sub-optimum is the
-answer (any feasible sub-optimum is a feasible point, so none can beat the true
-optimum, and the true optimum is one of them). With ``d <= 3`` that is at most
-8 tiny Newton solves.
+The solver behind binary temperature scaling with an offset (``det-ts`` with
+``bias=True``: slope ``1/T``) and Platt scaling (``det-platt``; J. Platt,
+"Probabilistic Outputs for Support Vector Machines and Comparisons to
+Regularized Likelihood Methods", 1999, with its smoothed targets).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import warnings
 from dataclasses import dataclass
@@ -23,114 +17,109 @@ from scipy.special import expit
 
 from confcal.calibrators._tsfit import CalibrationWarning
 
-__all__ = ["LogisticResult", "fit_constrained_logistic", "platt_targets"]
+__all__ = ["LogisticFit", "fit_logistic"]
 
 
 @dataclass(frozen=True)
-class LogisticResult:
-    coef: tuple[float, ...]
-    intercept: float
+class LogisticFit:
+    slope: float
+    bias: float
     nll: float
-    converged: bool
+    n_iter: int
+    at_bound: bool
 
 
-def platt_targets(y: np.ndarray, sample_weight: np.ndarray | None = None) -> np.ndarray:
-    """Platt's smoothed targets ``(N+ + 1) / (N+ + 2)`` for positives and ``1 / (N- + 2)`` for negatives
-    (Platt 1999, sec. 2.2; the rule scikit-learn's ``CalibratedClassifierCV(method="sigmoid")`` uses).
-    ``N+``/``N-`` are weighted counts when ``sample_weight`` is given."""
-    y = np.asarray(y, dtype=np.float64)
-    w = np.ones_like(y) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
-    n_pos = float(np.sum(w * y))
-    n_neg = float(np.sum(w * (1.0 - y)))
-    return np.where(y > 0.5, (n_pos + 1.0) / (n_pos + 2.0), 1.0 / (n_neg + 2.0))
+def _logistic_stats(x, t, w, b, sw=None):
+    u = w * x + b
+    mean = np.mean if sw is None else (lambda v: float(np.dot(v, sw)))  # sw sums to 1
+    loss = float(mean(t * np.logaddexp(0.0, -u) + (1.0 - t) * np.logaddexp(0.0, u)))
+    p = expit(u)
+    r = p - t
+    h = p * (1.0 - p)
+    g = np.array([mean(r * x), mean(r)])
+    hm = np.array([[mean(h * x * x), mean(h * x)], [mean(h * x), mean(h)]])
+    return loss, g, hm
 
 
-def _loss_grad_hess(z, t, w, wsum):
-    # z: (n, m) design with the intercept column last; t: targets in [0, 1]
-    def f(theta):
-        u = z @ theta
-        loss = float(np.sum(w * (t * np.logaddexp(0.0, -u) + (1.0 - t) * np.logaddexp(0.0, u)))) / wsum
-        p = expit(u)
-        g = z.T @ (w * (p - t)) / wsum
-        h = (z * (w * p * (1.0 - p))[:, None]).T @ z / wsum
-        return loss, g, h
-    return f
+def fit_logistic(x, y, *, slope_bounds=(0.0, math.inf), fit_bias: bool = True, targets: str = "hard",
+                 tol: float = 1e-10, max_iter: int = 200, sample_weight=None) -> LogisticFit:
+    """Minimise the mean Bernoulli NLL of ``sigmoid(slope * x + bias)`` exactly.
 
-
-def _newton(z, t, w, wsum, tol, max_iter):
-    f = _loss_grad_hess(z, t, w, wsum)
-    m = z.shape[1]
-    theta = np.zeros(m)
-    tbar = float(np.clip(np.sum(w * t) / wsum, 1e-12, 1 - 1e-12))
-    theta[-1] = math.log(tbar / (1.0 - tbar))  # start at the base rate
-    loss, g, h = f(theta)
-    for _ in range(max_iter):
-        if float(np.max(np.abs(g))) < tol:
-            return theta, loss, True
-        reg = 1e-12 * (np.trace(h) + 1e-300)
-        try:
-            step = -np.linalg.solve(h + reg * np.eye(m), g)
-        except np.linalg.LinAlgError:
-            step = -g
-        alpha, improved = 1.0, False
-        for _ in range(60):
-            cand = theta + alpha * step
-            loss_c, g_c, h_c = f(cand)
-            if loss_c <= loss + 1e-4 * alpha * float(g @ step):
-                improved = True
-                break
-            alpha *= 0.5
-        if not improved:  # no descent left: at the optimum to rounding
-            return theta, loss, True
-        moved = float(np.max(np.abs(cand - theta)))
-        theta, loss, g, h = cand, loss_c, g_c, h_c
-        if moved < 1e-13 * (1.0 + float(np.max(np.abs(theta)))):
-            return theta, loss, True
-    return theta, loss, float(np.max(np.abs(g))) < 1e-6
-
-
-def fit_constrained_logistic(x, targets, *, nonneg=(), sample_weight=None, tol: float = 1e-11,
-                             max_iter: int = 100) -> LogisticResult:
-    """Minimise ``mean_i w_i BCE(t_i, sigmoid(x_i @ coef + intercept))`` with ``coef[j] >= 0`` for j in ``nonneg``.
+    Projected Newton on ``(slope, bias)`` (the NLL is convex) with a backtracking
+    line search; ``slope`` is kept in ``slope_bounds`` (a bound is active when the
+    gradient pushes past it, and then only ``bias`` moves).
 
     Parameters
     ----------
-    x : float ``(n_samples, n_features)`` with ``n_features <= 3``, finite
-    targets : float ``(n_samples,)`` in ``[0, 1]`` (0/1 labels or :func:`platt_targets`)
-    nonneg : indices of coefficients constrained to be ``>= 0``
-    sample_weight : optional non-negative ``(n_samples,)``
+    x : float ``(n,)`` feature (a logit or a raw score)
+    y : 0/1 ``(n,)``
+    slope_bounds : ``(lo, hi)``, ``0 <= lo < hi <= inf``
+    fit_bias : if false, ``bias = 0``
+    targets : ``"hard"`` (``t = y``) or ``"platt"`` (``t+ = (N+ + 1)/(N+ + 2)``,
+        ``t- = 1/(N- + 2)``, Platt 1999), which keeps the optimum finite on separable data
+    sample_weight : optional ``(n,)`` >= 0; the weighted mean NLL is minimised (and ``N+``,
+        ``N-`` are weight sums), so an integer weight is the same as repeating the box
 
-    Returns
-    -------
-    LogisticResult
-        ``coef``, ``intercept``, the weighted mean NLL and whether Newton converged. On
-        separable data with hard targets the optimum is at infinity: the fit stops after
-        ``max_iter`` steps and a :class:`CalibrationWarning` says so.
+    Returns a :class:`LogisticFit`; ``at_bound`` is true when the slope ended on a bound.
     """
     x = np.asarray(x, dtype=np.float64)
-    if x.ndim == 1:
-        x = x[:, None]
-    t = np.asarray(targets, dtype=np.float64)
-    n, d = x.shape
-    w = np.ones(n) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
-    wsum = float(w.sum())
-    if wsum <= 0:
-        raise ValueError("sample_weight: expected a positive total weight")
-    best = None
-    nonneg = tuple(sorted(set(int(j) for j in nonneg)))
-    for k in range(len(nonneg) + 1):
-        for fixed in itertools.combinations(nonneg, k):
-            free = [j for j in range(d) if j not in fixed]
-            z = np.column_stack([x[:, free], np.ones(n)])
-            theta, loss, conv = _newton(z, t, w, wsum, tol, max_iter)
-            coef = np.zeros(d)
-            coef[free] = theta[:-1]
-            if any(coef[j] < 0 for j in nonneg):
-                continue  # infeasible sub-optimum
-            if best is None or loss < best[2] - 1e-15:
-                best = (coef, float(theta[-1]), loss, conv)
-    coef, intercept, loss, conv = best  # the all-fixed subset is always feasible
-    if not conv:
-        warnings.warn(f"logistic fit did not converge in {max_iter} Newton steps (coef {coef.tolist()}); "
-                      "the classes may be separable on this calibration set", CalibrationWarning, stacklevel=3)
-    return LogisticResult(tuple(float(c) for c in coef), intercept, loss, bool(conv))
+    y = np.asarray(y, dtype=np.float64)
+    lo, hi = (float(v) for v in slope_bounds)
+    if not (0.0 <= lo < hi):
+        raise ValueError(f"slope_bounds: expected 0 <= lo < hi, got {slope_bounds!r}")
+    sw = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
+    if sw is not None:
+        sw = sw / sw.sum()
+    if targets == "hard":
+        t = y
+    elif targets == "platt":
+        n_all = float(y.size) if sample_weight is None else float(np.sum(sample_weight))
+        n_pos = float(y.sum()) if sample_weight is None else float(np.dot(y, sample_weight))
+        n_neg = n_all - n_pos
+        t = np.where(y > 0.5, (n_pos + 1.0) / (n_pos + 2.0), 1.0 / (n_neg + 2.0))
+    else:
+        raise ValueError(f"targets: expected 'hard' or 'platt', got {targets!r}")
+    tbar = float(np.clip(t.mean() if sw is None else np.dot(t, sw), 1e-12, 1 - 1e-12))
+    w = min(max(1.0, lo), hi)
+    b = math.log(tbar / (1.0 - tbar)) if fit_bias else 0.0
+    loss, g, hm = _logistic_stats(x, t, w, b, sw)
+    n_iter = 0
+    for n_iter in range(1, max_iter + 1):
+        free_w = not ((w <= lo and g[0] > 0) or (w >= hi and g[0] < 0))
+        free = [free_w, fit_bias]
+        idx = [k for k in range(2) if free[k]]
+        if not idx:
+            break
+        gf = g[idx]
+        hf = hm[np.ix_(idx, idx)]
+        hf = hf + np.eye(len(idx)) * (1e-12 * (np.trace(hf) + 1e-300))
+        try:
+            step_f = -np.linalg.solve(hf, gf)
+        except np.linalg.LinAlgError:
+            step_f = -gf
+        step = np.zeros(2)
+        step[idx] = step_f
+        if float(np.max(np.abs(gf))) < tol:
+            break
+        alpha = 1.0
+        improved = False
+        for _ in range(60):
+            w_new = min(max(w + alpha * step[0], lo), hi)
+            b_new = b + alpha * step[1]
+            loss_new, g_new, hm_new = _logistic_stats(x, t, w_new, b_new, sw)
+            if loss_new <= loss + 1e-4 * alpha * float(g @ (np.array([w_new - w, b_new - b]) / alpha)) \
+                    or loss_new < loss:
+                improved = True
+                break
+            alpha *= 0.5
+        if not improved:
+            break  # at the optimum to rounding
+        moved = max(abs(w_new - w), abs(b_new - b))
+        w, b, loss, g, hm = w_new, b_new, loss_new, g_new, hm_new
+        if moved < tol * (1.0 + abs(w) + abs(b)):
+            break
+    else:
+        warnings.warn(f"logistic fit did not converge in {max_iter} iterations (slope {w:.6g}, bias {b:.6g}); "
+                      "the data may be separable: use targets='platt'", CalibrationWarning, stacklevel=3)
+    at_bound = (w <= lo and g[0] >= 0) or (w >= hi and g[0] <= 0)
+    return LogisticFit(slope=float(w), bias=float(b), nll=loss, n_iter=n_iter, at_bound=bool(at_bound))

@@ -19,7 +19,7 @@ import math
 import numpy as np
 from scipy.special import expit, gammaln, logsumexp
 
-from confcal.calibrators._logistic import fit_constrained_logistic
+from confcal.calibrators._constrained_logistic import fit_constrained_logistic
 
 __all__ = ["equal_mass_edges", "bin_index", "fit_histogram", "apply_histogram", "fit_isotonic", "apply_isotonic",
            "fit_bbq", "apply_bbq", "bbq_bin_range", "bdeu_log_score", "random_halves",
@@ -240,8 +240,8 @@ def fit_bin_means(values, *, n_bins: int, sample_weight=None) -> dict:
 
 def fit_platt(logit_scores, targets, *, sample_weight=None, smoothed: bool = False) -> dict:
     """Platt scaling ``sigmoid(a s + b)`` of a logit score (Platt 1999) by exact maximum likelihood;
-    ``smoothed`` uses Platt's targets (:func:`confcal.calibrators._logistic.platt_targets`)."""
-    from confcal.calibrators._logistic import platt_targets
+    ``smoothed`` uses Platt's targets (:func:`confcal.calibrators._constrained_logistic.platt_targets`)."""
+    from confcal.calibrators._constrained_logistic import platt_targets
 
     y = np.asarray(targets, dtype=np.float64)
     t = platt_targets(y, sample_weight) if smoothed else y

@@ -6,7 +6,7 @@ The map (eq. 4 of the paper, the 3-parameter family)
 
 is a logistic regression on the two features ``[ln p, -ln(1 - p)]``; ``a, b >= 0``
 keeps it monotone non-decreasing in ``p``. It is fitted by exact constrained
-maximum likelihood (:func:`confcal.calibrators._logistic.fit_constrained_logistic`:
+maximum likelihood (:func:`confcal.calibrators._constrained_logistic.fit_constrained_logistic`:
 every active set of the two sign constraints, Newton on each, best feasible one),
 which is the paper's recipe of refitting without a feature whose coefficient
 came out negative, made exact. The features are computed from the logits
@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import expit
 
-from confcal.calibrators._logistic import fit_constrained_logistic
+from confcal.calibrators._constrained_logistic import fit_constrained_logistic
 from confcal.calibrators._reduce import OneVsRestCalibrator
 from confcal.calibrators.base import register
 from confcal.calibrators.detection import _BoxScoreCalibrator, score_logit

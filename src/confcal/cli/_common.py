@@ -13,8 +13,9 @@ SPEC_HELP = "PATH or PATH:KEY (.npy, .npz, .pt, .csv)"
 
 def add_logits_args(p, *, labels: bool, side: bool = True, labels_required: bool = True):
     p.add_argument("--logits", required=True, metavar="SPEC", help=f"logits (n_samples, n_classes): {SPEC_HELP}")
-    p.add_argument("--input-kind", choices=["logits", "probs"], default="logits",
-                   help="'probs' if the file holds probabilities (their log is used as logits)")
+    p.add_argument("--input-kind", choices=["logits", "probs"], default=None,
+                   help="'probs' if the file holds probabilities (their log is used as logits); default "
+                        "'logits' (det-ts box scores: 'probs', unless 'logits' is given)")
     if labels:
         p.add_argument("--labels", required=labels_required, metavar="SPEC",
                        help=f"integer labels (n_samples,): {SPEC_HELP}")
@@ -34,7 +35,7 @@ def load_side(args) -> dict:
 
 def load_logits_labels(args):
     """Validated ``(logits, labels or None)`` from ``--logits``/``--labels``."""
-    x = check_logits(load_array(args.logits, name="logits"), input_kind=args.input_kind)
+    x = check_logits(load_array(args.logits, name="logits"), input_kind=args.input_kind or "logits")
     y = None
     if getattr(args, "labels", None):
         y = check_labels(load_array(args.labels, name="labels"), x.shape[0], x.shape[1])
