@@ -25,9 +25,10 @@ import numpy as np
 from scipy.special import expit
 
 from confcal.calibrators._constrained_logistic import fit_constrained_logistic
+from confcal.calibrators._constraints import NLL, Bool, Fields, Int, ListOf, Real
 from confcal.calibrators._reduce import OneVsRestCalibrator
 from confcal.calibrators.base import register
-from confcal.calibrators.detection import _BoxScoreCalibrator, score_logit
+from confcal.calibrators.detection import _BoxScoreCalibrator, _grouped_fields, score_logit
 
 __all__ = ["BetaCalibration", "DetectionBetaCalibration", "beta_features", "fit_beta", "apply_beta"]
 
@@ -94,6 +95,8 @@ class BetaCalibration(OneVsRestCalibrator):
     """
 
     method = "beta"
+    hyper_constraints: dict = {}
+    fitted_constraints = Fields({"maps": ListOf(Fields({"a": Real(ge=0), "b": Real(ge=0), "c": Real()}))})
     space = "logit"
 
     def __init__(self, input_kind: str = "logits"):
@@ -147,6 +150,8 @@ class DetectionBetaCalibration(_BoxScoreCalibrator):
     """
 
     method = "det-beta"
+    hyper_constraints = {"per_class": Bool(), "clip_scores": Bool(), "min_samples": Int(ge=1)}
+    fitted_constraints = _grouped_fields(Fields({"a": Real(ge=0), "b": Real(ge=0), "c": Real(), "nll": NLL}))
 
     def __init__(self, per_class: bool = False, clip_scores: bool = False, min_samples: int = 20,
                  input_kind: str = "logits"):
@@ -155,8 +160,11 @@ class DetectionBetaCalibration(_BoxScoreCalibrator):
         self.min_samples = min_samples
         self.input_kind = input_kind
 
-    def _features(self, arr):
+    def _features(self, arr, input_kind=None):
         return score_logit(arr, clip_scores=self.clip_scores)
+
+    def _score_kind(self, input_kind) -> str:
+        return "probs"  # box scores in [0, 1], whatever input_kind says
 
     def _raw_proba(self, x):
         p = expit(x)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from confcal._numeric import softmax
+from confcal.calibrators._constraints import Choice, Fields, Int, ListOf, Opt, Real
 from confcal.calibrators._reduce import (
     OneVsRestCalibrator,
     TopLabelCalibrator,
@@ -47,7 +48,6 @@ from confcal.calibrators._univariate import (
     random_halves,
 )
 from confcal.calibrators.base import register
-from confcal.calibrators.temperature import _positive_temperature
 
 __all__ = ["IsotonicCalibration", "TopLabelIsotonicCalibration", "HistogramBinning", "TopLabelHistogramBinning",
            "BBQ", "TopLabelBBQ", "ScalingBinning", "MarginalScalingBinning"]
@@ -77,10 +77,28 @@ def _check_step(params: dict) -> dict:
     return out
 
 
+def _positive_temperature(value, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value <= 0:
+        raise ValueError(f"{where}: expected a finite temperature > 0, got {value!r}")
+    return float(value)
+
+
 def _check_positive_int(value, name: str, lo: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
         raise ValueError(f"{name}: expected an integer >= {lo}, got {value!r}")
     return int(value)
+
+
+# constraint tables of the manifests (calibrators/_constraints.py); _set_fitted checks the rest
+# (lengths, monotone edges)
+_PROB = Real(ge=0, le=1)
+_ISO_MAP = Fields({"x": ListOf(Real()), "y": ListOf(_PROB)})
+_STEP = {"edges": ListOf(Real()), "values": ListOf(_PROB)}
+_STEP_MAP = Fields(_STEP)
+_BBQ_MAP = Fields({**_STEP, "n_bins": ListOf(Int(ge=1)), "model_weights": ListOf(_PROB)})
+_SB_MAP = Fields({**_STEP, "a": Opt(Real()), "b": Opt(Real())})
+_SB_HYPER = {"n_bins": Int(ge=1), "scaler": Choice("auto", "ts", "platt"), "seed": Int(ge=0)}
+_SB_SCALER = {"scaler": Choice("ts", "platt"), "temperature": Opt(Real(gt=0))}
 
 
 # ------------------------------------------------------------------------ isotonic
@@ -135,6 +153,8 @@ class IsotonicCalibration(_Isotonic, OneVsRestCalibrator):
     """
 
     method = "isotonic"
+    hyper_constraints: dict = {}
+    fitted_constraints = Fields({"maps": ListOf(_ISO_MAP)})
 
     def __init__(self, input_kind: str = "logits"):
         self.input_kind = input_kind
@@ -168,6 +188,8 @@ class TopLabelIsotonicCalibration(_Isotonic, TopLabelCalibrator):
     """
 
     method = "isotonic-top"
+    hyper_constraints: dict = {}
+    fitted_constraints = Fields({"map": _ISO_MAP})
 
     def __init__(self, input_kind: str = "logits"):
         self.input_kind = input_kind
@@ -218,6 +240,8 @@ class HistogramBinning(_Histogram, OneVsRestCalibrator):
     """
 
     method = "histogram-binning"
+    hyper_constraints = {"n_bins": Int(ge=1)}
+    fitted_constraints = Fields({"maps": ListOf(_STEP_MAP)})
 
     def __init__(self, n_bins: int = 15, input_kind: str = "logits"):
         self.n_bins = n_bins
@@ -246,6 +270,8 @@ class TopLabelHistogramBinning(_Histogram, TopLabelCalibrator):
     """
 
     method = "histogram-binning-top"
+    hyper_constraints = {"n_bins": Int(ge=1)}
+    fitted_constraints = Fields({"map": _STEP_MAP})
 
     def __init__(self, n_bins: int = 15, input_kind: str = "logits"):
         self.n_bins = n_bins
@@ -304,6 +330,8 @@ class BBQ(_BBQ, OneVsRestCalibrator):
     """
 
     method = "bbq"
+    hyper_constraints = {"spread": Real(ge=1), "prior_strength": Real(gt=0)}
+    fitted_constraints = Fields({"maps": ListOf(_BBQ_MAP)})
 
     def __init__(self, spread: float = 10.0, prior_strength: float = 2.0, input_kind: str = "logits"):
         self.spread = spread
@@ -334,6 +362,8 @@ class TopLabelBBQ(_BBQ, TopLabelCalibrator):
     """
 
     method = "bbq-top"
+    hyper_constraints = {"spread": Real(ge=1), "prior_strength": Real(gt=0)}
+    fitted_constraints = Fields({"map": _BBQ_MAP})
 
     def __init__(self, spread: float = 10.0, prior_strength: float = 2.0, input_kind: str = "logits"):
         self.spread = spread
@@ -434,6 +464,8 @@ class ScalingBinning(_ScalingBinning, TopLabelCalibrator):
     """
 
     method = "scaling-binning"
+    hyper_constraints = _SB_HYPER
+    fitted_constraints = Fields({**_SB_SCALER, "map": _SB_MAP})
 
     def __init__(self, n_bins: int = 10, scaler: str = "auto", seed: int = 0, input_kind: str = "logits"):
         self.n_bins = n_bins
@@ -520,6 +552,8 @@ class MarginalScalingBinning(_ScalingBinning, OneVsRestCalibrator):
     """
 
     method = "scaling-binning-marginal"
+    hyper_constraints = _SB_HYPER
+    fitted_constraints = Fields({**_SB_SCALER, "maps": ListOf(_SB_MAP)})
 
     def __init__(self, n_bins: int = 10, scaler: str = "auto", seed: int = 0, input_kind: str = "logits"):
         self.n_bins = n_bins

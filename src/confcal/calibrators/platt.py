@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from confcal.calibrators._constraints import Fields, ListOf, Real
 from confcal.calibrators._reduce import OneVsRestCalibrator
 from confcal.calibrators._univariate import apply_platt, fit_platt
 from confcal.calibrators.base import register
@@ -49,6 +50,8 @@ class PlattOneVsRest(OneVsRestCalibrator):
     """
 
     method = "platt-ovr"
+    hyper_constraints: dict = {}
+    fitted_constraints = Fields({"maps": ListOf(Fields({"a": Real(), "b": Real()}))})
     space = "logit"
 
     def __init__(self, input_kind: str = "logits"):
