@@ -157,6 +157,15 @@ def _accuracy_report(cal: Calibrator, logits, side) -> None:
     rec["argmax_changed"] = float(np.mean(np.argmax(q, axis=1) != predicted_class(softmax(x))))
 
 
+def _named(check, params, prefix: str):
+    """``check(params)`` with errors naming the map's path (``maps[3].edges: ...``)."""
+    try:
+        return check(params)
+    except ValueError as exc:
+        head = prefix.split("[")[0].rstrip(".")  # a plain field name first, as the manifest loader expects
+        raise ValueError(f"{head}: parameters.{prefix}" + str(exc).replace("<map>", prefix)) from None
+
+
 class _MapMixin:
     """What a concrete method supplies: the score space and the 1-D fit/apply pair."""
 
@@ -222,7 +231,7 @@ class OneVsRestCalibrator(_MapMixin, _ReportingCalibrator):
         maps = params["maps"]
         if not isinstance(maps, list) or not maps:
             raise ValueError("maps: expected a non-empty list of per-class maps")
-        self.maps_ = [self._check_map(m) for m in maps]
+        self.maps_ = [_named(self._check_map, m, f"maps[{j}].") for j, m in enumerate(maps)]
 
 
 class TopLabelCalibrator(_MapMixin, _ReportingCalibrator):
@@ -250,4 +259,4 @@ class TopLabelCalibrator(_MapMixin, _ReportingCalibrator):
         return {"map": self.map_}
 
     def _set_fitted(self, params):
-        self.map_ = self._check_map(params["map"])
+        self.map_ = _named(self._check_map, params["map"], "map.")

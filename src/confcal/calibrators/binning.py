@@ -26,6 +26,7 @@ import numpy as np
 from confcal._numeric import softmax
 from confcal.calibrators._constraints import Choice, Fields, Int, ListOf, Opt, Real
 from confcal.calibrators._reduce import (
+    _named,
     OneVsRestCalibrator,
     TopLabelCalibrator,
     log_odds,
@@ -73,7 +74,7 @@ def _check_step(params: dict) -> dict:
     out["values"] = _float_list(params, "values", lo=0.0, hi=1.0, min_len=1)
     if len(out["values"]) != len(out["edges"]) + 1:
         raise ValueError(f"values: expected len(edges) + 1 = {len(out['edges']) + 1} bin values, "
-                         f"got {len(out['values'])}")
+                         f"got {len(out['values'])} (or parameters.<map>edges has the wrong length)")
     return out
 
 
@@ -115,7 +116,7 @@ class _Isotonic:
         x = _float_list(params, "x", min_len=1)
         y = _float_list(params, "y", lo=0.0, hi=1.0, min_len=1)
         if len(x) != len(y) or np.any(np.diff(x) < 0) or np.any(np.diff(y) < 0):
-            raise ValueError("x, y: expected equally long non-decreasing threshold lists")
+            raise ValueError("x: expected x and parameters.<map>y equally long and non-decreasing")
         return {"x": x, "y": y}
 
 
@@ -417,6 +418,8 @@ class _ScalingBinning:
             raise ValueError(f"scaler: expected 'ts' or 'platt' (matching the hyper-parameter "
                              f"{self.scaler!r}), got {scaler!r}")
         self.scaler_ = scaler
+        if scaler == "ts" and "temperature" not in params:
+            raise ValueError("temperature: required with scaler 'ts'")
         if scaler == "ts":
             self.temperature_ = _positive_temperature(params["temperature"], "temperature")
 
@@ -514,9 +517,9 @@ class ScalingBinning(_ScalingBinning, TopLabelCalibrator):
 
     def _set_fitted(self, params):
         self._set_scaler(params)
-        self.map_ = self._check_map(params["map"])
+        self.map_ = _named(self._check_map, params["map"], "map.")
         if self.scaler_ == "platt" and not {"a", "b"} <= set(self.map_):
-            raise ValueError("map: scaler 'platt' needs 'a' and 'b'")
+            raise ValueError("map: parameters.map.a and parameters.map.b are needed with scaler 'platt'")
 
 
 @register
