@@ -30,7 +30,7 @@ from confcal.metrics import nll
 from tests.conftest import require_shared_data
 
 ALL = sorted(METHODS)
-BOX = {"det-ts", "det-platt"}
+BOX = {"det-ts", "det-platt", "det-beta"}
 # few iterations / epochs so the whole file stays fast; the fits stay deterministic
 FAST = {
     "pts": {"epochs": 2, "progress": False},
@@ -41,14 +41,16 @@ FAST = {
     "domain-ensemble": {"n_clusters": 3, "n_init": 1, "min_cluster_size": 5},
     "det-ts": {"min_samples": 5},
     "det-platt": {"min_samples": 5},
+    "det-beta": {"min_samples": 5},
     "source-gated-ts": {"source_domain": 0, "base_params": {"n_clusters": 3, "n_init": 1, "min_cluster_size": 5}},
 }
 #: methods whose fit is a weighted mean and not mini-batch: sample_weight must act as repetition
 WEIGHTED = ["ts", "grouped-ts", "set-ts", "cluster-ts", "cluster-ts-regression", "domain-ensemble", "vs", "ms",
             "dirichlet", "ets", "lb", "dpb", "pb", "pb-lower", "pb-upper", "ts+pb", "vs+pb", "ms+pb",
-            "dirichlet+pb", "ets+pb", "det-ts", "det-platt"]
+            "dirichlet+pb", "ets+pb", "det-ts", "det-platt", "det-beta", "isotonic", "isotonic-top",
+            "histogram-binning", "histogram-binning-top", "bbq", "bbq-top", "beta", "platt-ovr"]
 NON_CONVEX = {"lb", "dpb", "pb", "pb-lower", "pb-upper", "ts+pb", "vs+pb", "ms+pb", "dirichlet+pb", "ets+pb"}
-NO_WEIGHTS = ["pts", "pts+pb", "pb-mlp", "fc", "source-gated-ts"]
+NO_WEIGHTS = ["pts", "pts+pb", "pb-mlp", "fc", "source-gated-ts", "scaling-binning", "scaling-binning-marginal"]
 NO_SIDE = [m for m in ALL if m not in BOX and not METHODS[m].side_inputs]
 
 

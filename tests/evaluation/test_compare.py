@@ -230,7 +230,8 @@ def test_format_cell():
     assert format_cell(0.12345, 0.0011, percent=True, digits=2) == "12.35 ± 0.11"
     assert format_cell(1.5, None) == "1.5000"
     assert format_cell(None, None) == "–"
-    assert set(METRICS) == {"error", "smece", "ece_em", "ece_ew", "nll", "brier", "cal_nll", "fit_seconds"}
+    assert set(METRICS) == {"error", "acc_change", "smece", "ece_em", "ece_ew", "nll", "brier", "cal_nll",
+                            "fit_seconds"}
 
 
 # ------------------------------------------------------------------ invariants

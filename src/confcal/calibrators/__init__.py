@@ -42,6 +42,18 @@ from confcal.calibrators.ensemble import EnsembleTemperatureScaling
 from confcal.calibrators.parametric import ParameterizedTemperatureScaling
 from confcal.calibrators.feature_clipping import FeatureClipping
 from confcal.calibrators.bounding import DualProbabilityBounding, LogitBounding, ProbabilityBounding
+from confcal.calibrators.binning import (
+    BBQ,
+    HistogramBinning,
+    IsotonicCalibration,
+    MarginalScalingBinning,
+    ScalingBinning,
+    TopLabelBBQ,
+    TopLabelHistogramBinning,
+    TopLabelIsotonicCalibration,
+)
+from confcal.calibrators.beta import BetaCalibration, DetectionBetaCalibration
+from confcal.calibrators.platt import PlattOneVsRest
 from confcal.calibrators.source_gated import SourceGatedTemperatureScaling
 
 __all__ = [
@@ -51,5 +63,7 @@ __all__ = [
     "DomainEnsembleTemperatureScaling", "DetectionTemperatureScaling", "DetectionPlattScaling",
     "VectorScaling", "MatrixScaling", "DirichletCalibration", "EnsembleTemperatureScaling",
     "ParameterizedTemperatureScaling", "FeatureClipping", "ProbabilityBounding", "LogitBounding",
-    "DualProbabilityBounding", "SourceGatedTemperatureScaling",
+    "DualProbabilityBounding", "SourceGatedTemperatureScaling", "IsotonicCalibration",
+    "TopLabelIsotonicCalibration", "HistogramBinning", "TopLabelHistogramBinning", "BBQ", "TopLabelBBQ",
+    "ScalingBinning", "MarginalScalingBinning", "BetaCalibration", "DetectionBetaCalibration", "PlattOneVsRest",
 ]

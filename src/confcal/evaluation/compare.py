@@ -36,6 +36,7 @@ UNCALIBRATED = "uncalibrated"
 #: metric key -> (column title, unit). Rates are fractions; the text table shows them in %.
 METRICS: dict[str, tuple[str, str]] = {
     "error": ("error", "%"),
+    "acc_change": ("Δacc", "%"),
     "smece": ("smECE", "%"),
     "ece_em": ("emECE", "%"),
     "ece_ew": ("ewECE", "%"),
@@ -251,6 +252,8 @@ def _fit_one(name: str, params: dict, x_cal, y_cal, x_test, y_test):
         if cal_nll is None:
             cal_nll = nll(cal.predict_proba(x_cal), y_cal)
     values = _test_metrics(probs, y_test)
+    # methods that may move the arg-max (one-vs-rest maps) show it here, not only in the error column
+    values["acc_change"] = accuracy(probs, y_test) - accuracy(softmax(np.asarray(x_test, dtype=np.float64)), y_test)
     values["cal_nll"] = float(cal_nll)
     values["fit_seconds"] = fit_seconds
     return values, sorted({f"{w.category.__name__}: {w.message}" for w in caught})
@@ -295,7 +298,8 @@ def compare_methods(logits, labels, methods: Iterable, *, n_splits: int = 10, ca
     Returns
     -------
     :class:`ComparisonResult` with per-split values and mean / standard error over splits of
-    ``error`` (1 - accuracy), ``smece`` (:func:`confcal.metrics.smooth_ece`), ``ece_em`` and
+    ``error`` (1 - accuracy), ``acc_change`` (test accuracy minus the uncalibrated one: non-zero
+    only for methods that can move the arg-max), ``smece`` (:func:`confcal.metrics.smooth_ece`), ``ece_em`` and
     ``ece_ew`` (15 equal-mass / equal-width bins), ``nll`` (nats), ``brier`` on the test part,
     ``cal_nll`` (fitted calibration-set NLL) and ``fit_seconds``.
 
@@ -340,6 +344,7 @@ def compare_methods(logits, labels, methods: Iterable, *, n_splits: int = 10, ca
     try:
         for x_cal, y_cal, x_test, y_test in splits:
             base = _test_metrics(softmax(x_test), y_test)
+            base["acc_change"] = 0.0
             base["cal_nll"] = nll(softmax(x_cal), y_cal)
             base["fit_seconds"] = None  # nothing is fitted
             _append(rows[0], base, None)

@@ -1,0 +1,262 @@
+"""Multiclass calibration from a 1-D map: one-vs-rest (renormalised) and top-label (arg-max kept).
+
+* **One-vs-rest** (Zadrozny & Elkan, KDD 2002): one map per class ``k`` on the score of
+  class ``k`` against ``1[y = k]``; the ``K`` outputs are divided by their row sum
+  (rows whose outputs are all 0 get ``1/K``, scikit-learn's ``CalibratedClassifierCV``
+  rule). With two classes a single map on class 1 is fitted and class 0 gets its
+  complement (the binary rule). A tie between the original arg-max and another class
+  (common after binning) is broken toward the original by one ulp. The arg-max can still
+  change, so the fit record carries ``accuracy_change`` and ``argmax_changed`` on the
+  calibration set, and ``confcal compare`` a ``Δacc`` column.
+* **Top-label** (Kumar et al. 2019, sec. 3; Gupta & Ramdas 2022): one map on the
+  confidence ``c = max_k p_k`` against "the arg-max is right". The new confidence ``c'``
+  replaces ``c`` and the other classes share ``1 - c'`` in proportion to their
+  probabilities, each capped at ``c'`` (water-filling; see :func:`spread_top_label`), so
+  no class overtakes the arg-max; ``c'`` below ``1/K`` is raised to it, and a tie with the
+  arg-max is broken toward it by one ulp. Accuracy is unchanged exactly.
+
+Scores handed to the maps: probabilities ``p`` (``space = "prob"``) or their log-odds
+``log(p / (1 - p))`` computed from the logits without cancellation (``space = "logit"``),
+clipped to ``+-log(1/eps)`` (``eps`` = float64 machine epsilon, about 36.04) so that
+masked classes (``-inf`` logits, zero probabilities) stay finite.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+from scipy.special import logsumexp
+
+from confcal._numeric import log_softmax, softmax
+from confcal.calibrators.base import Calibrator
+
+__all__ = ["OneVsRestCalibrator", "TopLabelCalibrator", "log_odds", "top_label_log_odds", "spread_top_label",
+           "predicted_class", "break_ties_toward", "LOGIT_CLIP"]
+
+LOGIT_CLIP = float(np.log(1.0 / np.finfo(np.float64).eps))
+
+
+def _log1m_softmax(z: np.ndarray, logp: np.ndarray) -> np.ndarray:
+    """``log(1 - p)`` for every entry, from the logits: ``log1p(-p)`` where ``p <= 1/2`` and
+    ``logsumexp`` of the other logits minus the row's ``logsumexp`` for the (single) larger entry."""
+    with np.errstate(divide="ignore"):
+        out = np.log1p(-np.exp(logp))
+    big = logp > -np.log(2.0)
+    if big.any():
+        rows, cols = np.nonzero(big)
+        zz = z[rows].copy()
+        lse_all = logsumexp(zz, axis=1)
+        zz[np.arange(rows.size), cols] = -np.inf
+        with np.errstate(divide="ignore"):
+            out[rows, cols] = logsumexp(zz, axis=1) - lse_all
+    return out
+
+
+def log_odds(logits: np.ndarray) -> np.ndarray:
+    """``log(p / (1 - p))`` of ``p = softmax(logits)``, float64 ``(n, K)``, clipped to ``+-LOGIT_CLIP``."""
+    z = np.asarray(logits, dtype=np.float64)
+    logp = log_softmax(z)
+    with np.errstate(invalid="ignore"):
+        lo = logp - _log1m_softmax(z, logp)
+    return np.clip(np.nan_to_num(lo, nan=-LOGIT_CLIP), -LOGIT_CLIP, LOGIT_CLIP)
+
+
+def top_label_log_odds(logits: np.ndarray, top: np.ndarray) -> np.ndarray:
+    """``log(c / (1 - c))`` of the confidence ``c = p[top]``, float64 ``(n,)``, clipped to ``+-LOGIT_CLIP``."""
+    z = np.asarray(logits, dtype=np.float64)
+    rows = np.arange(z.shape[0])
+    zt = z[rows, top]
+    others = z.copy()
+    others[rows, top] = -np.inf
+    with np.errstate(divide="ignore"):
+        lo = zt - logsumexp(others, axis=1)
+    return np.clip(lo, -LOGIT_CLIP, LOGIT_CLIP)
+
+
+def spread_top_label(p: np.ndarray, top: np.ndarray, conf: np.ndarray) -> np.ndarray:
+    """Rows with confidence ``conf`` on class ``top`` and ``1 - conf`` shared by the other classes,
+    the arg-max kept. float64 ``(n, K)``.
+
+    The others get ``min(s * p_j, conf)`` with the one scale ``s`` per row that makes the row sum
+    to 1 (proportional sharing, capped at ``conf`` so no class overtakes the arg-max:
+    water-filling, exact via a sort). When the capped others cannot absorb ``1 - conf``
+    proportionally (they are capped or 0), the remainder is shared equally by the zero
+    entries. ``conf`` is first raised to ``1/K`` (below it no row can keep its arg-max). A tie
+    with the arg-max is broken toward it by one ulp.
+    """
+    p = np.asarray(p, dtype=np.float64)
+    n, k = p.shape
+    rows = np.arange(n)
+    c = np.clip(np.asarray(conf, dtype=np.float64), 1.0 / k, 1.0)
+    others = p.copy()
+    others[rows, top] = -1.0
+    order = np.argsort(-others, axis=1, kind="stable")[:, : k - 1]  # the K-1 others, largest first
+    o = np.take_along_axis(p, order, axis=1)
+    tail = np.concatenate([np.cumsum(o[:, ::-1], axis=1)[:, ::-1], np.zeros((n, 1))], axis=1)  # sum o[m:]
+    m = np.arange(k)[None, :]
+    left = 1.0 - c[:, None] * (1.0 + m)  # mass left for the uncapped entries when m are capped
+    with np.errstate(invalid="ignore", divide="ignore"):
+        scale = np.where(tail > 0, left / np.where(tail > 0, tail, 1.0), np.inf)
+        head = np.concatenate([o, np.zeros((n, 1))], axis=1)  # o[m]: the largest uncapped entry
+        ok = (tail <= 0) | (head * scale <= c[:, None])
+    ok[:, -1] = True
+    ok &= left >= -1e-12
+    ok[:, -1] = True
+    m_star = np.argmax(ok, axis=1)
+    s = scale[rows, m_star]
+    q_sorted = np.where(np.isfinite(s)[:, None], np.minimum(o * np.where(np.isfinite(s), s, 0.0)[:, None],
+                                                             c[:, None]), 0.0)
+    capped = np.arange(k - 1)[None, :] < m_star[:, None]
+    q_sorted[capped] = np.broadcast_to(c[:, None], capped.shape)[capped]
+    no_tail = ~np.isfinite(s)  # only zeros remain uncapped: share the rest equally among them
+    if no_tail.any():
+        n_zero = (k - 1) - m_star[no_tail]
+        fill = np.maximum(left[rows[no_tail], m_star[no_tail]], 0.0) / np.maximum(n_zero, 1)
+        zero_slots = ~capped[no_tail]
+        block = q_sorted[no_tail]
+        block[zero_slots] = np.broadcast_to(fill[:, None], zero_slots.shape)[zero_slots]
+        q_sorted[no_tail] = block
+    q = np.empty_like(p)
+    np.put_along_axis(q, order, q_sorted, axis=1)
+    q[rows, top] = c
+    rival = q.copy()
+    rival[rows, top] = -np.inf
+    rival_max = rival.max(axis=1)
+    tied = q[rows, top] <= rival_max
+    if tied.any():  # a tie at the cap (or rounding): the original arg-max wins by one ulp
+        q[rows[tied], top[tied]] = np.nextafter(rival_max[tied], np.inf)
+    return q
+
+
+def predicted_class(probs: np.ndarray) -> np.ndarray:
+    """The arg-max that is kept: of the uncalibrated probabilities ``softmax(logits)``, lowest index on
+    ties (the rule of :func:`confcal.metrics.accuracy`; logits that differ by less than rounding
+    give equal probabilities, so this can differ from the arg-max of the logits themselves)."""
+    return np.argmax(probs, axis=1)
+
+
+def break_ties_toward(q: np.ndarray, top: np.ndarray) -> np.ndarray:
+    """Where class ``top`` ties with the row maximum of ``q`` (binned maps give many ties), raise it
+    by one ulp so the arg-max stays the original one; rows without such a tie are unchanged."""
+    rows = np.arange(q.shape[0])
+    best = q.max(axis=1)
+    tied = (q[rows, top] == best) & (np.sum(q == best[:, None], axis=1) > 1)
+    if tied.any():
+        q[rows[tied], top[tied]] = np.nextafter(best[tied], np.inf)
+    return q
+
+
+def _accuracy_report(cal: Calibrator, logits, side) -> None:
+    rec = cal.fit_record_
+    before = rec["metrics_before"]["accuracy"]
+    after = rec["metrics_after"]["accuracy"]
+    rec["accuracy_change"] = float(after - before)
+    x = np.asarray(logits)  # validated, (n, K)
+    q = cal._predict_proba(x, **cal._check_side(side, x.shape[0]))
+    rec["argmax_changed"] = float(np.mean(np.argmax(q, axis=1) != predicted_class(softmax(x))))
+
+
+def _named(check, params, prefix: str):
+    """``check(params)`` with errors naming the map's path (``maps[3].edges: ...``)."""
+    try:
+        return check(params)
+    except ValueError as exc:
+        head = prefix.split("[")[0].rstrip(".")  # a plain field name first, as the manifest loader expects
+        raise ValueError(f"{head}: parameters.{prefix}" + str(exc).replace("<map>", prefix)) from None
+
+
+class _MapMixin:
+    """What a concrete method supplies: the score space and the 1-D fit/apply pair."""
+
+    space: ClassVar[str] = "prob"  # "prob" or "logit"
+
+    def _fit_map(self, scores: np.ndarray, targets: np.ndarray, sample_weight) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _apply_map(self, params: dict[str, Any], scores: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _check_map(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Validate one map's parameters from a manifest (subclasses tighten this)."""
+        if not isinstance(params, dict):
+            raise TypeError(f"expected a dict of map parameters, got {type(params).__name__}")
+        return params
+
+
+class _ReportingCalibrator(Calibrator):
+    """Adds ``accuracy_change`` (after - before) and ``argmax_changed`` (fraction of rows whose
+    arg-max moved) to the fit record."""
+
+    def fit(self, logits, labels, *, sample_weight=None, **side):
+        super().fit(logits, labels, sample_weight=sample_weight, **side)
+        _accuracy_report(self, self._validate_logits(logits), side)
+        return self
+
+
+class OneVsRestCalibrator(_MapMixin, _ReportingCalibrator):
+    """Base of the one-vs-rest methods (see the module docstring)."""
+
+    keeps_argmax: ClassVar[bool] = False
+
+    def _scores(self, logits: np.ndarray) -> np.ndarray:
+        return softmax(logits) if self.space == "prob" else log_odds(logits)
+
+    def _fit(self, logits, labels, sample_weight=None, **side):
+        s = self._scores(logits)
+        k = logits.shape[1]
+        if k == 2:
+            self.maps_ = [self._fit_map(s[:, 1], (labels == 1).astype(np.float64), sample_weight)]
+        else:
+            self.maps_ = [self._fit_map(s[:, j], (labels == j).astype(np.float64), sample_weight)
+                          for j in range(k)]
+
+    def _predict_proba(self, logits, **side):
+        s = self._scores(logits)
+        if len(self.maps_) == 1:
+            p1 = np.clip(self._apply_map(self.maps_[0], s[:, 1]), 0.0, 1.0)
+            return np.stack([1.0 - p1, p1], axis=1)
+        q = np.column_stack([np.clip(self._apply_map(m, s[:, j]), 0.0, 1.0) for j, m in enumerate(self.maps_)])
+        total = q.sum(axis=1, keepdims=True)
+        zero = total[:, 0] <= 0.0
+        q[zero] = 1.0
+        total[zero] = q.shape[1]
+        q /= total
+        return break_ties_toward(q, predicted_class(softmax(logits)))
+
+    def _get_fitted(self):
+        return {"maps": self.maps_}
+
+    def _set_fitted(self, params):
+        maps = params["maps"]
+        if not isinstance(maps, list) or not maps:
+            raise ValueError("maps: expected a non-empty list of per-class maps")
+        self.maps_ = [_named(self._check_map, m, f"maps[{j}].") for j, m in enumerate(maps)]
+
+
+class TopLabelCalibrator(_MapMixin, _ReportingCalibrator):
+    """Base of the top-label (``-top``) methods (see the module docstring)."""
+
+    keeps_argmax: ClassVar[bool] = True
+
+    def _top(self, logits):
+        p = softmax(logits)
+        top = predicted_class(p)
+        if self.space == "prob":
+            return p, top, p[np.arange(logits.shape[0]), top]
+        return p, top, top_label_log_odds(logits, top)
+
+    def _fit(self, logits, labels, sample_weight=None, **side):
+        _, top, s = self._top(logits)
+        self.map_ = self._fit_map(s, (labels == top).astype(np.float64), sample_weight)
+
+    def _predict_proba(self, logits, **side):
+        p, top, s = self._top(logits)
+        conf = self._apply_map(self.map_, s)
+        return spread_top_label(p, top, conf)
+
+    def _get_fitted(self):
+        return {"map": self.map_}
+
+    def _set_fitted(self, params):
+        self.map_ = _named(self._check_map, params["map"], "map.")
