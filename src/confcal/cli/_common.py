@@ -86,16 +86,24 @@ def spread_rows(src) -> np.ndarray:
 
 def side_sources(args) -> dict:
     """``{"domains": source, "features": source}`` for the side inputs given."""
-    return {k: source(args, k) for k in ("domains", "features") if getattr(args, k, None)}
+    out = {k: source(args, k) for k in ("domains", "features") if getattr(args, k, None)}
+    if "domains" in out:
+        _check_domain_ids(spread_rows(out["domains"]), args.domains)
+    return out
+
+
+def _check_domain_ids(d: np.ndarray, spec) -> None:
+    """Empty ids everywhere mean the matched data had no domain key: refuse a one-group 'per-domain' fit."""
+    if d.dtype.kind == "U" and d.size and np.all(d == ""):
+        raise ValueError(f"--domains: every id in {spec} is empty (''): the data has no domains; "
+                         "drop --domains (or re-match with a --domain-key/--domain-name that exists)")
 
 
 def load_side(args) -> dict:
     side = {}
     if getattr(args, "domains", None):
         d = load_repeated(args, "domains")
-        if d.dtype.kind == "U" and d.size and np.all(d == ""):
-            raise ValueError(f"--domains: every id in {args.domains} is empty (''): the data has no domains; "
-                             "drop --domains (or re-match with a --domain-key/--domain-name that exists)")
+        _check_domain_ids(d, args.domains)
         side["domains"] = d
     if getattr(args, "features", None):
         side["features"] = load_repeated(args, "features")
