@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from confcal._numeric import softmax
 from confcal.calibrators import METHODS, Calibrator, TemperatureScaling
 from confcal.evaluation import compare_methods
-from confcal.evaluation.compare import METRICS, UNCALIBRATED, format_cell, split_indices
+from confcal.evaluation.compare import METRICS, UNCALIBRATED, split_indices
+from confcal.evaluation.compare_tables import format_cell
 from confcal.metrics import accuracy, brier_score, ece, nll, smooth_ece
 from tests.conftest import require_shared_data
 
