@@ -155,8 +155,8 @@ def test_real_cifar10_cv_beats_the_weakest_penalty():
     p, y = d["predictions"], d["ground_truth"]
     perm = np.random.default_rng(0).permutation(len(y))
     cal_i, test_i = perm[:2000], perm[2000:]
-    cv = METHODS["dirichlet"]().fit(p[cal_i], y[cal_i], input_kind="probs")
-    weak = METHODS["dirichlet"](reg="fixed", reg_lambda=1e-2, reg_mu=1e-2).fit(p[cal_i], y[cal_i], input_kind="probs")
-    test_nll = {c: nll(c.predict_proba(p[test_i], input_kind="probs"), y[test_i]) for c in (cv, weak)}
+    cv = METHODS["dirichlet"](input_kind="probs").fit(p[cal_i], y[cal_i])
+    weak = METHODS["dirichlet"](reg="fixed", reg_lambda=1e-2, reg_mu=1e-2, input_kind="probs").fit(p[cal_i], y[cal_i])
+    test_nll = {c: nll(c.predict_proba(p[test_i]), y[test_i]) for c in (cv, weak)}
     assert test_nll[cv] <= test_nll[weak] + 1e-3
     assert cv.cv_results_["mean_nll"][cv.cv_results_["best"]] == min(v for v in cv.cv_results_["mean_nll"] if v)

@@ -103,7 +103,8 @@ def start_at_temperature(m: MatrixScalingMap, prep: Prepared, y: torch.Tensor) -
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a temperature on its search bound is still a valid start
-        t = fit_temperature(prep.z.numpy(), y.numpy()).temperature
+        w = None if prep.weight is None else prep.weight.numpy()
+        t = fit_temperature(prep.z.numpy(), y.numpy(), sample_weight=w).temperature
     with torch.no_grad():
         m.weight.copy_(torch.eye(m.n_classes, dtype=m.weight.dtype) / t)
         m.bias.zero_()
@@ -120,15 +121,17 @@ def fit_path(m: MatrixScalingMap, prep: Prepared, y: torch.Tensor, pairs, *, max
         yield fit_composite(model, prep, y, trainer="lbfgs", max_iter=max_iter, tol=tol)
 
 
-def _heldout_nll_sum(m: MatrixScalingMap, prep: Prepared, y: torch.Tensor) -> float:
+def _heldout_nll_sum(m: MatrixScalingMap, prep: Prepared, y: torch.Tensor) -> tuple[float, float]:
+    """(sum of the held-out rows' NLL, their total weight); weighted when the rows carry weights."""
     model = Composite(m, SoftmaxLink())
+    total = float(y.shape[0]) if prep.weight is None else float(prep.weight.sum())
     with torch.no_grad():
-        return float(model.nll(prep, y, with_penalty=False)) * y.shape[0]
+        return float(model.nll(prep, y, with_penalty=False)) * total, total
 
 
 def select_odir(z: torch.Tensor, y: torch.Tensor, *, on_log_probs: bool, grid=ODIR_GRID, n_folds: int = ODIR_FOLDS,
                 seed: int = 0, path_max_iter: int = PATH_MAX_ITER, tol: float = 1e-7,
-                patience: int = PATIENCE) -> CVResult:
+                patience: int = PATIENCE, sample_weight=None) -> CVResult:
     """Choose ODIR's ``(lambda, mu)`` by ``n_folds``-fold cross-validation of the NLL (see the module docstring).
 
     Parameters
@@ -141,12 +144,13 @@ def select_odir(z: torch.Tensor, y: torch.Tensor, *, on_log_probs: bool, grid=OD
     path_max_iter, tol : L-BFGS budget per grid point and gradient tolerance
     patience : stop after this many consecutive grid points above the best mean held-out NLL
         (``None``: evaluate the whole grid)
+    sample_weight : optional ``(n_samples,)`` weights: weighted fits and a weighted held-out mean
     """
     pairs = _as_pairs(grid)
     n, k = z.shape
     folds = fold_indices(n, n_folds, seed)
     probe = _new_map(k, on_log_probs)
-    prep_all = Prepared(probe, z)
+    prep_all = Prepared(probe, z, None, sample_weight)
     fold_data = []
     for tr, te in folds:
         tr_t, te_t = torch.as_tensor(tr), torch.as_tensor(te)
@@ -157,11 +161,12 @@ def select_odir(z: torch.Tensor, y: torch.Tensor, *, on_log_probs: bool, grid=OD
     scores: list[float | None] = [None] * len(pairs)
     best, worse = math.inf, 0
     for i in range(len(pairs)):
-        total = 0.0
+        total, weight = 0.0, 0.0
         for m, path, prep_te, y_te in fold_data:
             next(path)
-            total += _heldout_nll_sum(m, prep_te, y_te)
-        scores[i] = total / n
+            s, w = _heldout_nll_sum(m, prep_te, y_te)
+            total, weight = total + s, weight + w
+        scores[i] = total / weight if weight > 0 else math.inf
         if not math.isfinite(scores[i]):
             worse += 1
         elif scores[i] < best:
@@ -199,12 +204,14 @@ _MEMO: "OrderedDict[str, tuple]" = OrderedDict()
 _MEMO_SIZE = 4
 
 
-def memo_key(z: torch.Tensor, y: torch.Tensor, settings: tuple) -> str:
+def memo_key(z: torch.Tensor, y: torch.Tensor, settings: tuple, sample_weight=None) -> str:
     h = hashlib.sha256()
     h.update(repr(settings).encode())
     h.update(str(tuple(z.shape)).encode())
     h.update(z.detach().contiguous().numpy().tobytes())
     h.update(y.detach().contiguous().numpy().tobytes())
+    if sample_weight is not None:
+        h.update(b"w" + np.ascontiguousarray(np.asarray(sample_weight, dtype=np.float64)).tobytes())
     return h.hexdigest()
 
 

@@ -233,9 +233,14 @@ def _fit(logits, labels, sample_weight, t_min, t_max, tol, max_iter, warn) -> Te
     if at_bound:
         temperature = t_min if abs(t - math.log(t_min)) < 1e-9 else t_max
         if warn:
-            why = ("the calibration set is (nearly) perfectly separated" if temperature == t_min
-                   else "the model is mostly wrong or uninformative on the calibration set")
-            warnings.warn(f"temperature fit stopped at the search bound T = {temperature:g} ({why}); "
-                          f"widen the search range (t_min={t_min:g}, t_max={t_max:g}; CLI: --param t_max=1000) "
-                          "or check the data", CalibrationWarning, stacklevel=4)
+            if temperature == t_min:
+                why = ("the calibration set is (nearly) perfectly separated, or the logits are on a "
+                       "very small scale")
+                fix = f"lower t_min (now {t_min:g}; CLI: --param t_min={t_min / 100:g})"
+            else:
+                why = ("either the model is mostly wrong or uninformative on the calibration set, or its "
+                       "logits are on a large scale (a logit gap of thousands needs T in the thousands)")
+                fix = f"raise t_max (now {t_max:g}; CLI: --param t_max={t_max * 100:g})"
+            warnings.warn(f"temperature fit stopped at the search bound T = {temperature:g}: {why}; "
+                          f"{fix} and refit, or check the data", CalibrationWarning, stacklevel=4)
     return TemperatureFit(temperature=temperature, nll=loss, n_iter=n_iter, at_bound=at_bound)

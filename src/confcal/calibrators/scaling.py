@@ -40,7 +40,8 @@ class VectorScaling(MapCalibrator):
     method = "vs"
     map_name = "vs"
 
-    def __init__(self, max_iter: int = 500, tol: float = 1e-7, random_state: int = 0):
+    def __init__(self, max_iter: int = 500, tol: float = 1e-7, random_state: int = 0, input_kind: str = "logits"):
+        self.input_kind = input_kind
         self.max_iter = max_iter
         self.tol = tol
         self.random_state = random_state
@@ -80,17 +81,17 @@ class _ODIRFit:
         lam, mu = self._reg_values()
         return {"n_classes": n_classes, "on_log_probs": self._on_log_probs, "reg_lambda": lam, "reg_mu": mu}
 
-    def _fit_map(self, z, y, features=None):
+    def _fit_map(self, z, y, features=None, sample_weight=None):
         if self._reg_values() is not None:
             self.cv_results_ = None
-            return super()._fit_map(z, y, features)
+            return super()._fit_map(z, y, features, sample_weight)
         from confcal.calibrators import _odir
 
         _check_optim_params(self)
         grid = _odir.ODIR_GRID if self.reg_grid is None else self.reg_grid
         settings = (type(self).__name__, self._on_log_probs, repr(list(grid)), self.cv, self.random_state,
                     self.tol)
-        key = _odir.memo_key(z, y, settings)
+        key = _odir.memo_key(z, y, settings, sample_weight)
         hit = _odir.memo_get(key)
         k = z.shape[1]
         if hit is not None:
@@ -100,11 +101,11 @@ class _ODIRFit:
             m.load_state_dict(state)
         else:
             cv = _odir.select_odir(z, y, on_log_probs=self._on_log_probs, grid=grid, n_folds=self.cv,
-                                   seed=self.random_state, tol=self.tol)
+                                   seed=self.random_state, tol=self.tol, sample_weight=sample_weight)
             # final fit on all rows: the procedure the folds validated (the same warm-started
             # path, PATH_MAX_ITER L-BFGS steps per grid point) down to the chosen point
             m = _odir.MatrixScalingMap(k, on_log_probs=self._on_log_probs)
-            prep = Prepared(m, z)
+            prep = Prepared(m, z, None, sample_weight)
             _odir.start_at_temperature(m, prep, y)
             for res in _odir.fit_path(m, prep, y, cv.grid[:cv.best + 1], max_iter=_odir.PATH_MAX_ITER,
                                       tol=self.tol):
@@ -167,7 +168,9 @@ class MatrixScaling(_ODIRFit, MapCalibrator):
     _fixed_default = 0.0
 
     def __init__(self, reg: str = "cv", reg_lambda: float | None = None, reg_mu: float | None = None, cv: int = 3,
-                 reg_grid=None, max_iter: int = 500, tol: float = 1e-7, random_state: int = 0):
+                 reg_grid=None, max_iter: int = 500, tol: float = 1e-7, random_state: int = 0,
+                 input_kind: str = "logits"):
+        self.input_kind = input_kind
         self.reg = reg
         self.reg_lambda = reg_lambda
         self.reg_mu = reg_mu
@@ -196,7 +199,9 @@ class DirichletCalibration(_ODIRFit, MapCalibrator):
     _fixed_default = 0.01
 
     def __init__(self, reg: str = "cv", reg_lambda: float | None = None, reg_mu: float | None = None, cv: int = 3,
-                 reg_grid=None, max_iter: int = 500, tol: float = 1e-7, random_state: int = 0):
+                 reg_grid=None, max_iter: int = 500, tol: float = 1e-7, random_state: int = 0,
+                 input_kind: str = "logits"):
+        self.input_kind = input_kind
         self.reg = reg
         self.reg_lambda = reg_lambda
         self.reg_mu = reg_mu

@@ -56,7 +56,9 @@ class TemperatureScaling(Calibrator):
 
     method = "ts"
 
-    def __init__(self, t_min: float = DEFAULT_T_BOUNDS[0], t_max: float = DEFAULT_T_BOUNDS[1]):
+    def __init__(self, t_min: float = DEFAULT_T_BOUNDS[0], t_max: float = DEFAULT_T_BOUNDS[1],
+                 input_kind: str = "logits"):
+        self.input_kind = input_kind
         self.t_min = t_min
         self.t_max = t_max
 
@@ -113,27 +115,32 @@ class GroupedTemperatureScaling(Calibrator):
     side_inputs = ("domains",)
 
     def __init__(self, t_min: float = DEFAULT_T_BOUNDS[0], t_max: float = DEFAULT_T_BOUNDS[1],
-                 min_samples: int = 1):
+                 min_samples: int = 1, input_kind: str = "logits"):
+        self.input_kind = input_kind
         self.t_min = t_min
         self.t_max = t_max
         self.min_samples = min_samples
 
-    def _fit(self, logits, labels, domains):
+    def _fit(self, logits, labels, domains, sample_weight=None):
         bounds = (self.t_min, self.t_max)
-        self.temperature_ = fit_temperature(logits, labels, t_bounds=bounds).temperature
+        sw = sample_weight
+        self.temperature_ = fit_temperature(logits, labels, sample_weight=sw, t_bounds=bounds).temperature
         self.temperatures_, self.domain_counts_ = {}, {}
         small = []
-        for d in np.unique(domains):
+        # a domain whose rows all have weight 0 is left out, as if absent
+        for d in np.unique(domains if sw is None else domains[sw > 0]):
             idx = np.flatnonzero(domains == d)
             key = _id_key(d)
             self.domain_counts_[key] = int(idx.size)
-            if idx.size < self.min_samples:
+            # an integer weight counts as that many repeated samples
+            if (idx.size if sw is None else sw[idx].sum()) < self.min_samples:
                 small.append(key)
                 self.temperatures_[key] = self.temperature_
                 continue
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", CalibrationWarning)
-                res = fit_temperature(logits[idx], labels[idx], t_bounds=bounds)
+                res = fit_temperature(logits[idx], labels[idx], sample_weight=None if sw is None else sw[idx],
+                                      t_bounds=bounds)
             for w in caught:
                 warnings.warn(f"domain {key!r}: {w.message}", CalibrationWarning, stacklevel=4)
             self.temperatures_[key] = res.temperature

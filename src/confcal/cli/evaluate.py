@@ -17,6 +17,7 @@ def register(sub):
                        description="Accuracy, ECE (equal-width and equal-mass), MCE, NLL and Brier score "
                                    "of the logits, and after a calibrator if one is given.")
     add_logits_args(p, labels=True)
+    p.set_defaults(input_kind=None)  # default: the calibrator's (its manifest), else logits
     p.add_argument("--calibrator", help="manifest written by 'confcal fit'")
     p.add_argument("--n-bins", type=int, default=15, help="bins for ECE/MCE (default 15)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -24,11 +25,14 @@ def register(sub):
 
 
 def run(args) -> int:
+    if args.input_kind is None:
+        args.input_kind = load_calibrator(args.calibrator).input_kind if args.calibrator else "logits"
     x, y = load_logits_labels(args)
     side = load_side(args)
     results = {"uncalibrated": calibration_summary(softmax(x), y, n_bins=args.n_bins)}
     if args.calibrator:
         cal = load_calibrator(args.calibrator, n_classes=x.shape[1])
+        cal.set_params(input_kind="logits")  # x holds validated logits (log-probabilities for probs)
         results[cal.method] = calibration_summary(cal.predict_proba(x, **side), y, n_bins=args.n_bins)
         record = getattr(cal, "fit_record_", None) or {}
         if record.get("data_sha256") == _sha256(x, y, *[side[k] for k in sorted(side)]):

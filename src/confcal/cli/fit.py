@@ -38,6 +38,8 @@ def run(args) -> int:
     params = parse_params(args.param)
     if args.per_class:
         params["per_class"] = True
+    if args.input_kind != "logits" or "input_kind" not in params:
+        params["input_kind"] = args.input_kind  # a hyper-parameter: the manifest records it for apply
     check_output_path(args.output, suffixes=(".json",), name="--output")
     cal = make_calibrator(args.method, params)
     side = load_side(args)
@@ -46,13 +48,12 @@ def run(args) -> int:
         x, y = load_array(args.logits, name="scores"), load_array(args.labels, name="labels")
         if args.category_ids:
             side["category_ids"] = load_array(args.category_ids, name="category_ids")
-        cal.fit(x, y, input_kind=args.input_kind, **side)
+        cal.fit(x, y, **side)
     else:
         if args.per_class or args.category_ids:
             raise ValueError(f"--per-class/--category-ids: only for det-ts and det-platt, not {args.method}")
         # raw arrays: fit validates them and records the input kind in the manifest
-        cal.fit(load_array(args.logits, name="logits"), load_array(args.labels, name="labels"),
-                input_kind=args.input_kind, **side)
+        cal.fit(load_array(args.logits, name="logits"), load_array(args.labels, name="labels"), **side)
     save_manifest(cal, args.output)
     rec = cal.fit_record_
     if args.json:
