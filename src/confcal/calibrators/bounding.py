@@ -42,8 +42,11 @@ import numpy as np
 import torch
 
 from confcal.calibrators._compose import (
-    Composite, MapCalibrator, Prepared, _check_optim_params, check_labels_not_masked, fit_composite, to_torch,
-    weighted_quantiles,
+    OPTIM_CONSTRAINTS, Composite, MapCalibrator, Prepared, _two_layer_state, check_labels_not_masked,
+    fit_composite, map_parameters, to_torch, weighted_quantiles,
+)
+from confcal.calibrators._constraints import (
+    NLL, N_ITER, T_BOUNDS, Bool, Choice, Fields, Int, Nullable, Opt, Real, check_hyperparameters,
 )
 from confcal.calibrators._links import (
     BOUND_MODES, BoxLink, MLPBoxLink, SoftmaxLink, raw_from_lower, raw_from_upper,
@@ -150,6 +153,65 @@ def _scan_box(model: Composite, prep: Prepared, y: torch.Tensor, mode: str,
     return [(raw("lower", lo), raw("upper", up)) for lo, up in starts]
 
 
+class _BaseParamsRule:
+    """``base_params`` are hyper-parameters of X: checked against X's own table."""
+
+    names = ("base", "base_params")
+
+    def check(self, obj: dict, path: str, ctx) -> None:
+        params, base = obj.get("base_params"), obj.get("base")
+        if not params:
+            return
+        where = f"{path}.base_params" if path else "base_params"
+        if base == "none":
+            ctx.fail(where, "nothing (base 'none' has no hyper-parameters)", params)
+        if base == "ts":
+            table, names = T_BOUNDS, set(T_BOUNDS)
+        else:
+            cls = METHODS[base]
+            table, names = {}, set(cls._param_names())
+        for key in params:
+            if key not in names:
+                ctx.fail(f"{where}.{key}", f"a hyper-parameter of {base!r} (one of {sorted(names)})",
+                         got="an unknown key")
+        if base == "ts":
+            for key, value in params.items():
+                table[key].check(value, f"{where}.{key}", ctx)
+            if params.get("t_min", 1e-2) >= params.get("t_max", 1e2):
+                ctx.fail(f"{where}.t_min", "t_min < t_max", params)
+        else:
+            check_hyperparameters(METHODS[base], params, where=ctx.where, path=where)
+
+
+def _lower_max(env):
+    return 1.0 / env["n_classes"]
+
+
+#: the fitted box: ``0 <= a <= 1/K <= b <= 1`` (``a = 0, b = 1``: no bounds); ``link_*``: the bound network
+_PB_FIELDS = {
+    "lower": Real(ge=0, le=_lower_max),
+    "upper": Real(ge=_lower_max, le=1),
+    "nll": NLL, "base_nll": NLL, "fallback": Opt(Bool()), "tie_rate": Opt(Real(ge=0, le=1)), "n_iter": N_ITER,
+    "link_config": Opt(Fields({"n_classes": Int(ge=1, bind="n_classes"), "mode": Choice(*BOUND_MODES),
+                               "top_k": Int(ge=1, bind="link_top_k"), "hidden": Int(ge=1, bind="link_hidden")})),
+    "link_state": Opt(_two_layer_state("link_hidden", "link_top_k", 2, 1)),
+}
+
+
+class _Together:
+    """Both keys or neither (the bound network's config and state)."""
+
+    def __init__(self, *names):
+        self.names = names
+
+    def check(self, obj, path, ctx):
+        have = [n in obj for n in self.names]
+        if any(have) and not all(have):
+            missing = self.names[have.index(False)]
+            ctx.fail(f"{path}.{missing}" if path else missing, f"this key to be present with {self.names}",
+                     got="nothing (missing)")
+
+
 def _fixed_box_probs(g: torch.Tensor, mode: str, lower: float, upper: float) -> torch.Tensor:
     from confcal.ops import bcsoftmax, lbsoftmax, ubsoftmax
 
@@ -194,7 +256,37 @@ class ProbabilityBounding(Calibrator):
 
     ``fit`` raises ``ValueError`` for an unknown base / bounds / bound_model;
     ``METHODS[preset](base=...)`` for one that contradicts the preset.
+
+    Examples
+    --------
+    Over-confident logits of 300 samples and 3 classes (``4 *`` the logits of a
+    weaker model); the fit lowers the negative log-likelihood (1.681 before):
+
+    >>> import numpy as np
+    >>> from confcal.metrics import nll
+    >>> rng = np.random.default_rng(0)
+    >>> labels = rng.integers(0, 3, size=300)
+    >>> logits = 4 * (rng.normal(size=(300, 3)) + np.eye(3)[labels])
+    >>> from confcal.calibrators import ProbabilityBounding
+    >>> pb = ProbabilityBounding().fit(logits, labels)
+    >>> round(pb.lower_, 3), round(pb.upper_, 3)
+    (0.147, 0.632)
+    >>> probs = pb.predict_proba(logits)
+    >>> bool(probs.min() >= pb.lower_ - 1e-12 and probs.max() <= pb.upper_ + 1e-12)
+    True
+    >>> round(nll(probs, labels), 2)
+    0.94
     """
+
+    hyper_constraints = {"base": Choice(*BASES), "bounds": Choice(*BOUND_MODES),
+                         "bound_model": Choice("uniform", "mlp"),
+                         "base_params": Nullable(Fields({}, extra_ok=True)),
+                         **OPTIM_CONSTRAINTS, "hidden": Int(ge=1), "top_k": Int(ge=1)}
+    hyper_rules = (_BaseParamsRule(),)
+    fitted_constraints = Fields({**map_parameters(("identity", "ts", "vs", "ms", "ets", "pts")).fields,
+                                 **_PB_FIELDS},
+                                tag="map", variants=map_parameters(()).variants, rules=(_Together("link_config",
+                                                                                                  "link_state"),))
 
     def __init__(self, base: str = "none", bounds: str = "both", bound_model: str = "uniform",
                  base_params: dict | None = None, max_iter: int = 500, tol: float = 1e-7, epochs: int = 500,
@@ -219,17 +311,6 @@ class ProbabilityBounding(Calibrator):
     def method(self) -> str:
         """The registered name of this configuration (``ts+pb``, ...; ``pb`` for one without a preset)."""
         return _preset_for(type(self), self.get_params(deep=False)) or "pb"
-
-    def _check_structure(self) -> None:
-        if self.base not in BASES:
-            raise ValueError(f"base: expected one of {BASES}, got {self.base!r}")
-        if self.bounds not in BOUND_MODES:
-            raise ValueError(f"bounds: expected one of {BOUND_MODES}, got {self.bounds!r}")
-        if self.bound_model not in ("uniform", "mlp"):
-            raise ValueError(f"bound_model: expected 'uniform' or 'mlp', got {self.bound_model!r}")
-        if self.base_params is not None and not isinstance(self.base_params, dict):
-            raise ValueError(f"base_params: expected a dict of X's hyper-parameters or None, "
-                             f"got {self.base_params!r}")
 
     def _sample_weight_refusal(self):
         if self.base == "pts" or self.bound_model == "mlp":
@@ -256,8 +337,6 @@ class ProbabilityBounding(Calibrator):
         return m
 
     def _fit(self, logits, labels, sample_weight=None):
-        self._check_structure()
-        _check_optim_params(self)
         check_labels_not_masked(logits, labels, sample_weight)
         z = to_torch(logits)
         y = torch.as_tensor(labels, dtype=torch.long)
@@ -430,6 +509,21 @@ class LogitBounding(MapCalibrator):
 
     Parameters: ``max_iter``, ``tol``, ``random_state`` as :class:`~confcal.calibrators.scaling.VectorScaling`.
     Attributes: ``map_`` (``c_raw``, ``cc_raw``), ``nll_``, ``n_iter_``, ``converged_``.
+
+    Examples
+    --------
+    Over-confident logits of 300 samples and 3 classes (``4 *`` the logits of a
+    weaker model); the fit lowers the negative log-likelihood (1.681 before):
+
+    >>> import numpy as np
+    >>> from confcal.metrics import nll
+    >>> rng = np.random.default_rng(0)
+    >>> labels = rng.integers(0, 3, size=300)
+    >>> logits = 4 * (rng.normal(size=(300, 3)) + np.eye(3)[labels])
+    >>> from confcal.calibrators import LogitBounding
+    >>> lb = LogitBounding().fit(logits, labels)
+    >>> lb.converged_, round(nll(lb.predict_proba(logits), labels), 2)
+    (True, 0.89)
     """
 
     method = "lb"
@@ -469,6 +563,21 @@ class DualProbabilityBounding(MapCalibrator):
 
     Parameters: ``max_iter``, ``tol``, ``random_state`` as :class:`~confcal.calibrators.scaling.VectorScaling`.
     Attributes: ``map_`` (``log_w``, ``log_d``), ``nll_``, ``n_iter_``, ``converged_``.
+
+    Examples
+    --------
+    Over-confident logits of 300 samples and 3 classes (``4 *`` the logits of a
+    weaker model); the fit lowers the negative log-likelihood (1.681 before):
+
+    >>> import numpy as np
+    >>> from confcal.metrics import nll
+    >>> rng = np.random.default_rng(0)
+    >>> labels = rng.integers(0, 3, size=300)
+    >>> logits = 4 * (rng.normal(size=(300, 3)) + np.eye(3)[labels])
+    >>> from confcal.calibrators import DualProbabilityBounding
+    >>> dpb = DualProbabilityBounding().fit(logits, labels)
+    >>> dpb.converged_, round(nll(dpb.predict_proba(logits), labels), 2)
+    (True, 0.87)
     """
 
     method = "dpb"

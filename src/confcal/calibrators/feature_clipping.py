@@ -20,6 +20,7 @@ import numpy as np
 from scipy.optimize import minimize_scalar
 
 from confcal._numeric import log_softmax, softmax
+from confcal.calibrators._constraints import NLL, Array, Fields, Nullable, Real
 from confcal.calibrators.base import Calibrator, register
 
 __all__ = ["FeatureClipping"]
@@ -47,16 +48,41 @@ class FeatureClipping(Calibrator):
 
     Attributes
     ----------
-    threshold_ : float ``c`` (``inf`` when clipping does not help)
+    threshold_ : float ``c`` (``inf`` when clipping does not help; stored as ``null`` in the manifest)
     weight_, bias_ : the layer used (given or recovered), float64 arrays
     nll_ : calibration NLL at ``threshold_``; ``base_nll_`` without clipping
 
     Raises ``ValueError`` for a layer whose shape does not match the features /
     classes, or features that do not reproduce the logits.
+
+    Examples
+    --------
+    Features and the last layer of a model whose logits are ``W f``; the
+    layer is recovered from the logits (up to a shift common to all classes,
+    which softmax ignores) and clipping the features lowers the calibration
+    NLL:
+
+    >>> import numpy as np
+    >>> from confcal.calibrators import FeatureClipping
+    >>> rng = np.random.default_rng(0)
+    >>> features = rng.normal(size=(200, 4))
+    >>> weight = 3 * rng.normal(size=(3, 4))
+    >>> logits, labels = features @ weight.T, rng.integers(0, 3, size=200)
+    >>> fc = FeatureClipping().fit(logits, labels, features=features)
+    >>> recovered = features @ fc.weight_.T + fc.bias_
+    >>> bool(np.allclose(np.diff(recovered, axis=1), np.diff(logits, axis=1))), fc.nll_ < fc.base_nll_
+    (True, True)
+    >>> fc.predict_proba(logits, features=features).shape
+    (200, 3)
     """
 
     method = "fc"
     side_inputs = ("features",)
+    hyper_constraints = {"weight": Nullable(Array(("n_classes", "n_features"))),
+                         "bias": Nullable(Array(("n_classes",))), "max_residual": Real(gt=0)}
+    # threshold null: clipping did not help (c = inf, JSON has no inf)
+    fitted_constraints = Fields({"threshold": Nullable(Real(gt=0)), "weight": Array(("n_classes", "n_features")),
+                                 "bias": Array(("n_classes",)), "nll": NLL, "base_nll": NLL})
 
     def __init__(self, weight: list | None = None, bias: list | None = None, max_residual: float = 1e-3,
                  input_kind: str = "logits"):

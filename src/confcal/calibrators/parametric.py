@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from confcal.calibrators._compose import MapCalibrator
+from confcal.calibrators._compose import OPTIM_CONSTRAINTS, MapCalibrator
+from confcal.calibrators._constraints import Int
 from confcal.calibrators._maps import _softplus_inv, mask_neg_inf
 from confcal.calibrators._tsfit import fit_temperature
 from confcal.calibrators.base import register
@@ -38,9 +39,26 @@ class ParameterizedTemperatureScaling(MapCalibrator):
     ----------
     map_ : the fitted :class:`~confcal.calibrators._maps.PTSMap`; ``temperatures(logits)``
         gives the per-sample ``T`` ``(n_samples,)``. ``nll_``, ``n_iter_`` (Adam steps).
+
+    Examples
+    --------
+    Over-confident logits of 300 samples and 3 classes (``4 *`` the logits of a
+    weaker model); the fit lowers the negative log-likelihood (1.681 before):
+
+    >>> import numpy as np
+    >>> from confcal.metrics import nll
+    >>> rng = np.random.default_rng(0)
+    >>> labels = rng.integers(0, 3, size=300)
+    >>> logits = 4 * (rng.normal(size=(300, 3)) + np.eye(3)[labels])
+    >>> from confcal.calibrators import ParameterizedTemperatureScaling
+    >>> pts = ParameterizedTemperatureScaling(epochs=20, progress=False).fit(logits, labels)
+    >>> probs = pts.predict_proba(logits)
+    >>> bool(np.allclose(probs.sum(axis=1), 1)), round(nll(probs, labels), 2)
+    (True, 0.88)
     """
 
     method = "pts"
+    hyper_constraints = {**OPTIM_CONSTRAINTS, "top_k": Int(ge=1), "hidden": Int(ge=1)}
     map_name = "pts"
 
     def __init__(self, top_k: int = 10, hidden: int = 5, epochs: int = 500, batch_size: int = 256,
@@ -55,10 +73,6 @@ class ParameterizedTemperatureScaling(MapCalibrator):
         self.progress = progress
 
     def _map_config(self, n_classes):
-        for name in ("top_k", "hidden"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
         return {"n_classes": n_classes, "top_k": self.top_k, "hidden": self.hidden}
 
     def _init_map(self, m, z, y, features, sample_weight=None):

@@ -14,6 +14,7 @@ import math
 from typing import ClassVar
 
 from confcal.calibrators._compose import MapCalibrator, Prepared, _check_optim_params
+from confcal.calibrators._constraints import AnyJSON, Choice, Int, Nullable, Real
 from confcal.calibrators.base import register
 
 __all__ = ["VectorScaling", "MatrixScaling", "DirichletCalibration"]
@@ -35,6 +36,21 @@ class VectorScaling(MapCalibrator):
         (``map_.weight``, ``map_.bias``); ``nll_``, ``n_iter_``, ``converged_``
 
     Vector scaling can change the arg-max (a per-class bias), so accuracy may change.
+
+    Examples
+    --------
+    Over-confident logits of 300 samples and 3 classes (``4 *`` the logits of a
+    weaker model); the fit lowers the negative log-likelihood (1.681 before):
+
+    >>> import numpy as np
+    >>> from confcal.metrics import nll
+    >>> rng = np.random.default_rng(0)
+    >>> labels = rng.integers(0, 3, size=300)
+    >>> logits = 4 * (rng.normal(size=(300, 3)) + np.eye(3)[labels])
+    >>> from confcal.calibrators import VectorScaling
+    >>> vs = VectorScaling().fit(logits, labels)
+    >>> vs.converged_, round(nll(vs.predict_proba(logits), labels), 2)
+    (True, 0.87)
     """
 
     method = "vs"
@@ -160,9 +176,27 @@ class MatrixScaling(_ODIRFit, MapCalibrator):
     reg_lambda_, reg_mu_ : the penalty weights of the fit
     cv_results_ : dict (``grid``, ``mean_nll`` per grid point, ``best`` index, ``n_folds``), None for ``reg="fixed"``
     nll_, n_iter_, converged_ : final objective (NLL + penalty), L-BFGS iterations, convergence flag
+
+    Examples
+    --------
+    Over-confident logits of 300 samples and 3 classes (``4 *`` the logits of a
+    weaker model); the fit lowers the negative log-likelihood (1.681 before):
+
+    >>> import numpy as np
+    >>> from confcal.metrics import nll
+    >>> rng = np.random.default_rng(0)
+    >>> labels = rng.integers(0, 3, size=300)
+    >>> logits = 4 * (rng.normal(size=(300, 3)) + np.eye(3)[labels])
+    >>> from confcal.calibrators import MatrixScaling
+    >>> cal = MatrixScaling(reg="fixed").fit(logits, labels)
+    >>> cal.converged_, round(nll(cal.predict_proba(logits), labels), 2)
+    (True, 0.86)
     """
 
     method = "ms"
+    hyper_constraints = {**MapCalibrator.hyper_constraints, "reg": Choice("cv", "fixed"),
+                         "reg_lambda": Nullable(Real(ge=0)), "reg_mu": Nullable(Real(ge=0)), "cv": Int(ge=2),
+                         "reg_grid": Nullable(AnyJSON())}
     map_name = "ms"
     _on_log_probs = False
     _fixed_default = 0.0
@@ -191,9 +225,27 @@ class DirichletCalibration(_ODIRFit, MapCalibrator):
 
     Parameters and attributes as :class:`MatrixScaling`, except that ``reg="fixed"``
     with ``reg_lambda`` / ``reg_mu`` left at None uses 0.01 for each (the previous default).
+
+    Examples
+    --------
+    Over-confident logits of 300 samples and 3 classes (``4 *`` the logits of a
+    weaker model); the fit lowers the negative log-likelihood (1.681 before):
+
+    >>> import numpy as np
+    >>> from confcal.metrics import nll
+    >>> rng = np.random.default_rng(0)
+    >>> labels = rng.integers(0, 3, size=300)
+    >>> logits = 4 * (rng.normal(size=(300, 3)) + np.eye(3)[labels])
+    >>> from confcal.calibrators import DirichletCalibration
+    >>> cal = DirichletCalibration(reg="fixed", reg_lambda=0.01, reg_mu=0.01).fit(logits, labels)
+    >>> cal.converged_, round(nll(cal.predict_proba(logits), labels), 2)
+    (True, 0.87)
     """
 
     method = "dirichlet"
+    hyper_constraints = {**MapCalibrator.hyper_constraints, "reg": Choice("cv", "fixed"),
+                         "reg_lambda": Nullable(Real(ge=0)), "reg_mu": Nullable(Real(ge=0)), "cv": Int(ge=2),
+                         "reg_grid": Nullable(AnyJSON())}
     map_name = "ms"
     _on_log_probs = True
     _fixed_default = 0.01

@@ -60,7 +60,7 @@ def run(args) -> int:
             side[key] = load_array(spec, name=key)
     result = compare_methods(
         load_array(args.logits, name="logits"), load_array(args.labels, name="labels"), methods,
-        n_splits=args.splits, cal_size=args.cal_size, seed=args.seed, input_kind=args.input_kind,
+        n_splits=args.splits, cal_size=args.cal_size, seed=args.seed, input_kind=args.input_kind or "logits",
         jobs=args.jobs, progress=args.progress, **fixed, **side)
     if args.json:
         print(result.to_json(indent=2))
