@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
-from confcal.calibrators._compose import MapCalibrator, Prepared, _check_optim_params
+from confcal.calibrators._compose import MapCalibrator, Prepared
 from confcal.calibrators._constraints import AnyJSON, Choice, Int, Nullable, Real
 from confcal.calibrators.base import register
 
@@ -103,7 +103,6 @@ class _ODIRFit:
             return super()._fit_map(z, y, features, sample_weight)
         from confcal.calibrators import _odir
 
-        _check_optim_params(self)
         grid = _odir.ODIR_GRID if self.reg_grid is None else self.reg_grid
         settings = (type(self).__name__, self._on_log_probs, repr(list(grid)), self.cv, self.random_state,
                     self.tol)
