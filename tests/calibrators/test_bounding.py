@@ -66,9 +66,9 @@ def _fit_pair(x, base, z, y, **kw):
 
 
 def _objective(cal, z, y):
-    """Calibration NLL (+ the ODIR penalty for Dirichlet, whose objective includes it)."""
+    """Calibration NLL (+ the ODIR penalty for MS and Dirichlet, whose objective includes it)."""
     value = nll(cal.predict_proba(z), y)
-    if cal.method.startswith("dirichlet"):
+    if cal.method.startswith(("dirichlet", "ms")):
         value += float(cal.map_.penalty().detach())
     return value
 

@@ -59,8 +59,8 @@ def _check_identity(z):
 
 def test_dirichlet_without_regularisation_is_matrix_scaling_on_log_probs():
     z, y = simulate(300, 4, seed=2, scale=3.0, temperature=2.0)
-    d = METHODS["dirichlet"](reg_lambda=0.0, reg_mu=0.0).fit(z, y)
-    m = METHODS["ms"]().fit(log_softmax(z), y)
+    d = METHODS["dirichlet"](reg="fixed", reg_lambda=0.0, reg_mu=0.0).fit(z, y)
+    m = METHODS["ms"](reg="fixed").fit(log_softmax(z), y)
     np.testing.assert_allclose(d.predict_proba(z), m.predict_proba(log_softmax(z)), atol=1e-5)
     assert d.nll_ == pytest.approx(m.nll_, abs=1e-8)
 
@@ -68,8 +68,8 @@ def test_dirichlet_without_regularisation_is_matrix_scaling_on_log_probs():
 def test_odir_objective_and_shrinkage():
     z, y = simulate(300, 4, seed=3, scale=3.0, temperature=2.0)
     k = 4
-    weak = METHODS["dirichlet"](reg_lambda=1e-4, reg_mu=1e-4).fit(z, y)
-    strong = METHODS["dirichlet"](reg_lambda=10.0, reg_mu=10.0).fit(z, y)
+    weak = METHODS["dirichlet"](reg="fixed", reg_lambda=1e-4, reg_mu=1e-4).fit(z, y)
+    strong = METHODS["dirichlet"](reg="fixed", reg_lambda=10.0, reg_mu=10.0).fit(z, y)
     for cal, lam, mu in ((weak, 1e-4, 1e-4), (strong, 10.0, 10.0)):
         w = cal.map_.weight.detach().numpy()
         c = cal.map_.bias.detach().numpy()
@@ -111,8 +111,8 @@ def test_outputs_are_distributions(seed, k, scale):
 
 def test_bad_hyperparameters_raise():
     z, y = simulate(30, 3, seed=0)
-    with pytest.raises(ValueError, match="reg_lambda"):
-        METHODS["dirichlet"](reg_lambda=-1.0).fit(z, y)
+    with pytest.raises(ValueError, match="reg_lambda: expected a finite number >= 0"):
+        METHODS["dirichlet"](reg="fixed", reg_lambda=-1.0).fit(z, y)
     with pytest.raises(ValueError, match="tol"):
         METHODS["vs"](tol=0.0).fit(z, y)
     z[0, y[0]] = -np.inf

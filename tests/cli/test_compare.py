@@ -142,3 +142,27 @@ def test_json_and_csv_are_exclusive(data, capsys):
         run(*base_args(d), "--methods", "ts", "--json", "--csv", d / "x.csv")
     assert exc.value.code == 2
     assert "not allowed with" in capsys.readouterr().err
+
+
+def test_domains_features_and_jobs(data, capsys):
+    d, z, y = data
+    dom = np.arange(len(y)) % 2
+    np.save(d / "dom.npy", dom)
+    np.save(d / "feat.npy", np.hstack([z, np.ones((len(y), 1))]))
+    args = [*base_args(d), "--methods", "grouped-ts,ts", "--domains", d / "dom.npy", "--features", d / "feat.npy",
+            "--json"]
+    assert run(*args) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert one["per_split"]["grouped-ts"]["errors"] == [None] * 3
+    expected = compare_methods(z, y, ["grouped-ts", "ts"], n_splits=3, cal_size=120, domains=dom)
+    assert one["per_split"]["grouped-ts"]["values"]["nll"] == pytest.approx(
+        expected["grouped-ts"].values["nll"], rel=1e-12)
+    assert run(*args, "--jobs", 2) == 0
+    two = json.loads(capsys.readouterr().out)
+    for got in (one, two):
+        for row in got["per_split"].values():
+            row["values"].pop("fit_seconds")
+        got.pop("summary")
+    assert one == two
+    assert run(*args, "--jobs", 0) == 2
+    assert "--jobs: expected an integer >= 1" in capsys.readouterr().err

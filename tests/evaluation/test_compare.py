@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from confcal._numeric import softmax
 from confcal.calibrators import METHODS, Calibrator, TemperatureScaling
 from confcal.evaluation import compare_methods
-from confcal.evaluation.compare import METRICS, UNCALIBRATED, format_cell, split_indices
+from confcal.evaluation.compare import METRICS, UNCALIBRATED, split_indices
+from confcal.evaluation.compare_tables import format_cell
 from confcal.metrics import accuracy, brier_score, ece, nll, smooth_ece
 from tests.conftest import require_shared_data
 
@@ -262,3 +263,64 @@ def test_real_densenet_cifar100_two_splits():
     assert 0.12 < base.mean("ece_ew") < 0.16 and 0.12 < base.mean("smece") < 0.16
     assert ts.mean("smece") < 0.04 and ts.mean("nll") < base.mean("nll")
     assert ts.values["error"] == base.values["error"]
+
+
+# ------------------------------------------------------------------ side inputs and parallel splits
+def _without_times(res):
+    d = res.to_dict()
+    for row in d["per_split"].values():
+        row["values"].pop("fit_seconds")
+    for row in d["summary"]:
+        row.pop("fit_seconds_mean"), row.pop("fit_seconds_se")
+    return d
+
+
+def test_jobs_give_results_identical_to_one_process():
+    x, y = make_data(8, n=300, k=4)
+    methods = ["ts", "vs", "pb", "ts+pb", "grouped-ts"]  # grouped-ts fails (no domains): errors too
+    one = compare_methods(x, y, methods, n_splits=3, cal_size=150, seed=2, jobs=1)
+    two = compare_methods(x, y, methods, n_splits=3, cal_size=150, seed=2, jobs=2)
+    assert _without_times(one) == _without_times(two)
+    assert two["ts+pb"].fallback == one["ts+pb"].fallback and len(one["ts+pb"].fallback) == 3
+    assert all(f is None for f in one["ts"].fallback)
+    with pytest.raises(ValueError, match="jobs"):
+        compare_methods(x, y, ["ts"], n_splits=1, cal_size=150, jobs=0)
+
+
+def test_domains_reach_grouped_methods_split_with_the_logits():
+    from confcal.calibrators import GroupedTemperatureScaling
+
+    x, y = make_data(9, n=300, k=4)
+    dom = np.where(np.arange(300) % 3 == 0, "a", "b")
+    x[dom == "a"] *= 3.0  # one domain much more over-confident
+    res = compare_methods(x, y, ["grouped-ts", "ts"], n_splits=2, cal_size=150, domains=dom)
+    assert res["grouped-ts"].n_ok == 2 and res["ts"].n_ok == 2  # ts does not take domains: not given them
+    for s, (cal, test) in enumerate(split_indices(300, 2, 150)):
+        probs = GroupedTemperatureScaling().fit(x[cal], y[cal], domains=dom[cal]).predict_proba(
+            x[test], domains=dom[test])
+        assert res["grouped-ts"].values["nll"][s] == pytest.approx(nll(probs, y[test]), rel=1e-12)
+
+
+def test_features_reach_feature_clipping():
+    from confcal.calibrators import FeatureClipping
+
+    rng = np.random.default_rng(10)
+    f = rng.normal(size=(300, 6)) * 2
+    w, b = rng.normal(size=(4, 6)), rng.normal(size=4)
+    x = f @ w.T + b
+    y = np.array([rng.choice(4, p=row) for row in softmax(x / 2)])
+    res = compare_methods(x, y, ["fc"], n_splits=2, cal_size=150, features=f)
+    assert res["fc"].n_ok == 2
+    cal, test = split_indices(300, 2, 150)[1]
+    probs = FeatureClipping().fit(x[cal], y[cal], features=f[cal]).predict_proba(x[test], features=f[test])
+    assert res["fc"].values["nll"][1] == pytest.approx(nll(probs, y[test]), rel=1e-12)
+    # a fixed test set needs its own side inputs
+    with pytest.raises(ValueError, match="test_features, features"):
+        compare_methods(x, y, ["fc"], test_logits=x, test_labels=y, features=f)
+    fixed = compare_methods(x[:150], y[:150], ["fc"], test_logits=x[150:], test_labels=y[150:], features=f[:150],
+                            test_features=f[150:])
+    assert fixed["fc"].n_ok == 1
+    with pytest.raises(ValueError, match="test_features, test_domains: only with a fixed test set"):
+        compare_methods(x, y, ["fc"], n_splits=1, cal_size=150, test_features=f)
+    with pytest.raises(ValueError, match="features"):
+        compare_methods(x, y, ["fc"], n_splits=1, cal_size=150, features=f[:10])

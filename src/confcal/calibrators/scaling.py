@@ -10,8 +10,11 @@ started at the identity map (``W = I``, ``c = 0``), i.e. at the uncalibrated mod
 
 from __future__ import annotations
 
-from confcal.calibrators._compose import MapCalibrator
-from confcal.calibrators._constraints import Real
+import math
+from typing import ClassVar
+
+from confcal.calibrators._compose import MapCalibrator, Prepared
+from confcal.calibrators._constraints import AnyJSON, Choice, Int, Nullable, Real
 from confcal.calibrators.base import register
 
 __all__ = ["VectorScaling", "MatrixScaling", "DirichletCalibration"]
@@ -60,13 +63,118 @@ class VectorScaling(MapCalibrator):
         self.random_state = random_state
 
 
-@register
-class MatrixScaling(MapCalibrator):
-    """``p = softmax(W z + c)`` with ``W`` ``(n_classes, n_classes)`` and ``c`` ``(n_classes,)``.
+class _ODIRFit:
+    """ODIR regularisation for :class:`MatrixScaling` and :class:`DirichletCalibration`:
+    ``reg="cv"`` picks ``(reg_lambda, reg_mu)`` by cross-validation
+    (:mod:`confcal.calibrators._odir`), ``reg="fixed"`` uses the given values."""
 
-    Unregularised, as in Guo et al. 2017: with many classes and few samples it
-    over-fits (use :class:`DirichletCalibration` with ``reg_lambda > 0``).
-    Parameters as :class:`VectorScaling`.
+    _on_log_probs: ClassVar[bool] = False
+    _fixed_default: ClassVar[float] = 0.0
+
+    def _reg_values(self) -> tuple[float, float] | None:
+        """The fixed ``(lambda, mu)``, or None when they are chosen by cross-validation."""
+        if self.reg not in ("cv", "fixed"):
+            raise ValueError(f"reg: expected 'cv' or 'fixed', got {self.reg!r}")
+        vals = []
+        for name in ("reg_lambda", "reg_mu"):
+            v = getattr(self, name)
+            if v is None:
+                vals.append(self._fixed_default)
+                continue
+            if self.reg == "cv":
+                raise ValueError(f"{name}: reg='cv' chooses it by cross-validation; pass reg='fixed' to use "
+                                 f"{name}={v!r}")
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"{name}: expected a finite number >= 0, got {v!r}")
+            vals.append(float(v))
+        if self.reg == "cv":
+            if isinstance(self.cv, bool) or not isinstance(self.cv, int) or self.cv < 2:
+                raise ValueError(f"cv: expected an integer >= 2 (number of folds), got {self.cv!r}")
+            return None
+        return vals[0], vals[1]
+
+    def _map_config(self, n_classes):
+        lam, mu = self._reg_values()
+        return {"n_classes": n_classes, "on_log_probs": self._on_log_probs, "reg_lambda": lam, "reg_mu": mu}
+
+    def _fit_map(self, z, y, features=None, sample_weight=None):
+        if self._reg_values() is not None:
+            self.cv_results_ = None
+            return super()._fit_map(z, y, features, sample_weight)
+        from confcal.calibrators import _odir
+
+        grid = _odir.ODIR_GRID if self.reg_grid is None else self.reg_grid
+        settings = (type(self).__name__, self._on_log_probs, repr(list(grid)), self.cv, self.random_state,
+                    self.tol)
+        key = _odir.memo_key(z, y, settings, sample_weight)
+        hit = _odir.memo_get(key)
+        k = z.shape[1]
+        if hit is not None:
+            cv, state, res = hit
+            m = _odir.MatrixScalingMap(k, on_log_probs=self._on_log_probs, reg_lambda=cv.reg_lambda,
+                                       reg_mu=cv.reg_mu)
+            m.load_state_dict(state)
+        else:
+            cv = _odir.select_odir(z, y, on_log_probs=self._on_log_probs, grid=grid, n_folds=self.cv,
+                                   seed=self.random_state, tol=self.tol, sample_weight=sample_weight)
+            # final fit on all rows: the procedure the folds validated (the same warm-started
+            # path, PATH_MAX_ITER L-BFGS steps per grid point) down to the chosen point
+            m = _odir.MatrixScalingMap(k, on_log_probs=self._on_log_probs)
+            prep = Prepared(m, z, None, sample_weight)
+            _odir.start_at_temperature(m, prep, y)
+            for res in _odir.fit_path(m, prep, y, cv.grid[:cv.best + 1], max_iter=_odir.PATH_MAX_ITER,
+                                      tol=self.tol):
+                pass
+            _odir.memo_put(key, cv, m.state_dict(), res)
+        self.cv_results_ = cv.to_dict()
+        return m, res
+
+    @property
+    def reg_lambda_(self) -> float:
+        """The off-diagonal penalty weight of the fit (chosen by cross-validation when ``reg="cv"``)."""
+        self._check_fitted()
+        return self.map_.reg_lambda
+
+    @property
+    def reg_mu_(self) -> float:
+        """The intercept penalty weight of the fit."""
+        self._check_fitted()
+        return self.map_.reg_mu
+
+
+@register
+class MatrixScaling(_ODIRFit, MapCalibrator):
+    """Matrix scaling ``p = softmax(W z + c)`` with ODIR regularisation (Kull et al. 2019, "MS-ODIR").
+
+    ``W`` is ``(n_classes, n_classes)``, ``c`` ``(n_classes,)``. Objective: mean NLL
+    ``+ reg_lambda / (K (K-1)) * sum_{i != j} W_ij^2 + reg_mu / K * sum_j c_j^2``.
+    Unregularised (``reg="fixed"`` with the default 0, 0) it is Guo et al.'s matrix
+    scaling, which over-fits many classes; by default the penalty is chosen by
+    cross-validation.
+
+    Parameters
+    ----------
+    reg : ``"cv"`` (default) or ``"fixed"``. ``"cv"``: ``reg_lambda`` and ``reg_mu`` (tied,
+        ``mu = lambda``) are chosen by ``cv``-fold cross-validation of the NLL on the calibration
+        set over ``reg_grid`` (default: one value per decade from 1e5 down to 1e-2, see
+        :mod:`confcal.calibrators._odir`), as Kull et al. (NeurIPS 2019) do; the final fit then
+        uses all rows. ``"fixed"``: use ``reg_lambda`` and ``reg_mu`` as given.
+    reg_lambda : float >= 0 or None, off-diagonal penalty weight with ``reg="fixed"`` (None: 0)
+    reg_mu : float >= 0 or None, intercept penalty weight with ``reg="fixed"`` (None: 0)
+    cv : int >= 2, number of folds (default 3; shuffled, seeded by ``random_state``)
+    reg_grid : lambda values (``mu = lambda``) or ``[lambda, mu]`` pairs, strongest first (None: the default grid)
+    max_iter : L-BFGS iterations with ``reg="fixed"`` (default 500). With ``reg="cv"`` the final fit
+        repeats the procedure the folds validated on all rows: the warm-started path down to the
+        chosen grid point, 40 L-BFGS steps per point
+    tol : gradient tolerance (default 1e-7)
+    random_state : seed of the cross-validation folds
+
+    Attributes
+    ----------
+    map_ : the fitted :class:`~confcal.calibrators._maps.MatrixScalingMap`
+    reg_lambda_, reg_mu_ : the penalty weights of the fit
+    cv_results_ : dict (``grid``, ``mean_nll`` per grid point, ``best`` index, ``n_folds``), None for ``reg="fixed"``
+    nll_, n_iter_, converged_ : final objective (NLL + penalty), L-BFGS iterations, convergence flag
 
     Examples
     --------
@@ -79,34 +187,43 @@ class MatrixScaling(MapCalibrator):
     >>> labels = rng.integers(0, 3, size=300)
     >>> logits = 4 * (rng.normal(size=(300, 3)) + np.eye(3)[labels])
     >>> from confcal.calibrators import MatrixScaling
-    >>> ms = MatrixScaling().fit(logits, labels)
-    >>> ms.converged_, round(nll(ms.predict_proba(logits), labels), 2)
+    >>> cal = MatrixScaling(reg="fixed").fit(logits, labels)
+    >>> cal.converged_, round(nll(cal.predict_proba(logits), labels), 2)
     (True, 0.86)
     """
 
     method = "ms"
+    hyper_constraints = {**MapCalibrator.hyper_constraints, "reg": Choice("cv", "fixed"),
+                         "reg_lambda": Nullable(Real(ge=0)), "reg_mu": Nullable(Real(ge=0)), "cv": Int(ge=2),
+                         "reg_grid": Nullable(AnyJSON())}
     map_name = "ms"
+    _on_log_probs = False
+    _fixed_default = 0.0
 
-    def __init__(self, max_iter: int = 500, tol: float = 1e-7, random_state: int = 0, input_kind: str = "logits"):
+    def __init__(self, reg: str = "cv", reg_lambda: float | None = None, reg_mu: float | None = None, cv: int = 3,
+                 reg_grid=None, max_iter: int = 500, tol: float = 1e-7, random_state: int = 0,
+                 input_kind: str = "logits"):
         self.input_kind = input_kind
+        self.reg = reg
+        self.reg_lambda = reg_lambda
+        self.reg_mu = reg_mu
+        self.cv = cv
+        self.reg_grid = reg_grid
         self.max_iter = max_iter
         self.tol = tol
         self.random_state = random_state
 
 
 @register
-class DirichletCalibration(MapCalibrator):
+class DirichletCalibration(_ODIRFit, MapCalibrator):
     """Dirichlet calibration: ``p = softmax(W log softmax(z) + c)`` with ODIR regularisation.
 
     Objective: mean NLL ``+ reg_lambda / (K (K-1)) * sum_{i != j} W_ij^2 + reg_mu / K * sum_j c_j^2``
     (Kull et al. 2019; eq. 50 of Atarashi et al.). With ``reg_lambda = reg_mu = 0``
     it is matrix scaling applied to the log-probabilities.
 
-    Parameters
-    ----------
-    reg_lambda : float >= 0, weight of the off-diagonal penalty (default 0.01)
-    reg_mu : float >= 0, weight of the intercept penalty (default 0.01)
-    max_iter, tol, random_state : as :class:`VectorScaling`
+    Parameters and attributes as :class:`MatrixScaling`, except that ``reg="fixed"``
+    with ``reg_lambda`` / ``reg_mu`` left at None uses 0.01 for each (the previous default).
 
     Examples
     --------
@@ -119,24 +236,28 @@ class DirichletCalibration(MapCalibrator):
     >>> labels = rng.integers(0, 3, size=300)
     >>> logits = 4 * (rng.normal(size=(300, 3)) + np.eye(3)[labels])
     >>> from confcal.calibrators import DirichletCalibration
-    >>> dc = DirichletCalibration(reg_lambda=0.01, reg_mu=0.01).fit(logits, labels)
-    >>> dc.converged_, round(nll(dc.predict_proba(logits), labels), 2)
+    >>> cal = DirichletCalibration(reg="fixed", reg_lambda=0.01, reg_mu=0.01).fit(logits, labels)
+    >>> cal.converged_, round(nll(cal.predict_proba(logits), labels), 2)
     (True, 0.87)
     """
 
     method = "dirichlet"
-    hyper_constraints = {**MapCalibrator.hyper_constraints, "reg_lambda": Real(ge=0), "reg_mu": Real(ge=0)}
+    hyper_constraints = {**MapCalibrator.hyper_constraints, "reg": Choice("cv", "fixed"),
+                         "reg_lambda": Nullable(Real(ge=0)), "reg_mu": Nullable(Real(ge=0)), "cv": Int(ge=2),
+                         "reg_grid": Nullable(AnyJSON())}
     map_name = "ms"
+    _on_log_probs = True
+    _fixed_default = 0.01
 
-    def __init__(self, reg_lambda: float = 0.01, reg_mu: float = 0.01, max_iter: int = 500, tol: float = 1e-7,
-                 random_state: int = 0, input_kind: str = "logits"):
+    def __init__(self, reg: str = "cv", reg_lambda: float | None = None, reg_mu: float | None = None, cv: int = 3,
+                 reg_grid=None, max_iter: int = 500, tol: float = 1e-7, random_state: int = 0,
+                 input_kind: str = "logits"):
         self.input_kind = input_kind
+        self.reg = reg
         self.reg_lambda = reg_lambda
         self.reg_mu = reg_mu
+        self.cv = cv
+        self.reg_grid = reg_grid
         self.max_iter = max_iter
         self.tol = tol
         self.random_state = random_state
-
-    def _map_config(self, n_classes):
-        return {"n_classes": n_classes, "on_log_probs": True, "reg_lambda": float(self.reg_lambda),
-                "reg_mu": float(self.reg_mu)}

@@ -24,6 +24,15 @@ def register(sub):
     p.add_argument("--seed", type=int, default=0, help="seed of the splits (default 0)")
     p.add_argument("--test-logits", metavar="SPEC", help=f"fixed test set logits: {SPEC_HELP}")
     p.add_argument("--test-labels", metavar="SPEC", help=f"fixed test set labels: {SPEC_HELP}")
+    p.add_argument("--features", metavar="SPEC",
+                   help=f"features (n_samples, n_features), split with the logits, for methods that take them "
+                        f"(fc, cluster/domain methods): {SPEC_HELP}")
+    p.add_argument("--domains", metavar="SPEC",
+                   help=f"domain ids (n_samples,), split with the logits, for grouped/domain methods: {SPEC_HELP}")
+    p.add_argument("--test-features", metavar="SPEC", help=f"features of the fixed test set: {SPEC_HELP}")
+    p.add_argument("--test-domains", metavar="SPEC", help=f"domain ids of the fixed test set: {SPEC_HELP}")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="run the splits in N worker processes (results identical to --jobs 1; default 1)")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true",
                      help="print JSON (summary and per-split values; rates as fractions) instead of a table")
@@ -42,10 +51,17 @@ def run(args) -> int:
     if args.test_logits is not None:
         fixed = {"test_logits": load_array(args.test_logits, name="test_logits"),
                  "test_labels": load_array(args.test_labels, name="test_labels")}
+    if args.jobs < 1:
+        raise ValueError(f"--jobs: expected an integer >= 1, got {args.jobs}")
+    side = {}
+    for key in ("features", "domains", "test_features", "test_domains"):
+        spec = getattr(args, key)
+        if spec is not None:
+            side[key] = load_array(spec, name=key)
     result = compare_methods(
         load_array(args.logits, name="logits"), load_array(args.labels, name="labels"), methods,
         n_splits=args.splits, cal_size=args.cal_size, seed=args.seed, input_kind=args.input_kind or "logits",
-        progress=args.progress, **fixed)
+        jobs=args.jobs, progress=args.progress, **fixed, **side)
     if args.json:
         print(result.to_json(indent=2))
         return 0

@@ -12,8 +12,6 @@ message; the run goes on.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import time
@@ -24,12 +22,12 @@ from typing import Any, Iterable
 import numpy as np
 
 from confcal._numeric import softmax
-from confcal._validation import check_labels, check_logits
+from confcal._validation import check_domains, check_features, check_labels, check_logits
 from confcal.calibrators import METHODS
 from confcal.metrics import accuracy, brier_score, ece, nll, smooth_ece
 
-__all__ = ["compare_methods", "split_indices", "ComparisonResult", "MethodResult", "METRICS",
-           "UNCALIBRATED", "format_cell"]
+__all__ = ["compare_methods", "split_indices", "fit_and_score", "ComparisonResult", "MethodResult", "METRICS",
+           "UNCALIBRATED"]
 
 UNCALIBRATED = "uncalibrated"
 
@@ -73,6 +71,16 @@ class MethodResult:
     values: dict[str, list[float | None]] = field(default_factory=dict)
     errors: list[str | None] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    #: per split: did X+PB fall back to X (None: not an X+PB method, or failed)
+    fallback: list[bool | None] = field(default_factory=list)
+    #: per split: the fitted objective ``nll_`` (NLL + penalty) where the method reports one
+    objective: list[float | None] = field(default_factory=list)
+
+    @property
+    def n_fallback(self) -> int | None:
+        """Splits on which X+PB fell back to X; None for methods without a fallback."""
+        flags = [f for f in self.fallback if f is not None]
+        return sum(flags) if flags else None
 
     @property
     def n_ok(self) -> int:
@@ -128,6 +136,7 @@ class ComparisonResult:
             for m in self.metrics:
                 d[f"{m}_mean"] = row.mean(m)
                 d[f"{m}_se"] = row.se(m)
+            d["n_fallback"] = row.n_fallback
             d["error"] = row.error
             d["warnings"] = "; ".join(row.warnings) or None
             out.append(d)
@@ -146,7 +155,8 @@ class ComparisonResult:
             "summary": self.summary(),
             "per_split": {
                 row.label: {"method": row.method, "params": row.params,
-                            "values": row.values, "errors": row.errors, "warnings": row.warnings}
+                            "values": row.values, "errors": row.errors, "warnings": row.warnings,
+                            "fallback": row.fallback, "objective": row.objective}
                 for row in self.rows
             },
         }
@@ -155,54 +165,16 @@ class ComparisonResult:
         return json.dumps(self.to_dict(), allow_nan=False, **kw)
 
     def to_csv(self) -> str:
-        """The summary as CSV text (rates as fractions, empty cells where undefined)."""
-        rows = self.summary()
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
-        writer.writeheader()
-        for r in rows:
-            writer.writerow({k: ("" if v is None else (repr(v) if isinstance(v, float) else v))
-                             for k, v in r.items()})
-        return buf.getvalue()
+        """The summary as CSV text (see :func:`confcal.evaluation.compare_tables.render_csv`)."""
+        from confcal.evaluation.compare_tables import render_csv
+
+        return render_csv(self)
 
     def to_text(self) -> str:
-        """A fixed-width table: mean ± standard error, rates in %."""
-        head = ["method"] + [f"{METRICS[m][0]}" + (f" ({METRICS[m][1]})" if METRICS[m][1] else "")
-                             for m in self.metrics]
-        body = []
-        notes = []
-        for row in self.rows:
-            cells = [row.label]
-            for m in self.metrics:
-                unit = METRICS[m][1]
-                cells.append(format_cell(row.mean(m), row.se(m), percent=unit == "%",
-                                         digits=2 if unit in ("%", "s") else 4))
-            if row.n_ok < len(row.errors):
-                cells[0] += f" [{row.n_ok}/{len(row.errors)}]"
-                notes.append(f"{row.label}: {row.error}")
-            body.append(cells)
-        widths = [max(len(r[i]) for r in [head] + body) for i in range(len(head))]
-        lines = [_line(head, widths), "  ".join("-" * w for w in widths)]
-        lines += [_line(r, widths) for r in body]
-        split_desc = ("fixed calibration/test sets" if self.fixed_sets else
-                      f"{self.n_splits} random splits, seed {self.seed}")
-        lines.append(f"({split_desc}; {self.cal_size} calibration / {self.test_size} test samples, "
-                     f"{self.n_classes} classes; mean ± standard error; ECEs with 15 bins)")
-        lines += [f"! {n}" for n in notes]
-        return "\n".join(lines)
+        """A fixed-width table (see :func:`confcal.evaluation.compare_tables.render_text`)."""
+        from confcal.evaluation.compare_tables import render_text
 
-
-def format_cell(mean: float | None, se: float | None, *, percent: bool = False, digits: int = 4) -> str:
-    """``"12.34 ± 0.56"`` with ``digits`` decimals (``percent`` multiplies by 100); ``"–"`` when undefined."""
-    if mean is None:
-        return "–"
-    scale = 100.0 if percent else 1.0
-    s = f"{mean * scale:.{digits}f}"
-    return s if se is None else f"{s} ± {se * scale:.{digits}f}"
-
-
-def _line(cells, widths):
-    return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        return render_text(self)
 
 
 def _parse_methods(methods) -> list[tuple[str, str, dict]]:
@@ -235,28 +207,44 @@ def _int_arg(value, name: str, lo: int) -> int:
     return int(value)
 
 
-def _fit_one(name: str, params: dict, x_cal, y_cal, x_test, y_test):
+def fit_and_score(name: str, params: dict, x_cal, y_cal, x_test, y_test, side_cal: dict | None = None,
+                  side_test: dict | None = None):
+    """Fit method ``name`` on one calibration set and score it on one test set.
+
+    Returns ``(values, warnings, extra)``: the test metrics of :data:`METRICS` plus ``cal_nll``
+    and ``fit_seconds``; the distinct warning messages of the fit; ``extra`` with
+    ``fallback`` (X+PB methods) and ``objective`` (the fitted objective ``nll_``, where the
+    method has one). Exceptions of the method propagate.
+    """
+    side_cal, side_test = side_cal or {}, side_test or {}
     cls = METHODS[name]
     kwargs = dict(params)
     if "progress" in cls._param_names() and "progress" not in kwargs:
         kwargs["progress"] = False  # one bar for the whole comparison, not one per fit
+    # each method gets the side inputs it takes; one it requires but lacks fails in its fit
+    takes = set(cls.side_inputs) | set(cls.optional_side_inputs)
+    side_cal = {k: v for k, v in side_cal.items() if k in takes}
+    side_test = {k: v for k, v in side_test.items() if k in takes}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         cal = cls(**kwargs)
         t0 = time.perf_counter()
-        cal.fit(x_cal, y_cal)
+        cal.fit(x_cal, y_cal, **side_cal)
         fit_seconds = time.perf_counter() - t0
-        probs = cal.predict_proba(x_test)
+        probs = cal.predict_proba(x_test, **side_test)
         record = getattr(cal, "fit_record_", None) or {}
         cal_nll = record.get("metrics_after", {}).get("nll")
         if cal_nll is None:
-            cal_nll = nll(cal.predict_proba(x_cal), y_cal)
+            cal_nll = nll(cal.predict_proba(x_cal, **side_cal), y_cal)
     values = _test_metrics(probs, y_test)
     # methods that may move the arg-max (one-vs-rest maps) show it here, not only in the error column
     values["acc_change"] = accuracy(probs, y_test) - accuracy(softmax(np.asarray(x_test, dtype=np.float64)), y_test)
     values["cal_nll"] = float(cal_nll)
     values["fit_seconds"] = fit_seconds
-    return values, sorted({f"{w.category.__name__}: {w.message}" for w in caught})
+    extra = {"fallback": bool(cal.fallback_)} if hasattr(cal, "fallback_") else {}
+    if isinstance(getattr(cal, "nll_", None), float):
+        extra["objective"] = cal.nll_  # the fitted objective (NLL + any penalty, e.g. ODIR)
+    return values, sorted({f"{w.category.__name__}: {w.message}" for w in caught}), extra
 
 
 def split_indices(n_samples: int, n_splits: int, cal_size: int, seed: int = 0):
@@ -272,8 +260,35 @@ def split_indices(n_samples: int, n_splits: int, cal_size: int, seed: int = 0):
     return out
 
 
+def _run_split(specs, x_cal, y_cal, x_test, y_test, side_cal, side_test, on_fit=None):
+    """Every method on one split: ``[(values | None, error | None, warnings, extra)]``, uncalibrated first.
+
+    A module-level function so that worker processes (``jobs > 1``) run exactly this code.
+    """
+    base = _test_metrics(softmax(x_test), y_test)
+    base["acc_change"] = 0.0
+    base["cal_nll"] = nll(softmax(x_cal), y_cal)
+    base["fit_seconds"] = None  # nothing is fitted
+    out = [(base, None, [], {})]
+    for label, name, params in specs:
+        if on_fit is not None:
+            on_fit(label)
+        try:
+            values, caught, extra = fit_and_score(name, params, x_cal, y_cal, x_test, y_test, side_cal, side_test)
+        except Exception as exc:  # a failing method is a result, not the end of the run
+            out.append((None, f"{type(exc).__name__}: {exc}", [], {}))
+        else:
+            out.append((values, None, caught, extra))
+    return out
+
+
+def _check_side(arr, n: int, name: str, check) -> np.ndarray | None:
+    return None if arr is None else check(arr, n, name=name)
+
+
 def compare_methods(logits, labels, methods: Iterable, *, n_splits: int = 10, cal_size: int = 5000,
                     seed: int = 0, input_kind: str = "logits", test_logits=None, test_labels=None,
+                    features=None, domains=None, test_features=None, test_domains=None, jobs: int = 1,
                     progress: bool = False) -> ComparisonResult:
     """Fit every method on calibration splits and score it on the matching test splits.
 
@@ -293,6 +308,13 @@ def compare_methods(logits, labels, methods: Iterable, *, n_splits: int = 10, ca
         is deterministic)
     test_logits, test_labels : a fixed test set; then ``logits``/``labels`` are the whole
         calibration set, one split is run and ``n_splits``/``cal_size`` are ignored
+    features : float array ``(n_samples, n_features)``, side input split with the logits and given
+        to the methods that take it (``fc``, cluster/domain methods)
+    domains : array ``(n_samples,)`` of domain ids, likewise (grouped and domain methods)
+    test_features, test_domains : the same for a fixed test set (required there when ``features`` /
+        ``domains`` are given)
+    jobs : worker processes; splits run in parallel, results identical to ``jobs=1``
+        (every fit is deterministic and the rows are assembled in split order)
     progress : show a tqdm bar over (split, method) fits on stderr
 
     Returns
@@ -301,15 +323,16 @@ def compare_methods(logits, labels, methods: Iterable, *, n_splits: int = 10, ca
     ``error`` (1 - accuracy), ``acc_change`` (test accuracy minus the uncalibrated one: non-zero
     only for methods that can move the arg-max), ``smece`` (:func:`confcal.metrics.smooth_ece`), ``ece_em`` and
     ``ece_ew`` (15 equal-mass / equal-width bins), ``nll`` (nats), ``brier`` on the test part,
-    ``cal_nll`` (fitted calibration-set NLL) and ``fit_seconds``.
+    ``cal_nll`` (fitted calibration-set NLL) and ``fit_seconds``; for X+PB methods,
+    ``MethodResult.fallback`` says on which splits the bounds were dropped.
 
     Raises
     ------
     ValueError, TypeError
-        Invalid logits/labels, an unknown method name, a duplicate label, ``n_splits < 1``,
-        ``cal_size`` outside ``[1, n_samples)``, a test set with another number of classes,
-        or only one of ``test_logits``/``test_labels``. Errors raised by a method's fit or
-        predict are recorded in its row instead.
+        Invalid logits/labels/side inputs, an unknown method name, a duplicate label,
+        ``n_splits < 1``, ``jobs < 1``, ``cal_size`` outside ``[1, n_samples)``, a test set with
+        another number of classes, or only one of ``test_logits``/``test_labels``. Errors raised
+        by a method's fit or predict are recorded in its row instead.
     """
     from tqdm.auto import tqdm  # progress bars are outside the core; a well-kept library
 
@@ -317,51 +340,81 @@ def compare_methods(logits, labels, methods: Iterable, *, n_splits: int = 10, ca
     y = check_labels(labels, x.shape[0], x.shape[1])
     specs = _parse_methods(methods)
     seed = _int_arg(seed, "seed", 0)
+    jobs = _int_arg(jobs, "jobs", 1)
+    n = x.shape[0]
+    side = {k: v for k, v in (("features", _check_side(features, n, "features", check_features)),
+                              ("domains", _check_side(domains, n, "domains", check_domains))) if v is not None}
     if (test_logits is None) != (test_labels is None):
         raise ValueError("test_logits, test_labels: give both for a fixed test set, or neither")
     fixed = test_logits is not None
+    if not fixed and (test_features is not None or test_domains is not None):
+        raise ValueError("test_features, test_domains: only with a fixed test set (test_logits, test_labels)")
     if fixed:
         xt = check_logits(test_logits, name="test_logits", input_kind=input_kind).astype(np.float64)
         if xt.shape[1] != x.shape[1]:
             raise ValueError(f"test_logits: expected {x.shape[1]} classes like logits, got shape {xt.shape}")
         yt = check_labels(test_labels, xt.shape[0], xt.shape[1], name="test_labels")
-        splits = [(x, y, xt, yt)]
-        n_splits, cal_size, test_size = 1, x.shape[0], xt.shape[0]
+        side_t = {}
+        for key, arr, check in (("features", test_features, check_features), ("domains", test_domains, check_domains)):
+            if (key in side) != (arr is not None):
+                raise ValueError(f"test_{key}, {key}: give both for a fixed test set, or neither")
+            if arr is not None:
+                side_t[key] = check(arr, xt.shape[0], name=f"test_{key}")
+        splits = [(x, y, xt, yt, side, side_t)]
+        n_splits, cal_size, test_size = 1, n, xt.shape[0]
     else:
         n_splits = _int_arg(n_splits, "n_splits", 1)
         cal_size = _int_arg(cal_size, "cal_size", 1)
-        if cal_size >= x.shape[0]:
-            raise ValueError(f"cal_size: expected fewer than the {x.shape[0]} samples (the rest is the "
+        if cal_size >= n:
+            raise ValueError(f"cal_size: expected fewer than the {n} samples (the rest is the "
                              f"test set), got {cal_size}")
-        test_size = x.shape[0] - cal_size
-        splits = [(x[cal], y[cal], x[test], y[test])
-                  for cal, test in split_indices(x.shape[0], n_splits, cal_size, seed)]
+        test_size = n - cal_size
+        splits = [(x[cal], y[cal], x[test], y[test], {k: v[cal] for k, v in side.items()},
+                   {k: v[test] for k, v in side.items()})
+                  for cal, test in split_indices(n, n_splits, cal_size, seed)]
 
     rows = [MethodResult(UNCALIBRATED, UNCALIBRATED, {})] + [MethodResult(lab, name, p) for lab, name, p in specs]
     for row in rows:
         row.values = {m: [] for m in METRICS}
     bar = tqdm(total=n_splits * len(specs), disable=not progress, desc="compare", unit="fit")
     try:
-        for x_cal, y_cal, x_test, y_test in splits:
-            base = _test_metrics(softmax(x_test), y_test)
-            base["acc_change"] = 0.0
-            base["cal_nll"] = nll(softmax(x_cal), y_cal)
-            base["fit_seconds"] = None  # nothing is fitted
-            _append(rows[0], base, None)
-            for row in rows[1:]:
-                bar.set_postfix_str(row.label)
-                try:
-                    values, caught = _fit_one(row.method, row.params, x_cal, y_cal, x_test, y_test)
-                except Exception as exc:  # a failing method is a result, not the end of the run
-                    _append(row, None, f"{type(exc).__name__}: {exc}")
-                else:
-                    _append(row, values, None)
-                    row.warnings += [w for w in caught if w not in row.warnings]
-                bar.update(1)
+        if jobs == 1 or len(splits) == 1:
+            def on_fit(label):
+                bar.set_postfix_str(label, refresh=False)
+                bar.update(0)
+
+            outcomes = []
+            for sp in splits:
+                outcomes.append(_run_split(specs, *sp, on_fit=on_fit))
+                bar.update(len(specs))
+        else:
+            outcomes = _run_parallel(specs, splits, jobs, bar)
+        for outcome in outcomes:
+            for row, (values, error, caught, extra) in zip(rows, outcome):
+                _append(row, values, error)
+                row.warnings += [w for w in caught if w not in row.warnings]
+                row.fallback.append(extra.get("fallback"))
+                row.objective.append(extra.get("objective"))
     finally:
         bar.close()
     return ComparisonResult(rows=rows, n_splits=n_splits, cal_size=cal_size, test_size=test_size,
                             n_classes=int(x.shape[1]), seed=seed, fixed_sets=fixed)
+
+
+def _run_parallel(specs, splits, jobs: int, bar):
+    """Splits in ``jobs`` fresh worker processes (spawned: no inherited torch/OpenMP state)."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    results = [None] * len(splits)
+    with ProcessPoolExecutor(max_workers=min(jobs, len(splits)), mp_context=mp.get_context("spawn")) as pool:
+        futures = {pool.submit(_run_split, specs, *sp): i for i, sp in enumerate(splits)}
+        from concurrent.futures import as_completed
+
+        for fut in as_completed(futures):
+            results[futures[fut]] = fut.result()
+            bar.update(len(specs))
+    return results
 
 
 def _append(row: MethodResult, values: dict | None, error: str | None) -> None:

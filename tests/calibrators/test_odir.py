@@ -1,0 +1,162 @@
+"""ODIR regularisation chosen by k-fold cross-validation (ms, dirichlet and their +PB variants).
+
+Oracle: a brute-force loop over the grid with the same folds, every fit started
+afresh and run to convergence; cross-validation must pick its lowest held-out NLL.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from confcal.calibrators import METHODS, calibrator_from_dict
+from confcal.calibrators._compose import Composite, Prepared, fit_composite
+from confcal.calibrators._links import SoftmaxLink
+from confcal.calibrators._maps import MatrixScalingMap
+from confcal.calibrators._odir import ODIR_GRID, fold_indices, select_odir, start_at_temperature
+from confcal.metrics import nll
+from tests.calibrators._oracles import log_softmax
+from tests.conftest import require_shared_data
+
+GRID = (1e2, 1e1, 1.0, 1e-1, 1e-2)
+
+
+def _data(seed=0, n=150, k=4):
+    """Labels from a matrix-scaling model with real off-diagonal weights, few samples:
+    strong penalties under-fit, weak ones over-fit (seed 0: the optimum is inside GRID)."""
+    rng = np.random.default_rng(seed)
+    z = rng.normal(size=(n, k)) * 2
+    w = np.eye(k) + rng.normal(size=(k, k)) * 0.6
+    p = np.exp(log_softmax(z @ w.T))
+    return z, np.array([rng.choice(k, p=row) for row in p])
+
+
+def _brute_force(z, y, on_log_probs, grid, n_folds, seed):
+    """Pooled held-out NLL per grid point: each (point, fold) fitted from scratch to convergence."""
+    zt, yt = torch.as_tensor(z, dtype=torch.float64), torch.as_tensor(y)
+    out = []
+    for lam in grid:
+        total = 0.0
+        for tr, te in fold_indices(len(y), n_folds, seed):
+            m = MatrixScalingMap(z.shape[1], on_log_probs=on_log_probs, reg_lambda=lam, reg_mu=lam)
+            model = Composite(m, SoftmaxLink())
+            prep = Prepared(m, zt)
+            tr_t, te_t = torch.as_tensor(tr), torch.as_tensor(te)
+            start_at_temperature(m, prep.rows(tr_t), yt[tr_t])
+            fit_composite(model, prep.rows(tr_t), yt[tr_t], trainer="lbfgs", max_iter=500, tol=1e-9)
+            with torch.no_grad():
+                total += float(model.nll(prep.rows(te_t), yt[te_t], with_penalty=False)) * len(te)
+        out.append(total / len(y))
+    return np.array(out)
+
+
+@pytest.mark.parametrize("on_log_probs", [True, False])
+def test_cv_picks_the_grid_point_with_the_lowest_heldout_nll(on_log_probs):
+    z, y = _data()
+    ref = _brute_force(z, y, on_log_probs, GRID, 3, seed=0)
+    best = int(np.argmin(ref))
+    assert 0 < best < len(GRID) - 1  # the data make the choice non-trivial (an interior optimum)
+    zt, yt = torch.as_tensor(z), torch.as_tensor(y)
+    # the whole path, with a budget large enough to converge: the same scores as the oracle
+    full = select_odir(zt, yt, on_log_probs=on_log_probs, grid=GRID, n_folds=3, seed=0, path_max_iter=500,
+                       tol=1e-9, patience=None)
+    np.testing.assert_allclose(full.mean_nll, ref, rtol=1e-5)
+    assert full.best == best
+    # the defaults (short warm-started path, early stop) pick the same point
+    fast = select_odir(zt, yt, on_log_probs=on_log_probs, grid=GRID, n_folds=3, seed=0)
+    assert fast.best == best
+    assert fast.mean_nll[best] == pytest.approx(ref[best], rel=1e-3)
+    assert fast.mean_nll[best + 2:] == (None,) * (len(GRID) - best - 2)  # the path stopped early
+    # and so does the calibrator, which then refits on all rows at that penalty
+    name = "dirichlet" if on_log_probs else "ms"
+    cal = METHODS[name](reg_grid=list(GRID)).fit(z, y)
+    assert cal.reg_lambda_ == cal.reg_mu_ == GRID[best]
+    assert cal.cv_results_["best"] == best and cal.cv_results_["n_folds"] == 3
+
+
+def test_grid_of_pairs_and_ties_go_to_the_stronger_penalty():
+    z, y = _data(1, n=120, k=4)
+    zt, yt = torch.as_tensor(z), torch.as_tensor(y)
+    res = select_odir(zt, yt, on_log_probs=True, grid=[(5.0, 5.0), (5.0, 5.0)], n_folds=2, seed=0, patience=None)
+    assert res.best == 0
+    res2 = select_odir(zt, yt, on_log_probs=True, grid=[[10.0, 0.5], (0.1, 2.0)], n_folds=2, seed=0)
+    assert res2.grid == ((10.0, 0.5), (0.1, 2.0))
+
+
+def test_deterministic_for_a_seed():
+    z, y = _data(2)
+    a = METHODS["dirichlet"](reg_grid=list(GRID), random_state=3).fit(z, y)
+    b = METHODS["dirichlet"](reg_grid=list(GRID), random_state=3).fit(z, y)
+    assert a.to_dict()["parameters"] == b.to_dict()["parameters"]
+    assert a.cv_results_ == b.cv_results_
+    c = METHODS["dirichlet"](reg_grid=list(GRID), random_state=4).fit(z, y)
+    assert c.cv_results_["mean_nll"] != a.cv_results_["mean_nll"]  # other folds
+    # folds are scikit-learn's shuffled KFold: a partition of the rows
+    folds = fold_indices(50, 3, seed=3)
+    assert np.array_equal(np.sort(np.concatenate([te for _, te in folds])), np.arange(50))
+
+
+@pytest.mark.parametrize("name,default", [("dirichlet", 0.01), ("ms", 0.0)])
+def test_fixed_values_unchanged(name, default):
+    """reg="fixed" is the fit of the map at the given penalty from the identity, exactly as before."""
+    z, y = _data(3, n=150, k=4)
+    for kw, lam, mu in (({}, default, default), ({"reg_lambda": 0.3, "reg_mu": 0.02}, 0.3, 0.02)):
+        cal = METHODS[name](reg="fixed", **kw).fit(z, y)
+        m = MatrixScalingMap(4, on_log_probs=name == "dirichlet", reg_lambda=lam, reg_mu=mu)
+        model = Composite(m, SoftmaxLink())
+        fit_composite(model, model.prepare(torch.as_tensor(z)), torch.as_tensor(y), trainer="lbfgs",
+                      max_iter=500, tol=1e-7)
+        assert torch.equal(cal.map_.weight, m.weight.detach()) and torch.equal(cal.map_.bias, m.bias.detach())
+        assert (cal.reg_lambda_, cal.reg_mu_) == (lam, mu) and cal.cv_results_ is None
+
+
+def test_manifest_round_trip_keeps_the_chosen_penalty():
+    z, y = _data(4, n=150, k=4)
+    cal = METHODS["ms"](reg_grid=[100.0, 1.0, 0.01]).fit(z, y)
+    loaded = calibrator_from_dict(json.loads(json.dumps(cal.to_dict())))
+    assert loaded.reg_lambda_ == cal.reg_lambda_
+    np.testing.assert_array_equal(loaded.predict_proba(z), cal.predict_proba(z))
+
+
+def test_x_plus_pb_uses_the_same_cv_choice_and_nests():
+    z, y = _data(5, n=200, k=5)
+    for base in ("ms", "dirichlet"):
+        x = METHODS[base](reg_grid=list(GRID)).fit(z, y)
+        pb = METHODS[f"{base}+pb"](base_params={"reg_grid": list(GRID)}).fit(z, y)
+        assert pb.map_.reg_lambda == x.reg_lambda_
+        assert pb.base_nll_ == pytest.approx(x.nll_, abs=1e-12)
+        assert pb.nll_ <= pb.base_nll_
+
+
+def test_bad_settings_raise_one_clear_error():
+    z, y = _data(6, n=60, k=3)
+    with pytest.raises(ValueError, match="reg_lambda: reg='cv' chooses it by cross-validation"):
+        METHODS["dirichlet"](reg_lambda=0.1).fit(z, y)
+    with pytest.raises(ValueError, match="reg"):
+        METHODS["ms"](reg="auto").fit(z, y)
+    with pytest.raises(ValueError, match="cv"):
+        METHODS["ms"](cv=1).fit(z, y)
+    with pytest.raises(ValueError, match="reg_grid"):
+        METHODS["ms"](reg_grid=[1.0, -1.0]).fit(z, y)
+    with pytest.raises(ValueError, match="reg_grid"):
+        METHODS["ms"](reg_grid=[]).fit(z, y)
+
+
+def test_default_grid_is_documented_decades():
+    assert ODIR_GRID == tuple(10.0 ** e for e in range(5, -3, -1))
+
+
+def test_real_cifar10_cv_beats_the_weakest_penalty():
+    """LeNet-5 CIFAR-10, 2,000 / 8,000: the CV choice generalises better than a weak fixed penalty."""
+    d = np.load(require_shared_data("cifar", "lenet-5-cifar-10.npz"))
+    p, y = d["predictions"], d["ground_truth"]
+    perm = np.random.default_rng(0).permutation(len(y))
+    cal_i, test_i = perm[:2000], perm[2000:]
+    cv = METHODS["dirichlet"](input_kind="probs").fit(p[cal_i], y[cal_i])
+    weak = METHODS["dirichlet"](reg="fixed", reg_lambda=1e-2, reg_mu=1e-2, input_kind="probs").fit(p[cal_i], y[cal_i])
+    test_nll = {c: nll(c.predict_proba(p[test_i]), y[test_i]) for c in (cv, weak)}
+    assert test_nll[cv] <= test_nll[weak] + 1e-3
+    assert cv.cv_results_["mean_nll"][cv.cv_results_["best"]] == min(v for v in cv.cv_results_["mean_nll"] if v)
