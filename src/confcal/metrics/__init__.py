@@ -1,5 +1,13 @@
 """Calibration metrics: pure functions on arrays (numpy or torch in, floats/arrays out)."""
 
+from confcal.metrics.accumulators import (
+    BinnedAccumulator,
+    ClasswiseAccumulator,
+    EqualMassAccumulator,
+    ScoresAccumulator,
+    SmoothECEAccumulator,
+    SummaryAccumulator,
+)
 from confcal.metrics.bootstrap import BootstrapResult, bootstrap_ece, improvement_ratio
 from confcal.metrics.calibration import ECEAccumulator, classwise_ece, ece, mce, reliability_table
 from confcal.metrics.scores import accuracy, brier_score, nll
@@ -8,4 +16,6 @@ from confcal.metrics.summary import calibration_summary
 
 __all__ = ["ece", "mce", "classwise_ece", "reliability_table", "ECEAccumulator",
            "nll", "brier_score", "accuracy", "smooth_ece", "calibration_summary",
-           "bootstrap_ece", "BootstrapResult", "improvement_ratio"]
+           "bootstrap_ece", "BootstrapResult", "improvement_ratio",
+           "ScoresAccumulator", "BinnedAccumulator", "ClasswiseAccumulator", "SmoothECEAccumulator",
+           "EqualMassAccumulator", "SummaryAccumulator"]

@@ -51,18 +51,40 @@ def _grid_size(sigma: float) -> int:
     return min(_MAX_GRID, 1 << int(np.ceil(np.log2(m))))
 
 
-def _folded_masses(f: np.ndarray, r: np.ndarray, m: int) -> np.ndarray:
-    """Residual masses on the period-2 grid ``s_j = j / m``, ``j = 0 .. 2m - 1``.
-
-    Each ``r_i`` is split linearly between the two grid points around ``f_i``;
-    its mirror image at ``2 - f_i`` gets the same split. Grid points 0 and ``m``
-    are their own mirror images, so they carry twice their mass.
-    """
+def _grid_masses(f: np.ndarray, r: np.ndarray, m: int) -> np.ndarray:
+    """Residual masses on the grid ``s_j = j / m``, ``j = 0 .. m``: each ``r_i`` is split
+    linearly between the two grid points around ``f_i``."""
     pos = f * m
     j = np.minimum(np.floor(pos).astype(np.intp), m - 1)
     frac = pos - j
     v = np.bincount(j, weights=(1.0 - frac) * r, minlength=m + 1)
     v += np.bincount(j + 1, weights=frac * r, minlength=m + 1)
+    return v
+
+
+def _restrict(v: np.ndarray, m: int) -> np.ndarray:
+    """Masses on the grid of ``m`` intervals from masses on a finer grid of ``len(v) - 1`` intervals
+    (a multiple of ``m``). Exact: the coarse hat function is linear between fine grid points, so
+    a fine point ``d`` steps above coarse point ``J`` gives ``1 - d / q`` of its mass to ``J`` and
+    ``d / q`` to ``J + 1`` (``q`` fine steps per coarse step)."""
+    fine = v.shape[0] - 1
+    if fine == m:
+        return v
+    q = fine // m
+    blocks = v[:-1].reshape(m, q)
+    d = np.arange(q) / q
+    out = np.zeros(m + 1)
+    out[:m] += blocks @ (1.0 - d)
+    out[1:] += blocks @ d
+    out[m] += v[-1]
+    return out
+
+
+def _folded(v: np.ndarray) -> np.ndarray:
+    """Masses ``v`` on ``j / m``, ``j = 0 .. m``, extended to the period-2 grid ``j = 0 .. 2m - 1``:
+    the mirror image of a point at ``s`` is at ``2 - s``; points 0 and ``m`` are their own mirror
+    images, so they carry twice their mass."""
+    m = v.shape[0] - 1
     w = np.empty(2 * m)
     w[0] = 2.0 * v[0]
     w[1:m] = v[1:m]
@@ -88,12 +110,12 @@ def _wrapped_gaussian(sigma: float, m: int) -> np.ndarray:
     return norm * np.exp(-0.5 * z * z).sum(axis=1)
 
 
-def _smece_at(f: np.ndarray, r: np.ndarray, sigma: float) -> float:
+def _smece_at(fine: np.ndarray, n: int, sigma: float) -> float:
     m = _grid_size(sigma)
-    w = _folded_masses(f, r, m)
+    w = _folded(_restrict(fine, m))
     ker = _wrapped_gaussian(sigma, m)
     g = np.fft.irfft(np.fft.rfft(w) * np.fft.rfft(ker), n=2 * m)[: m + 1]
-    g = np.abs(g) / f.shape[0]
+    g = np.abs(g) / n
     h = 1.0 / m
     return float(h * (g.sum() - 0.5 * (g[0] + g[-1])))
 
@@ -108,23 +130,28 @@ def _check_sigma(sigma) -> float:
 def _smooth_ece_pairs(conf: np.ndarray, correct: np.ndarray, sigma=None):
     f = np.asarray(conf, dtype=np.float64)
     r = f - np.asarray(correct, dtype=np.float64)
+    return _smooth_ece_masses(_grid_masses(f, r, _MAX_GRID), f.shape[0], sigma)
+
+
+def _smooth_ece_masses(fine: np.ndarray, n: int, sigma=None):
+    """smECE (and the bandwidth used) from residual masses on the finest grid (``_MAX_GRID``)."""
     if sigma is not None:
         s = _check_sigma(sigma)
-        return _smece_at(f, r, s), s
+        return _smece_at(fine, n, s), s
     # smECE_1 <= mean |r| <= 1, so sigma = 1 is at or above the fixed point; halve
     # the bandwidth until smECE_sigma exceeds sigma, then refine inside that bracket.
     # Coarse bandwidths first: their grids are small, SIGMA_MIN's is the largest.
     hi = 1.0
     while True:
         lo = max(hi / 2.0, SIGMA_MIN)
-        value = _smece_at(f, r, lo)
+        value = _smece_at(fine, n, lo)
         if value > lo:
             break
         if lo == SIGMA_MIN:
             return value, SIGMA_MIN
         hi = lo
-    s = brentq(lambda t: _smece_at(f, r, t) - t, lo, hi, xtol=1e-12, rtol=1e-10)
-    return _smece_at(f, r, s), float(s)
+    s = brentq(lambda t: _smece_at(fine, n, t) - t, lo, hi, xtol=1e-12, rtol=1e-10)
+    return _smece_at(fine, n, s), float(s)
 
 
 def smooth_ece(probs, labels, *, sigma: float | None = None, return_sigma: bool = False):

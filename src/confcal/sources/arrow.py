@@ -1,0 +1,223 @@
+"""Parquet and Arrow IPC files or folders of them, through ``pyarrow.dataset``.
+
+A column spec picks what one source reads:
+
+* ``label`` — one column: numbers or strings give ``(n,)``; a fixed-size list or
+  a list column whose rows all have the same length gives ``(n, K)``;
+* ``logit_*`` (a glob) or ``a,b,c`` — a column group stacked in that order into ``(n, K)``.
+
+Rows are indexed through the files' row groups (Parquet) or record batches
+(IPC), so ``read(start, stop)`` decodes only the chunks it needs, and only the
+chosen columns. The last decoded chunk is kept, so reading a file in small
+consecutive batches decodes each chunk once.
+"""
+
+from __future__ import annotations
+
+import bisect
+import fnmatch
+from pathlib import Path
+
+import numpy as np
+
+from confcal.sources._base import Source
+
+__all__ = ["ArrowSource", "ARROW_SUFFIXES", "PARQUET_SUFFIXES", "IPC_SUFFIXES"]
+
+PARQUET_SUFFIXES = (".parquet", ".pq")
+IPC_SUFFIXES = (".arrow", ".feather", ".ipc")
+ARROW_SUFFIXES = PARQUET_SUFFIXES + IPC_SUFFIXES
+
+
+def _format_of(path: Path) -> str:
+    if path.is_dir():
+        suffixes = {p.suffix.lower() for p in path.rglob("*") if p.is_file() and not p.name.startswith((".", "_"))}
+        if suffixes & set(PARQUET_SUFFIXES):
+            return "parquet"
+        if suffixes & set(IPC_SUFFIXES):
+            return "ipc"
+        raise ValueError(f"{path}: folder holds no {', '.join(ARROW_SUFFIXES)} files")
+    return "parquet" if path.suffix.lower() in PARQUET_SUFFIXES else "ipc"
+
+
+class ArrowSource(Source):
+    """Columns of a Parquet / Arrow IPC file or folder as one array source (see the module docstring)."""
+
+    def __init__(self, path, columns: str | None = None, *, name: str = "array"):
+        import pyarrow.dataset as ds
+
+        self.path, self.spec, self.name = Path(path), columns, name
+        self.label = f"{path}:{columns}" if columns else str(path)
+        self.format = _format_of(self.path)
+        try:
+            dataset = ds.dataset(str(self.path), format=self.format)
+        except Exception as exc:
+            raise ValueError(f"{name}: could not read {str(self.path)!r} as {self.format} "
+                             f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+        schema = dataset.schema
+        names = [n for n in schema.names if not n.startswith("__")]  # pandas index columns
+        self.columns = self._pick_columns(columns, names)
+        self.files = sorted(dataset.files)
+        self._chunks = self._index()  # [(file index, chunk id, first row, n rows)]
+        self._starts = [c[2] for c in self._chunks]
+        self.n_rows = (self._chunks[-1][2] + self._chunks[-1][3]) if self._chunks else 0
+        fields = [schema.field(c) for c in self.columns]
+        self._list_width = None
+        if len(fields) == 1:
+            t = fields[0].type
+            import pyarrow as pa
+
+            if pa.types.is_fixed_size_list(t):
+                self._list_width = t.list_size
+                self.dtype = np.dtype(t.value_type.to_pandas_dtype())
+                self.row_shape = (t.list_size,)
+            elif pa.types.is_list(t) or pa.types.is_large_list(t):
+                self.dtype = np.dtype(t.value_type.to_pandas_dtype())
+                first = self.read_table(0, min(1, self.n_rows)).column(0) if self.n_rows else None
+                width = len(first[0]) if first is not None and len(first) else 0
+                self._list_width = width
+                self.row_shape = (width,)
+            else:
+                self.dtype = _numpy_dtype(t)
+                self.row_shape = ()
+        else:
+            types = {str(f.type) for f in fields}
+            if len(types) > 1:
+                raise ValueError(f"{name}: columns {self.columns} of {self.path} have different types {sorted(types)}")
+            self.dtype = _numpy_dtype(fields[0].type)
+            self.row_shape = (len(fields),)
+        self._cache = None  # (chunk index, numpy array)
+
+    def _pick_columns(self, spec, names):
+        if spec is None:
+            if len(names) == 1:
+                return names
+            raise ValueError(f"{self.name}: {self.path} has {len(names)} columns {names}; choose one as "
+                             f"{self.path}:COLUMN or a group as {self.path}:PREFIX_*")
+        if spec in names:
+            return [spec]
+        if any(ch in spec for ch in "*?["):
+            cols = [n for n in names if fnmatch.fnmatchcase(n, spec)]
+            if not cols:
+                raise ValueError(f"{self.name}: no column of {self.path} matches {spec!r}; columns are {names}")
+            return cols
+        cols = spec.split(",")
+        missing = [c for c in cols if c not in names]
+        if missing:
+            raise ValueError(f"{self.name}: {self.path} has no column(s) {missing}; columns are {names}")
+        return cols
+
+    def _index(self):
+        chunks, row = [], 0
+        for fi, f in enumerate(self.files):
+            if self.format == "parquet":
+                import pyarrow.parquet as pq
+
+                md = pq.ParquetFile(f).metadata
+                sizes = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
+            else:
+                import pyarrow as pa
+
+                with pa.memory_map(f) as mm:
+                    reader = pa.ipc.open_file(mm)
+                    sizes = [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)]
+            for ci, n in enumerate(sizes):
+                if n:
+                    chunks.append((fi, ci, row, n))
+                    row += n
+        return chunks
+
+    def _read_chunk_table(self, k):
+        fi, ci, _, _ = self._chunks[k]
+        if self.format == "parquet":
+            import pyarrow.parquet as pq
+
+            return pq.ParquetFile(self.files[fi]).read_row_group(ci, columns=self.columns)
+        import pyarrow as pa
+
+        with pa.memory_map(self.files[fi]) as mm:
+            batch = pa.ipc.open_file(mm).get_batch(ci)
+        return pa.Table.from_batches([batch]).select(self.columns)
+
+    def read_table(self, start, stop):
+        import pyarrow as pa
+
+        k0 = bisect.bisect_right(self._starts, start) - 1
+        k1 = bisect.bisect_left(self._starts, stop)
+        parts = []
+        for k in range(k0, k1):
+            _, _, first, n = self._chunks[k]
+            t = self._read_chunk_table(k)
+            parts.append(t.slice(max(0, start - first), min(n, stop - first) - max(0, start - first)))
+        return pa.concat_tables(parts)
+
+    def _chunk_array(self, k):
+        if self._cache is None or self._cache[0] != k:
+            self._cache = (k, self._to_numpy(self._read_chunk_table(k), self._chunks[k][2]))
+        return self._cache[1]
+
+    def _read(self, start, stop):
+        k0 = bisect.bisect_right(self._starts, start) - 1
+        k1 = bisect.bisect_left(self._starts, stop)
+        parts = []
+        for k in range(k0, k1):
+            _, _, first, n = self._chunks[k]
+            arr = self._chunk_array(k)
+            parts.append(arr[max(0, start - first):min(n, stop - first)])
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _to_numpy(self, table, first_row):
+        cols = []
+        for name in self.columns:
+            col = table.column(name).combine_chunks()
+            if col.null_count:
+                i = int(np.flatnonzero(np.asarray(col.is_null()))[0])
+                raise ValueError(f"{self.name}: column {name!r} of {self.path} is empty (null) at row "
+                                 f"{first_row + i}")
+            cols.append(col)
+        if self._list_width is not None:
+            col = cols[0]
+            import pyarrow as pa
+            import pyarrow.compute as pc
+
+            if not pa.types.is_fixed_size_list(col.type):
+                lengths = np.asarray(pc.list_value_length(col))
+                bad = np.flatnonzero(lengths != self._list_width)
+                if bad.size:
+                    raise ValueError(f"{self.name}: list column {name!r} of {self.path} has rows of different "
+                                     f"lengths: row {first_row + int(bad[0])} has {int(lengths[bad[0]])}, "
+                                     f"expected {self._list_width}")
+            values = col.flatten()
+            if values.null_count:
+                raise ValueError(f"{self.name}: list column {name!r} of {self.path} holds null values")
+            return values.to_numpy(zero_copy_only=False).reshape(len(col), self._list_width)
+        if len(cols) == 1:
+            return _column_numpy(cols[0])
+        out = np.empty((len(cols[0]), len(cols)), dtype=self.dtype)
+        for j, col in enumerate(cols):
+            out[:, j] = _column_numpy(col)
+        return out
+
+    def __getstate__(self):
+        return {**self.__dict__, "_cache": None}
+
+
+def _numpy_dtype(t) -> np.dtype:
+    import pyarrow as pa
+
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_dictionary(t):
+        return np.dtype(str)
+    try:
+        return np.dtype(t.to_pandas_dtype())
+    except (NotImplementedError, TypeError):
+        return np.dtype(object)
+
+
+def _column_numpy(col) -> np.ndarray:
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        return np.asarray(col.to_pylist(), dtype=str)
+    return col.to_numpy(zero_copy_only=False)
