@@ -15,5 +15,6 @@ distributed results equal single-process ones to rounding:
 
 from confcal.dask._apply import apply
 from confcal.dask._data import read_parquet
+from confcal.dask._evaluate import evaluate
 
-__all__ = ["apply", "read_parquet"]
+__all__ = ["apply", "evaluate", "read_parquet"]
