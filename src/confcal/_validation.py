@@ -50,13 +50,17 @@ def _looks_like_probs(x: np.ndarray) -> bool:
 
 
 def check_logits(logits, *, name: str = "logits", input_kind: str = "logits",
-                 copy: bool = False) -> np.ndarray:
+                 copy: bool = False, first_row: int = 0, whole: bool = True) -> np.ndarray:
     """Validate logits of shape ``(n_samples, n_classes)`` and return a float array.
 
     ``input_kind="probs"`` accepts probabilities instead and returns their
     natural log (zeros become ``-inf``: a masked class), which are logits up to
     a per-row constant. float16/bfloat16 inputs are returned as float32; float32
     and float64 keep their dtype (accumulations elsewhere are in float64).
+
+    ``first_row`` (row index of ``logits[0]`` in the whole data) and ``whole=False`` are for
+    checking one batch of a larger array: rows are named by their index in the whole data,
+    and the probabilities-as-logits check, which needs every row, is left to the caller.
 
     Raises
     ------
@@ -86,20 +90,21 @@ def check_logits(logits, *, name: str = "logits", input_kind: str = "logits",
     if bad.any():
         row = _first_bad_row(bad.any(axis=1))
         raise ValueError(f"{name}: expected finite values (or -inf for a masked class), "
-                         f"found NaN/+inf in row {row}: {x[row][:8].tolist()}")
+                         f"found NaN/+inf in row {first_row + row}: {x[row][:8].tolist()}")
     if input_kind == "probs":
         if np.any(x < 0) or np.any(x > 1 + 1e-6):
             row = _first_bad_row(((x < 0) | (x > 1 + 1e-6)).any(axis=1))
-            raise ValueError(f"{name}: input_kind='probs' expects values in [0, 1], row {row} has "
+            raise ValueError(f"{name}: input_kind='probs' expects values in [0, 1], row {first_row + row} has "
                              f"min {x[row].min():g}, max {x[row].max():g}")
         sums = x.sum(axis=1, dtype=np.float64)
         off = np.abs(sums - 1.0) > 1e-3
         if off.any():
             row = _first_bad_row(off)
-            raise ValueError(f"{name}: input_kind='probs' expects rows summing to 1, row {row} sums to {sums[row]:.6g}")
+            raise ValueError(f"{name}: input_kind='probs' expects rows summing to 1, row {first_row + row} sums to "
+                             f"{sums[row]:.6g}")
         with np.errstate(divide="ignore"):
             x = np.log(x)
-    else:
+    elif whole:
         if _looks_like_probs(x):
             raise ValueError(f"{name}: every row is in [0, 1] and sums to 1, so these look like "
                              "probabilities, not logits; pass input_kind='probs' (CLI: --input-kind probs) "
@@ -107,7 +112,7 @@ def check_logits(logits, *, name: str = "logits", input_kind: str = "logits",
     all_masked = np.isneginf(x).all(axis=1)
     if all_masked.any():
         row = _first_bad_row(all_masked)
-        raise ValueError(f"{name}: row {row} is entirely -inf (or all-zero probabilities); "
+        raise ValueError(f"{name}: row {first_row + row} is entirely -inf (or all-zero probabilities); "
                          "at least one class must have a finite logit")
     return x
 
@@ -153,13 +158,14 @@ def check_probs(probs, *, name: str = "probs") -> np.ndarray:
     return p
 
 
-def check_labels(labels, n_samples: int, n_classes: int, *, name: str = "labels") -> np.ndarray:
+def check_labels(labels, n_samples: int, n_classes: int, *, name: str = "labels", first_row: int = 0) -> np.ndarray:
     """Validate class labels against ``n_samples`` and ``n_classes``; return int64 ``(n_samples,)``.
 
     Integer labels in ``[0, n_classes)`` are accepted, as are float arrays whose
     values are whole numbers. A 2-D ``(n_samples, n_classes)`` array is accepted
     only when every row is one-hot. ``n_classes`` always comes from the logits'
-    width, never from the labels present.
+    width, never from the labels present. ``first_row`` is the index of ``labels[0]`` in the
+    whole data when checking one batch (messages name whole-data indices).
 
     Raises
     ------
@@ -175,7 +181,7 @@ def check_labels(labels, n_samples: int, n_classes: int, *, name: str = "labels"
         if not ok.all():
             row = _first_bad_row(~ok)
             raise ValueError(f"{name}: 2-D labels are accepted only when every row is one-hot; "
-                             f"row {row} is {y[row][:8].tolist()}")
+                             f"row {first_row + row} is {y[row][:8].tolist()}")
         return np.argmax(y, axis=1).astype(np.int64)
     if y.ndim != 1:
         raise ValueError(f"{name}: expected shape ({n_samples},), got {y.shape}")
@@ -187,7 +193,7 @@ def check_labels(labels, n_samples: int, n_classes: int, *, name: str = "labels"
         if not np.all(np.isfinite(y)) or not np.all(y == np.round(y)):
             idx = int(np.flatnonzero(~np.isfinite(y) | (y != np.round(y)))[0])
             raise ValueError(f"{name}: expected integer class indices in [0, {n_classes}), "
-                             f"got non-integer value {y[idx]!r} at index {idx} "
+                             f"got non-integer value {y[idx]!r} at index {first_row + idx} "
                              "(did you swap probabilities and labels?)")
     elif not np.issubdtype(y.dtype, np.integer):
         raise TypeError(f"{name}: expected integer class indices, got dtype {y.dtype}")
@@ -196,7 +202,7 @@ def check_labels(labels, n_samples: int, n_classes: int, *, name: str = "labels"
     if bad.any():
         idx = int(np.flatnonzero(bad)[0])
         raise ValueError(f"{name}: expected values in [0, {n_classes}) (n_classes from the width of the "
-                         f"scores), got {y[idx]} at index {idx}; range seen [{y.min()}, {y.max()}]")
+                         f"scores), got {y[idx]} at index {first_row + idx}; range seen [{y.min()}, {y.max()}]")
     return y
 
 

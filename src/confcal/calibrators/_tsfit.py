@@ -158,32 +158,48 @@ def fit_temperature(logits, labels, *, sample_weight=None, t_bounds=DEFAULT_T_BO
 def _fit(logits, labels, sample_weight, t_min, t_max, tol, max_iter, warn) -> TemperatureFit:
     t_bounds = (t_min, t_max)
     st = _Stats(logits, labels, sample_weight)
-    lo, hi = math.log(t_min), math.log(t_max)
-    lo_known = hi_known = False  # sign of the derivative known at that end?
     exact = st.z.dtype == torch.float64
 
-    def dt_stats(t):
+    def dt_stats(t, exact):
         s = math.exp(-t)
         loss, g_s, h_s = st.evaluate(s, exact)
         # chain rule for s = exp(-t)
         return loss, -s * g_s, s * s * h_s + s * g_s
 
-    t = min(max(0.0, lo), hi)
+    t = min(max(0.0, math.log(t_min)), math.log(t_max))
     if st.n > _WARM_START_ROWS and sample_weight is None:
         # A fit on every k-th row lands within ~1e-2 of the optimum, which saves
         # about half of the full passes; the full-data Newton below stays exact.
         stride = st.n // (_WARM_START_ROWS // 2)
         sub = fit_temperature(st.z[::stride], np.asarray(labels)[::stride], t_bounds=t_bounds, warn=False)
         t = math.log(sub.temperature)
+    t, loss, n_iter, _ = _newton(dt_stats, t, t_min, t_max, tol, max_iter, exact)
+    return _result(t, loss, n_iter, t_min, t_max, warn, stacklevel=5)
+
+
+def _newton(dt_stats, t, t_min, t_max, tol, max_iter, exact, *, accept_evaluated: float = 0.0):
+    """Safeguarded Newton on ``t = log T``; ``dt_stats(t, exact) -> (mean loss, d/dt, d2/dt2)``.
+
+    Returns ``(t, loss at the last evaluated point, n_iter, evaluated)`` where ``evaluated``
+    says whether ``t`` is the last point ``dt_stats`` was called at. With
+    ``accept_evaluated > 0``, a float64 Newton step below it ends the fit *at* the
+    evaluated point (its distance to the optimum is about the step), so statistics
+    gathered in that pass (metrics) belong to the returned temperature.
+    """
+    lo, hi = math.log(t_min), math.log(t_max)
+    lo_known = hi_known = False  # sign of the derivative known at that end?
     t_lo_bound, t_hi_bound = lo, hi
     loss = float("nan")
     n_iter = 0
+    evaluated = False
     streak, last_sign, prev_step = 0, 0, math.inf
     for n_iter in range(1, max_iter + 1):
-        loss, g, h = dt_stats(t)
+        loss, g, h = dt_stats(t, exact)
+        evaluated = True
         if g == 0.0:
             if h == 0.0 and loss < 1e-300:
                 t = t_lo_bound  # every probability saturated at 1: separable, optimum at T -> 0
+                evaluated = False
             break
         if g < 0:
             lo, lo_known = t, True
@@ -197,17 +213,25 @@ def _fit(logits, labels, sample_weight, t_min, t_max, tol, max_iter, warn) -> Te
         streak = streak + 1 if sign == last_sign else 1
         last_sign = sign
         step = -g / h if h > 0 else math.nan
+        if exact and math.isfinite(step) and abs(step) < accept_evaluated:
+            break  # t is within ~|step| of the optimum
         if math.isfinite(step) and abs(step) < (_ACCEPT if exact else 1e-5):
             if exact:
+                if accept_evaluated:
+                    t = min(max(t + step, lo), hi)
+                    evaluated = False
+                    continue  # one more pass lands within ~step**2, below accept_evaluated
                 # Newton converges quadratically: after a float64 step this small the error
                 # is ~step**2, far below tol, so no verifying pass is needed.
                 t = min(max(t + step, lo), hi)
+                evaluated = False
                 break
             # close enough: finish in float64, with a fresh bracket (float32 signs may be off)
             exact = True
             t = min(max(t + step, lo), hi)
             lo, hi, lo_known, hi_known = t_lo_bound, t_hi_bound, False, False
             streak, last_sign, prev_step = 0, 0, math.inf
+            evaluated = False
             continue
         t_new = t + step if math.isfinite(step) else math.nan
         slow = math.isfinite(step) and abs(step) > 0.5 * abs(prev_step)
@@ -225,9 +249,14 @@ def _fit(logits, labels, sample_weight, t_min, t_max, tol, max_iter, warn) -> Te
         if hi - lo < tol:
             break
         t = t_new
+        evaluated = False
     else:
         warnings.warn(f"temperature fit did not converge in {max_iter} iterations "
-                      f"(T = {math.exp(t):.6g})", CalibrationWarning, stacklevel=4)
+                      f"(T = {math.exp(t):.6g})", CalibrationWarning, stacklevel=5)
+    return t, loss, n_iter, evaluated
+
+
+def _result(t, loss, n_iter, t_min, t_max, warn, stacklevel=4) -> TemperatureFit:
     temperature = math.exp(t)
     at_bound = abs(t - math.log(t_min)) < 1e-9 or abs(t - math.log(t_max)) < 1e-9
     if at_bound:
@@ -237,5 +266,300 @@ def _fit(logits, labels, sample_weight, t_min, t_max, tol, max_iter, warn) -> Te
                    else "the model is mostly wrong or uninformative on the calibration set")
             warnings.warn(f"temperature fit stopped at the search bound T = {temperature:g} ({why}); "
                           f"widen the search range (t_min={t_min:g}, t_max={t_max:g}; CLI: --param t_max=1000) "
-                          "or check the data", CalibrationWarning, stacklevel=4)
+                          "or check the data", CalibrationWarning, stacklevel=stacklevel)
     return TemperatureFit(temperature=temperature, nll=loss, n_iter=n_iter, at_bound=at_bound)
+
+
+# ----------------------------------------------------------------------------- streaming
+# The fit above holds the logits; the functions below stream them: each Newton iteration
+# is one pass over a source in row batches, summing per-batch sufficient statistics.
+
+
+@dataclass
+class TSPassStats:
+    """Sums over rows of one pass at ``t = log T``: weight, loss (NLL), d/dt and d2/dt2.
+
+    ``before`` / ``after`` are optional ``(ScoresAccumulator, BinnedAccumulator)`` pairs
+    with the summary metrics at ``T = 1`` and at ``T = exp(t)``. Stats of batches of one
+    pass add up with :meth:`merge` (any order), so a pass can run on several workers.
+    """
+
+    t: float
+    weight: float = 0.0
+    loss: float = 0.0
+    grad: float = 0.0
+    hess: float = 0.0
+    n_rows: int = 0
+    unit_rows: bool = True  # every row so far lies in [0, 1] (probabilities given as logits?)
+    before: tuple | None = None
+    after: tuple | None = None
+
+    def merge(self, other: "TSPassStats") -> "TSPassStats":
+        if other.t != self.t:
+            raise ValueError(f"merge: statistics at different temperatures (t={self.t!r}, {other.t!r})")
+        self.weight += other.weight
+        self.loss += other.loss
+        self.grad += other.grad
+        self.hess += other.hess
+        self.n_rows += other.n_rows
+        self.unit_rows = self.unit_rows and other.unit_rows
+        for key in ("before", "after"):
+            mine, theirs = getattr(self, key), getattr(other, key)
+            if theirs is not None:
+                if mine is None:
+                    setattr(self, key, theirs)
+                else:
+                    mine[0].merge(theirs[0])
+                    mine[1].merge(theirs[1])
+        return self
+
+    def means(self):
+        """Weighted mean loss, d/dt and d2/dt2."""
+        return self.loss / self.weight, self.grad / self.weight, self.hess / self.weight
+
+
+def _metric_pair(n_bins):
+    from confcal.metrics import BinnedAccumulator, ScoresAccumulator
+
+    return ScoresAccumulator(), BinnedAccumulator(n_bins)
+
+
+def _add_metrics(pair, e, s0, zy, s, correct):
+    """Summary metrics of ``softmax(z * s)`` from the pass's sums: the top probability is
+    ``1 / s0`` (the row max is subtracted, so its term is 1), ``log p_y = s zy - log s0``,
+    Brier ``= sum p^2 - 2 p_y + 1``."""
+    from confcal.metrics.scores import NLL_EPS
+
+    scores, bins = pair
+    log_py = s * zy - torch.log(s0)
+    nll = -torch.clamp(log_py, min=math.log(NLL_EPS))
+    e64 = e.double()
+    brier = torch.linalg.vecdot(e64, e64) / (s0 * s0) - 2.0 * torch.exp(log_py) + 1.0
+    scores.update_sums(s0.shape[0], int(correct.sum()), float(nll.sum()), float(brier.sum()))
+    bins.update_pairs((1.0 / s0).numpy(), correct.numpy())
+
+
+def ts_batch_stats(logits, labels, t: float, *, sample_weight=None, exact: bool = True, metrics: bool = False,
+                   before: bool = False, n_bins: int = 15, first_row: int = 0) -> TSPassStats:
+    """Sufficient statistics of one batch for a Newton step on ``t = log T``.
+
+    Parameters
+    ----------
+    logits : float ``(n_rows, n_classes)`` (numpy or torch; ``-inf`` marks a masked class)
+    labels : int ``(n_rows,)``, validated
+    t : log temperature of this pass
+    sample_weight : optional ``(n_rows,)`` non-negative weights (the loss is a weighted sum)
+    exact : compute in float64 (else in the logits' dtype, for the early passes)
+    metrics, before : also gather the summary metrics at ``T = exp(t)`` / at ``T = 1``
+    first_row : index of the batch's first row in the whole data (for messages)
+
+    Returns a :class:`TSPassStats` whose sums add up over batches: with ``s = exp(-t)``
+    and ``nll_i = log sum_k exp(s z_ik) - s z_iy``, ``loss = sum_i w_i nll_i``,
+    ``grad = sum_i w_i d nll_i / dt`` and ``hess = sum_i w_i d2 nll_i / dt2``.
+
+    Raises ``ValueError`` when a label sits on a ``-inf`` logit (infinite NLL).
+    """
+    z = torch.as_tensor(np.asarray(logits)) if not torch.is_tensor(logits) else logits.detach().cpu()
+    if z.dtype not in (torch.float32, torch.float64):
+        z = z.float()
+    y = torch.as_tensor(np.asarray(labels), dtype=torch.long)
+    w = None if sample_weight is None else torch.as_tensor(np.asarray(sample_weight, dtype=np.float64))
+    s = math.exp(-t)
+    dtype = torch.float64 if exact else z.dtype
+    out = TSPassStats(t=t, n_rows=int(z.shape[0]))
+    if metrics:
+        out.after = _metric_pair(n_bins)
+    if before:
+        out.before = _metric_pair(n_bins)
+    loss = grad_s = hess_s = 0.0
+    rows = max(1, _CHUNK_ELEMS // max(1, z.shape[1]))
+    for i in range(0, z.shape[0], rows):
+        raw = z[i:i + rows]
+        lo_, hi_ = torch.aminmax(raw, dim=1)
+        if out.unit_rows:
+            out.unit_rows = bool((lo_ >= 0).all()) and bool((hi_ <= 1).all())
+        masked = bool(torch.isneginf(lo_).any())
+        zc = raw.to(dtype) - hi_.to(dtype)[:, None]
+        e = torch.exp(zc * s)
+        zc0 = torch.where(torch.isinf(zc), torch.zeros((), dtype=dtype), zc) if masked else zc
+        ez = e * zc0
+        s0, s1, s2 = e.sum(1).double(), ez.sum(1).double(), torch.linalg.vecdot(ez, zc0).double()
+        yi = y[i:i + rows]
+        zy = raw.gather(1, yi[:, None])[:, 0].double() - hi_.double()
+        wi = None if w is None else w[i:i + rows]
+        if masked:
+            bad = torch.isneginf(zy) if wi is None else torch.isneginf(zy) & (wi > 0)
+            if bool(bad.any()):
+                r = int(torch.nonzero(bad)[0])
+                raise ValueError(f"labels: sample {first_row + i + r} has label {int(yi[r])}, whose logit is -inf "
+                                 "(probability 0), which makes the NLL infinite")
+        mean_z = s1 / s0
+        li, gi, hi = torch.log(s0) - s * zy, mean_z - zy, torch.clamp(s2 / s0 - mean_z**2, min=0.0)
+        if wi is None:
+            loss, grad_s, hess_s = loss + float(li.sum()), grad_s + float(gi.sum()), hess_s + float(hi.sum())
+        else:
+            loss += float((li * wi).sum())
+            grad_s += float((gi * wi).sum())
+            hess_s += float((hi * wi).sum())
+        if metrics or before:
+            correct = torch.argmax(raw, dim=1) == yi  # first maximum wins ties, as numpy
+            if metrics:
+                _add_metrics(out.after, e if exact else torch.exp(zc.double() * s), s0 if exact else
+                             torch.exp(zc.double() * s).sum(1), zy, s, correct)
+            if before:
+                e1 = torch.exp(zc.double())
+                _add_metrics(out.before, e1, e1.sum(1), zy, 1.0, correct)
+    out.weight = float(z.shape[0]) if w is None else float(w.sum())
+    out.loss, out.grad, out.hess = loss, -s * grad_s, s * s * hess_s + s * grad_s
+    return out
+
+
+@dataclass(frozen=True)
+class StreamedTemperatureFit:
+    """Result of :func:`fit_temperature_stream`: the fit, the data size and digest, and the summary
+    metrics (accuracy, ECE with 15 equal-width bins, NLL, Brier) at ``T = 1`` and at the fitted ``T``."""
+
+    fit: TemperatureFit
+    n_samples: int
+    n_classes: int
+    data_sha256: str
+    metrics_before: dict | None
+    metrics_after: dict | None
+    n_passes: int
+
+
+def _summary(pair) -> dict:
+    scores, bins = pair
+    r = scores.result()
+    return {"accuracy": r["accuracy"], "ece": bins.ece(), "nll": r["nll"], "brier": r["brier"]}
+
+
+def fit_temperature_stream(logits, labels, *, sample_weight=None, t_bounds=DEFAULT_T_BOUNDS, tol: float = 1e-12,
+                           max_iter: int = 100, warn: bool = True, input_kind: str = "logits",
+                           metrics: bool = True, n_bins: int = 15, batch_rows: int | None = None,
+                           batch_bytes: int | None = None, progress=False) -> StreamedTemperatureFit:
+    """:func:`fit_temperature` over row batches of a source: bounded memory, same ``T``.
+
+    Each Newton iteration is one pass summing :func:`ts_batch_stats` over the batches;
+    inputs are validated batch by batch on the first pass (same messages as
+    :func:`confcal._validation.check_logits` / ``check_labels``, rows named by their index
+    in the whole data). With ``metrics=True`` the summary metrics before (``T = 1``) and
+    after come from the float64 passes of the fit itself, not from extra passes.
+
+    Parameters
+    ----------
+    logits, labels, sample_weight : sources, specs (``"val.parquet:logit_*"``) or arrays;
+        aligned row by row (:func:`confcal.sources.open_source`)
+    t_bounds, tol, max_iter, warn : as :func:`fit_temperature`
+    input_kind : ``"logits"`` or ``"probs"`` (their log is used, per batch)
+    batch_rows / batch_bytes : batch size (default ~64 MB of rows)
+    progress : tqdm bars on stderr per pass (``None``: when stderr is a terminal)
+
+    Returns a :class:`StreamedTemperatureFit`.
+    """
+    from confcal._digest import DataDigest
+    from confcal._progress import progress_bar
+    from confcal._validation import check_labels, check_logits
+    from confcal.sources import DEFAULT_BATCH_BYTES, batch_rows_for, iter_aligned, open_source
+
+    t_min, t_max = (float(b) for b in t_bounds)
+    if not (0 < t_min < t_max and math.isfinite(t_max)):
+        raise ValueError(f"t_bounds: expected 0 < T_min < T_max < inf, got {t_bounds!r}")
+    xs = open_source(logits, name="logits")
+    ys = open_source(labels, name="labels")
+    ws = None if sample_weight is None else open_source(sample_weight, name="sample_weight")
+    if xs.ndim != 2:
+        check_logits(xs.read(0, 1) if xs.n_rows else xs.to_numpy())  # the usual shape message
+        raise ValueError(f"logits: expected shape (n_samples, n_classes), got {xs.shape}")
+    n, k = xs.shape
+    if n == 0:
+        raise ValueError(f"logits: expected at least 1 sample, got shape {xs.shape}")
+    if k < 2:
+        raise ValueError(f"logits: expected n_classes >= 2, got shape {xs.shape}")
+    sources = {"logits": xs, "labels": ys, "sample_weight": ws}
+    rows = batch_rows or batch_rows_for([xs, ys], batch_bytes or DEFAULT_BATCH_BYTES)
+    work_dtype = np.float64 if xs.dtype == np.float64 or input_kind == "probs" else np.float32
+    state = {"pass": 0, "validated": False, "before": None, "after": None, "after_t": None}
+    digest = DataDigest(2)
+
+    def batches():
+        validate = not state["validated"]
+        for first, b in iter_aligned(sources, rows):
+            x = b["logits"]
+            if validate or input_kind == "probs" or x.dtype not in (np.float32, np.float64):
+                x = check_logits(x, input_kind=input_kind, first_row=first, whole=False)
+            y = check_labels(b["labels"], x.shape[0], k, first_row=first)
+            w = b["sample_weight"]
+            if validate and w is not None:
+                w = np.asarray(w, dtype=np.float64)
+                if w.ndim != 1 or not np.all(np.isfinite(w)) or np.any(w < 0):
+                    raise ValueError("sample_weight: expected finite non-negative weights of shape (n_samples,)")
+            if validate:
+                digest.update(0, x)
+                digest.update(1, y)
+            yield first, x, y, w
+
+    def one_pass(t, exact, with_metrics):
+        state["pass"] += 1
+        want_before = with_metrics and exact and state["before"] is None
+        total = TSPassStats(t=t)
+        with progress_bar(n, f"temperature pass {state['pass']}", progress) as bar:
+            for first, x, y, w in batches():
+                st = ts_batch_stats(x, y, t, sample_weight=w, exact=exact, metrics=with_metrics and exact,
+                                    before=want_before, n_bins=n_bins, first_row=first)
+                if not all(math.isfinite(v) for v in (st.loss, st.grad, st.hess)):
+                    check_logits(x, first_row=first, whole=False)  # names the bad row, if any
+                total.merge(st)
+                bar.update(x.shape[0])
+        if not state["validated"]:
+            state["validated"] = True
+            if total.unit_rows and input_kind == "logits":
+                _refuse_probabilities(xs, rows)
+        if want_before:
+            state["before"] = total.before
+        if total.after is not None:
+            state["after"], state["after_t"] = total.after, t
+        return total
+
+    def dt_stats(t, exact):
+        return one_pass(t, exact, metrics).means()
+
+    exact = work_dtype == np.float64
+    t = min(max(0.0, math.log(t_min)), math.log(t_max))
+    if n > _WARM_START_ROWS and sample_weight is None:
+        # a fit on spread-out row blocks lands near the optimum and saves full passes
+        per = _WARM_START_ROWS // 8
+        starts = np.linspace(0, n - per, 8).astype(np.int64)
+        sub_x = np.concatenate([check_logits(xs.read(a, a + per), input_kind=input_kind, first_row=int(a),
+                                             whole=False) for a in starts])
+        sub_y = np.concatenate([check_labels(ys.read(a, a + per), per, k, first_row=int(a)) for a in starts])
+        sub = fit_temperature(sub_x, sub_y, t_bounds=(t_min, t_max), warn=False)
+        t = math.log(sub.temperature)
+    with _one_thread(n * k <= _SMALL_ELEMS):
+        t, loss, n_iter, evaluated = _newton(dt_stats, t, t_min, t_max, tol, max_iter, exact,
+                                             accept_evaluated=1e-10)
+        fit = _result(t, loss, n_iter, t_min, t_max, warn, stacklevel=3)
+        t_final = math.log(fit.temperature)
+        if metrics and (state["after_t"] != t_final or state["before"] is None):
+            st = one_pass(t_final, True, True)
+            fit = TemperatureFit(fit.temperature, st.means()[0], fit.n_iter, fit.at_bound)
+    return StreamedTemperatureFit(
+        fit=fit, n_samples=int(n), n_classes=int(k), data_sha256=digest.hexdigest(),
+        metrics_before=_summary(state["before"]) if metrics else None,
+        metrics_after=_summary(state["after"]) if metrics else None, n_passes=state["pass"])
+
+
+def _refuse_probabilities(xs, rows) -> None:
+    """Every row is in [0, 1]; if every row also sums to 1 and some entry is strictly inside
+    (0, 1), these are probabilities, not logits (the rule of ``check_logits``)."""
+    inside = False
+    for first in range(0, xs.n_rows, rows):
+        x = xs.read(first, first + rows)
+        tol = 1e-3 if x.dtype == np.float16 else 1e-4
+        if not np.all(np.abs(x.sum(axis=1, dtype=np.float64) - 1.0) <= tol):
+            return
+        inside = inside or not np.all((x == 0) | (x == 1))
+    if inside:
+        raise ValueError("logits: every row is in [0, 1] and sums to 1, so these look like "
+                         "probabilities, not logits; pass input_kind='probs' (CLI: --input-kind probs) "
+                         "to use their log as logits")

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import abc
 import datetime as _dt
-import hashlib
 import inspect
 from typing import Any, ClassVar
 
 import numpy as np
 
+from confcal._digest import data_sha256
 from confcal._numeric import softmax
 from confcal._validation import check_domains, check_features, check_labels, check_logits
 from confcal.metrics import accuracy, brier_score, ece, nll
@@ -63,13 +63,7 @@ def _library_version() -> str:
 
 
 def _sha256(*arrays) -> str:
-    h = hashlib.sha256()
-    for a in arrays:
-        a = np.ascontiguousarray(a)
-        h.update(str(a.dtype).encode())
-        h.update(str(a.shape).encode())
-        h.update(a.tobytes() if a.dtype != object else repr(a.tolist()).encode())
-    return h.hexdigest()
+    return data_sha256(*arrays)
 
 
 def summary_metrics(probs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
@@ -105,14 +99,16 @@ class Calibrator(abc.ABC):
         return f"{type(self).__name__}({args})"
 
     # ------------------------------------------------------------------ protocol
-    def fit(self, logits, labels, *, input_kind: str = "logits", **side) -> "Calibrator":
+    def fit(self, logits, labels, *, input_kind: str = "logits", progress=False, **side) -> "Calibrator":
         """Fit on a calibration set.
 
         Parameters
         ----------
-        logits : float array ``(n_samples, n_classes)`` (numpy or torch)
-        labels : int array ``(n_samples,)`` in ``[0, n_classes)`` (or one-hot rows)
+        logits : float array ``(n_samples, n_classes)`` (numpy or torch), a
+            :class:`confcal.sources.Source` or a spec such as ``"val.parquet:logit_*"``
+        labels : int array ``(n_samples,)`` in ``[0, n_classes)`` (or one-hot rows), or a source/spec
         input_kind : ``"logits"`` or ``"probs"`` (probabilities; their log is used)
+        progress : progress bars on stderr for fits that stream their data (``None``: when a terminal)
         **side : ``domains=`` / ``features=`` where the method uses them
 
         Raises
@@ -120,36 +116,72 @@ class Calibrator(abc.ABC):
         ValueError, TypeError
             Invalid inputs (the message names the argument and what was wrong).
         """
+        if self._fit_source(logits, labels, input_kind=input_kind, progress=progress, **side) is not NotImplemented:
+            return self
+        logits, labels = _materialise(logits, "logits"), _materialise(labels, "labels")
+        side = {k: _materialise(v, k) for k, v in side.items()}
         x = check_logits(logits, input_kind=input_kind)
         y = check_labels(labels, x.shape[0], x.shape[1])
         side = self._check_side(side, x.shape[0])
         self._fit(x, y, **side)
         self.n_classes_ = int(x.shape[1])
         after = self._predict_proba(x, **side)
-        self.fit_record_ = {
-            "n_samples": int(x.shape[0]),
-            "data_sha256": _sha256(x, y, *[side[k] for k in sorted(side)]),
+        self.fit_record_ = self._fit_record(
+            n_samples=x.shape[0], data_sha256=_sha256(x, y, *[side[k] for k in sorted(side)]),
+            input_kind=input_kind, metrics_before=summary_metrics(softmax(x), y),
+            metrics_after=summary_metrics(after, y))
+        return self
+
+    def _fit_source(self, logits, labels, *, input_kind, progress, **side):
+        """Hook for fits that are sums over row batches: stream ``logits``/``labels`` (arrays,
+        sources or specs), set the fitted attributes, ``n_classes_`` and ``fit_record_``
+        (metrics from the fit's own passes) and return ``self``; the default returns
+        ``NotImplemented`` and :meth:`fit` loads the arrays."""
+        return NotImplemented
+
+    @staticmethod
+    def _fit_record(*, n_samples, data_sha256, input_kind, metrics_before, metrics_after) -> dict:
+        return {
+            "n_samples": int(n_samples),
+            "data_sha256": data_sha256,
             "input_kind": input_kind,
-            "metrics_before": summary_metrics(softmax(x), y),
-            "metrics_after": summary_metrics(after, y),
+            "metrics_before": metrics_before,
+            "metrics_after": metrics_after,
             "library_version": _library_version(),
             "utc_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }
-        return self
 
-    def predict_proba(self, logits, *, input_kind: str = "logits", **side) -> np.ndarray:
+    def predict_proba(self, logits, *, input_kind: str = "logits", progress=False, **side) -> np.ndarray:
         """Calibrated probabilities, float64 ``(n_samples, n_classes)``, rows summing to 1.
 
-        Raises :class:`NotFittedError` before ``fit`` and ``ValueError`` when the
-        number of classes differs from the one seen at fit time.
+        ``logits`` may be an array, a :class:`confcal.sources.Source` or a spec. Raises
+        :class:`NotFittedError` before ``fit`` and ``ValueError`` when the number of classes
+        differs from the one seen at fit time.
         """
         self._check_fitted()
+        out = self._predict_source(logits, input_kind=input_kind, progress=progress, **side)
+        if out is not NotImplemented:
+            return out
+        logits = _materialise(logits, "logits")
+        side = {k: _materialise(v, k) for k, v in side.items()}
         x = check_logits(logits, input_kind=input_kind)
         if x.shape[1] != self.n_classes_:
             raise ValueError(f"logits: calibrator was fitted on {self.n_classes_} classes, "
                              f"got shape {x.shape}")
         side = self._check_side(side, x.shape[0])
         return self._predict_proba(x, **side)
+
+    def _predict_source(self, logits, *, input_kind, progress, **side):
+        """Hook for maps that predict batch by batch (:func:`confcal.calibrators._stream.predict_into`);
+        the default returns ``NotImplemented`` and :meth:`predict_proba` loads the arrays."""
+        return NotImplemented
+
+    def _predict_batch(self, logits, *, input_kind, first_row, **side):
+        """``(probs, every row in [0, 1])`` for one raw batch (validated here); used by the
+        batch-by-batch paths of ``apply`` / ``evaluate``."""
+        from confcal.calibrators._stream import default_predict_batch
+
+        return default_predict_batch(self, logits, input_kind=input_kind, first_row=first_row, **side)
 
     def predict(self, logits, **kw) -> np.ndarray:
         """Arg-max class of the calibrated probabilities (lowest index wins ties)."""
@@ -215,6 +247,17 @@ class Calibrator(abc.ABC):
             else:
                 out[key] = value
         return out
+
+
+def _materialise(value, name):
+    """Arrays pass through; a :class:`confcal.sources.Source` or a spec string is read whole."""
+    import os
+
+    from confcal.sources import Source, open_source
+
+    if isinstance(value, (Source, str, os.PathLike)):
+        return open_source(value, name=name).to_numpy()
+    return value
 
 
 def calibrator_from_dict(manifest: dict[str, Any], *, n_classes: int | None = None) -> Calibrator:

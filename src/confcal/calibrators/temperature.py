@@ -13,7 +13,12 @@ import warnings
 import numpy as np
 
 from confcal._numeric import softmax
-from confcal.calibrators._tsfit import DEFAULT_T_BOUNDS, CalibrationWarning, fit_temperature
+from confcal.calibrators._tsfit import (
+    DEFAULT_T_BOUNDS,
+    CalibrationWarning,
+    fit_temperature,
+    fit_temperature_stream,
+)
 from confcal.calibrators.base import Calibrator, register
 
 __all__ = ["TemperatureScaling", "GroupedTemperatureScaling"]
@@ -33,6 +38,40 @@ def _positive_temperature(value, where: str) -> float:
 def _scaled_softmax(logits: np.ndarray, temperature) -> np.ndarray:
     with np.errstate(invalid="ignore"):  # -inf / T stays -inf
         return softmax(np.asarray(logits, dtype=np.float64) / temperature)
+
+
+_CHUNK_ELEMS = 1 << 18  # rows of ~2 MB of float64: each step below stays in cache
+
+
+def scaled_softmax_rows(logits: np.ndarray, temperature: float, out: np.ndarray | None = None,
+                        *, first_row: int = 0):
+    """``softmax(logits / T)`` in float64, row chunk by row chunk, into ``out``.
+
+    Validates on the way (the row max is NaN, +inf or -inf exactly for the rows
+    ``check_logits`` refuses) and returns ``(out, every row in [0, 1])``. Each row's result
+    depends only on that row, so any batching gives bit-identical output.
+    """
+    x = np.asarray(logits)
+    n, k = x.shape
+    if out is None:
+        out = np.empty((n, k), dtype=np.float64)
+    unit = True
+    rows = max(1, _CHUNK_ELEMS // max(1, k))
+    for i in range(0, n, rows):
+        xc, o = x[i:i + rows], out[i:i + rows]
+        m = xc.max(axis=1)
+        if not np.all(np.isfinite(m)):
+            from confcal._validation import check_logits
+
+            check_logits(xc, first_row=first_row + i, whole=False)
+        if unit:
+            unit = bool(m.max() <= 1) and bool(xc.min() >= 0)
+        np.divide(xc, temperature, out=o)
+        with np.errstate(invalid="ignore"):  # -inf - (-inf) cannot occur: the row max is finite
+            o -= (m.astype(np.float64) / temperature)[:, None]
+        np.exp(o, out=o)
+        o /= o.sum(axis=1, keepdims=True)
+    return out, unit
 
 
 @register
@@ -67,8 +106,36 @@ class TemperatureScaling(Calibrator):
         self.n_iter_ = res.n_iter
         self.at_bound_ = res.at_bound
 
+    def _fit_source(self, logits, labels, *, input_kind, progress, sample_weight=None, **side):
+        # the fit is a sum over rows: stream it, with the fit record's metrics from the same passes
+        self._check_side(side, 0)
+        res = fit_temperature_stream(logits, labels, sample_weight=sample_weight, t_bounds=(self.t_min, self.t_max),
+                                     input_kind=input_kind, progress=progress)
+        self.temperature_ = res.fit.temperature
+        self.nll_ = res.fit.nll
+        self.n_iter_ = res.fit.n_iter
+        self.at_bound_ = res.fit.at_bound
+        self.n_classes_ = res.n_classes
+        self.fit_record_ = self._fit_record(n_samples=res.n_samples, data_sha256=res.data_sha256,
+                                            input_kind=input_kind, metrics_before=res.metrics_before,
+                                            metrics_after=res.metrics_after)
+        return self
+
+    def _predict_source(self, logits, *, input_kind, progress, **side):
+        from confcal.calibrators._stream import predict_into
+
+        self._check_side(side, 0)
+        return predict_into(self, logits, input_kind=input_kind, progress=progress)
+
+    def _predict_batch(self, logits, *, input_kind, first_row, **side):
+        x = np.asarray(logits)
+        if input_kind != "logits" or x.dtype.kind != "f" or x.dtype == np.float16 or x.ndim != 2 or x.shape[1] < 2:
+            return super()._predict_batch(logits, input_kind=input_kind, first_row=first_row, **side)
+        self._check_side(side, x.shape[0])
+        return scaled_softmax_rows(x, self.temperature_, first_row=first_row)
+
     def _predict_proba(self, logits):
-        return _scaled_softmax(logits, self.temperature_)
+        return scaled_softmax_rows(np.asarray(logits), self.temperature_)[0]
 
     def _get_fitted(self):
         return {"temperature": self.temperature_, "nll": self.nll_, "n_iter": self.n_iter_,

@@ -89,10 +89,13 @@ def check_aligned(sources: dict, *, reference: str | None = None) -> int:
     if not items:
         raise ValueError("no sources given")
     ref_key, ref = next(((k, s) for k, s in items if k == reference), items[0])
+    nouns = {"labels": "labels", "domains": "domain ids", "sample_weight": "weights"}
     for key, s in items:
         if s.n_rows != ref.n_rows:
-            raise ValueError(f"{key}: expected {ref.n_rows} rows (one per row of {ref_key} in {ref.label}), "
-                             f"got {s.n_rows} in {s.label}")
+            where = "" if s.label.startswith("<") else f" in {s.label}"
+            ref_where = "" if ref.label.startswith("<") else f" in {ref.label}"
+            raise ValueError(f"{key}: expected {ref.n_rows} {nouns.get(key, 'rows')} (one per sample of "
+                             f"{ref_key}{ref_where}), got {s.n_rows}{where}")
     return ref.n_rows
 
 

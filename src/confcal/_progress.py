@@ -1,0 +1,34 @@
+"""Progress bars (tqdm, on stderr) for passes over data; silent unless asked for.
+
+``progress=None`` means "when stderr is a terminal" (the CLI's default, turned off by
+``--quiet``); ``True``/``False`` force it. The library's default is ``False``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+class _Silent:
+    def update(self, n=1):
+        pass
+
+    def close(self):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def progress_bar(total: int | None, desc: str, progress=None, *, unit: str = "rows"):
+    """A tqdm bar over ``total`` units (rows by default), or a silent stand-in."""
+    on = progress if progress is not None else sys.stderr.isatty()
+    if not on:
+        return _Silent()
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, file=sys.stderr, leave=False,
+                dynamic_ncols=True)
