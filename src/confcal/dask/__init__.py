@@ -16,5 +16,7 @@ distributed results equal single-process ones to rounding:
 from confcal.dask._apply import apply
 from confcal.dask._data import read_parquet
 from confcal.dask._evaluate import evaluate
+from confcal.dask._fit import FULL_DATA_METHODS, fit
+from confcal.dask._sample import sample_rows
 
-__all__ = ["apply", "evaluate", "read_parquet"]
+__all__ = ["apply", "evaluate", "fit", "read_parquet", "sample_rows", "FULL_DATA_METHODS"]

@@ -33,7 +33,7 @@ def _uncalibrated(x: np.ndarray, input_kind: str) -> np.ndarray:
     return softmax(check_logits(x, input_kind=input_kind))
 
 
-def _partition_accumulators(part, specs, text, input_kind, n_bins, start):
+def _partition_accumulators(part, specs, text, input_kind, n_bins, start, groups: bool = True):
     """Accumulators ``{(group, which): SummaryAccumulator}`` of one pandas partition.
 
     ``start`` is None in pass 1, else the merged pass-1 dict turned to pass 2 (copied here)."""
@@ -43,16 +43,17 @@ def _partition_accumulators(part, specs, text, input_kind, n_bins, start):
     x = column_matrix(part, lspec, name="logits")
     y = column_matrix(part, yspec, name="labels")
     probs = {"uncalibrated": _uncalibrated(x, input_kind)}
-    side = _side_arrays(part, dspec if text else None, fspec if text else None)
     if text is not None:
-        probs["calibrated"] = _calibrator_from_text(text).predict_proba(x, **side)
-    groups = {OVERALL: slice(None)}
-    if dspec is not None:
+        cal = _calibrator_from_text(text)
+        side = _side_arrays(part, *_taken(cal, dspec, fspec))
+        probs["calibrated"] = cal.predict_proba(x, **side)
+    rows_of = {OVERALL: slice(None)}
+    if dspec is not None and groups:
         d = column_matrix(part, dspec, name="domains")
         for g in np.unique(d):
-            groups[g.item() if hasattr(g, "item") else g] = d == g
+            rows_of[g.item() if hasattr(g, "item") else g] = d == g
     out = {}
-    for g, rows in groups.items():
+    for g, rows in rows_of.items():
         for which, p in probs.items():
             key = (g, which)
             if start is None:
@@ -65,6 +66,13 @@ def _partition_accumulators(part, specs, text, input_kind, n_bins, start):
     return out
 
 
+def _taken(cal, dspec, fspec):
+    """The side-input columns the calibrator takes (a per-domain table does not imply per-domain
+    calibration)."""
+    takes = set(getattr(cal, "side_inputs", ())) | set(getattr(cal, "optional_side_inputs", ()))
+    return (dspec if "domains" in takes else None), (fspec if "features" in takes else None)
+
+
 def _merge(a: dict, b: dict) -> dict:
     out = dict(a)
     for key, acc in b.items():
@@ -72,11 +80,12 @@ def _merge(a: dict, b: dict) -> dict:
     return out
 
 
-def _tree_reduce(parts: list):
+def _tree_reduce(parts: list, merge=_merge):
+    """Merge delayed partial results pairwise, in order, in a binary tree."""
     import dask
 
     while len(parts) > 1:
-        parts = [dask.delayed(_merge)(parts[i], parts[i + 1]) if i + 1 < len(parts) else parts[i]
+        parts = [dask.delayed(merge)(parts[i], parts[i + 1]) if i + 1 < len(parts) else parts[i]
                  for i in range(0, len(parts), 2)]
     return parts[0]
 
