@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from confcal.cli._common import add_logits_args, load_logits_labels, load_side
+from confcal.cli._dask import add_engine_args, run_apply, wants_dask
 from confcal.io import check_output_path, load_array, load_calibrator, save_array
 
 
@@ -12,11 +13,15 @@ def register(sub):
                                    "float64 probabilities atomically.")
     p.add_argument("--calibrator", required=True, help="manifest written by 'confcal fit'")
     add_logits_args(p, labels=False)
-    p.add_argument("-o", "--output", required=True, help="output .npy, .npz (key 'probs') or .csv")
+    p.add_argument("-o", "--output", required=True,
+                   help="output .npy, .npz (key 'probs') or .csv; with --engine dask a Parquet dataset folder")
+    add_engine_args(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    if wants_dask(args):
+        return run_apply(args)
     check_output_path(args.output, suffixes=(".npy", ".npz", ".csv"), name="--output")
     cal = load_calibrator(args.calibrator)
     if getattr(cal, "takes_box_scores", False):

@@ -8,6 +8,7 @@ import warnings
 from confcal._numeric import softmax
 from confcal.calibrators.base import _sha256
 from confcal.cli._common import add_logits_args, load_logits_labels, load_side, metrics_rows
+from confcal.cli._dask import add_engine_args, run_evaluate, wants_dask
 from confcal.io import load_calibrator
 from confcal.metrics import calibration_summary
 
@@ -20,10 +21,13 @@ def register(sub):
     p.add_argument("--calibrator", help="manifest written by 'confcal fit'")
     p.add_argument("--n-bins", type=int, default=15, help="bins for ECE/MCE (default 15)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_engine_args(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    if wants_dask(args):
+        return run_evaluate(args)
     x, y = load_logits_labels(args)
     side = load_side(args)
     results = {"uncalibrated": calibration_summary(softmax(x), y, n_bins=args.n_bins)}

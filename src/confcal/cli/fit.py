@@ -13,6 +13,7 @@ from confcal.cli._common import (
     parse_params,
 )
 from confcal.calibrators.base import make_calibrator
+from confcal.cli._dask import add_engine_args, run_fit, wants_dask
 from confcal.io import check_output_path, load_array, save_manifest
 
 
@@ -31,6 +32,7 @@ def register(sub):
                    help="det-ts/det-platt: one map per category (needs --category-ids)")
     p.add_argument("-o", "--output", required=True, help="manifest path (.json)")
     p.add_argument("--json", action="store_true", help="print the fit record as JSON")
+    add_engine_args(p, fit=True)
     p.set_defaults(func=run)
 
 
@@ -40,10 +42,12 @@ def run(args) -> int:
         params["per_class"] = True
     check_output_path(args.output, suffixes=(".json",), name="--output")
     cal = make_calibrator(args.method, params)
-    side = load_side(args)
-    if getattr(cal, "takes_box_scores", False):
+    if wants_dask(args):
+        cal = run_fit(args, params)
+    elif getattr(cal, "takes_box_scores", False):
         # detection calibrators take 1-D box scores (e.g. matched.npz:score) and validate them themselves
         x, y = load_array(args.logits, name="scores"), load_array(args.labels, name="labels")
+        side = load_side(args)
         if args.category_ids:
             side["category_ids"] = load_array(args.category_ids, name="category_ids")
         cal.fit(x, y, input_kind=args.input_kind, **side)
@@ -52,7 +56,7 @@ def run(args) -> int:
             raise ValueError(f"--per-class/--category-ids: only for det-ts and det-platt, not {args.method}")
         # raw arrays: fit validates them and records the input kind in the manifest
         cal.fit(load_array(args.logits, name="logits"), load_array(args.labels, name="labels"),
-                input_kind=args.input_kind, **side)
+                input_kind=args.input_kind, **load_side(args))
     save_manifest(cal, args.output)
     rec = cal.fit_record_
     if args.json:

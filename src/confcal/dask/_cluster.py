@@ -20,6 +20,8 @@ def cluster_client(scheduler: str | None = None, *, workers: int | None = None, 
     ValueError
         Both or a bad number of ``workers``.
     """
+    import logging
+
     from distributed import Client, LocalCluster
 
     if scheduler and workers:
@@ -36,7 +38,9 @@ def cluster_client(scheduler: str | None = None, *, workers: int | None = None, 
     n = 2 if workers is None else workers
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"--workers: expected a positive number of worker processes, got {workers!r}")
-    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+    # silence_logs: the nanny's shutdown chatter is not the user's business
+    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
+                      silence_logs=logging.CRITICAL) as cluster, \
             Client(cluster) as client:
         yield client
 
