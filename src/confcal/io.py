@@ -1,15 +1,13 @@
 """Reading arrays and manifests, writing outputs atomically (top layer: no math here).
 
-Array specs are ``PATH`` or ``PATH:KEY``:
+Array specs are ``PATH`` or ``PATH:KEY`` (see :mod:`confcal.sources` for every format:
+``.npy``, ``.npz``, ``.parquet`` / ``.arrow`` files or folders, headed ``.csv``, ``.pt``).
+Reading an array never imports torch (only a ``.pt`` file does).
 
-* ``.npy`` — one array (``KEY`` not allowed);
-* ``.npz`` — named arrays; ``KEY`` picks one (optional when the file holds one array);
-* ``.pt`` / ``.pth`` — ``torch.load(..., weights_only=True)`` of a tensor or a dict of tensors;
-* ``.csv`` — a header row of column names; ``KEY`` is one column or a comma-separated list
-  (without ``KEY``: all columns, as a 2-D array). Non-numeric columns load as strings.
-
-Writes go to a temporary file in the target folder and are renamed into place
-(``os.replace``) only when complete, so a failure never leaves a partial file.
+Writes go to a hidden temporary file ``.NAME.*.tmp`` in the target folder and are renamed
+into place (``os.replace``) only when complete, so a failure, Ctrl-C or SIGTERM never
+leaves a partial file (after SIGKILL only the hidden temporary file can remain).
+:func:`open_array_writer` writes ``(n_rows, n_cols)`` outputs batch by batch.
 """
 
 from __future__ import annotations
@@ -19,110 +17,43 @@ import csv
 import json
 import os
 import tempfile
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
-from confcal.calibrators import Calibrator, calibrator_from_dict
+from confcal.sources import SOURCE_SUFFIXES, open_source, split_spec
 
-__all__ = ["load_array", "split_spec", "atomic_write", "check_output_path", "save_array", "save_manifest",
-           "load_manifest", "load_calibrator"]
+__all__ = ["load_array", "split_spec", "atomic_write", "check_output_path", "check_not_an_input", "save_array",
+           "open_array_writer", "save_manifest", "load_manifest", "load_calibrator", "OUTPUT_SUFFIXES"]
 
-ARRAY_SUFFIXES = (".npy", ".npz", ".pt", ".pth", ".csv")
-
-
-def split_spec(spec: str) -> tuple[Path, str | None]:
-    """``"file.npz:logits"`` -> ``(Path("file.npz"), "logits")``; a plain path -> ``(path, None)``."""
-    spec = str(spec)
-    if os.path.exists(spec):
-        return Path(spec), None
-    head, sep, key = spec.rpartition(":")
-    if sep and head and Path(head).suffix.lower() in ARRAY_SUFFIXES:
-        return Path(head), key
-    return Path(spec), None
+ARRAY_SUFFIXES = SOURCE_SUFFIXES
+OUTPUT_SUFFIXES = (".npy", ".npz", ".csv", ".parquet")
 
 
-def _pick(named: dict, key: str | None, path: Path, what: str):
-    if key is None:
-        if len(named) == 1:
-            return next(iter(named.values()))
-        raise ValueError(f"{path}: holds {len(named)} {what} {sorted(named)}; choose one as {path}:KEY")
-    if key not in named:
-        raise ValueError(f"{path}: no {what[:-1]} named {key!r}; it has {sorted(named)}")
-    return named[key]
-
-
-def _load_csv(path: Path, key: str | None) -> np.ndarray:
-    with open(path, newline="") as fh:
-        rows = list(csv.reader(fh))
-    if not rows:
-        raise ValueError(f"{path}: empty CSV file")
-    header, body = rows[0], [r for r in rows[1:] if r]
-    for i, r in enumerate(body):
-        if len(r) != len(header):
-            raise ValueError(f"{path}: row {i + 2} has {len(r)} fields, the header has {len(header)}")
-    cols = header if key is None else key.split(",")
-    missing = [c for c in cols if c not in header]
-    if missing:
-        raise ValueError(f"{path}: no column(s) {missing}; columns are {header}")
-    idx = [header.index(c) for c in cols]
-    data = [[r[i] for i in idx] for r in body]
-    arr = np.array(data, dtype=object).reshape(len(body), len(idx))
-    try:
-        out = arr.astype(np.float64)
-        if np.all(np.isfinite(out)) and np.all(out == np.round(out)) and all(
-                "." not in str(v) and "e" not in str(v).lower() for v in arr.ravel()[:1000]):
-            out = out.astype(np.int64)
-    except ValueError:
-        out = arr.astype(str)
-    return out[:, 0] if key is not None and len(idx) == 1 else out
-
-
-def load_array(spec: str, *, name: str = "array") -> np.ndarray:
-    """Load one array from ``PATH`` or ``PATH:KEY`` (see the module docstring).
+def load_array(spec: str, *, name: str = "array", csv_header: str = "first") -> np.ndarray:
+    """Load one whole array from ``PATH`` or ``PATH:KEY`` (see :mod:`confcal.sources`).
 
     Raises ``FileNotFoundError`` for a missing file and ``ValueError`` for an
-    unknown suffix, a missing key, or an ambiguous file without a key.
+    unknown suffix, a missing key, an ambiguous file without a key or unreadable data,
+    naming ``name`` and the file.
     """
-    path, key = split_spec(spec)
-    if not path.exists():
-        raise FileNotFoundError(f"{name}: no such file {str(path)!r}")
-    suffix = path.suffix.lower()
-    try:
-        return _load(path, key, suffix, name)
-    except (ValueError, FileNotFoundError):
-        raise
-    except Exception as exc:  # corrupt files, pickles refused by weights_only, zip errors, ...
-        raise ValueError(f"{name}: could not read {str(path)!r} as {suffix} ({type(exc).__name__}: "
-                         f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+    return open_source(spec, name=name, csv_header=csv_header).to_numpy()
 
 
-def _load(path: Path, key, suffix: str, name: str) -> np.ndarray:
-    if suffix == ".npy":
-        if key is not None:
-            raise ValueError(f"{name}: a .npy file holds one array; drop ':{key}'")
-        try:
-            return np.load(path, allow_pickle=False)
-        except ValueError as exc:
-            raise ValueError(f"{name}: {str(path)!r}: {exc} (object arrays are refused: pickles are unsafe)") from None
-    if suffix == ".npz":
-        with np.load(path, allow_pickle=False) as z:
-            return np.asarray(_pick({k: z[k] for k in z.files}, key, path, "arrays"))
-    if suffix in (".pt", ".pth"):
-        import torch
-
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-        if isinstance(obj, dict):
-            obj = _pick(obj, key, path, "tensors")
-        elif key is not None:
-            raise ValueError(f"{name}: {path} holds a single {type(obj).__name__}; drop ':{key}'")
-        if torch.is_tensor(obj):
-            return obj.detach().cpu().numpy() if obj.dtype != torch.bfloat16 else obj.float().numpy()
-        return np.asarray(obj)
-    if suffix == ".csv":
-        return _load_csv(path, key)
-    raise ValueError(f"{name}: unsupported file type {suffix!r} for {str(path)!r}; "
-                     f"use one of {', '.join(ARRAY_SUFFIXES)}")
+def check_not_an_input(output, inputs: dict) -> None:
+    """Refuse an output path that is also one of the input files (``{argument: spec}``): writing
+    it would destroy the input (e.g. the other arrays of an ``.npz``)."""
+    out = Path(output)
+    for arg, spec in inputs.items():
+        if not spec:
+            continue
+        path = split_spec(spec)[0]
+        same = (out.exists() and path.exists() and os.path.samefile(out, path)) or \
+            out.resolve() == path.resolve()
+        if same:
+            raise ValueError(f"--output: {str(output)!r} is also the input of {arg}; writing it would destroy "
+                             "that input, so choose another output file")
 
 
 def _umask() -> int:
@@ -169,27 +100,22 @@ def atomic_write(path, mode: str = "wb"):
 
 
 def save_array(path, array: np.ndarray, *, key: str = "probs") -> None:
-    """Write ``array`` atomically as ``.npy``, ``.npz`` (under ``key``) or ``.csv``."""
+    """Write ``array`` atomically as ``.npy``, ``.npz`` (under ``key``), ``.csv`` or ``.parquet``."""
     path = Path(path)
-    suffix = path.suffix.lower()
     array = np.asarray(array)
-    if suffix == ".npy":
+    if path.suffix.lower() not in OUTPUT_SUFFIXES:
+        raise ValueError(f"output: unsupported file type {path.suffix.lower()!r} for {str(path)!r}; "
+                         f"use {', '.join(OUTPUT_SUFFIXES)}")
+    arr2 = array.reshape(len(array), -1)
+    with open_array_writer(path, arr2.shape[0], arr2.shape[1], dtype=array.dtype, key=key) as w:
+        w.write(arr2)
+    if array.ndim == 1 and path.suffix.lower() in (".npy", ".npz"):  # keep 1-D arrays 1-D
         with atomic_write(path) as fh:
-            np.save(fh, array, allow_pickle=False)
-    elif suffix == ".npz":
-        with atomic_write(path) as fh:
-            np.savez(fh, **{key: array})
-    elif suffix == ".csv":
-        arr2 = array.reshape(len(array), -1)
-        with atomic_write(path, "w") as fh:
-            w = csv.writer(fh)
-            w.writerow([f"{key}_{j}" for j in range(arr2.shape[1])] if arr2.shape[1] > 1 else [key])
-            w.writerows(arr2.tolist())
-    else:
-        raise ValueError(f"output: unsupported file type {suffix!r} for {str(path)!r}; use .npy, .npz or .csv")
+            (np.save(fh, array, allow_pickle=False) if path.suffix.lower() == ".npy"
+             else np.savez(fh, **{key: array}))
 
 
-def save_manifest(calibrator: Calibrator, path) -> None:
+def save_manifest(calibrator, path) -> None:
     """Write ``calibrator.to_dict()`` as JSON, atomically."""
     text = json.dumps(calibrator.to_dict(), indent=2, allow_nan=False)
     with atomic_write(path, "w") as fh:
@@ -210,12 +136,110 @@ def load_manifest(path) -> dict:
         raise ValueError(f"calibrator: {str(path)!r} is not a JSON manifest ({exc})") from None
 
 
-def load_calibrator(manifest, *, n_classes: int | None = None) -> Calibrator:
+def load_calibrator(manifest, *, n_classes: int | None = None):
     """A fitted calibrator from a manifest dict or a path to a manifest JSON file.
 
     Raises ``ValueError`` when the format is unknown or ``n_classes`` (if given)
     differs from the manifest's.
     """
+    from confcal.calibrators import calibrator_from_dict  # imports torch: only when a calibrator is needed
+
     if isinstance(manifest, (str, os.PathLike)):
         manifest = load_manifest(manifest)
     return calibrator_from_dict(manifest, n_classes=n_classes)
+
+
+class _Writer:
+    """Rows ``[0, n_rows)`` of a ``(n_rows, n_cols)`` array, written batch by batch in row order."""
+
+    def __init__(self, fh, path: Path, n_rows: int, n_cols: int, dtype, key: str, keep: dict):
+        self.fh, self.path, self.n_rows, self.n_cols = fh, path, n_rows, n_cols
+        self.dtype, self.key, self.keep = np.dtype(dtype), key, keep
+        self.next_row = 0
+        self.suffix = path.suffix.lower()
+        if self.suffix == ".npy":
+            self._npy_header(fh)
+        elif self.suffix == ".npz":
+            self._zip = zipfile.ZipFile(fh, "w", allowZip64=True)
+            self._member = self._zip.open(f"{key}.npy", "w", force_zip64=True)
+            self._npy_header(self._member)
+        elif self.suffix == ".csv":
+            self._csv = csv.writer(fh)
+            names = [f"{key}_{j}" for j in range(n_cols)] if n_cols > 1 else [key]
+            self._csv.writerow([*keep, *names])
+        elif self.suffix == ".parquet":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            value = pa.from_numpy_dtype(self.dtype)
+            fields = [pa.field(k, _arrow_type(src)) for k, src in keep.items()]
+            fields.append(pa.field(key, pa.list_(value, n_cols)))
+            self._schema = pa.schema(fields)
+            self._pq = pq.ParquetWriter(fh, self._schema)
+        else:
+            raise ValueError(f"--output: unsupported file type {self.suffix!r} for {str(path)!r}; "
+                             f"use {', '.join(OUTPUT_SUFFIXES)}")
+        if keep and self.suffix not in (".parquet", ".csv"):
+            raise ValueError(f"--keep-columns: only for .parquet or .csv outputs, not {self.suffix}")
+
+    def _npy_header(self, fh):
+        header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
+                  "shape": (self.n_rows, self.n_cols)}
+        np.lib.format.write_array_header_2_0(fh, header)
+
+    def write(self, batch: np.ndarray) -> None:
+        batch = np.ascontiguousarray(batch, dtype=self.dtype)
+        first, n = self.next_row, batch.shape[0]
+        if batch.shape[1:] != (self.n_cols,) or first + n > self.n_rows:
+            raise ValueError(f"output: batch of shape {batch.shape} does not fit rows {first}.. of "
+                             f"({self.n_rows}, {self.n_cols})")
+        if self.suffix == ".npy":
+            self.fh.write(batch.data)
+        elif self.suffix == ".npz":
+            self._member.write(batch.data)
+        elif self.suffix == ".csv":
+            kept = [np.asarray(src.read(first, first + n)).tolist() for src in self.keep.values()]
+            values = batch.tolist() if self.n_cols > 1 else batch[:, 0].tolist()
+            for i in range(n):
+                row = [col[i] for col in kept]
+                self._csv.writerow(row + (values[i] if self.n_cols > 1 else [values[i]]))
+        else:
+            import pyarrow as pa
+
+            cols = [pa.array(np.asarray(src.read(first, first + n))) for src in self.keep.values()]
+            cols.append(pa.FixedSizeListArray.from_arrays(pa.array(batch.ravel()), self.n_cols))
+            self._pq.write_table(pa.Table.from_arrays(cols, schema=self._schema))
+        self.next_row += n
+
+    def close(self):
+        if self.next_row != self.n_rows:
+            raise ValueError(f"output: wrote {self.next_row} of {self.n_rows} rows")
+        if self.suffix == ".npz":
+            self._member.close()
+            self._zip.close()
+        elif self.suffix == ".parquet":
+            self._pq.close()
+
+
+def _arrow_type(src):
+    import pyarrow as pa
+
+    if src.dtype.kind == "U":
+        return pa.string()
+    return pa.from_numpy_dtype(src.dtype)
+
+
+@contextlib.contextmanager
+def open_array_writer(path, n_rows: int, n_cols: int, *, dtype=np.float64, key: str = "probs",
+                      keep: dict | None = None):
+    """Write a ``(n_rows, n_cols)`` array batch by batch (``writer.write(batch)`` in row order), atomically.
+
+    ``.npy`` and ``.npz`` (member ``key``) are written as one stream (no whole array in
+    memory); ``.parquet`` gets a fixed-size-list column ``key`` after the ``keep`` columns
+    (``{name: source}``, copied row by row, e.g. ids); ``.csv`` one column per class.
+    """
+    path = Path(path)
+    with atomic_write(path, "w" if path.suffix.lower() == ".csv" else "wb") as fh:
+        w = _Writer(fh, path, int(n_rows), int(n_cols), dtype, key, dict(keep or {}))
+        yield w
+        w.close()

@@ -354,16 +354,6 @@ def _add_metrics(pair, e, s0, zy, s, correct):
     bins.update_pairs((1.0 / s0).numpy(), correct.numpy())
 
 
-def _read_only_tensor(x) -> torch.Tensor:
-    """A CPU tensor sharing ``x``'s memory; read-only arrays (memory maps, Arrow buffers) are
-    fine because the batch statistics never write to it."""
-    if torch.is_tensor(x):
-        return x.detach().cpu()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return torch.as_tensor(np.asarray(x))
-
-
 def ts_batch_stats(logits, labels, t: float, *, sample_weight=None, exact: bool = True, metrics: bool = False,
                    before: bool = False, n_bins: int = 15, first_row: int = 0) -> TSPassStats:
     """Sufficient statistics of one batch for a Newton step on ``t = log T``.
@@ -384,7 +374,12 @@ def ts_batch_stats(logits, labels, t: float, *, sample_weight=None, exact: bool 
 
     Raises ``ValueError`` when a label sits on a ``-inf`` logit (infinite NLL).
     """
-    z = _read_only_tensor(logits)
+    if torch.is_tensor(logits):
+        z = logits.detach().cpu()
+    else:
+        with warnings.catch_warnings():  # read-only memory maps: this function never writes to them
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            z = torch.as_tensor(np.asarray(logits))
     if z.dtype not in (torch.float32, torch.float64):
         z = z.float()
     y = torch.as_tensor(np.asarray(labels), dtype=torch.long)

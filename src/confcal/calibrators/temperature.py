@@ -66,7 +66,7 @@ def scaled_softmax_rows(logits: np.ndarray, temperature: float, out: np.ndarray 
             check_logits(xc, first_row=first_row + i, whole=False)
         if unit:
             unit = bool(m.max() <= 1) and bool(xc.min() >= 0)
-        np.divide(xc, temperature, out=o)
+        np.divide(xc, np.float64(temperature), out=o)  # a float64 scalar: the division is float64
         with np.errstate(invalid="ignore"):  # -inf - (-inf) cannot occur: the row max is finite
             o -= (m.astype(np.float64) / temperature)[:, None]
         np.exp(o, out=o)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 import warnings
 
@@ -31,7 +32,33 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
     print(f"confcal: warning: {message}", file=sys.stderr)
 
 
+class Terminated(SystemExit):
+    """SIGTERM, turned into an exception so ``atomic_write`` removes its temporary file."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated(128 + signum)
+
+
+def install_signal_handlers():
+    """SIGTERM unwinds like Ctrl-C (exit status 143), so no ``.NAME.tmp`` file is left behind.
+    Returns the previous handler (None when it cannot be set: not the main thread)."""
+    try:
+        return signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread (e.g. main() called from a worker thread): leave it
+        return None
+
+
 def main(argv=None) -> int:
+    previous = install_signal_handlers()
+    try:
+        return _main(argv)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv=None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     # --debug is accepted anywhere on the line, not only before the subcommand

@@ -9,12 +9,18 @@ import numpy as np
 
 from confcal._validation import check_labels, check_logits
 from confcal.io import load_array
+from confcal.sources import CSV_HEADERS, open_source
 
-SPEC_HELP = "PATH or PATH:KEY (.npy, .npz, .pt, .csv)"
+SPEC_HELP = ("PATH or PATH:KEY (.npy, .npz, .pt, headed .csv, .parquet/.arrow file or folder; "
+             "KEY: array, column, or column group such as logit_*)")
 
 
 def add_logits_args(p, *, labels: bool, side: bool = True, labels_required: bool = True):
     p.add_argument("--logits", required=True, metavar="SPEC", help=f"logits (n_samples, n_classes): {SPEC_HELP}")
+    p.add_argument("--csv-header", choices=CSV_HEADERS, default="first",
+                   help="CSV inputs: 'first' (default) = the first row names the columns; 'none' = no header "
+                        "(a first row of numbers is refused unless you say so)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars (they show only on a terminal)")
     p.add_argument("--input-kind", choices=["logits", "probs"], default="logits",
                    help="'probs' if the file holds probabilities (their log is used as logits)")
     if labels:
@@ -25,21 +31,41 @@ def add_logits_args(p, *, labels: bool, side: bool = True, labels_required: bool
         p.add_argument("--features", metavar="SPEC", help=f"features (n_samples, n_features): {SPEC_HELP}")
 
 
+def progress_of(args):
+    """``None`` (bars when stderr is a terminal) unless ``--quiet``."""
+    return False if getattr(args, "quiet", False) else None
+
+
+def source(args, attr: str, name: str | None = None):
+    """The source of ``--ATTR`` (None when not given), read in batches later."""
+    spec = getattr(args, attr, None)
+    if not spec:
+        return None
+    return open_source(spec, name=name or attr, csv_header=getattr(args, "csv_header", "first"))
+
+
+def side_sources(args) -> dict:
+    """``{"domains": source, "features": source}`` for the side inputs given."""
+    return {k: source(args, k) for k in ("domains", "features") if getattr(args, k, None)}
+
+
 def load_side(args) -> dict:
+    header = getattr(args, "csv_header", "first")
     side = {}
     if getattr(args, "domains", None):
-        side["domains"] = load_array(args.domains, name="domains")
+        side["domains"] = load_array(args.domains, name="domains", csv_header=header)
     if getattr(args, "features", None):
-        side["features"] = load_array(args.features, name="features")
+        side["features"] = load_array(args.features, name="features", csv_header=header)
     return side
 
 
 def load_logits_labels(args):
-    """Validated ``(logits, labels or None)`` from ``--logits``/``--labels``."""
-    x = check_logits(load_array(args.logits, name="logits"), input_kind=args.input_kind)
+    """Validated ``(logits, labels or None)`` from ``--logits``/``--labels`` (whole arrays)."""
+    header = getattr(args, "csv_header", "first")
+    x = check_logits(load_array(args.logits, name="logits", csv_header=header), input_kind=args.input_kind)
     y = None
     if getattr(args, "labels", None):
-        y = check_labels(load_array(args.labels, name="labels"), x.shape[0], x.shape[1])
+        y = check_labels(load_array(args.labels, name="labels", csv_header=header), x.shape[0], x.shape[1])
     return x, y
 
 

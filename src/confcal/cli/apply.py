@@ -1,20 +1,38 @@
-"""``confcal apply``: calibrated probabilities from a saved calibrator."""
+"""``confcal apply``: calibrated probabilities from a saved calibrator, written batch by batch."""
 
 from __future__ import annotations
 
-from confcal.cli._common import add_logits_args, load_logits_labels, load_side
+import numpy as np
+
+from confcal.cli._common import add_logits_args, load_side, progress_of, side_sources, source
 from confcal.cli._dask import add_engine_args, run_apply, wants_dask
-from confcal.io import check_output_path, load_array, load_calibrator, save_array
+from confcal.io import (
+    OUTPUT_SUFFIXES,
+    check_not_an_input,
+    check_output_path,
+    load_array,
+    load_calibrator,
+    open_array_writer,
+    save_array,
+    split_spec,
+)
+from confcal.sources import open_source
 
 
 def register(sub):
     p = sub.add_parser("apply", help="write calibrated probabilities for new logits",
                        description="Apply a saved calibrator to logits; write (n_samples, n_classes) "
-                                   "float64 probabilities atomically.")
+                                   "probabilities atomically, batch by batch (bounded memory).")
     p.add_argument("--calibrator", required=True, help="manifest written by 'confcal fit'")
     add_logits_args(p, labels=False)
     p.add_argument("-o", "--output", required=True,
-                   help="output .npy, .npz (key 'probs') or .csv; with --engine dask a Parquet dataset folder")
+                   help="output .npy, .npz (key 'probs'), .csv or .parquet (column 'probs'); with --engine dask "
+                        "a Parquet dataset folder")
+    p.add_argument("--dtype", choices=["float64", "float32"], default="float64",
+                   help="dtype of the written probabilities (default float64; float32 halves the output)")
+    p.add_argument("--keep-columns", metavar="COLS",
+                   help="comma-separated columns (or keys) of the --logits file copied into a .parquet/.csv "
+                        "output before the probabilities, e.g. image_id,box_id")
     add_engine_args(p)
     p.set_defaults(func=run)
 
@@ -22,16 +40,35 @@ def register(sub):
 def run(args) -> int:
     if wants_dask(args):
         return run_apply(args)
-    check_output_path(args.output, suffixes=(".npy", ".npz", ".csv"), name="--output")
+    check_output_path(args.output, suffixes=OUTPUT_SUFFIXES, name="--output")
+    check_not_an_input(args.output, {"--logits": args.logits, "--calibrator": args.calibrator,
+                                     "--domains": args.domains, "--features": args.features})
     cal = load_calibrator(args.calibrator)
+    dtype = np.dtype(args.dtype)
     if getattr(cal, "takes_box_scores", False):
         # det-ts / det-platt: 1-D box scores in, (n_boxes, 2) [false, true positive] out
-        probs = cal.predict_proba(load_array(args.logits, name="scores"), input_kind=args.input_kind,
-                                  **load_side(args))
-    else:
-        x, _ = load_logits_labels(args)
-        cal = load_calibrator(args.calibrator, n_classes=x.shape[1])
-        probs = cal.predict_proba(x, **load_side(args))
-    save_array(args.output, probs)
-    print(f"wrote {probs.shape[0]} x {probs.shape[1]} calibrated probabilities ({cal.method}) -> {args.output}")
+        probs = cal.predict_proba(load_array(args.logits, name="scores", csv_header=args.csv_header),
+                                  input_kind=args.input_kind, **load_side(args))
+        save_array(args.output, probs.astype(dtype))
+        print(f"wrote {probs.shape[0]} x {probs.shape[1]} calibrated probabilities ({cal.method}) -> {args.output}")
+        return 0
+    xs = source(args, "logits")
+    if xs.ndim == 2:
+        cal = load_calibrator(args.calibrator, n_classes=xs.shape[1])
+    keep = {}
+    if args.keep_columns:
+        path = split_spec(args.logits)[0]
+        for col in args.keep_columns.split(","):
+            keep[col] = open_source(f"{path}:{col}", name="--keep-columns", csv_header=args.csv_header)
+            if keep[col].ndim != 1 or keep[col].n_rows != xs.n_rows:
+                raise ValueError(f"--keep-columns: {col!r} of {path} has shape {keep[col].shape}, expected "
+                                 f"({xs.n_rows},)")
+    from confcal.calibrators._stream import iter_predict
+
+    with open_array_writer(args.output, xs.n_rows, cal.n_classes_, dtype=dtype, keep=keep) as out:
+        for _, probs in iter_predict(cal, xs, input_kind=args.input_kind, side=side_sources(args),
+                                     progress=progress_of(args), desc="apply"):
+            out.write(probs)
+    print(f"wrote {xs.n_rows} x {cal.n_classes_} calibrated probabilities ({cal.method}, {dtype.name}) "
+          f"-> {args.output}")
     return 0

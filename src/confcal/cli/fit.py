@@ -11,10 +11,13 @@ from confcal.cli._common import (
     load_side,
     metrics_rows,
     parse_params,
+    progress_of,
+    side_sources,
+    source,
 )
 from confcal.calibrators.base import make_calibrator
 from confcal.cli._dask import add_engine_args, run_fit, wants_dask
-from confcal.io import check_output_path, load_array, save_manifest
+from confcal.io import check_not_an_input, check_output_path, load_array, save_manifest
 
 
 def register(sub):
@@ -41,22 +44,25 @@ def run(args) -> int:
     if args.per_class:
         params["per_class"] = True
     check_output_path(args.output, suffixes=(".json",), name="--output")
+    check_not_an_input(args.output, {"--logits": args.logits, "--labels": args.labels, "--domains": args.domains,
+                                     "--features": args.features, "--category-ids": args.category_ids})
     cal = make_calibrator(args.method, params)
     if wants_dask(args):
         cal = run_fit(args, params)
     elif getattr(cal, "takes_box_scores", False):
+        side = load_side(args)
         # detection calibrators take 1-D box scores (e.g. matched.npz:score) and validate them themselves
         x, y = load_array(args.logits, name="scores"), load_array(args.labels, name="labels")
-        side = load_side(args)
         if args.category_ids:
             side["category_ids"] = load_array(args.category_ids, name="category_ids")
         cal.fit(x, y, input_kind=args.input_kind, **side)
     else:
         if args.per_class or args.category_ids:
             raise ValueError(f"--per-class/--category-ids: only for det-ts and det-platt, not {args.method}")
-        # raw arrays: fit validates them and records the input kind in the manifest
-        cal.fit(load_array(args.logits, name="logits"), load_array(args.labels, name="labels"),
-                input_kind=args.input_kind, **load_side(args))
+        # sources: fits that are sums over rows (TS) stream them in batches, the others load
+        # them whole; fit validates them and records the input kind in the manifest
+        cal.fit(source(args, "logits"), source(args, "labels"), input_kind=args.input_kind,
+                progress=progress_of(args), **side_sources(args))
     save_manifest(cal, args.output)
     rec = cal.fit_record_
     if args.json:

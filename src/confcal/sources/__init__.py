@@ -67,8 +67,11 @@ def open_source(spec, *, name: str = "array", csv_header: str = "first") -> Sour
     suffix = "" if path.is_dir() else path.suffix.lower()
     try:
         return _open(path, key, suffix, name, csv_header)
-    except (ValueError, FileNotFoundError, TypeError):
-        raise
+    except (ValueError, FileNotFoundError, TypeError) as exc:
+        if str(exc).startswith(f"{name}:"):
+            raise
+        raise type(exc)(f"{name}: could not read {str(path)!r} as {suffix or 'a folder'} "
+                        f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
     except Exception as exc:  # corrupt files, zip errors, pickles refused by weights_only, ...
         raise ValueError(f"{name}: could not read {str(path)!r} as {suffix or 'a folder'} ({type(exc).__name__}: "
                          f"{str(exc).splitlines()[0] if str(exc) else ''})") from None

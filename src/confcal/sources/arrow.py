@@ -63,7 +63,9 @@ class ArrowSource(Source):
         self.n_rows = (self._chunks[-1][2] + self._chunks[-1][3]) if self._chunks else 0
         fields = [schema.field(c) for c in self.columns]
         self._list_width = None
-        if len(fields) == 1:
+        # a glob or a comma list is a column group: (n, k) even when it matches one column
+        self._group = columns is not None and columns not in names
+        if len(fields) == 1 and not self._group:
             t = fields[0].type
             import pyarrow as pa
 
@@ -191,7 +193,7 @@ class ArrowSource(Source):
             if values.null_count:
                 raise ValueError(f"{self.name}: list column {name!r} of {self.path} holds null values")
             return values.to_numpy(zero_copy_only=False).reshape(len(col), self._list_width)
-        if len(cols) == 1:
+        if len(cols) == 1 and not self._group:
             return _column_numpy(cols[0])
         out = np.empty((len(cols[0]), len(cols)), dtype=self.dtype)
         for j, col in enumerate(cols):

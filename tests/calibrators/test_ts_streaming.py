@@ -1,0 +1,107 @@
+"""The streamed temperature fit equals the in-memory one; per-batch statistics add up."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from confcal._numeric import softmax
+from confcal.calibrators import TemperatureScaling, fit_temperature
+from confcal.calibrators._stream import predict_into
+from confcal.calibrators._tsfit import TSPassStats, _Stats, fit_temperature_stream, ts_batch_stats
+from confcal.calibrators.base import summary_metrics
+from confcal.sources import open_source
+from tests.conftest import require_shared_data
+
+
+def cifar(name="densenet-bc-100-cifar-100.npz", n=None):
+    z = np.load(require_shared_data("cifar", name))
+    p, y = z["predictions"][:n], z["ground_truth"][:n]
+    with np.errstate(divide="ignore"):
+        return np.log(np.maximum(p, np.float32(1e-30))), y
+
+
+@settings(max_examples=30)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(2, 200), k=st.integers(2, 6), cuts=st.integers(1, 8),
+       t=st.floats(-3, 3), weighted=st.booleans(), exact=st.booleans())
+def test_batch_stats_add_up_to_the_whole_pass(seed, n, k, cuts, t, weighted, exact):
+    rng = np.random.default_rng(seed)
+    x = (rng.normal(size=(n, k)) * 3).astype(np.float32)
+    x[rng.random((n, k)) < 0.1] = -np.inf
+    y = rng.integers(0, k, size=n)
+    x[np.arange(n), y] = np.abs(rng.normal(size=n)).astype(np.float32)
+    x[np.isneginf(x).all(1), 0] = 0.0
+    w = rng.uniform(0, 2, size=n) if weighted else None
+    whole = ts_batch_stats(x, y, t, sample_weight=w, exact=exact)
+    bounds = np.unique(np.r_[0, rng.integers(0, n, size=cuts), n])
+    total = TSPassStats(t=t)
+    for a, b in reversed(list(zip(bounds[:-1], bounds[1:]))):
+        total.merge(ts_batch_stats(x[a:b], y[a:b], t, sample_weight=None if w is None else w[a:b], exact=exact))
+    rel = 1e-12 if exact else 1e-5
+    assert np.allclose(total.means(), whole.means(), rtol=rel, atol=1e-12)
+    # and against the in-memory evaluator of fit_temperature (d/ds, d2/ds2 -> d/dt, d2/dt2)
+    s = math.exp(-t)
+    loss, g_s, h_s = _Stats(x, y, w).evaluate(s, True)
+    if exact:
+        assert np.allclose(whole.means(), (loss, -s * g_s, s * s * h_s + s * g_s), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("batch_rows,n", [(1, 400), (7, 3000), (1000, None)])
+def test_streamed_fit_equals_in_memory_on_cifar(batch_rows, n):
+    x, y = cifar(n=n)
+    ref = fit_temperature(x, y)
+    got = fit_temperature_stream(x, y, batch_rows=batch_rows)
+    assert abs(math.log(got.fit.temperature) - math.log(ref.temperature)) < 1e-9
+    p_before, p_after = softmax(x), softmax(x.astype(np.float64) / got.fit.temperature)
+    for key, ref_value in summary_metrics(p_before, y).items():
+        assert got.metrics_before[key] == pytest.approx(ref_value, rel=1e-12, abs=1e-15), key
+    for key, ref_value in summary_metrics(p_after, y).items():
+        assert got.metrics_after[key] == pytest.approx(ref_value, rel=1e-12, abs=1e-15), key
+
+
+def test_library_fit_and_predict_from_parquet_equal_npy(tmp_path):
+    x, y = cifar("wideresnet-16-4-cifar-10.npz")
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    pq.write_table(pa.table({"label": y, **{f"logit_{j}": x[:, j] for j in range(x.shape[1])}}),
+                   tmp_path / "v.parquet", row_group_size=999)
+    a = TemperatureScaling().fit(f"{tmp_path}/x.npy", f"{tmp_path}/y.npy")
+    b = TemperatureScaling().fit(f"{tmp_path}/v.parquet:logit_*", f"{tmp_path}/v.parquet:label")
+    c = TemperatureScaling().fit(x, y)
+    assert a.temperature_ == b.temperature_ == c.temperature_
+    assert a.fit_record_["data_sha256"] == b.fit_record_["data_sha256"] == c.fit_record_["data_sha256"]
+    assert a.fit_record_["metrics_after"] == b.fit_record_["metrics_after"]
+    p = c.predict_proba(x)
+    assert np.array_equal(p, b.predict_proba(f"{tmp_path}/v.parquet:logit_*"))
+    for rows in (1, 7, 1000):
+        assert np.array_equal(predict_into(c, open_source(x), batch_rows=rows), p)
+    # the row-wise map is softmax(x / T) to rounding
+    assert np.allclose(p, softmax(x.astype(np.float64) / c.temperature_), rtol=1e-12, atol=1e-15)
+
+
+def test_streamed_validation_names_whole_data_rows():
+    x, y = cifar(n=50)
+    bad = x.copy()
+    bad[23, 1] = np.nan
+    with pytest.raises(ValueError, match="NaN/\\+inf in row 23"):
+        fit_temperature_stream(bad, y, batch_rows=7)
+    with pytest.raises(ValueError, match="got 100 at index 31"):
+        fit_temperature_stream(x, np.where(np.arange(50) == 31, 100, y), batch_rows=7)
+    probs = np.exp(x.astype(np.float64))
+    probs /= probs.sum(1, keepdims=True)
+    with pytest.raises(ValueError, match="look like probabilities"):
+        TemperatureScaling().fit(probs, y)
+    with pytest.raises(ValueError, match="look like probabilities"):
+        TemperatureScaling().fit(x, y).predict_proba(probs)
+    fitted = TemperatureScaling().fit(probs, y, input_kind="probs")
+    assert fitted.fit_record_["input_kind"] == "probs"
+    masked = x.copy()
+    masked[5, y[5]] = -np.inf
+    with pytest.raises(ValueError, match="sample 5 has label"):
+        fit_temperature_stream(masked, y, batch_rows=3)
