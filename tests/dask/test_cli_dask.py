@@ -43,7 +43,7 @@ def test_fit_evaluate_apply(dask_client, cifar_dataset, tmp_path):
 
     want = calibration_summary(load_calibrator(str(man)).predict_proba(logits), labels)
     for k, v in want.items():
-        assert res["metrics"]["calibrated"][k] == pytest.approx(v, rel=1e-9)
+        assert res["metrics"]["ts"][k] == pytest.approx(v, rel=1e-9)
     assert sorted(res["per_domain"]) == ["s0", "s1", "s2"]
 
     out = tmp_path / "probs.parquet"

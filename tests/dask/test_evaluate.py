@@ -24,14 +24,14 @@ def test_evaluate_matches_single_process(dask_client, cifar_dataset):
     assert res["n_samples"] == len(labels)
     p_cal = cal.predict_proba(logits, domains=domains)
     _close(res["metrics"]["uncalibrated"], calibration_summary(softmax(logits), labels))
-    _close(res["metrics"]["calibrated"], calibration_summary(p_cal, labels))
+    _close(res["metrics"]["grouped-ts"], calibration_summary(p_cal, labels))
     table = reliability_table(p_cal, labels, n_bins=15)
-    np.testing.assert_allclose(res["reliability"]["calibrated"]["count"], table["count"])
+    np.testing.assert_allclose(res["reliability"]["grouped-ts"]["count"], table["count"])
     assert sorted(res["per_domain"]) == ["s0", "s1", "s2"]
     for g in ["s0", "s1", "s2"]:
         rows = domains == g
         assert res["per_domain"][g]["n_samples"] == rows.sum()
-        _close(res["per_domain"][g]["calibrated"], calibration_summary(p_cal[rows], labels[rows]))
+        _close(res["per_domain"][g]["grouped-ts"], calibration_summary(p_cal[rows], labels[rows]))
 
 
 def test_evaluate_box_scores(dask_client, kitti_dataset):

@@ -113,7 +113,7 @@ def evaluate(data, *, logits: str = "logits", labels: str = "label", calibrator=
         Column specs (see :func:`confcal.dask.apply`). ``logits`` may be one numeric column of
         box scores (binary, with ``labels`` 1 for a true positive).
     calibrator : Calibrator, dict or path, optional
-        Metrics after it as well (key ``"calibrated"``).
+        Metrics after it as well (keyed by its method name).
     input_kind : {"logits", "probs"}
         What the ``logits`` column holds.
     n_bins : int
@@ -122,9 +122,10 @@ def evaluate(data, *, logits: str = "logits", labels: str = "label", calibrator=
     Returns
     -------
     dict
-        ``{"n_samples", "metrics": {"uncalibrated": {...}, "calibrated": {...}},
-        "reliability": {...}, "per_domain": {domain: {"n_samples", "uncalibrated", "calibrated"}}}``;
-        each metrics dict has ``accuracy, ece, ece_equal_mass, mce, nll, brier``.
+        ``{"n_samples", "metrics": {"uncalibrated": {...}, METHOD: {...}}, "reliability": {...},
+        "per_domain": {domain: {"n_samples", "uncalibrated", METHOD}}}`` with METHOD the
+        calibrator's method name (as ``confcal evaluate --json``); each metrics dict has
+        ``accuracy, ece, ece_equal_mass, mce, nll, brier``.
 
     Raises
     ------
@@ -170,17 +171,17 @@ def _report(first: dict, second: dict, text) -> dict:
     which = ["uncalibrated"] + (["calibrated"] if text is not None else [])
     groups = sorted({g for g, _ in first if g != OVERALL}, key=str)
     overall = first[(OVERALL, "uncalibrated")]
+    # results are named as in the single-process `confcal evaluate`: "uncalibrated" and the method
+    name = {"uncalibrated": "uncalibrated", "calibrated": json.loads(text)["method"] if text else None}
     result = {
         "n_samples": int(overall.scores.n),
-        "metrics": {w: _metrics(first[(OVERALL, w)], second[(OVERALL, w)]) for w in which},
-        "reliability": {w: {k: v.tolist() for k, v in first[(OVERALL, w)].bins.reliability_table().items()}
+        "metrics": {name[w]: _metrics(first[(OVERALL, w)], second[(OVERALL, w)]) for w in which},
+        "reliability": {name[w]: {k: v.tolist() for k, v in first[(OVERALL, w)].bins.reliability_table().items()}
                         for w in which},
     }
-    if text is not None:
-        result["method"] = json.loads(text)["method"]
     if groups:
         result["per_domain"] = {
             g: {"n_samples": int(first[(g, "uncalibrated")].scores.n),
-                **{w: _metrics(first[(g, w)], second[(g, w)]) for w in which}}
+                **{name[w]: _metrics(first[(g, w)], second[(g, w)]) for w in which}}
             for g in groups}
     return result

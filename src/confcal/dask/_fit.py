@@ -252,7 +252,7 @@ def _metrics_after(data, specs, input_kind, manifest) -> dict:
     parts = [dask.delayed(_partition_accumulators)(p, (lspec, yspec, dspec, None), calibrator, input_kind, 15, None,
                                                    groups=False)
              for p in data.to_delayed()]
-    acc = _tree_reduce(parts).compute()[(OVERALL, "calibrated")]
+    acc = _tree_reduce(parts).compute()[(OVERALL, "calibrated")]  # internal key, before renaming
     return {**{k: v for k, v in acc.scores.result().items() if k == "accuracy"}, "ece": acc.bins.ece(),
             "nll": acc.scores.result()["nll"], "brier": acc.scores.result()["brier"]}
 
