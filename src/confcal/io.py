@@ -106,13 +106,16 @@ def save_array(path, array: np.ndarray, *, key: str = "probs") -> None:
     if path.suffix.lower() not in OUTPUT_SUFFIXES:
         raise ValueError(f"output: unsupported file type {path.suffix.lower()!r} for {str(path)!r}; "
                          f"use {', '.join(OUTPUT_SUFFIXES)}")
+    if array.ndim == 1 and path.suffix.lower() in (".npy", ".npz"):  # keep 1-D arrays 1-D
+        with atomic_write(path) as fh:
+            if path.suffix.lower() == ".npy":
+                np.save(fh, array, allow_pickle=False)
+            else:
+                np.savez(fh, **{key: array})
+        return
     arr2 = array.reshape(len(array), -1)
     with open_array_writer(path, arr2.shape[0], arr2.shape[1], dtype=array.dtype, key=key) as w:
         w.write(arr2)
-    if array.ndim == 1 and path.suffix.lower() in (".npy", ".npz"):  # keep 1-D arrays 1-D
-        with atomic_write(path) as fh:
-            (np.save(fh, array, allow_pickle=False) if path.suffix.lower() == ".npy"
-             else np.savez(fh, **{key: array}))
 
 
 def save_manifest(calibrator, path) -> None:

@@ -169,3 +169,18 @@ def test_missing_and_unknown_files(tmp_path):
         zf.writestr("a.npy", b"not an npy")
     with pytest.raises(ValueError, match=r"logits: could not read .*bad\.npz"):
         open_source(f"{tmp_path}/bad.npz", name="logits")
+
+
+def test_reading_an_array_does_not_import_torch(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    np.save(tmp_path / "x.npy", np.zeros((3, 2)))
+    code = ("import sys, confcal.io as io; io.load_array(sys.argv[1]); "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "x.npy")], env=env, capture_output=True)
+    assert proc.returncode == 0, proc.stderr.decode()

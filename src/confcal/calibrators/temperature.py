@@ -49,28 +49,37 @@ def scaled_softmax_rows(logits: np.ndarray, temperature: float, out: np.ndarray 
 
     Validates on the way (the row max is NaN, +inf or -inf exactly for the rows
     ``check_logits`` refuses) and returns ``(out, every row in [0, 1])``. Each row's result
-    depends only on that row, so any batching gives bit-identical output.
+    depends only on that row, so any batching gives bit-identical output. The chunk steps
+    run in torch (vectorised float64 exp) on views of ``out``: no copy of the logits.
     """
+    import torch
+
     x = np.asarray(logits)
     n, k = x.shape
     if out is None:
         out = np.empty((n, k), dtype=np.float64)
+    if x.dtype not in (np.float32, np.float64):
+        x = x.astype(np.float64)
+    with warnings.catch_warnings():  # read-only memory maps: only read here
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        xt = torch.from_numpy(x)
+    ot = torch.from_numpy(out)
     unit = True
     rows = max(1, _CHUNK_ELEMS // max(1, k))
     for i in range(0, n, rows):
-        xc, o = x[i:i + rows], out[i:i + rows]
-        m = xc.max(axis=1)
-        if not np.all(np.isfinite(m)):
+        xc, o = xt[i:i + rows], ot[i:i + rows]
+        m = xc.amax(dim=1)
+        if not bool(torch.isfinite(m).all()):
             from confcal._validation import check_logits
 
-            check_logits(xc, first_row=first_row + i, whole=False)
+            check_logits(x[i:i + rows], first_row=first_row + i, whole=False)
         if unit:
-            unit = bool(m.max() <= 1) and bool(xc.min() >= 0)
-        np.divide(xc, np.float64(temperature), out=o)  # a float64 scalar: the division is float64
-        with np.errstate(invalid="ignore"):  # -inf - (-inf) cannot occur: the row max is finite
-            o -= (m.astype(np.float64) / temperature)[:, None]
-        np.exp(o, out=o)
-        o /= o.sum(axis=1, keepdims=True)
+            unit = bool((m <= 1).all()) and bool(xc.amin() >= 0)
+        o.copy_(xc)  # float64
+        o.div_(temperature)
+        o.sub_((m.double() / temperature)[:, None])  # the row max is finite: -inf stays -inf
+        o.exp_()
+        o.div_(o.sum(dim=1, keepdim=True))
     return out, unit
 
 

@@ -56,6 +56,15 @@ def open_source(spec, *, name: str = "array", csv_header: str = "first") -> Sour
     Raises ``FileNotFoundError`` for a missing file and ``ValueError`` for an
     unknown file type, a missing key/column, an object array, or unreadable data;
     every message names ``name`` (the argument) and the file.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> src = open_source(np.arange(12.0).reshape(6, 2), name="logits")
+    >>> src.shape, src.read(1, 3).tolist()
+    ((6, 2), [[2.0, 3.0], [4.0, 5.0]])
+    >>> [len(b) for b in src.iter_batches(4)]
+    [4, 2]
     """
     if isinstance(spec, Source):
         return spec

@@ -104,6 +104,14 @@ def iter_aligned(sources: dict, batch_rows: int | None = None, *, batch_bytes: i
     """Read several aligned sources in lockstep: yields ``(first_row, {key: batch})``.
 
     ``None`` values are passed through as ``None`` (an absent optional column).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from confcal.sources import open_source
+    >>> x, y = open_source(np.zeros((5, 3))), open_source(np.arange(5))
+    >>> [(first, b["labels"].tolist()) for first, b in iter_aligned({"logits": x, "labels": y}, 2)]
+    [(0, [0, 1]), (2, [2, 3]), (4, [4])]
     """
     n = check_aligned(sources)
     rows = batch_rows or batch_rows_for(list(sources.values()), batch_bytes)
