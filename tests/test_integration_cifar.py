@@ -18,8 +18,8 @@ def densenet():
 def test_temperature_scaling_densenet_cifar100(densenet):
     probs, labels = densenet
     cal_p, cal_y, test_p, test_y = probs[:5000], labels[:5000], probs[5000:], labels[5000:]
-    ts = TemperatureScaling().fit(cal_p, cal_y, input_kind="probs")
-    calibrated = ts.predict_proba(test_p, input_kind="probs")
+    ts = TemperatureScaling(input_kind="probs").fit(cal_p, cal_y)
+    calibrated = ts.predict_proba(test_p)
     before, after = ece(test_p, test_y, n_bins=15), ece(calibrated, test_y, n_bins=15)
     assert 0.13 < before < 0.155  # about 14% uncalibrated
     assert after < 0.025

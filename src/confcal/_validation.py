@@ -132,7 +132,7 @@ def check_probs(probs, *, name: str = "probs") -> np.ndarray:
     p = as_numpy(probs, name)
     if p.dtype == bool or not (np.issubdtype(p.dtype, np.floating) or np.issubdtype(p.dtype, np.integer)):
         raise TypeError(f"{name}: expected a float array, got dtype {p.dtype}")
-    p = p.astype(np.float64)
+    p = p.astype(np.float64, copy=False)  # validation only reads it
     if p.ndim == 1:
         p = np.stack([1.0 - p, p], axis=1)
     if p.ndim != 2:

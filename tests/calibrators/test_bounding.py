@@ -59,15 +59,15 @@ def _fit_pair(x, base, z, y, **kw):
     extra = {"progress": False, **FAST} if base == "pts" else {}
     if base in ("ms", "dirichlet"):
         extra = {"max_iter": 100}  # the same iteration budget for X alone and for X inside X+PB
-    base_cal = METHODS[base](**extra).fit(z, y, **kw)
+    base_cal = METHODS[base](**extra, **kw).fit(z, y)
     pb_extra = {"progress": False, **FAST, "base_params": {"progress": False, **FAST}} if base == "pts" else extra
-    pb = METHODS[f"{base}+pb"](**pb_extra).fit(z, y, **kw)
+    pb = METHODS[f"{base}+pb"](**pb_extra, **kw).fit(z, y)
     return base_cal, pb
 
 
-def _objective(cal, z, y, **kw):
+def _objective(cal, z, y):
     """Calibration NLL (+ the ODIR penalty for Dirichlet, whose objective includes it)."""
-    value = nll(cal.predict_proba(z, **kw), y)
+    value = nll(cal.predict_proba(z), y)
     if cal.method.startswith("dirichlet"):
         value += float(cal.map_.penalty().detach())
     return value
@@ -85,26 +85,26 @@ def test_x_plus_pb_never_worse_than_x_random(base):
 def test_x_plus_pb_never_worse_than_x_real_cifar100(base):
     p, y = _densenet()
     base_cal, pb = _fit_pair(None, base, p, y, input_kind="probs")
-    assert _objective(pb, p, y, input_kind="probs") <= _objective(base_cal, p, y, input_kind="probs") + 1e-6
+    assert _objective(pb, p, y) <= _objective(base_cal, p, y) + 1e-6
 
 
 @pytest.mark.parametrize("base", ["vs", "ms", "dirichlet", "ets", "pts"])
 def test_x_plus_pb_never_worse_than_x_real_cifar10(base):
     p, y = _lenet10(500)
     base_cal, pb = _fit_pair(None, base, p, y, input_kind="probs")
-    assert _objective(pb, p, y, input_kind="probs") <= _objective(base_cal, p, y, input_kind="probs") + 1e-6
+    assert _objective(pb, p, y) <= _objective(base_cal, p, y) + 1e-6
 
 
 def test_pb_escapes_loose_bounds_on_real_data():
     """The zero-gradient trap: PB must find active bounds on the over-confident DenseNet outputs."""
     p, y = _densenet()
-    pb = METHODS["pb"]().fit(p, y, input_kind="probs")
+    pb = METHODS["pb"](input_kind="probs").fit(p, y)
     assert not pb.fallback_
     assert pb.upper_ < 0.95 and pb.lower_ > 0
     assert pb.nll_ < nll(p, y) - 0.05  # far below the uncalibrated NLL (1.240)
     # accuracy is unchanged by uniform bounds on data without ties
     assert pb.tie_rate_ == 0.0
-    assert accuracy(pb.predict_proba(p, input_kind="probs"), y) == accuracy(p, y)
+    assert accuracy(pb.predict_proba(p), y) == accuracy(p, y)
 
 
 # --------------------------------------------------------------- oracles

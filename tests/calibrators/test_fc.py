@@ -38,11 +38,12 @@ def test_fc_recovers_layer_and_matches_grid_oracle():
 def test_fc_works_from_log_probabilities_and_round_trips():
     f, z, y, *_ = _data(seed=1)
     probs = np.exp(log_softmax(z))
-    cal = METHODS["fc"]().fit(probs, y, input_kind="probs", features=f)
-    q = cal.predict_proba(probs, input_kind="probs", features=f)
+    cal = METHODS["fc"](input_kind="probs").fit(probs, y, features=f)
+    q = cal.predict_proba(probs, features=f)
     np.testing.assert_allclose(q.sum(1), 1.0, atol=1e-12)
     loaded = calibrator_from_dict(json.loads(json.dumps(cal.to_dict())))
-    np.testing.assert_array_equal(loaded.predict_proba(probs, input_kind="probs", features=f), q)
+    assert loaded.input_kind == "probs"  # a hyper-parameter: the manifest carries it to predict time
+    np.testing.assert_array_equal(loaded.predict_proba(probs, features=f), q)
 
 
 def test_fc_errors():

@@ -99,7 +99,7 @@ def test_streamed_validation_names_whole_data_rows():
         TemperatureScaling().fit(probs, y)
     with pytest.raises(ValueError, match="look like probabilities"):
         TemperatureScaling().fit(x, y).predict_proba(probs)
-    fitted = TemperatureScaling().fit(probs, y, input_kind="probs")
+    fitted = TemperatureScaling(input_kind="probs").fit(probs, y)
     assert fitted.fit_record_["input_kind"] == "probs"
     masked = x.copy()
     masked[5, y[5]] = -np.inf

@@ -85,7 +85,7 @@ def test_param_passes_hyperparameters(data):
 @pytest.mark.parametrize("mutate, message", [
     (lambda z, y: (np.where(np.arange(z.size).reshape(z.shape) == 9, np.nan, z), y), "row 2"),
     (lambda z, y: (z, np.where(np.arange(len(y)) == 5, 7, y)), "labels: expected values in"),
-    (lambda z, y: (z[:, :1], y), "n_classes >= 2"),
+    (lambda z, y: (z[:, :1], y), "binary model with one logit"),
     (lambda z, y: (z, y[:-1]), "expected 400 labels"),
     (lambda z, y: (np.exp(z) / np.exp(z).sum(1, keepdims=True), y), "look like probabilities"),
 ])

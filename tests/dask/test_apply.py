@@ -59,9 +59,9 @@ def test_apply_float32_and_dask_array(dask_client, cifar_dataset):
 
 def test_apply_box_scores(dask_client, kitti_dataset):
     folder, scores, correct, _ = kitti_dataset
-    cal = METHODS["det-platt"]().fit(scores, correct, input_kind="probs")
+    cal = METHODS["det-platt"](input_kind="probs").fit(scores, correct)
     out = apply(cal, read_parquet(str(folder)), logits="score", keep_columns=["det_id"]).compute()
-    assert np.array_equal(_probs(out), cal.predict_proba(scores, input_kind="probs"))
+    assert np.array_equal(_probs(out), cal.predict_proba(scores))
 
 
 def test_apply_bad_input(dask_client, cifar_dataset):

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from confcal.calibrators._maps import LogitMap, build_map, get_state, load_state, mask_neg_inf, remask
+from confcal.calibrators._maps import MAPS, LogitMap, build_map, get_state, load_state, mask_neg_inf, remask
 from confcal.calibrators._optim import OptimResult, adam, lbfgs, single_thread, torch_seed
 from confcal.calibrators._tsfit import check_labels_not_masked
 from confcal.calibrators.base import Calibrator
@@ -31,12 +31,15 @@ def to_torch(x) -> torch.Tensor | None:
 class Prepared:
     """Logits ready for a map: ``map.preprocess`` applied, ``-inf`` replaced (once, outside the optimiser loop)."""
 
-    __slots__ = ("z", "mask", "features")
+    __slots__ = ("z", "mask", "features", "weight")
 
-    def __init__(self, logit_map: LogitMap, z: torch.Tensor, features: torch.Tensor | None = None):
+    def __init__(self, logit_map: LogitMap, z: torch.Tensor, features: torch.Tensor | None = None,
+                 sample_weight=None):
         with torch.no_grad():
             self.z, self.mask = mask_neg_inf(logit_map.preprocess(z))
         self.features = features
+        # as given (an integer weight counts as repeated rows, also for quantiles); None: plain mean
+        self.weight = None if sample_weight is None else to_torch(sample_weight)
 
     def rows(self, idx) -> "Prepared":
         if idx is None:
@@ -45,7 +48,40 @@ class Prepared:
         out.z = self.z[idx]
         out.mask = None if self.mask is None else self.mask[idx]
         out.features = None if self.features is None else self.features[idx]
+        out.weight = None if self.weight is None else self.weight[idx]
         return out
+
+
+def weighted_quantiles(v: torch.Tensor, levels, weight: torch.Tensor | None = None) -> list[float]:
+    """Quantiles of ``v`` (flattened) at ``levels`` with linear interpolation, as ``torch.quantile``.
+
+    With ``weight`` (one per entry of ``v``, >= 0) a row of integer weight ``w``
+    counts as ``w`` copies of it, so integer weights give exactly the quantiles of
+    the repeated data and weight 0 those of the data without that row.
+    """
+    v = v.reshape(-1)
+    if weight is None:
+        if v.numel() > 1_000_000:  # torch.quantile's size limit; a strided subsample is plenty for a scan
+            v = v[:: v.numel() // 1_000_000 + 1]
+        return [float(q) for q in torch.quantile(v, torch.tensor(levels, dtype=v.dtype))]
+    w = weight.reshape(-1).to(torch.float64)
+    keep = w > 0
+    v, w = v[keep].to(torch.float64), w[keep]
+    order = torch.argsort(v)
+    v, cum = v[order], torch.cumsum(w[order], 0)
+    total = float(cum[-1])
+    out = []
+    for q in levels:
+        h = q * max(total - 1.0, 0.0)
+        lo_pos = math.floor(h)
+        frac = h - lo_pos
+        # value of the k-th (0-based) entry of the repeated data: first index whose cumulative weight exceeds k
+        lo = v[min(int(torch.searchsorted(cum, torch.tensor(float(lo_pos), dtype=torch.float64), right=True)),
+                   v.numel() - 1)]
+        hi = v[min(int(torch.searchsorted(cum, torch.tensor(float(lo_pos + 1), dtype=torch.float64), right=True)),
+                   v.numel() - 1)]
+        out.append(float(lo + frac * (hi - lo)) if frac > 0 else float(lo))
+    return out
 
 
 class Composite(nn.Module):
@@ -56,8 +92,8 @@ class Composite(nn.Module):
         self.map = logit_map
         self.link = link
 
-    def prepare(self, z: torch.Tensor, features: torch.Tensor | None = None) -> Prepared:
-        return Prepared(self.map, z, features)
+    def prepare(self, z: torch.Tensor, features: torch.Tensor | None = None, sample_weight=None) -> Prepared:
+        return Prepared(self.map, z, features, sample_weight)
 
     def logits(self, prep: Prepared) -> torch.Tensor:
         return remask(self.map(prep.z, prep.features), prep.mask)
@@ -68,7 +104,8 @@ class Composite(nn.Module):
     def nll(self, prep: Prepared, y: torch.Tensor, idx=None, with_penalty: bool = True) -> torch.Tensor:
         if idx is not None:
             prep, y = prep.rows(idx), y[idx]
-        out = -self.link.log_prob_of(self.logits(prep), y, prep.z).mean()
+        logp = self.link.log_prob_of(self.logits(prep), y, prep.z)
+        out = -(logp.mean() if prep.weight is None else (logp * prep.weight).sum() / prep.weight.sum())
         return out + self.map.penalty() if with_penalty else out
 
 
@@ -118,19 +155,27 @@ class MapCalibrator(Calibrator):
     def _map_config(self, n_classes: int) -> dict[str, Any]:
         return {"n_classes": n_classes}
 
-    def _init_map(self, m: LogitMap, z: torch.Tensor, y: torch.Tensor, features) -> None:
+    def _init_map(self, m: LogitMap, z: torch.Tensor, y: torch.Tensor, features, sample_weight=None) -> None:
         """Data-dependent initialisation before the optimiser runs (default: none)."""
 
-    def _fit_map(self, z: torch.Tensor, y: torch.Tensor, features=None) -> tuple[LogitMap, OptimResult]:
+    def _sample_weight_refusal(self):
+        if self.map_name and MAPS[self.map_name].trainer == "adam":
+            return ("it is fitted by mini-batch Adam, where a weight is not the same as repeating a row; "
+                    "use a full-batch method")
+        return None
+
+    def _fit_map(self, z: torch.Tensor, y: torch.Tensor, features=None,
+                 sample_weight=None) -> tuple[LogitMap, OptimResult]:
         """Build, initialise and fit the map with a softmax link; deterministic per ``random_state``."""
         from confcal.calibrators._links import SoftmaxLink
 
         _check_optim_params(self)
         with torch_seed(getattr(self, "random_state", 0)):
             m = build_map(self.map_name, self._map_config(z.shape[1]))
-        self._init_map(m, z, y, features)
+        self._init_map(m, z, y, features, sample_weight)
         model = Composite(m, SoftmaxLink())
-        res = fit_composite(model, model.prepare(z, features), y, trainer=m.trainer, **self._optim_kwargs())
+        res = fit_composite(model, model.prepare(z, features, sample_weight), y, trainer=m.trainer,
+                            **self._optim_kwargs())
         return m, res
 
     def _optim_kwargs(self) -> dict[str, Any]:
@@ -143,12 +188,12 @@ class MapCalibrator(Calibrator):
         kw["desc"] = self.method
         return kw
 
-    def _fit(self, logits, labels, features=None):
-        check_labels_not_masked(logits, labels)
+    def _fit(self, logits, labels, features=None, sample_weight=None):
+        check_labels_not_masked(logits, labels, sample_weight)
         z = to_torch(logits)
         y = torch.as_tensor(labels, dtype=torch.long)
         f = to_torch(features)
-        m, res = self._fit_map(z, y, f)
+        m, res = self._fit_map(z, y, f, sample_weight)
         self.map_ = m.requires_grad_(False)
         self.nll_ = res.loss
         self.n_iter_ = res.n_iter

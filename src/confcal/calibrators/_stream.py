@@ -35,7 +35,7 @@ def refuse_probabilities(xs, rows: int, name: str = "logits") -> None:
                          "to use their log as logits")
 
 
-def iter_predict(cal, logits, *, input_kind: str = "logits", side: dict | None = None,
+def iter_predict(cal, logits, *, input_kind: str | None = None, side: dict | None = None,
                  batch_rows: int | None = None, batch_bytes: int = DEFAULT_BATCH_BYTES, progress=False,
                  desc: str = "predict"):
     """Yield ``(first_row, probs)`` batches of ``cal.predict_proba(logits, **side)``.
@@ -43,14 +43,17 @@ def iter_predict(cal, logits, *, input_kind: str = "logits", side: dict | None =
     ``logits`` and the ``side`` values are arrays, sources or specs, aligned by row. The
     probabilities-as-logits check (which needs every row) runs after the last batch, so
     a caller writing the batches must discard its output on error (``atomic_write`` does).
+    ``input_kind`` defaults to the calibrator's hyper-parameter.
     """
     cal._check_fitted()
+    input_kind = cal._input_kind() if input_kind is None else input_kind
     xs = open_source(logits, name="logits")
     side_src = {k: open_source(v, name=k) for k, v in (side or {}).items() if v is not None}
-    if xs.ndim != 2 or (xs.shape[1] != cal.n_classes_ and not getattr(cal, "takes_box_scores", False)):
+    one_logit = xs.ndim == 1 or (xs.ndim == 2 and xs.shape[1] == 1)
+    if not (one_logit and cal.n_classes_ == 2) and (xs.ndim != 2 or xs.shape[1] != cal.n_classes_):
         raise ValueError(f"logits: calibrator was fitted on {cal.n_classes_} classes, got shape {xs.shape}")
     rows = batch_rows or batch_rows_for([xs, *side_src.values()], batch_bytes)
-    unit = input_kind == "logits"
+    unit = input_kind == "logits" and not one_logit
     seen = {}
     with progress_bar(xs.n_rows, desc, progress) as bar:
         for first, b in iter_aligned({"logits": xs, **side_src}, rows):
@@ -82,6 +85,13 @@ def predict_into(cal, logits, *, out=None, **kw) -> np.ndarray:
 def default_predict_batch(cal, raw, *, input_kind, first_row, **side):
     """Validate one batch and run the calibrator's ``_predict_proba`` on it;
     returns ``(probs, every row in [0, 1])``."""
+    raw = np.asarray(raw)
+    if raw.ndim == 1 or (raw.ndim == 2 and raw.shape[1] == 1):  # a one-logit binary head: [0, z]
+        from confcal.calibrators.base import _one_logit_as_two
+
+        x = _one_logit_as_two(raw.reshape(-1), input_kind, "logits")
+        side = cal._check_side(side, x.shape[0])
+        return cal._predict_proba(x, **side), False
     x = check_logits(raw, input_kind=input_kind, first_row=first_row, whole=False)
     unit = bool(x.size) and bool(np.min(x) >= 0) and bool(np.max(x) <= 1)
     side = cal._check_side(side, x.shape[0])

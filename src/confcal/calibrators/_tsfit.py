@@ -277,11 +277,16 @@ def _result(t, loss, n_iter, t_min, t_max, warn, stacklevel=4) -> TemperatureFit
     if at_bound:
         temperature = t_min if abs(t - math.log(t_min)) < 1e-9 else t_max
         if warn:
-            why = ("the calibration set is (nearly) perfectly separated" if temperature == t_min
-                   else "the model is mostly wrong or uninformative on the calibration set")
-            warnings.warn(f"temperature fit stopped at the search bound T = {temperature:g} ({why}); "
-                          f"widen the search range (t_min={t_min:g}, t_max={t_max:g}; CLI: --param t_max=1000) "
-                          "or check the data", CalibrationWarning, stacklevel=stacklevel)
+            if temperature == t_min:
+                why = ("the calibration set is (nearly) perfectly separated, or the logits are on a "
+                       "very small scale")
+                fix = f"lower t_min (now {t_min:g}; CLI: --param t_min={t_min / 100:g})"
+            else:
+                why = ("either the model is mostly wrong or uninformative on the calibration set, or its "
+                       "logits are on a large scale (a logit gap of thousands needs T in the thousands)")
+                fix = f"raise t_max (now {t_max:g}; CLI: --param t_max={t_max * 100:g})"
+            warnings.warn(f"temperature fit stopped at the search bound T = {temperature:g}: {why}; "
+                          f"{fix} and refit, or check the data", CalibrationWarning, stacklevel=stacklevel)
     return TemperatureFit(temperature=temperature, nll=loss, n_iter=n_iter, at_bound=at_bound)
 
 
@@ -532,7 +537,7 @@ def fit_temperature_stream(logits, labels, *, sample_weight=None, t_bounds=DEFAU
     rows = batch_rows or batch_rows_for([xs, ys], batch_bytes or DEFAULT_BATCH_BYTES)
     work_dtype = np.float64 if xs.dtype == np.float64 or input_kind == "probs" else np.float32
     state = {"pass": 0, "validated": False, "before": None, "after": None, "after_t": None, "prev_exact_t": None}
-    digest = DataDigest(2)
+    digest = DataDigest(2 if ws is None else 3)  # as Calibrator.fit: logits, labels[, weights]
 
     def batches():
         validate = not state["validated"]
@@ -546,11 +551,18 @@ def fit_temperature_stream(logits, labels, *, sample_weight=None, t_bounds=DEFAU
             w = b["sample_weight"]
             if validate and w is not None:
                 w = np.asarray(w, dtype=np.float64)
-                if w.ndim != 1 or not np.all(np.isfinite(w)) or np.any(w < 0):
-                    raise ValueError("sample_weight: expected finite non-negative weights of shape (n_samples,)")
+                if w.ndim != 1:
+                    raise ValueError(f"sample_weight: expected shape ({n},) (one weight per sample), got "
+                                     f"{(n, *w.shape[1:])}")
+                bad = ~np.isfinite(w) | (w < 0)
+                if bad.any():
+                    i = int(np.flatnonzero(bad)[0])
+                    raise ValueError(f"sample_weight: expected finite weights >= 0, got {w[i]!r} at index {first + i}")
             if validate:
                 digest.update(0, x)
                 digest.update(1, y)
+                if w is not None:
+                    digest.update(2, w)
             yield first, x, y, w
 
     def one_pass(t, exact, with_metrics):
@@ -568,6 +580,8 @@ def fit_temperature_stream(logits, labels, *, sample_weight=None, t_bounds=DEFAU
                 bar.update(x.shape[0])
         if not state["validated"]:
             state["validated"] = True
+            if not total.weight > 0:
+                raise ValueError("sample_weight: every weight is 0; at least one sample must count")
             if total.unit_rows and input_kind == "logits":
                 _refuse_probabilities(xs, rows)
         if want_before:

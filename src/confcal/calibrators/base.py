@@ -1,16 +1,32 @@
-"""The calibrator protocol (scikit-learn conventions) and the method registry.
+"""The calibrator protocol (a scikit-learn estimator) and the method registry.
 
-Every calibrator:
+Every calibrator is a :class:`sklearn.base.BaseEstimator` classifier whose
+``X`` is logits:
 
-* ``fit(logits, labels, **side) -> self`` validates its inputs in one place
-  (:mod:`confcal._validation`), calls ``_fit`` on a float ``(n, K)`` array and
-  int64 labels, and records a ``fit_record_`` (n samples, sha256 of the data,
-  metrics before/after on the calibration set, library version, UTC time).
-* ``predict_proba(logits, **side)`` returns float64 ``(n, K)`` rows summing to 1.
+* ``__init__`` only stores hyper-parameters (``get_params`` / ``set_params`` /
+  :func:`sklearn.base.clone` / pickle work); they are checked at ``fit``.
+  ``input_kind`` (``"logits"`` or ``"probs"``) is one of them and applies at
+  fit and predict time alike.
+* ``fit(logits, labels, sample_weight=None, **side) -> self`` validates its
+  inputs in one place (:mod:`confcal._validation`), calls ``_fit`` on a float
+  ``(n, K)`` array and int64 labels (and ``sample_weight=`` when given and the
+  method's objective is a weighted mean), and records a ``fit_record_`` (n
+  samples, sha256 of the data, metrics before/after on the calibration set,
+  library version, UTC time).
+* a one-logit binary head, logits ``(n,)`` or ``(n, 1)`` (a sigmoid model),
+  is read as the two-class logits ``[0, z]``: ``softmax([0, z] / T)[1] =
+  sigmoid(z / T)``; ``predict_proba`` then returns ``(n, 2)``.
+* ``predict_proba(logits, **side)`` returns float64 ``(n, K)`` rows summing to 1;
+  ``predict`` the arg-max, ``score`` minus the mean NLL (nats), ``classes_`` is
+  ``arange(K)``.
 * fitted attributes end in ``_``; using an unfitted calibrator raises
-  :class:`NotFittedError`.
+  :class:`NotFittedError` (a scikit-learn ``NotFittedError``).
 * ``to_dict()`` gives a JSON-ready manifest; :func:`calibrator_from_dict`
   rebuilds an identical calibrator (floats survive JSON exactly).
+
+``METHODS`` maps a method name to a calibrator class, or to a :class:`Preset`
+(a class with some hyper-parameters fixed, e.g. ``ts+pb``); either is called
+with hyper-parameters to make an estimator.
 
 ``side`` inputs are the per-sample extras a method needs: ``domains``
 ``(n_samples,)`` ids and/or ``features`` ``(n_samples, n_features)``.
@@ -26,34 +42,144 @@ import inspect
 from typing import Any, ClassVar
 
 import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.exceptions import NotFittedError as _SklearnNotFittedError
 
 from confcal._digest import data_sha256
 from confcal._numeric import softmax
-from confcal._validation import check_domains, check_features, check_labels, check_logits
+from confcal._validation import as_numpy, check_domains, check_features, check_labels, check_logits
 from confcal.metrics import accuracy, brier_score, ece, nll
 
-__all__ = ["Calibrator", "NotFittedError", "register", "calibrator_from_dict", "make_calibrator", "METHODS",
-           "MANIFEST_FORMAT", "MANIFEST_VERSION", "summary_metrics"]
+__all__ = ["Calibrator", "NotFittedError", "Preset", "register", "register_preset", "calibrator_from_dict",
+           "make_calibrator", "METHODS", "MANIFEST_FORMAT", "MANIFEST_VERSION", "summary_metrics",
+           "INPUT_KINDS"]
 
 MANIFEST_FORMAT = "confcal.calibrator"
 MANIFEST_VERSION = 1
+INPUT_KINDS = ("logits", "probs")
 
-#: method name -> calibrator class; filled by :func:`register`.
-METHODS: dict[str, type["Calibrator"]] = {}
-
-
-class NotFittedError(RuntimeError):
-    """A calibrator was used before ``fit`` (or loaded from an incomplete manifest)."""
+#: method name -> calibrator class or :class:`Preset`; filled by :func:`register` / :func:`register_preset`.
+METHODS: dict[str, Any] = {}
 
 
-def register(cls):
-    """Class decorator: make ``cls`` loadable from manifests and selectable by ``cls.method``."""
-    if not cls.method:
+class NotFittedError(_SklearnNotFittedError):
+    """A calibrator was used before ``fit`` (or loaded from an incomplete manifest).
+
+    A subclass of scikit-learn's ``NotFittedError`` (itself a ``ValueError`` and
+    an ``AttributeError``), so ``sklearn.utils.validation.check_is_fitted`` and
+    code written for scikit-learn estimators treat it alike.
+    """
+
+
+def register(cls=None, *, name: str | None = None):
+    """Class decorator: make ``cls`` loadable from manifests and selectable by ``cls.method``
+    (or by ``name``, for a class whose ``method`` depends on its hyper-parameters)."""
+    if cls is None:
+        return lambda c: register(c, name=name)
+    name = name if name is not None else getattr(cls, "method", "")
+    if not isinstance(name, str) or not name:
         raise TypeError(f"{cls.__name__} needs a non-empty 'method' name to be registered")
-    if cls.method in METHODS and METHODS[cls.method] is not cls:
-        raise TypeError(f"method name {cls.method!r} already registered by {METHODS[cls.method].__name__}")
-    METHODS[cls.method] = cls
+    if name in METHODS and METHODS[name] is not cls:
+        raise TypeError(f"method name {name!r} already registered by {METHODS[name]!r}")
+    METHODS[name] = cls
     return cls
+
+
+class Preset:
+    """A registry entry: a calibrator class with some hyper-parameters fixed.
+
+    ``Preset("ts+pb", ProbabilityBounding, base="ts")(**params)`` is
+    ``ProbabilityBounding(base="ts", **params)``: the estimator is an ordinary
+    instance of the class (so ``clone``, ``get_params`` and pickle need nothing
+    special); its ``method`` is the preset's name. A fixed hyper-parameter may be
+    passed again only with the same value (as manifests do).
+
+    Examples
+    --------
+    >>> from confcal.calibrators import METHODS
+    >>> est = METHODS["ts+pb"](max_iter=50)
+    >>> type(est).__name__, est.method, est.base, est.max_iter
+    ('ProbabilityBounding', 'ts+pb', 'ts', 50)
+    """
+
+    def __init__(self, name: str, cls: type, fixed: dict[str, Any]):
+        self.name = name
+        self.cls = cls
+        self.fixed = dict(fixed)
+        self.__doc__ = (f"Preset {name!r}: {cls.__name__} with "
+                        + ", ".join(f"{k}={v!r}" for k, v in self.fixed.items()) + ".")
+
+    @property
+    def method(self) -> str:
+        return self.name
+
+    @property
+    def __name__(self) -> str:  # noqa: A003  messages and docs name it like a class
+        return self.cls.__name__
+
+    @property
+    def side_inputs(self):
+        return self.cls.side_inputs
+
+    @property
+    def optional_side_inputs(self):
+        return self.cls.optional_side_inputs
+
+    def _param_names(self) -> list[str]:
+        return self.cls._param_names()
+
+    def __call__(self, **params) -> "Calibrator":
+        for key, value in self.fixed.items():
+            if key in params and params[key] != value:
+                other = _preset_for(self.cls, {**self.fixed, key: params[key]})
+                hint = f"; use the method {other!r} instead" if other else ""
+                raise ValueError(f"{key}: method {self.name!r} has {key}={value!r}, got {params[key]!r}{hint}")
+        return self.cls(**{**params, **self.fixed})
+
+    def __repr__(self) -> str:
+        return f"Preset({self.name!r}, {self.cls.__name__}, {self.fixed!r})"
+
+    def __reduce__(self):  # pickled by name: the registry holds the one instance
+        return (_registered, (self.name,))
+
+
+def _registered(name: str):
+    return METHODS[name]
+
+
+def register_preset(name: str, cls: type, **fixed) -> Preset:
+    """Register ``name`` as ``cls`` with the hyper-parameters ``fixed``; returns the :class:`Preset`.
+
+    Raises ``TypeError`` when ``name`` is taken or ``cls`` has no such hyper-parameter.
+
+    Examples
+    --------
+    >>> from confcal.calibrators import METHODS, TemperatureScaling
+    >>> from confcal.calibrators.base import register_preset
+    >>> entry = register_preset("ts-wide", TemperatureScaling, t_max=1e4)
+    >>> METHODS["ts-wide"]().t_max
+    10000.0
+    >>> del METHODS["ts-wide"]
+    """
+    if name in METHODS:
+        raise TypeError(f"method name {name!r} already registered by {METHODS[name]!r}")
+    unknown = sorted(set(fixed) - set(cls._param_names()))
+    if unknown:
+        raise TypeError(f"preset {name!r}: {cls.__name__} has no hyper-parameter(s) {unknown}")
+    METHODS[name] = entry = Preset(name, cls, fixed)
+    return entry
+
+
+def _preset_for(cls: type, params: dict[str, Any]) -> str | None:
+    """Name of the most specific registry entry of ``cls`` whose fixed hyper-parameters ``params`` match."""
+    best, best_n = None, -1
+    for name, entry in METHODS.items():
+        if entry is cls and best_n < 0:
+            best, best_n = name, 0
+        elif isinstance(entry, Preset) and entry.cls is cls and len(entry.fixed) > best_n \
+                and all(params.get(k) == v for k, v in entry.fixed.items()):
+            best, best_n = name, len(entry.fixed)
+    return best
 
 
 def _library_version() -> str:
@@ -76,38 +202,70 @@ def summary_metrics(probs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
     }
 
 
-class Calibrator(abc.ABC):
-    """Base class of all calibrators. See the module docstring for the protocol."""
+class Calibrator(ClassifierMixin, BaseEstimator, abc.ABC):
+    """Base class of all calibrators. See the module docstring for the protocol.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sklearn.base import clone
+    >>> from confcal.calibrators import TemperatureScaling
+    >>> logits = np.array([[2.0, 0.0], [0.0, 2.0], [2.0, 0.0], [0.0, 2.0]])
+    >>> labels = np.array([0, 1, 1, 1])
+    >>> cal = TemperatureScaling(t_max=10.0).fit(logits, labels)
+    >>> round(cal.temperature_, 4), cal.classes_.tolist()
+    (1.8205, [0, 1])
+    >>> clone(cal).get_params() == cal.get_params()
+    True
+    >>> round(-cal.score(logits, labels), 4)  # mean NLL in nats
+    0.5623
+    """
 
     method: ClassVar[str] = ""
     side_inputs: ClassVar[tuple[str, ...]] = ()
     optional_side_inputs: ClassVar[tuple[str, ...]] = ()
+    #: False for methods that need K logits per row (they refuse a one-logit binary head)
+    one_logit_head: ClassVar[bool] = True
 
     # ----------------------------------------------------------- hyper-parameters
     @classmethod
     def _param_names(cls) -> list[str]:
+        """Hyper-parameter names, in ``__init__`` order (scikit-learn's ``_get_param_names`` sorts them)."""
         sig = inspect.signature(cls.__init__)
         return [p.name for p in sig.parameters.values()
                 if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
 
-    def get_params(self) -> dict[str, Any]:
-        """Hyper-parameters as given to ``__init__`` (JSON-ready)."""
-        return {name: getattr(self, name) for name in self._param_names()}
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.two_d_array = True
+        tags.input_tags.allow_nan = False
+        tags.target_tags.required = True
+        return tags
 
-    def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
-        return f"{type(self).__name__}({args})"
+    def __sklearn_is_fitted__(self) -> bool:
+        return self._is_fitted()
+
+    @property
+    def classes_(self) -> np.ndarray:
+        """Class labels ``arange(n_classes)`` (labels are column indices of the logits)."""
+        self._check_fitted()
+        return np.arange(self.n_classes_)
 
     # ------------------------------------------------------------------ protocol
-    def fit(self, logits, labels, *, input_kind: str = "logits", progress=False, **side) -> "Calibrator":
+    def fit(self, logits, labels, *, sample_weight=None, progress=False, **side) -> "Calibrator":
         """Fit on a calibration set.
 
         Parameters
         ----------
-        logits : float array ``(n_samples, n_classes)`` (numpy or torch), a
-            :class:`confcal.sources.Source` or a spec such as ``"val.parquet:logit_*"``
+        logits : float array ``(n_samples, n_classes)`` (numpy or torch), or a
+            one-logit binary head ``(n_samples,)`` / ``(n_samples, 1)``; probabilities
+            when the calibrator was made with ``input_kind="probs"`` (their log is used);
+            or a :class:`confcal.sources.Source` or a spec such as ``"val.parquet:logit_*"``
         labels : int array ``(n_samples,)`` in ``[0, n_classes)`` (or one-hot rows), or a source/spec
-        input_kind : ``"logits"`` or ``"probs"`` (probabilities; their log is used)
+        sample_weight : optional float ``(n_samples,)``, finite, >= 0, not all 0: the
+            fit minimises the weighted mean of its objective (an integer weight is the
+            same as repeating the row, weight 0 the same as leaving it out). Methods
+            whose objective is not a weighted mean raise ``ValueError``.
         progress : progress bars on stderr for fits that stream their data (``None``: when a terminal)
         **side : ``domains=`` / ``features=`` where the method uses them
 
@@ -116,23 +274,44 @@ class Calibrator(abc.ABC):
         ValueError, TypeError
             Invalid inputs (the message names the argument and what was wrong).
         """
-        if self._fit_source(logits, labels, input_kind=input_kind, progress=progress, **side) is not NotImplemented:
+        if self._fit_source(logits, labels, sample_weight=sample_weight, progress=progress,
+                            **side) is not NotImplemented:
             return self
         logits, labels = _materialise(logits, "logits"), _materialise(labels, "labels")
+        sample_weight = None if sample_weight is None else _materialise(sample_weight, "sample_weight")
         side = {k: _materialise(v, k) for k, v in side.items()}
-        x = check_logits(logits, input_kind=input_kind)
-        y = check_labels(labels, x.shape[0], x.shape[1])
+        input_kind = self._input_kind()
+        x = self._validate_logits(logits)
+        try:
+            y = check_labels(labels, x.shape[0], x.shape[1])
+        except ValueError as exc:
+            if not (np.ndim(logits) == 1 or (np.ndim(logits) == 2 and np.shape(logits)[1] == 1)):
+                raise
+            raise ValueError(f"{exc} (logits of shape {np.shape(logits)} are read as a binary model with one "
+                             "logit, a sigmoid head: labels must be 0 or 1)") from None
+        w = self._check_sample_weight(sample_weight, x.shape[0])
         side = self._check_side(side, x.shape[0])
-        self._fit(x, y, **side)
+        if w is None:
+            self._fit(x, y, **side)
+        else:
+            self._fit(x, y, sample_weight=w, **side)
         self.n_classes_ = int(x.shape[1])
         after = self._predict_proba(x, **side)
-        self.fit_record_ = self._fit_record(
-            n_samples=x.shape[0], data_sha256=_sha256(x, y, *[side[k] for k in sorted(side)]),
-            input_kind=input_kind, metrics_before=summary_metrics(softmax(x), y),
-            metrics_after=summary_metrics(after, y))
+        self.fit_record_ = {
+            "n_samples": int(x.shape[0]),
+            "data_sha256": _sha256(x, y, *[side[k] for k in sorted(side)],
+                                   *([] if w is None else [w])),
+            "input_kind": input_kind,
+            "metrics_before": summary_metrics(softmax(x), y),
+            "metrics_after": summary_metrics(after, y),
+            "library_version": _library_version(),
+            "utc_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+        if w is not None:
+            self.fit_record_["sample_weight"] = True
         return self
 
-    def _fit_source(self, logits, labels, *, input_kind, progress, **side):
+    def _fit_source(self, logits, labels, *, sample_weight, progress, **side):
         """Hook for fits that are sums over row batches: stream ``logits``/``labels`` (arrays,
         sources or specs), set the fitted attributes, ``n_classes_`` and ``fit_record_``
         (metrics from the fit's own passes) and return ``self``; the default returns
@@ -140,8 +319,9 @@ class Calibrator(abc.ABC):
         return NotImplemented
 
     @staticmethod
-    def _fit_record(*, n_samples, data_sha256, input_kind, metrics_before, metrics_after) -> dict:
-        return {
+    def _fit_record(*, n_samples, data_sha256, input_kind, metrics_before, metrics_after,
+                    sample_weight: bool = False) -> dict:
+        record = {
             "n_samples": int(n_samples),
             "data_sha256": data_sha256,
             "input_kind": input_kind,
@@ -150,28 +330,34 @@ class Calibrator(abc.ABC):
             "library_version": _library_version(),
             "utc_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }
+        if sample_weight:
+            record["sample_weight"] = True
+        return record
 
-    def predict_proba(self, logits, *, input_kind: str = "logits", progress=False, **side) -> np.ndarray:
+    def predict_proba(self, logits, progress=False, **side) -> np.ndarray:
         """Calibrated probabilities, float64 ``(n_samples, n_classes)``, rows summing to 1.
 
-        ``logits`` may be an array, a :class:`confcal.sources.Source` or a spec. Raises
-        :class:`NotFittedError` before ``fit`` and ``ValueError`` when the number of classes
-        differs from the one seen at fit time.
+        ``logits`` as at fit time (``input_kind`` is a hyper-parameter); a one-logit
+        binary head ``(n_samples,)`` gives ``(n_samples, 2)``. ``logits`` may also be a
+        :class:`confcal.sources.Source` or a spec; ``progress`` as for :meth:`fit`.
+
+        Raises :class:`NotFittedError` before ``fit`` and ``ValueError`` when the
+        number of classes differs from the one seen at fit time.
         """
         self._check_fitted()
-        out = self._predict_source(logits, input_kind=input_kind, progress=progress, **side)
+        out = self._predict_source(logits, progress=progress, **side)
         if out is not NotImplemented:
             return out
         logits = _materialise(logits, "logits")
         side = {k: _materialise(v, k) for k, v in side.items()}
-        x = check_logits(logits, input_kind=input_kind)
+        x = self._validate_logits(logits)
         if x.shape[1] != self.n_classes_:
             raise ValueError(f"logits: calibrator was fitted on {self.n_classes_} classes, "
                              f"got shape {x.shape}")
         side = self._check_side(side, x.shape[0])
         return self._predict_proba(x, **side)
 
-    def _predict_source(self, logits, *, input_kind, progress, **side):
+    def _predict_source(self, logits, *, progress, **side):
         """Hook for maps that predict batch by batch (:func:`confcal.calibrators._stream.predict_into`);
         the default returns ``NotImplemented`` and :meth:`predict_proba` loads the arrays."""
         return NotImplemented
@@ -183,9 +369,67 @@ class Calibrator(abc.ABC):
 
         return default_predict_batch(self, logits, input_kind=input_kind, first_row=first_row, **side)
 
-    def predict(self, logits, **kw) -> np.ndarray:
+    def predict(self, logits, **side) -> np.ndarray:
         """Arg-max class of the calibrated probabilities (lowest index wins ties)."""
-        return np.argmax(self.predict_proba(logits, **kw), axis=1)
+        return np.argmax(self.predict_proba(logits, **side), axis=1)
+
+    def score(self, logits, labels, sample_weight=None, **side) -> float:
+        """Minus the mean negative log-likelihood (nats) of ``labels``: higher is better.
+
+        This is what ``scoring="neg_log_loss"`` measures, so model selection by
+        ``GridSearchCV(calibrator, grid)`` without a scoring argument optimises NLL.
+        """
+        p = self.predict_proba(logits, **side)
+        y = check_labels(labels, p.shape[0], p.shape[1])
+        w = self._check_sample_weight(sample_weight, p.shape[0], fitting=False)
+        with np.errstate(divide="ignore"):
+            logp = np.log(p[np.arange(p.shape[0]), y])
+        return float(np.average(logp, weights=w))
+
+    def _input_kind(self) -> str:
+        kind = getattr(self, "input_kind", "logits")
+        if kind not in INPUT_KINDS:
+            raise ValueError(f"input_kind: expected one of {INPUT_KINDS}, got {kind!r}")
+        return kind
+
+    def _validate_logits(self, logits, name: str = "logits") -> np.ndarray:
+        """``check_logits`` with ``self.input_kind``; a one-logit binary head becomes ``[0, z]``."""
+        kind = self._input_kind()
+        arr = as_numpy(logits, name)
+        if arr.ndim == 1 or (arr.ndim == 2 and arr.shape[1] == 1 and arr.shape[0] > 0):
+            if not self.one_logit_head:
+                raise ValueError(f"{name}: got shape {arr.shape}, a binary model with one logit (sigmoid head), "
+                                 f"which {self.method!r} cannot take (it needs one logit per class); pass "
+                                 "two columns [0, z] or use a temperature-scaling method")
+            return _one_logit_as_two(arr.reshape(-1), kind, name)
+        return check_logits(arr, name=name, input_kind=kind)
+
+    def _sample_weight_refusal(self) -> str | None:
+        """Why this calibrator cannot use ``sample_weight`` (None: it can)."""
+        if "sample_weight" in inspect.signature(self._fit).parameters:
+            return None
+        return "its objective is not a weighted mean over samples"
+
+    def _check_sample_weight(self, sample_weight, n: int, *, fitting: bool = True) -> np.ndarray | None:
+        if sample_weight is None:
+            return None
+        if fitting:
+            why = self._sample_weight_refusal()
+            if why is not None:
+                raise ValueError(f"sample_weight: method {self.method!r} does not support sample weights ({why})")
+        w = as_numpy(sample_weight, "sample_weight")
+        if w.dtype == bool or not (np.issubdtype(w.dtype, np.floating) or np.issubdtype(w.dtype, np.integer)):
+            raise TypeError(f"sample_weight: expected a float array of shape ({n},), got dtype {w.dtype}")
+        if w.shape != (n,):
+            raise ValueError(f"sample_weight: expected shape ({n},) (one weight per sample), got {w.shape}")
+        w = w.astype(np.float64)
+        bad = ~np.isfinite(w) | (w < 0)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"sample_weight: expected finite weights >= 0, got {w[i]!r} at index {i}")
+        if not w.sum() > 0:
+            raise ValueError("sample_weight: every weight is 0; at least one sample must count")
+        return w
 
     # --------------------------------------------------------------- manifests
     def to_dict(self) -> dict[str, Any]:
@@ -196,7 +440,7 @@ class Calibrator(abc.ABC):
             "format": MANIFEST_FORMAT,
             "format_version": MANIFEST_VERSION,
             "method": self.method,
-            "hyperparameters": self.get_params(),
+            "hyperparameters": self.get_params(deep=False),
             "parameters": self._get_fitted(),
             "n_classes": self.n_classes_,
             "fit": getattr(self, "fit_record_", None),
@@ -249,6 +493,25 @@ class Calibrator(abc.ABC):
         return out
 
 
+def _one_logit_as_two(z: np.ndarray, input_kind: str, name: str) -> np.ndarray:
+    """A one-logit binary head ``(n,)`` as two-class logits ``[0, z]`` (same dtype), so that
+    ``softmax([0, z] / T)[:, 1] = sigmoid(z / T)``; probabilities ``p`` become ``[log(1 - p), log p]``."""
+    if z.dtype == bool or not (np.issubdtype(z.dtype, np.floating) or np.issubdtype(z.dtype, np.integer)):
+        raise TypeError(f"{name}: expected a float array of shape (n_samples,) (one logit), got dtype {z.dtype}")
+    if not np.issubdtype(z.dtype, np.floating) or z.dtype == np.float16:
+        z = z.astype(np.float32 if z.dtype == np.float16 else np.float64)
+    if z.shape[0] == 0:
+        raise ValueError(f"{name}: expected at least 1 sample, got shape {z.shape}")
+    if input_kind == "probs":
+        bad = ~((z >= 0) & (z <= 1))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"{name}: input_kind='probs' expects positive-class probabilities in [0, 1], "
+                             f"got {z[i]!r} at index {i}")
+        return check_logits(np.stack([1 - z, z], axis=1), name=name, input_kind="probs")
+    return check_logits(np.stack([np.zeros_like(z), z], axis=1), name=name)
+
+
 def _materialise(value, name):
     """Arrays pass through; a :class:`confcal.sources.Source` or a spec string is read whole."""
     import os
@@ -288,7 +551,12 @@ def calibrator_from_dict(manifest: dict[str, Any], *, n_classes: int | None = No
     bad = _first_non_finite(manifest["parameters"])
     if bad is not None:
         raise ValueError(f"manifest: parameters{bad} is not a finite number; the file is damaged")
-    cal = make_calibrator(method, manifest["hyperparameters"])
+    hyper = manifest["hyperparameters"]
+    if isinstance(hyper, dict) and "input_kind" not in hyper:
+        # manifests before input_kind became a hyper-parameter recorded it in the fit record only
+        kind = (manifest.get("fit") or {}).get("input_kind") if isinstance(manifest.get("fit"), dict) else None
+        hyper = {**hyper, "input_kind": kind} if kind in INPUT_KINDS else hyper
+    cal = make_calibrator(method, hyper)
     try:
         cal._set_fitted(manifest["parameters"])
     except (KeyError, TypeError, ValueError, IndexError) as exc:
@@ -308,7 +576,8 @@ def make_calibrator(method: str, params: dict | None = None) -> Calibrator:
     unknown = sorted(set(params) - set(cls._param_names()))
     if unknown:
         raise ValueError(f"{method}: unknown hyper-parameter(s) {unknown}; it takes {cls._param_names()}")
-    defaults = {p.name: p.default for p in inspect.signature(cls.__init__).parameters.values()}
+    target = cls.cls if isinstance(cls, Preset) else cls
+    defaults = {p.name: p.default for p in inspect.signature(target.__init__).parameters.values()}
     for name, value in params.items():
         default = defaults.get(name)
         # a number where the method expects one (bool is not a number here)

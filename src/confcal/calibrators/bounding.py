@@ -37,13 +37,13 @@ calibration rows whose top probability is tied.
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from confcal.calibrators._compose import (
     Composite, MapCalibrator, Prepared, _check_optim_params, check_labels_not_masked, fit_composite, to_torch,
+    weighted_quantiles,
 )
 from confcal.calibrators._links import (
     BOUND_MODES, BoxLink, MLPBoxLink, SoftmaxLink, raw_from_lower, raw_from_upper,
@@ -51,7 +51,7 @@ from confcal.calibrators._links import (
 from confcal.calibrators._maps import IdentityMap, LogitMap, TemperatureMap, build_map, get_state, load_state
 from confcal.calibrators._optim import single_thread, torch_seed
 from confcal.calibrators._tsfit import fit_temperature
-from confcal.calibrators.base import METHODS, Calibrator, register
+from confcal.calibrators.base import METHODS, Calibrator, _preset_for, register, register_preset
 
 __all__ = ["ProbabilityBounding", "LogitBounding", "DualProbabilityBounding", "BASES", "tie_rate"]
 
@@ -75,11 +75,8 @@ def _nll_now(model: Composite, prep: Prepared, y: torch.Tensor) -> float:
         return float(model.nll(prep, y))
 
 
-def _quantiles(v: torch.Tensor, levels) -> list[float]:
-    v = v.reshape(-1)
-    if v.numel() > 1_000_000:  # torch.quantile's size limit; a strided subsample is plenty for a scan
-        v = v[:: v.numel() // 1_000_000 + 1]
-    return [float(q) for q in torch.quantile(v, torch.tensor(levels, dtype=v.dtype))]
+def _quantiles(v: torch.Tensor, levels, weight: torch.Tensor | None = None) -> list[float]:
+    return weighted_quantiles(v, levels, weight)
 
 
 def _scan_box(model: Composite, prep: Prepared, y: torch.Tensor, mode: str,
@@ -106,9 +103,10 @@ def _scan_box(model: Composite, prep: Prepared, y: torch.Tensor, mode: str,
         qmax = q.max(dim=1).values
         qy = q.gather(1, y[:, None])[:, 0]
     eps = 1e-9
-    ups = [None] + sorted({min(max(u, 1.0 / k + 1e-6), 1 - 1e-6) for u in _quantiles(qmax, _UPPER_LEVELS)
+    ups = [None] + sorted({min(max(u, 1.0 / k + 1e-6), 1 - 1e-6)
+                           for u in _quantiles(qmax, _UPPER_LEVELS, prep.weight)
                            if u > 1.0 / k + eps}, reverse=True)
-    lows = [None] + sorted({min(v, 0.999 / k) for v in _quantiles(qy, _LOWER_LEVELS) if v > eps})
+    lows = [None] + sorted({min(v, 0.999 / k) for v in _quantiles(qy, _LOWER_LEVELS, prep.weight) if v > eps})
     lows += [0.3 / k, 0.9 / k]  # room for a bound near 1/K
     # "no bound" is a far-away raw value (gradient ~ 0 there, as at a = 0 / b = 1)
     far = {"lower": raw_from_lower(1e-12, k), "upper": raw_from_upper(1 - 1e-12, k)}
@@ -168,7 +166,9 @@ class ProbabilityBounding(Calibrator):
     ``p = bcsoftmax(map_X(z); a, b)`` (Atarashi et al., eq. 10-11 for X = none,
     eq. 27 for X = TS). Use a registered preset (``pb``, ``pb-lower``,
     ``pb-upper``, ``ts+pb``, ``vs+pb``, ``ms+pb``, ``dirichlet+pb``, ``ets+pb``,
-    ``pts+pb``, ``pb-mlp``); each fixes ``base``, ``bounds`` and ``bound_model``.
+    ``pts+pb``, ``pb-mlp``): each is a registry entry that fixes ``base``, ``bounds``
+    and ``bound_model`` (:class:`~confcal.calibrators.base.Preset`); ``method`` is the
+    name of the entry whose fixed values match, ``pb`` for any other combination.
 
     Parameters
     ----------
@@ -192,27 +192,18 @@ class ProbabilityBounding(Calibrator):
     tie_rate_ : fraction of calibration rows with a tied top probability
     n_iter_ : optimiser iterations / steps of the joint refinement
 
-    Raises ``ValueError`` for an unknown base / bounds / bound_model or one that
-    contradicts the preset.
+    ``fit`` raises ``ValueError`` for an unknown base / bounds / bound_model;
+    ``METHODS[preset](base=...)`` for one that contradicts the preset.
     """
 
-    method = "pb"
-    _preset: ClassVar[dict[str, str]] = {"base": "none", "bounds": "both", "bound_model": "uniform"}
-
-    def __init__(self, base: str | None = None, bounds: str | None = None, bound_model: str | None = None,
+    def __init__(self, base: str = "none", bounds: str = "both", bound_model: str = "uniform",
                  base_params: dict | None = None, max_iter: int = 500, tol: float = 1e-7, epochs: int = 500,
                  batch_size: int = 256, lr: float = 1e-3, hidden: int = 16, top_k: int = 10,
-                 random_state: int = 0, progress: bool = True):
-        given = {"base": base, "bounds": bounds, "bound_model": bound_model}
-        for key, fixed in self._preset.items():
-            v = given[key]
-            if v is not None and v != fixed:
-                raise ValueError(f"{key}: method {self.method!r} has {key}={fixed!r}, got {v!r}; "
-                                 f"use the method {_preset_name(**dict(self._preset, **{key: v}))!r} instead")
-        self.base = self._preset["base"]
-        self.bounds = self._preset["bounds"]
-        self.bound_model = self._preset["bound_model"]
-        self.base_params = dict(base_params) if base_params else None
+                 random_state: int = 0, progress: bool = True, input_kind: str = "logits"):
+        self.base = base
+        self.bounds = bounds
+        self.bound_model = bound_model
+        self.base_params = base_params
         self.max_iter = max_iter
         self.tol = tol
         self.epochs = epochs
@@ -222,14 +213,38 @@ class ProbabilityBounding(Calibrator):
         self.top_k = top_k
         self.random_state = random_state
         self.progress = progress
+        self.input_kind = input_kind
+
+    @property
+    def method(self) -> str:
+        """The registered name of this configuration (``ts+pb``, ...; ``pb`` for one without a preset)."""
+        return _preset_for(type(self), self.get_params(deep=False)) or "pb"
+
+    def _check_structure(self) -> None:
+        if self.base not in BASES:
+            raise ValueError(f"base: expected one of {BASES}, got {self.base!r}")
+        if self.bounds not in BOUND_MODES:
+            raise ValueError(f"bounds: expected one of {BOUND_MODES}, got {self.bounds!r}")
+        if self.bound_model not in ("uniform", "mlp"):
+            raise ValueError(f"bound_model: expected 'uniform' or 'mlp', got {self.bound_model!r}")
+        if self.base_params is not None and not isinstance(self.base_params, dict):
+            raise ValueError(f"base_params: expected a dict of X's hyper-parameters or None, "
+                             f"got {self.base_params!r}")
+
+    def _sample_weight_refusal(self):
+        if self.base == "pts" or self.bound_model == "mlp":
+            return ("it is fitted by mini-batch Adam, where a weight is not the same as repeating a row; "
+                    "use a full-batch method such as 'ts+pb'")
+        return None
 
     # ------------------------------------------------------------------ fitting
-    def _fit_base(self, z: torch.Tensor, y: torch.Tensor) -> LogitMap:
+    def _fit_base(self, z: torch.Tensor, y: torch.Tensor, sample_weight=None) -> LogitMap:
         k = z.shape[1]
         if self.base == "none":
             return IdentityMap(k)
         if self.base == "ts":
-            t = fit_temperature(z.numpy(), y.numpy(), **(self.base_params or {})).temperature
+            t = fit_temperature(z.numpy(), y.numpy(), sample_weight=sample_weight,
+                                **(self.base_params or {})).temperature
             return TemperatureMap(k, t)
         cls = METHODS[self.base]
         names = cls._param_names()
@@ -237,21 +252,20 @@ class ProbabilityBounding(Calibrator):
                                             "progress") if n in names}
         kw.update(self.base_params or {})
         base_cal: MapCalibrator = cls(**kw)
-        m, _ = base_cal._fit_map(z, y)
+        m, _ = base_cal._fit_map(z, y, sample_weight=sample_weight)
         return m
 
-    def _fit(self, logits, labels):
-        if self.bounds not in BOUND_MODES:
-            raise ValueError(f"bounds: expected one of {BOUND_MODES}, got {self.bounds!r}")
+    def _fit(self, logits, labels, sample_weight=None):
+        self._check_structure()
         _check_optim_params(self)
-        check_labels_not_masked(logits, labels)
+        check_labels_not_masked(logits, labels, sample_weight)
         z = to_torch(logits)
         y = torch.as_tensor(labels, dtype=torch.long)
         k = z.shape[1]
-        m = self._fit_base(z, y)
+        m = self._fit_base(z, y, sample_weight)
         m.requires_grad_(True)
         base_model = Composite(m, SoftmaxLink())
-        prep = base_model.prepare(z)
+        prep = base_model.prepare(z, sample_weight=sample_weight)
         self.base_nll_ = _nll_now(base_model, prep, y)
         base_state = {n: p.detach().clone() for n, p in m.state_dict().items()}
 
@@ -317,13 +331,11 @@ class ProbabilityBounding(Calibrator):
     def _predict_proba(self, logits):
         return self._probs(self._prepare(logits)).numpy()
 
-    def predict(self, logits, *, input_kind: str = "logits") -> np.ndarray:
+    def predict(self, logits) -> np.ndarray:
         """Arg-max class; ties in the bounded probabilities are broken by X's logits (then lowest index)."""
-        p = self.predict_proba(logits, input_kind=input_kind)
-        from confcal._validation import check_logits
-
+        p = self.predict_proba(logits)
         with torch.no_grad():
-            prep = self._prepare(check_logits(logits, input_kind=input_kind))
+            prep = self._prepare(self._validate_logits(logits))
             g = Composite(self.map_, SoftmaxLink()).logits(prep).numpy()
         top = p.max(axis=1, keepdims=True)
         g = np.where(p >= top * (1 - 1e-12), g, -np.inf)
@@ -361,9 +373,9 @@ class ProbabilityBounding(Calibrator):
         self.n_iter_ = int(params.get("n_iter", 0))
 
 
+register(ProbabilityBounding, name="pb")
 _PRESETS = {
     # name: (base, bounds, bound_model)
-    "pb": ("none", "both", "uniform"),
     "pb-lower": ("none", "lower", "uniform"),
     "pb-upper": ("none", "upper", "uniform"),
     "pb-mlp": ("ts", "both", "mlp"),
@@ -374,30 +386,9 @@ _PRESETS = {
     "ets+pb": ("ets", "both", "uniform"),
     "pts+pb": ("pts", "both", "uniform"),
 }
-
-
-def _preset_name(base, bounds, bound_model) -> str:
-    for name, spec in _PRESETS.items():
-        if spec == (base, bounds, bound_model):
-            return name
-    return "<no such preset>"
-
-
-def _make_preset(name: str, spec: tuple[str, str, str]) -> type[ProbabilityBounding]:
-    base, bounds, bound_model = spec
-    if name == "pb":
-        return ProbabilityBounding
-    cls_name = "".join(part.capitalize() for part in name.replace("+", "_").replace("-", "_").split("_"))
-    doc = (f"Preset of :class:`ProbabilityBounding` (method ``{name}``): base={base!r}, bounds={bounds!r}, "
-           f"bound_model={bound_model!r}.")
-    return type(cls_name, (ProbabilityBounding,), {
-        "method": name, "__doc__": doc, "__module__": __name__,
-        "_preset": {"base": base, "bounds": bounds, "bound_model": bound_model}})
-
-
-PRESET_CLASSES: dict[str, type[ProbabilityBounding]] = {
-    name: register(_make_preset(name, spec)) for name, spec in _PRESETS.items()
-}
+#: name -> :class:`~confcal.calibrators.base.Preset` (``METHODS[name]()`` is a ProbabilityBounding)
+PRESETS = {name: register_preset(name, ProbabilityBounding, base=base, bounds=bounds, bound_model=model)
+           for name, (base, bounds, model) in _PRESETS.items()}
 
 
 # ----------------------------------------------------------------- LB and DPB
@@ -444,18 +435,21 @@ class LogitBounding(MapCalibrator):
     method = "lb"
     map_name = "lb"
 
-    def __init__(self, max_iter: int = 500, tol: float = 1e-7, random_state: int = 0):
+    def __init__(self, max_iter: int = 500, tol: float = 1e-7, random_state: int = 0, input_kind: str = "logits"):
+        self.input_kind = input_kind
         self.max_iter = max_iter
         self.tol = tol
         self.random_state = random_state
 
-    def _init_map(self, m, z, y, features):
+    def _init_map(self, m, z, y, features, sample_weight=None):
         model = Composite(m, SoftmaxLink())
-        prep = model.prepare(z)
+        prep = model.prepare(z, sample_weight=sample_weight)
         with torch.no_grad():
             r = prep.z / torch.linalg.vector_norm(prep.z, dim=1, keepdim=True).clamp_min(1e-300)
-        lo_q = [-1 + 1e-6] + _quantiles(r.reshape(-1), (0.01, 0.05, 0.2, 0.4, 0.6, 0.8))
-        hi_q = _quantiles(r.max(dim=1).values, (0.1, 0.3, 0.5, 0.7, 0.9)) + [1 - 1e-6]
+        w = prep.weight
+        lo_q = [-1 + 1e-6] + _quantiles(r.reshape(-1), (0.01, 0.05, 0.2, 0.4, 0.6, 0.8),
+                                        None if w is None else w[:, None].expand_as(r))
+        hi_q = _quantiles(r.max(dim=1).values, (0.1, 0.3, 0.5, 0.7, 0.9), w) + [1 - 1e-6]
         cands = []
         for lo in lo_q:
             for hi in hi_q:
@@ -482,17 +476,19 @@ class DualProbabilityBounding(MapCalibrator):
 
     # tol 1e-5 (not 1e-7): on DenseNet CIFAR-100 (5,000 x 100) it halves the LBFGS
     # iterations (168 -> 88) and changes the fitted NLL by 3e-6.
-    def __init__(self, max_iter: int = 500, tol: float = 1e-5, random_state: int = 0):
+    def __init__(self, max_iter: int = 500, tol: float = 1e-5, random_state: int = 0, input_kind: str = "logits"):
+        self.input_kind = input_kind
         self.max_iter = max_iter
         self.tol = tol
         self.random_state = random_state
 
-    def _init_map(self, m, z, y, features):
+    def _init_map(self, m, z, y, features, sample_weight=None):
         model = Composite(m, SoftmaxLink())
-        prep = model.prepare(z)
+        prep = model.prepare(z, sample_weight=sample_weight)
         a = prep.z.abs().reshape(-1)
         top = float(a.max())
         # low quantiles too: with log-probabilities as logits, useful thresholds sit far below the median |z|
-        qs = _quantiles(a, (0.01, 0.03, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.99)) + [2 * top + 1.0]
+        w = None if prep.weight is None else prep.weight[:, None].expand_as(prep.z)
+        qs = _quantiles(a, (0.01, 0.03, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.99), w) + [2 * top + 1.0]
         _scan_map_params(model, prep, y, [{"log_d": math.log(max(q, 1e-6))} for q in qs])
 

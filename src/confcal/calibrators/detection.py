@@ -119,19 +119,20 @@ class LogisticFit:
     at_bound: bool
 
 
-def _logistic_stats(x, t, w, b):
+def _logistic_stats(x, t, w, b, sw=None):
     u = w * x + b
-    loss = float(np.mean(t * np.logaddexp(0.0, -u) + (1.0 - t) * np.logaddexp(0.0, u)))
+    mean = np.mean if sw is None else (lambda v: float(np.dot(v, sw)))  # sw sums to 1
+    loss = float(mean(t * np.logaddexp(0.0, -u) + (1.0 - t) * np.logaddexp(0.0, u)))
     p = expit(u)
     r = p - t
     h = p * (1.0 - p)
-    g = np.array([np.mean(r * x), np.mean(r)])
-    hm = np.array([[np.mean(h * x * x), np.mean(h * x)], [np.mean(h * x), np.mean(h)]])
+    g = np.array([mean(r * x), mean(r)])
+    hm = np.array([[mean(h * x * x), mean(h * x)], [mean(h * x), mean(h)]])
     return loss, g, hm
 
 
 def fit_logistic(x, y, *, slope_bounds=(0.0, math.inf), fit_bias: bool = True, targets: str = "hard",
-                 tol: float = 1e-10, max_iter: int = 200) -> LogisticFit:
+                 tol: float = 1e-10, max_iter: int = 200, sample_weight=None) -> LogisticFit:
     """Minimise the mean Bernoulli NLL of ``sigmoid(slope * x + bias)`` exactly.
 
     Projected Newton on ``(slope, bias)`` (the NLL is convex) with a backtracking
@@ -146,6 +147,8 @@ def fit_logistic(x, y, *, slope_bounds=(0.0, math.inf), fit_bias: bool = True, t
     fit_bias : if false, ``bias = 0``
     targets : ``"hard"`` (``t = y``) or ``"platt"`` (``t+ = (N+ + 1)/(N+ + 2)``,
         ``t- = 1/(N- + 2)``, Platt 1999), which keeps the optimum finite on separable data
+    sample_weight : optional ``(n,)`` >= 0; the weighted mean NLL is minimised (and ``N+``,
+        ``N-`` are weight sums), so an integer weight is the same as repeating the box
 
     Returns a :class:`LogisticFit`; ``at_bound`` is true when the slope ended on a bound.
     """
@@ -154,18 +157,22 @@ def fit_logistic(x, y, *, slope_bounds=(0.0, math.inf), fit_bias: bool = True, t
     lo, hi = (float(v) for v in slope_bounds)
     if not (0.0 <= lo < hi):
         raise ValueError(f"slope_bounds: expected 0 <= lo < hi, got {slope_bounds!r}")
+    sw = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
+    if sw is not None:
+        sw = sw / sw.sum()
     if targets == "hard":
         t = y
     elif targets == "platt":
-        n_pos = float(y.sum())
-        n_neg = float(y.size - n_pos)
+        n_all = float(y.size) if sample_weight is None else float(np.sum(sample_weight))
+        n_pos = float(y.sum()) if sample_weight is None else float(np.dot(y, sample_weight))
+        n_neg = n_all - n_pos
         t = np.where(y > 0.5, (n_pos + 1.0) / (n_pos + 2.0), 1.0 / (n_neg + 2.0))
     else:
         raise ValueError(f"targets: expected 'hard' or 'platt', got {targets!r}")
-    tbar = float(np.clip(t.mean(), 1e-12, 1 - 1e-12))
+    tbar = float(np.clip(t.mean() if sw is None else np.dot(t, sw), 1e-12, 1 - 1e-12))
     w = min(max(1.0, lo), hi)
     b = math.log(tbar / (1.0 - tbar)) if fit_bias else 0.0
-    loss, g, hm = _logistic_stats(x, t, w, b)
+    loss, g, hm = _logistic_stats(x, t, w, b, sw)
     n_iter = 0
     for n_iter in range(1, max_iter + 1):
         free_w = not ((w <= lo and g[0] > 0) or (w >= hi and g[0] < 0))
@@ -189,7 +196,7 @@ def fit_logistic(x, y, *, slope_bounds=(0.0, math.inf), fit_bias: bool = True, t
         for _ in range(60):
             w_new = min(max(w + alpha * step[0], lo), hi)
             b_new = b + alpha * step[1]
-            loss_new, g_new, hm_new = _logistic_stats(x, t, w_new, b_new)
+            loss_new, g_new, hm_new = _logistic_stats(x, t, w_new, b_new, sw)
             if loss_new <= loss + 1e-4 * alpha * float(g @ (np.array([w_new - w, b_new - b]) / alpha)) \
                     or loss_new < loss:
                 improved = True
@@ -267,13 +274,13 @@ class _BoxScoreCalibrator(Calibrator):
         return [tuple(_key_part(p[i]) for p in parts) for i in range(n)]
 
     # --------------------------------------------------------------------- fit
-    def fit(self, scores, labels, *, input_kind: str = "logits", domains=None, category_ids=None):
+    def fit(self, scores, labels, *, sample_weight=None, domains=None, category_ids=None):
         """Fit on matched detections.
 
         Parameters
         ----------
         scores : float ``(n_boxes,)`` box scores, or ``(n_boxes, n_classes)`` class
-            logits/probabilities (``det-ts`` only; ``input_kind`` applies to these)
+            logits/probabilities (``det-ts`` only; the ``input_kind`` hyper-parameter applies to these)
         labels : 0/1 ``(n_boxes,)`` (1 = true positive) for 1-D scores; class
             indices (``-1`` = no target, left out) for class vectors
         domains : optional ``(n_boxes,)`` ids; given at fit time, the fit is per domain
@@ -281,26 +288,31 @@ class _BoxScoreCalibrator(Calibrator):
 
         Raises ``ValueError``/``TypeError`` naming the bad argument.
         """
+        input_kind = self._input_kind()
         kind, x, y, keep = self._inputs(scores, labels, input_kind)
         if y is None:
             raise ValueError("labels: required for fit")
+        w = self._check_sample_weight(sample_weight, x.shape[0])
         d, c = self._side(x.shape[0], domains, category_ids, fitting=True)
         if keep is not None:
             x = x[keep]
             d = None if d is None else d[keep]
             c = None if c is None else c[keep]
+            w = None if w is None else w[keep]
+        if w is not None and not w.sum() > 0:
+            raise ValueError("sample_weight: every box with a class target has weight 0")
         if x.shape[0] == 0:
             raise ValueError("labels: no box has a class target (all labels are -1)")
         self.kind_ = kind
         self.by_domain_ = d is not None
         self.n_classes_ = 2 if kind == "binary" else int(x.shape[1])
-        self._fit(x, y, domains=d, category_ids=c)
+        self._fit(x, y, domains=d, category_ids=c, sample_weight=w)
         after = self._proba(x, d, c, warn_unseen=False)
         before = self._raw_proba(x)
         self.fit_record_ = {
             "n_samples": int(x.shape[0]),
             "n_left_out": int((~keep).sum()) if keep is not None else 0,
-            "data_sha256": _sha256(x, y, *[a for a in (d, c) if a is not None]),
+            "data_sha256": _sha256(x, y, *[a for a in (d, c, w) if a is not None]),
             "input_kind": "scores" if kind == "binary" else input_kind,
             "metrics_before": self._metrics(before, y),
             "metrics_after": self._metrics(after, y),
@@ -316,26 +328,29 @@ class _BoxScoreCalibrator(Calibrator):
         return {"precision": float(y.mean()), "mean_confidence": float(p.mean()),
                 "d_ece": detection_ece(p, y, 15), "nll": binary_nll(p, y), "brier": binary_brier(p, y)}
 
-    def _fit(self, x, y, domains=None, category_ids=None):
-        self.pooled_ = self._fit_group(x, y, "pooled")
+    def _fit(self, x, y, domains=None, category_ids=None, sample_weight=None):
+        sw = sample_weight
+        self.pooled_ = self._fit_group(x, y, "pooled", sw)
         self.groups_, self.group_counts_, self.fallback_groups_ = {}, {}, []
         keys = self._group_keys(x.shape[0], domains, category_ids, self.by_domain_)
         if keys is None:
             return
         index: dict[tuple, list[int]] = {}
         for i, k in enumerate(keys):
-            index.setdefault(k, []).append(i)
+            if sw is None or sw[i] > 0:  # a box of weight 0 counts as absent
+                index.setdefault(k, []).append(i)
         for k in sorted(index, key=repr):
             idx = np.asarray(index[k])
             self.group_counts_[k] = int(idx.size)
             yk = y[idx]
             single = self.kind_ == "binary" and (yk.min() == yk.max())
-            if idx.size < self.min_samples or single:
+            # an integer weight counts as that many repeated boxes
+            if (idx.size if sw is None else sw[idx].sum()) < self.min_samples or single:
                 self.fallback_groups_.append(k)
                 continue
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", CalibrationWarning)
-                self.groups_[k] = self._fit_group(x[idx], yk, k)
+                self.groups_[k] = self._fit_group(x[idx], yk, k, None if sw is None else sw[idx])
             for w in caught:
                 warnings.warn(f"group {k!r}: {w.message}", CalibrationWarning, stacklevel=4)
         if self.fallback_groups_:
@@ -343,14 +358,14 @@ class _BoxScoreCalibrator(Calibrator):
                           "or only one label; they use the pooled map", CalibrationWarning, stacklevel=4)
 
     # ----------------------------------------------------------------- predict
-    def predict_proba(self, scores, *, input_kind: str = "logits", domains=None, category_ids=None):
+    def predict_proba(self, scores, *, domains=None, category_ids=None):
         """Calibrated probabilities, float64: ``(n_boxes, 2)`` (columns: false, true
         positive) for 1-D scores, ``(n_boxes, n_classes)`` for class vectors.
 
         Groups unseen at fit time use the pooled map (one ``CalibrationWarning`` per call).
         """
         self._check_fitted()
-        kind, x, _, _ = self._inputs(scores, None, input_kind)
+        kind, x, _, _ = self._inputs(scores, None, self._input_kind())
         if kind != self.kind_:
             raise ValueError(f"scores: calibrator was fitted on {self.kind_} inputs, got shape {x.shape}")
         if kind == "multiclass" and x.shape[1] != self.n_classes_:
@@ -452,7 +467,9 @@ class DetectionTemperatureScaling(_BoxScoreCalibrator):
     supports_multiclass = True
 
     def __init__(self, per_class: bool = False, bias: bool = False, clip_scores: bool = False,
-                 min_samples: int = 20, t_min: float = DEFAULT_T_BOUNDS[0], t_max: float = DEFAULT_T_BOUNDS[1]):
+                 min_samples: int = 20, t_min: float = DEFAULT_T_BOUNDS[0], t_max: float = DEFAULT_T_BOUNDS[1],
+                 input_kind: str = "logits"):
+        self.input_kind = input_kind
         self.per_class = per_class
         self.bias = bias
         self.clip_scores = clip_scores
@@ -474,12 +491,13 @@ class DetectionTemperatureScaling(_BoxScoreCalibrator):
         p = expit(x)
         return np.stack([1.0 - p, p], axis=1)
 
-    def _fit_group(self, x, y, key):
+    def _fit_group(self, x, y, key, sample_weight=None):
         if self.kind_ == "multiclass" or not self.bias:
             z = x if self.kind_ == "multiclass" else np.stack([np.zeros_like(x), x], axis=1)
-            res = fit_temperature(z, y, t_bounds=(self.t_min, self.t_max))
+            res = fit_temperature(z, y, sample_weight=sample_weight, t_bounds=(self.t_min, self.t_max))
             return {"temperature": res.temperature, "bias": 0.0, "nll": res.nll, "at_bound": res.at_bound}
-        res = fit_logistic(x, y, slope_bounds=(1.0 / self.t_max, 1.0 / self.t_min), fit_bias=True)
+        res = fit_logistic(x, y, slope_bounds=(1.0 / self.t_max, 1.0 / self.t_min), fit_bias=True,
+                           sample_weight=sample_weight)
         if res.at_bound:
             warnings.warn(f"temperature fit stopped at the search bound T = {1.0 / res.slope:g}",
                           CalibrationWarning, stacklevel=4)
@@ -515,7 +533,8 @@ class DetectionPlattScaling(_BoxScoreCalibrator):
     method = "det-platt"
 
     def __init__(self, per_class: bool = False, increasing: bool = True, platt_targets: bool = True,
-                 min_samples: int = 20):
+                 min_samples: int = 20, input_kind: str = "logits"):
+        self.input_kind = input_kind
         self.per_class = per_class
         self.increasing = increasing
         self.platt_targets = platt_targets
@@ -528,13 +547,13 @@ class DetectionPlattScaling(_BoxScoreCalibrator):
         p = np.clip(x, 0.0, 1.0)  # raw scores as if probabilities, for the "before" metrics
         return np.stack([1.0 - p, p], axis=1)
 
-    def _fit_group(self, x, y, key):
+    def _fit_group(self, x, y, key, sample_weight=None):
+        targets = "platt" if self.platt_targets else "hard"
         if self.increasing:
-            res = fit_logistic(x, y, slope_bounds=(0.0, math.inf),
-                               targets="platt" if self.platt_targets else "hard")
+            res = fit_logistic(x, y, slope_bounds=(0.0, math.inf), targets=targets, sample_weight=sample_weight)
         else:  # unconstrained slope: fit on -x and x and keep the better (both convex, slope >= 0)
-            pos = fit_logistic(x, y, targets="platt" if self.platt_targets else "hard")
-            neg = fit_logistic(-x, y, targets="platt" if self.platt_targets else "hard")
+            pos = fit_logistic(x, y, targets=targets, sample_weight=sample_weight)
+            neg = fit_logistic(-x, y, targets=targets, sample_weight=sample_weight)
             res = pos if pos.nll <= neg.nll else LogisticFit(-neg.slope, neg.bias, neg.nll, neg.n_iter, False)
         if self.increasing and res.at_bound and res.slope == 0.0:
             warnings.warn("Platt slope a = 0: the scores carry no increasing signal on this set, so every box "

@@ -56,13 +56,15 @@ DEFAULT_RIDGE_ALPHAS = tuple(float(a) for a in np.logspace(-3, 7, 41))
 
 
 # --------------------------------------------------------------------------- helpers
-def domain_sample_weight(domains, weighting: str) -> np.ndarray | None:
+def domain_sample_weight(domains, weighting: str, sample_weight=None) -> np.ndarray | None:
     """Per-sample weights for a pooled fit over several domains.
 
-    ``weighting="sample"`` returns ``None`` (every sample counts once: the
-    paper's eq. 15 over the union). ``"domain"`` gives each domain the same
-    total weight, ``1 / (n_domains * n_d)`` per sample of domain ``d``, so a
-    large calibration domain does not drown a small one.
+    ``weighting="sample"`` returns ``sample_weight`` (``None``: every sample
+    counts once, the paper's eq. 15 over the union). ``"domain"`` gives each
+    domain the same total weight, ``1 / (n_domains * n_d)`` per sample of domain
+    ``d``, so a large calibration domain does not drown a small one; with
+    ``sample_weight`` ``w``, ``w_i / (n_domains * W_d)`` with ``W_d`` the weight
+    of domain ``d`` (domains of weight 0 do not count).
 
     Raises ``ValueError`` for an unknown ``weighting`` or for ``"domain"``
     without ``domains``.
@@ -70,12 +72,16 @@ def domain_sample_weight(domains, weighting: str) -> np.ndarray | None:
     if weighting not in DOMAIN_WEIGHTINGS:
         raise ValueError(f"domain_weighting: expected one of {DOMAIN_WEIGHTINGS}, got {weighting!r}")
     if weighting == "sample":
-        return None
+        return sample_weight
     if domains is None:
         raise ValueError("domains: domain_weighting='domain' needs domains= (one id per "
                          "calibration sample) at fit time")
     _, inverse, counts = np.unique(np.asarray(domains), return_inverse=True, return_counts=True)
-    return 1.0 / (counts.size * counts[inverse].astype(np.float64))
+    if sample_weight is None:
+        return 1.0 / (counts.size * counts[inverse].astype(np.float64))
+    w = np.asarray(sample_weight, dtype=np.float64)
+    totals = np.bincount(inverse.reshape(-1), weights=w)
+    return w / (np.count_nonzero(totals) * np.where(totals > 0, totals, 1.0)[inverse])
 
 
 def _scaled_softmax(logits: np.ndarray, temperature) -> np.ndarray:
@@ -138,14 +144,15 @@ class SetLevelTemperatureScaling(Calibrator):
     optional_side_inputs = ("domains", "features")
 
     def __init__(self, domain_weighting: str = "sample", t_min: float = DEFAULT_T_BOUNDS[0],
-                 t_max: float = DEFAULT_T_BOUNDS[1]):
+                 t_max: float = DEFAULT_T_BOUNDS[1], input_kind: str = "logits"):
+        self.input_kind = input_kind
         self.domain_weighting = domain_weighting
         self.t_min = t_min
         self.t_max = t_max
 
-    def _fit(self, logits, labels, domains=None, features=None):
+    def _fit(self, logits, labels, domains=None, features=None, sample_weight=None):
         bounds = _check_bounds(self.t_min, self.t_max)
-        weight = domain_sample_weight(domains, self.domain_weighting)
+        weight = domain_sample_weight(domains, self.domain_weighting, sample_weight)
         res = fit_temperature(logits, labels, sample_weight=weight, t_bounds=bounds)
         self.temperature_ = res.temperature
         self.at_bound_ = res.at_bound
@@ -202,7 +209,8 @@ class _ClusterBase(Calibrator):
     def __init__(self, n_clusters: int = 8, random_state: int = 0, n_init: int = 10,
                  min_cluster_size: int = 20, bound_fallback: bool = True,
                  domain_weighting: str = "sample", t_min: float = DEFAULT_T_BOUNDS[0],
-                 t_max: float = DEFAULT_T_BOUNDS[1]):
+                 t_max: float = DEFAULT_T_BOUNDS[1], input_kind: str = "logits"):
+        self.input_kind = input_kind
         self.n_clusters = n_clusters
         self.random_state = random_state
         self.n_init = n_init
@@ -213,7 +221,7 @@ class _ClusterBase(Calibrator):
         self.t_max = t_max
 
     # ------------------------------------------------------------------ fitting
-    def _fit_clusters(self, logits, labels, features, domains):
+    def _fit_clusters(self, logits, labels, features, domains, sample_weight=None):
         from sklearn.cluster import KMeans
         from sklearn.preprocessing import StandardScaler
         from threadpoolctl import threadpool_limits
@@ -222,9 +230,9 @@ class _ClusterBase(Calibrator):
         _check_positive_int(self.n_init, "n_init")
         min_size = _check_positive_int(self.min_cluster_size, "min_cluster_size")
         bounds = _check_bounds(self.t_min, self.t_max)
-        weight = domain_sample_weight(domains, self.domain_weighting)
+        weight = domain_sample_weight(domains, self.domain_weighting, sample_weight)
 
-        scaler = StandardScaler().fit(features)
+        scaler = StandardScaler().fit(features, sample_weight=sample_weight)
         self.scaler_mean_ = np.asarray(scaler.mean_, dtype=np.float64)
         self.scaler_scale_ = np.asarray(scaler.scale_, dtype=np.float64)
         z = self._standardize(features)
@@ -237,7 +245,8 @@ class _ClusterBase(Calibrator):
         # scikit-learn's two OpenMP runtimes in one process oversubscribe the cores (measured on
         # 1400 x 128 features, 2 busy cores: 0.5 s single-threaded vs 7-12 s by default).
         with threadpool_limits(limits=1):
-            km = KMeans(n_clusters=k, n_init=self.n_init, random_state=self.random_state).fit(z)
+            km = KMeans(n_clusters=k, n_init=self.n_init, random_state=self.random_state).fit(
+                z, sample_weight=sample_weight)
         self.centroids_ = np.asarray(km.cluster_centers_, dtype=np.float64)
         assign = self._nearest(z)
 
@@ -249,11 +258,13 @@ class _ClusterBase(Calibrator):
 
         temps = np.empty(k)
         sizes = np.bincount(assign, minlength=k)
+        # a cluster's size is its weight (an integer weight counts as repeated rows)
+        mass = sizes if sample_weight is None else np.bincount(assign, weights=sample_weight, minlength=k)
         fallback = np.zeros(k, dtype=bool)
         small, at_bound = [], []
         for c in range(k):
             idx = np.flatnonzero(assign == c)
-            if idx.size < min_size:
+            if mass[c] < min_size:
                 small.append(c)
                 fallback[c] = True
                 continue
@@ -266,7 +277,7 @@ class _ClusterBase(Calibrator):
         temps[fallback] = self.set_temperature_
         if small:
             warnings.warn(f"clusters {small} have fewer than min_cluster_size={min_size} calibration "
-                          f"samples (sizes {sizes[small].tolist()}); they use the set-level temperature "
+                          f"samples (sizes {mass[small].tolist()}); they use the set-level temperature "
                           f"T = {self.set_temperature_:.6g}", CalibrationWarning, stacklevel=4)
         if at_bound:
             warnings.warn(f"clusters {at_bound} have their optimal temperature on the search bound "
@@ -386,8 +397,8 @@ class ClusterTemperatureScaling(_ClusterBase):
 
     method = "cluster-ts"
 
-    def _fit(self, logits, labels, features, domains=None):
-        self._fit_clusters(logits, labels, features, domains)
+    def _fit(self, logits, labels, features, domains=None, sample_weight=None):
+        self._fit_clusters(logits, labels, features, domains, sample_weight)
 
     def _temperatures(self, z):
         return self.cluster_temperatures_[self._nearest(z)]
@@ -465,14 +476,14 @@ class _ClusterRegressionBase(_RegressionMixin, _ClusterBase):
     def __init__(self, n_clusters: int = 8, random_state: int = 0, n_init: int = 10,
                  min_cluster_size: int = 20, bound_fallback: bool = True,
                  domain_weighting: str = "sample", t_min: float = DEFAULT_T_BOUNDS[0],
-                 t_max: float = DEFAULT_T_BOUNDS[1], alphas: list | None = None):
+                 t_max: float = DEFAULT_T_BOUNDS[1], alphas: list | None = None, input_kind: str = "logits"):
         super().__init__(n_clusters=n_clusters, random_state=random_state, n_init=n_init,
                          min_cluster_size=min_cluster_size, bound_fallback=bound_fallback,
-                         domain_weighting=domain_weighting, t_min=t_min, t_max=t_max)
+                         domain_weighting=domain_weighting, t_min=t_min, t_max=t_max, input_kind=input_kind)
         self.alphas = alphas
 
-    def _fit(self, logits, labels, features, domains=None):
-        self._fit_clusters(logits, labels, features, domains)
+    def _fit(self, logits, labels, features, domains=None, sample_weight=None):
+        self._fit_clusters(logits, labels, features, domains, sample_weight)
         self._fit_regression()
 
 

@@ -44,13 +44,14 @@ class EnsembleTemperatureScaling(MapCalibrator):
     method = "ets"
     map_name = "ets"
 
-    def __init__(self, max_iter: int = 500, tol: float = 1e-7, random_state: int = 0):
+    def __init__(self, max_iter: int = 500, tol: float = 1e-7, random_state: int = 0, input_kind: str = "logits"):
+        self.input_kind = input_kind
         self.max_iter = max_iter
         self.tol = tol
         self.random_state = random_state
 
-    def _init_map(self, m, z, y, features):
-        t = fit_temperature(z.numpy(), y.numpy(), warn=False).temperature
+    def _init_map(self, m, z, y, features, sample_weight=None):
+        t = fit_temperature(z.numpy(), y.numpy(), sample_weight=sample_weight, warn=False).temperature
         with torch.no_grad():
             m.log_t.fill_(math.log(t))
 

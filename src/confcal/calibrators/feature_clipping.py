@@ -58,10 +58,17 @@ class FeatureClipping(Calibrator):
     method = "fc"
     side_inputs = ("features",)
 
-    def __init__(self, weight: list | None = None, bias: list | None = None, max_residual: float = 1e-3):
+    def __init__(self, weight: list | None = None, bias: list | None = None, max_residual: float = 1e-3,
+                 input_kind: str = "logits"):
+        self.input_kind = input_kind
         self.weight = weight
         self.bias = bias
         self.max_residual = max_residual
+
+    def _sample_weight_refusal(self):
+        return "its layer recovery and threshold scan are unweighted (not implemented)"
+
+    one_logit_head = False  # the last layer has one output per class
 
     def _layer(self, x, features):
         n, k = x.shape
@@ -115,13 +122,14 @@ class FeatureClipping(Calibrator):
         return softmax(np.clip(features, -c, c) @ self.weight_.T + self.bias_)
 
     def _get_fitted(self):
-        return {"threshold": self.threshold_ if math.isfinite(self.threshold_) else "inf",
+        # no clipping (c = inf) is stored as null: JSON has no inf, and the loader refuses "inf" strings
+        return {"threshold": self.threshold_ if math.isfinite(self.threshold_) else None,
                 "weight": self.weight_.tolist(), "bias": self.bias_.tolist(),
                 "nll": self.nll_, "base_nll": self.base_nll_}
 
     def _set_fitted(self, params):
         t = params["threshold"]
-        self.threshold_ = math.inf if t == "inf" else float(t)
+        self.threshold_ = math.inf if t is None else float(t)
         self.weight_ = np.asarray(params["weight"], dtype=np.float64)
         self.bias_ = np.asarray(params["bias"], dtype=np.float64)
         self.nll_ = float(params.get("nll", float("nan")))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from confcal.calibrators._compose import MapCalibrator
-from confcal.calibrators._maps import _softplus_inv
+from confcal.calibrators._maps import _softplus_inv, mask_neg_inf
 from confcal.calibrators._tsfit import fit_temperature
 from confcal.calibrators.base import register
 
@@ -44,7 +44,8 @@ class ParameterizedTemperatureScaling(MapCalibrator):
     map_name = "pts"
 
     def __init__(self, top_k: int = 10, hidden: int = 5, epochs: int = 500, batch_size: int = 256,
-                 lr: float = 1e-3, random_state: int = 0, progress: bool = True):
+                 lr: float = 1e-3, random_state: int = 0, progress: bool = True, input_kind: str = "logits"):
+        self.input_kind = input_kind
         self.top_k = top_k
         self.hidden = hidden
         self.epochs = epochs
@@ -60,19 +61,20 @@ class ParameterizedTemperatureScaling(MapCalibrator):
                 raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
         return {"n_classes": n_classes, "top_k": self.top_k, "hidden": self.hidden}
 
-    def _init_map(self, m, z, y, features):
-        m.set_input_stats(z)
+    def _init_map(self, m, z, y, features, sample_weight=None):
+        # the network sees -inf (masked) logits as their row's smallest finite one (Composite.prepare);
+        # its input statistics must too, or one -inf makes them -inf / NaN
+        m.set_input_stats(mask_neg_inf(z)[0])
         t = fit_temperature(z.numpy(), y.numpy(), warn=False).temperature
         with torch.no_grad():
             m.net[-1].bias.fill_(_softplus_inv(max(t - m.t_floor, 1e-6)))
 
-    def temperatures(self, logits, *, input_kind: str = "logits"):
+    def temperatures(self, logits):
         """Per-sample temperatures ``(n_samples,)`` float64 for ``logits`` ``(n_samples, n_classes)``."""
-        from confcal._validation import check_logits
         from confcal.calibrators._compose import to_torch
 
         self._check_fitted()
-        x = check_logits(logits, input_kind=input_kind)
+        x = self._validate_logits(logits)
         with torch.no_grad():
             return self.map_.temperatures(to_torch(x))[:, 0].numpy()
 

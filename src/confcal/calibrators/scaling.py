@@ -39,7 +39,8 @@ class VectorScaling(MapCalibrator):
     method = "vs"
     map_name = "vs"
 
-    def __init__(self, max_iter: int = 500, tol: float = 1e-7, random_state: int = 0):
+    def __init__(self, max_iter: int = 500, tol: float = 1e-7, random_state: int = 0, input_kind: str = "logits"):
+        self.input_kind = input_kind
         self.max_iter = max_iter
         self.tol = tol
         self.random_state = random_state
@@ -57,7 +58,8 @@ class MatrixScaling(MapCalibrator):
     method = "ms"
     map_name = "ms"
 
-    def __init__(self, max_iter: int = 500, tol: float = 1e-7, random_state: int = 0):
+    def __init__(self, max_iter: int = 500, tol: float = 1e-7, random_state: int = 0, input_kind: str = "logits"):
+        self.input_kind = input_kind
         self.max_iter = max_iter
         self.tol = tol
         self.random_state = random_state
@@ -82,7 +84,8 @@ class DirichletCalibration(MapCalibrator):
     map_name = "ms"
 
     def __init__(self, reg_lambda: float = 0.01, reg_mu: float = 0.01, max_iter: int = 500, tol: float = 1e-7,
-                 random_state: int = 0):
+                 random_state: int = 0, input_kind: str = "logits"):
+        self.input_kind = input_kind
         self.reg_lambda = reg_lambda
         self.reg_mu = reg_mu
         self.max_iter = max_iter

@@ -104,7 +104,9 @@ class TemperatureScaling(Calibrator):
 
     method = "ts"
 
-    def __init__(self, t_min: float = DEFAULT_T_BOUNDS[0], t_max: float = DEFAULT_T_BOUNDS[1]):
+    def __init__(self, t_min: float = DEFAULT_T_BOUNDS[0], t_max: float = DEFAULT_T_BOUNDS[1],
+                 input_kind: str = "logits"):
+        self.input_kind = input_kind
         self.t_min = t_min
         self.t_max = t_max
 
@@ -115,26 +117,37 @@ class TemperatureScaling(Calibrator):
         self.n_iter_ = res.n_iter
         self.at_bound_ = res.at_bound
 
-    def _fit_source(self, logits, labels, *, input_kind, progress, sample_weight=None, **side):
+    def _fit_source(self, logits, labels, *, sample_weight, progress, **side):
         # the fit is a sum over rows: stream it, with the fit record's metrics from the same passes
+        from confcal.sources import open_source
+
+        xs = open_source(logits, name="logits")
+        if xs.ndim != 2 or xs.shape[1] < 2:
+            return NotImplemented  # a one-logit binary head (or a shape error): the in-memory path
         self._check_side(side, 0)
-        res = fit_temperature_stream(logits, labels, sample_weight=sample_weight, t_bounds=(self.t_min, self.t_max),
-                                     input_kind=input_kind, progress=progress)
+        kind = self._input_kind()
+        res = fit_temperature_stream(xs, labels, sample_weight=sample_weight, t_bounds=(self.t_min, self.t_max),
+                                     input_kind=kind, progress=progress)
         self.temperature_ = res.fit.temperature
         self.nll_ = res.fit.nll
         self.n_iter_ = res.fit.n_iter
         self.at_bound_ = res.fit.at_bound
         self.n_classes_ = res.n_classes
         self.fit_record_ = self._fit_record(n_samples=res.n_samples, data_sha256=res.data_sha256,
-                                            input_kind=input_kind, metrics_before=res.metrics_before,
-                                            metrics_after=res.metrics_after)
+                                            input_kind=kind, metrics_before=res.metrics_before,
+                                            metrics_after=res.metrics_after,
+                                            sample_weight=sample_weight is not None)
         return self
 
-    def _predict_source(self, logits, *, input_kind, progress, **side):
+    def _predict_source(self, logits, *, progress, **side):
         from confcal.calibrators._stream import predict_into
+        from confcal.sources import open_source
 
+        xs = open_source(logits, name="logits")
+        if xs.ndim != 2 or xs.shape[1] < 2:
+            return NotImplemented
         self._check_side(side, 0)
-        return predict_into(self, logits, input_kind=input_kind, progress=progress)
+        return predict_into(self, xs, progress=progress)
 
     def _predict_batch(self, logits, *, input_kind, first_row, **side):
         x = np.asarray(logits)
@@ -189,27 +202,32 @@ class GroupedTemperatureScaling(Calibrator):
     side_inputs = ("domains",)
 
     def __init__(self, t_min: float = DEFAULT_T_BOUNDS[0], t_max: float = DEFAULT_T_BOUNDS[1],
-                 min_samples: int = 1):
+                 min_samples: int = 1, input_kind: str = "logits"):
+        self.input_kind = input_kind
         self.t_min = t_min
         self.t_max = t_max
         self.min_samples = min_samples
 
-    def _fit(self, logits, labels, domains):
+    def _fit(self, logits, labels, domains, sample_weight=None):
         bounds = (self.t_min, self.t_max)
-        self.temperature_ = fit_temperature(logits, labels, t_bounds=bounds).temperature
+        sw = sample_weight
+        self.temperature_ = fit_temperature(logits, labels, sample_weight=sw, t_bounds=bounds).temperature
         self.temperatures_, self.domain_counts_ = {}, {}
         small = []
-        for d in np.unique(domains):
+        # a domain whose rows all have weight 0 is left out, as if absent
+        for d in np.unique(domains if sw is None else domains[sw > 0]):
             idx = np.flatnonzero(domains == d)
             key = _id_key(d)
             self.domain_counts_[key] = int(idx.size)
-            if idx.size < self.min_samples:
+            # an integer weight counts as that many repeated samples
+            if (idx.size if sw is None else sw[idx].sum()) < self.min_samples:
                 small.append(key)
                 self.temperatures_[key] = self.temperature_
                 continue
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", CalibrationWarning)
-                res = fit_temperature(logits[idx], labels[idx], t_bounds=bounds)
+                res = fit_temperature(logits[idx], labels[idx], sample_weight=None if sw is None else sw[idx],
+                                      t_bounds=bounds)
             for w in caught:
                 warnings.warn(f"domain {key!r}: {w.message}", CalibrationWarning, stacklevel=4)
             self.temperatures_[key] = res.temperature

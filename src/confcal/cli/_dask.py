@@ -74,18 +74,28 @@ def _open(path):
         raise FileNotFoundError(f"--logits: cannot read the Parquet dataset {path!r} ({exc})") from None
 
 
+def _calibrator(args):
+    """The manifest's calibrator, with ``--input-kind`` (when given) overriding the recorded one."""
+    from confcal.io import load_calibrator
+
+    if not args.calibrator:
+        return None
+    cal = load_calibrator(args.calibrator)
+    if getattr(args, "input_kind", None) is not None and args.input_kind != cal.input_kind:
+        cal.set_params(input_kind=args.input_kind)
+    return cal
+
+
 def run_apply(args) -> int:
     from confcal.dask import apply
     from confcal.dask._cluster import write_parquet
 
-    if getattr(args, "input_kind", "logits") != "logits":
-        raise ValueError("--input-kind: with --engine dask the manifest's input kind is used")
     path, cols = _dataset(args, ["--logits", "--domains", "--features"])
     keep = [c for c in (getattr(args, "keep_columns", None) or "").split(",") if c]
     dtype = getattr(args, "dtype", None) or "float64"
     with _client(args):
         frame = _open(path)
-        lazy = apply(args.calibrator, frame, logits=cols["--logits"], domains=cols.get("--domains"),
+        lazy = apply(_calibrator(args), frame, logits=cols["--logits"], domains=cols.get("--domains"),
                      features=cols.get("--features"), keep_columns=keep, dtype=dtype)
         write_parquet(lazy, args.output)
         n = frame.npartitions
@@ -102,7 +112,7 @@ def run_evaluate(args) -> int:
     with _client(args):
         res = evaluate(_open(path), logits=cols["--logits"], labels=cols["--labels"],
                        domains=cols.get("--domains"), features=cols.get("--features"),
-                       calibrator=args.calibrator, input_kind=args.input_kind, n_bins=args.n_bins)
+                       calibrator=_calibrator(args), input_kind=args.input_kind or "logits", n_bins=args.n_bins)
     if args.json:
         print(json.dumps(res, indent=2, default=str))
         return 0

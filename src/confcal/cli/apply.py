@@ -25,6 +25,7 @@ def register(sub):
                                    "probabilities atomically, batch by batch (bounded memory).")
     p.add_argument("--calibrator", required=True, help="manifest written by 'confcal fit'")
     add_logits_args(p, labels=False)
+    p.set_defaults(input_kind=None)  # default: what the calibrator was fitted on (its manifest)
     p.add_argument("-o", "--output", required=True,
                    help="output .npy, .npz (key 'probs'), .csv or .parquet (column 'probs'); with --engine dask "
                         "a Parquet dataset folder")
@@ -44,16 +45,19 @@ def run(args) -> int:
     check_not_an_input(args.output, {"--logits": args.logits, "--calibrator": args.calibrator,
                                      "--domains": args.domains, "--features": args.features})
     cal = load_calibrator(args.calibrator)
+    if args.input_kind is None:
+        args.input_kind = cal.input_kind
     dtype = np.dtype(args.dtype)
     if getattr(cal, "takes_box_scores", False):
         # det-ts / det-platt: 1-D box scores in, (n_boxes, 2) [false, true positive] out
+        cal.set_params(input_kind=args.input_kind)
         probs = cal.predict_proba(load_array(args.logits, name="scores", csv_header=args.csv_header),
-                                  input_kind=args.input_kind, **load_side(args))
+                                  **load_side(args))
         save_array(args.output, probs.astype(dtype))
         print(f"wrote {probs.shape[0]} x {probs.shape[1]} calibrated probabilities ({cal.method}) -> {args.output}")
         return 0
     xs = source(args, "logits")
-    if xs.ndim == 2:
+    if xs.ndim == 2 and xs.shape[1] > 1:
         cal = load_calibrator(args.calibrator, n_classes=xs.shape[1])
     keep = {}
     if args.keep_columns:

@@ -26,6 +26,7 @@ def register(sub):
                        description="Accuracy, ECE (equal-width and equal-mass), MCE, NLL and Brier score "
                                    "of the logits, and after a calibrator if one is given.")
     add_logits_args(p, labels=True)
+    p.set_defaults(input_kind=None)  # default: the calibrator's (its manifest), else logits
     p.add_argument("--calibrator", help="manifest written by 'confcal fit'")
     p.add_argument("--n-bins", type=int, default=15, help="bins for ECE/MCE (default 15)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -88,6 +89,8 @@ def evaluate_sources(xs, ys, *, cal=None, side=None, input_kind="logits", n_bins
 
 
 def run(args) -> int:
+    if args.input_kind is None:  # default: the calibrator's (its manifest), else logits
+        args.input_kind = load_calibrator(args.calibrator).input_kind if args.calibrator else "logits"
     if wants_dask(args):
         return run_evaluate(args)
     xs, ys = source(args, "logits"), source(args, "labels")

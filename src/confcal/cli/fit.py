@@ -43,6 +43,8 @@ def run(args) -> int:
     params = parse_params(args.param)
     if args.per_class:
         params["per_class"] = True
+    if args.input_kind != "logits" or "input_kind" not in params:
+        params["input_kind"] = args.input_kind  # a hyper-parameter: the manifest records it for apply
     check_output_path(args.output, suffixes=(".json",), name="--output")
     check_not_an_input(args.output, {"--logits": args.logits, "--labels": args.labels, "--domains": args.domains,
                                      "--features": args.features, "--category-ids": args.category_ids})
@@ -55,14 +57,13 @@ def run(args) -> int:
         x, y = load_array(args.logits, name="scores"), load_array(args.labels, name="labels")
         if args.category_ids:
             side["category_ids"] = load_array(args.category_ids, name="category_ids")
-        cal.fit(x, y, input_kind=args.input_kind, **side)
+        cal.fit(x, y, **side)
     else:
         if args.per_class or args.category_ids:
             raise ValueError(f"--per-class/--category-ids: only for det-ts and det-platt, not {args.method}")
         # sources: fits that are sums over rows (TS) stream them in batches, the others load
-        # them whole; fit validates them and records the input kind in the manifest
-        cal.fit(source(args, "logits"), source(args, "labels"), input_kind=args.input_kind,
-                progress=progress_of(args), **side_sources(args))
+        # them whole; fit validates them (input_kind is a hyper-parameter, recorded in the manifest)
+        cal.fit(source(args, "logits"), source(args, "labels"), progress=progress_of(args), **side_sources(args))
     save_manifest(cal, args.output)
     rec = cal.fit_record_
     if args.json:

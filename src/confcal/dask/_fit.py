@@ -279,7 +279,8 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
     params : dict, optional
         Hyper-parameters of the method.
     input_kind : {"logits", "probs"}
-        What the ``logits`` column holds.
+        What the ``logits`` column holds (a hyper-parameter, recorded in the manifest;
+        ``params["input_kind"]`` wins when both are given).
     sample_rows : int
         Size of the in-memory sample for methods that are not full-data sums.
     seed : int
@@ -301,9 +302,10 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
     """
     from confcal.calibrators.base import make_calibrator
 
-    cal = make_calibrator(method, params)
     if input_kind not in ("logits", "probs"):
         raise ValueError(f"input_kind: expected 'logits' or 'probs', got {input_kind!r}")
+    cal = make_calibrator(method, {"input_kind": input_kind, **(params or {})})
+    input_kind = cal.input_kind
     lspec = resolve_columns(data, logits, name="logits")
     yspec = resolve_columns(data, labels, name="labels")
     dspec = resolve_columns(data, domains, name="domains") if domains else None
@@ -326,7 +328,7 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
             side["domains"] = column_matrix(frame, dspec, name="domains")
         if fspec is not None:
             side["features"] = column_matrix(frame, fspec, name="features")
-        fitted = cal.fit(x, y, input_kind=input_kind, **side)
+        fitted = cal.fit(x, y, **side)
         fitted.fit_record_ = {**(fitted.fit_record_ or {}), "engine": "dask",
                               "sample": {"rows": int(len(frame)), "seed": int(seed)}}
         how = (f"{method} is not a full-data sum: fitted in memory on a seeded sample of {len(frame):,} rows "

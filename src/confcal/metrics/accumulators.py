@@ -75,10 +75,12 @@ class ScoresAccumulator(_Mergeable):
         binary = as_numpy(probs, "probs").ndim == 1
         p = check_probs(probs)
         y = check_labels(labels, p.shape[0], p.shape[1])
-        rows = np.arange(p.shape[0])
-        py = p[rows, y]
+        return self._add_validated(p, y, np.argmax(p, axis=1), binary=binary)
+
+    def _add_validated(self, p, y, pred, *, binary):
+        py = p[np.arange(p.shape[0]), y]
         self.n += p.shape[0]
-        self.correct += int(np.count_nonzero(np.argmax(p, axis=1) == y))
+        self.correct += int(np.count_nonzero(pred == y))
         self.nll_sum += float(-np.sum(np.log(np.clip(py, self.eps, 1.0))))
         if binary:
             self.brier_sum += float(np.sum((p[:, 1] - y) ** 2))
@@ -437,9 +439,12 @@ class SummaryAccumulator(_Mergeable):
 
         p = check_probs(probs)
         y = check_labels(labels, p.shape[0], p.shape[1])
-        conf, correct = confidence_correct(p, y)
+        # validated once here; the parts below take the validated arrays as they are
+        pred = np.argmax(p, axis=1)
+        conf = p[np.arange(p.shape[0]), pred]
+        correct = pred == y
         if self.pass_no == 1:
-            self.scores.update(p, y)
+            self.scores._add_validated(p, y, pred, binary=np.ndim(probs) == 1)
             self.bins.update_pairs(conf, correct)
         if self.equal_mass is not None:
             self.equal_mass.update_pairs(conf, correct)
