@@ -47,8 +47,8 @@ import torch
 
 from confcal.ops import bcsoftmax
 
-# the package re-exports the function under the module's name
-_impl = importlib.import_module("confcal.ops.bcsoftmax")
+# dispatch: the switch between the compiled kernel and the torch solvers
+_impl = importlib.import_module("confcal.ops._bcsoftmax_dispatch")
 
 
 def _random_bounds(n, k, gen):

@@ -15,7 +15,6 @@ __all__ = [
     "check_labels",
     "check_domains",
     "check_features",
-    "check_lengths",
 ]
 
 
@@ -236,12 +235,3 @@ def check_features(features, n_samples: int, *, name: str = "features") -> np.nd
         row = _first_bad_row(~np.isfinite(f).all(axis=1))
         raise ValueError(f"{name}: expected finite values, found NaN/inf in row {row}")
     return f
-
-
-def check_lengths(**arrays) -> int:
-    """All given arrays have the same first dimension; return it."""
-    lens = {k: len(v) for k, v in arrays.items() if v is not None}
-    if len(set(lens.values())) > 1:
-        desc = ", ".join(f"{k} has {n}" for k, n in lens.items())
-        raise ValueError(f"length mismatch: {desc} samples")
-    return next(iter(lens.values()))

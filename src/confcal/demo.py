@@ -53,7 +53,7 @@ def run_demo(output_dir="confcal-demo", *, seed: int = 0, plot: bool = True, ech
     Prints a before/after metric table and the reliability tables, writes the
     manifest and a reliability-diagram PNG to ``output_dir``; returns the numbers.
     """
-    from confcal.cli._common import format_table, metrics_rows
+    from confcal._tables import format_table, metrics_rows
     from confcal.io import save_manifest
 
     data = digits_logits(seed)

@@ -41,13 +41,14 @@ FAST = {
     "domain-ensemble": {"n_clusters": 3, "n_init": 1, "min_cluster_size": 5},
     "det-ts": {"min_samples": 5},
     "det-platt": {"min_samples": 5},
+    "source-gated-ts": {"source_domain": 0, "base_params": {"n_clusters": 3, "n_init": 1, "min_cluster_size": 5}},
 }
 #: methods whose fit is a weighted mean and not mini-batch: sample_weight must act as repetition
 WEIGHTED = ["ts", "grouped-ts", "set-ts", "cluster-ts", "cluster-ts-regression", "domain-ensemble", "vs", "ms",
             "dirichlet", "ets", "lb", "dpb", "pb", "pb-lower", "pb-upper", "ts+pb", "vs+pb", "ms+pb",
             "dirichlet+pb", "ets+pb", "det-ts", "det-platt"]
 NON_CONVEX = {"lb", "dpb", "pb", "pb-lower", "pb-upper", "ts+pb", "vs+pb", "ms+pb", "dirichlet+pb", "ets+pb"}
-NO_WEIGHTS = ["pts", "pts+pb", "pb-mlp", "fc"]
+NO_WEIGHTS = ["pts", "pts+pb", "pb-mlp", "fc", "source-gated-ts"]
 NO_SIDE = [m for m in ALL if m not in BOX and not METHODS[m].side_inputs]
 
 
@@ -71,7 +72,7 @@ def data(name: str, n: int = 60, k: int = 3, seed: int = 0):
         z = 2.0 * rng.normal(size=(n, k))
     if "features" in METHODS[name].side_inputs and name != "fc":
         side["features"] = z[:, :2] + 0.3 * rng.normal(size=(n, 2))
-    if "domains" in METHODS[name].side_inputs:
+    if "domains" in METHODS[name].side_inputs or name == "source-gated-ts":  # its domains: fit time only
         side["domains"] = rng.integers(0, 2, size=n)
     p = softmax(z / 1.5)
     y = (rng.uniform(size=(n, 1)) > np.cumsum(p, axis=1)).sum(axis=1)

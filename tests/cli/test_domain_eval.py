@@ -118,3 +118,53 @@ def test_generic_fit_and_apply_with_features_and_domains(tmp_path, method, capsy
         assert run("apply", "--calibrator", tmp_path / "cal.json", "--logits", tmp_path / "z.npy",
                    "-o", tmp_path / "q.npy") == 2
         assert "features" in capsys.readouterr().err
+
+
+def test_domain_eval_seeds_and_gate_param(files, capsys):
+    d, f = files
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rc = run("domain-eval", *[x for k, p in f.items() for x in ("--domain", f"{k}={p}")],
+                 "--source", "src", "--target", "c", "--draws", 10, "--param", "n_clusters=3",
+                 "--gate-param", "n_neighbors=5", "--seeds", 0, 1, "--csv", d / "seeds.csv")
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "seed 0 src | a+b -> c" in out and "seed 1 src | a+b -> c" in out
+    assert "per method" in out and "seed 1 paper-IR" in out and "source-gated" in out
+    rows = list(csv.DictReader(open(d / "seeds.csv")))
+    assert len(rows) == 2 * len(METHODS) and {r["seed"] for r in rows} == {"0", "1"}
+    # seed 0 of a two-seed run is the same run as --seed 0 alone
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run("domain-eval", *[x for k, p in f.items() for x in ("--domain", f"{k}={p}")], "--source", "src",
+            "--target", "c", "--draws", 10, "--param", "n_clusters=3", "--gate-param", "n_neighbors=5",
+            "--csv", d / "one.csv")
+    one = list(csv.DictReader(open(d / "one.csv")))
+    assert [r["ece_mean"] for r in one] == [r["ece_mean"] for r in rows if r["seed"] == "0"]
+
+
+def test_generic_fit_and_apply_source_gated(tmp_path, capsys):
+    rng = np.random.default_rng(2)
+    parts = [domain_arrays(rng, 200, t, s) for t, s in ((1.0, 0), (2.5, 3), (2.5, -3))]
+    z, y, feats = (np.concatenate([p[i] for p in parts]) for i in range(3))
+    np.save(tmp_path / "z.npy", z)
+    np.save(tmp_path / "y.npy", y)
+    np.save(tmp_path / "f.npy", feats)
+    np.save(tmp_path / "d.npy", np.repeat(["src", "a", "b"], 200))
+    common = ["--logits", tmp_path / "z.npy", "--labels", tmp_path / "y.npy", "--features", tmp_path / "f.npy",
+              "--domains", tmp_path / "d.npy", "--method", "source-gated-ts"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert run("fit", *common, "--param", "source_domain=src", "--param", 'base_params={"n_clusters": 3}',
+                   "-o", tmp_path / "cal.json") == 0
+        assert run("apply", "--calibrator", tmp_path / "cal.json", "--logits", tmp_path / "z.npy",
+                   "--features", tmp_path / "f.npy", "-o", tmp_path / "p.npy") == 0
+    p = np.load(tmp_path / "p.npy")
+    assert p.shape == (600, 3) and np.allclose(p.sum(1), 1)
+    capsys.readouterr()
+    assert run("fit", *common, "--param", "source_domain=nope", "-o", tmp_path / "bad.json") == 2
+    assert "source_domain: 'nope' is not among the fit domains" in capsys.readouterr().err
+    assert not (tmp_path / "bad.json").exists()
+    assert run("apply", "--calibrator", tmp_path / "cal.json", "--logits", tmp_path / "z.npy",
+               "-o", tmp_path / "q.npy") == 2
+    assert "features" in capsys.readouterr().err

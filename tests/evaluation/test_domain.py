@@ -13,19 +13,24 @@ from confcal.calibrators import (
     ClusterTemperatureScaling,
     DomainEnsembleTemperatureScaling,
     SetLevelTemperatureScaling,
+    SourceGatedTemperatureScaling,
     TemperatureScaling,
 )
 from confcal.evaluation.domain import (
-    CSV_COLUMNS,
     METHODS,
     DomainData,
     Split,
     all_splits,
     evaluate_split,
+    method_summary,
+    target_summary,
+)
+from confcal.evaluation.domain_tables import (
+    CSV_COLUMNS,
+    method_summary_table,
     results_to_rows,
     rows_to_csv,
     split_table,
-    target_summary,
     target_summary_table,
 )
 from confcal.metrics import bootstrap_ece, improvement_ratio
@@ -92,6 +97,11 @@ def test_every_method_matches_an_independent_recomputation(domains, result):
             "cluster-ts-regression": ClusterRegressionTemperatureScaling().fit(zc, yc, features=fc)
             .predict_proba(z, features=f),
             "domain-ensemble": DomainEnsembleTemperatureScaling().fit(zc, yc, features=fc)
+            .predict_proba(z, features=f),
+            "source-gated-ts": SourceGatedTemperatureScaling(source_domain="src").fit(
+                np.concatenate([domains["src"].logits, zc]), np.concatenate([domains["src"].labels, yc]),
+                features=np.concatenate([domains["src"].features, fc]),
+                domains=np.repeat(["src", "c1", "c2"], [len(domains[d]) for d in ("src", "c1", "c2")]))
             .predict_proba(z, features=f),
         }
     assert list(result.methods) == list(METHODS)
@@ -175,3 +185,25 @@ def test_real_surf_split_runs_and_set_level_beats_source_only():
     for r in res.methods.values():
         assert np.isfinite(r.ece_mean) and 0 <= r.ece_lo <= r.ece_hi <= 1
     assert res.methods["set-ts"].ece_mean < res.methods["source-only"].ece_mean
+
+
+def test_method_summary_per_seed(domains):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rs = [evaluate_split(domains["src"], {"c1": domains["c1"]}, domains[t], split=Split("src", ("c1",), t),
+                             n_draws=20, seed=s, gate_params={"n_neighbors": 5})
+              for s in (0, 1) for t in ("c2", "tgt")]
+    rows = method_summary(rs, margin=0.01)
+    assert [(r["seed"], r["method"]) for r in rows] == [(s, m) for s in (0, 1) for m in METHODS]
+    for row in rows:
+        mine = [r for r in rs if r.seed == row["seed"]]
+        e = {m: np.mean([r.methods[m].ece_mean for r in mine]) for m in METHODS}
+        assert row["n_splits"] == 2 and row["ece_mean"] == pytest.approx(e[row["method"]])
+        assert row["paper_ir"] == pytest.approx((e["source-only"] - e[row["method"]])
+                                                / (e["source-only"] - e["target-only"]))
+        assert row["n_worse_than_source"] == sum(
+            r.methods[row["method"]].ece_mean > r.methods["source-only"].ece_mean + 0.01 for r in mine)
+    table = method_summary_table(rs, margin=0.01)
+    assert "seed 1 worse than source-only by > 1 pts" in table and len(table.splitlines()) == 2 + len(METHODS)
+    gated = next(r for r in rows if r["seed"] == 1 and r["method"] == "source-gated-ts")
+    assert f"{100 * gated['ece_mean']:.2f}" in table.splitlines()[-1]

@@ -6,7 +6,6 @@ Softmax", arXiv 2506.10572.
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import numpy as np
@@ -18,7 +17,8 @@ from hypothesis import strategies as st
 from .bcsoftmax_oracle import kkt_violation, oracle, oracle_rows
 from confcal.ops import bcsoftmax, lbsoftmax, ubsoftmax
 
-impl = importlib.import_module("confcal.ops.bcsoftmax")  # the package re-exports the function under this name
+from confcal.ops import _bcsoftmax_dispatch as impl  # dispatch, autograd and the names the tests patch
+from confcal.ops import _bcsoftmax_sort as impl_sort
 
 F64 = torch.float64
 HYP = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -329,6 +329,62 @@ def test_ref_failure_float32_logits_1e3_apart():
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("tau", [1.8e-4, 1e-2])
+@pytest.mark.parametrize("side", ["upper", "lower"])
+def test_float32_box_with_little_room_sums_to_one(side, tau, monkeypatch):
+    # K = 170, sum(upper) = 1 + 1.96e-5 (below the feasibility tolerance
+    # K * eps = 2.03e-5): the one free class ends just below its upper bound
+    # (and the mirror case with the lower bounds).
+    # This row used to be snapped to the bound and summed to 1 + 1.96e-5.
+    # tau = 1.8e-4 spreads the scaled logits beyond the kernel (Newton serves
+    # them); tau = 1e-2 is the kernel's.
+    K, delta = 170, 1.96e-5
+    g = torch.linspace(1.0, 0.0, K)[None]
+    if side == "upper":
+        a, b = 0.0, (1 + delta) / K
+        calls = (lambda: ubsoftmax(g, b, tau=tau), lambda: bcsoftmax(g, a, torch.full((K,), b), tau=tau))
+    else:
+        a, b = (1 - delta) / K, 1.0
+        calls = (lambda: lbsoftmax(g, a, tau=tau), lambda: bcsoftmax(g, torch.full((K,), a), b, tau=tau))
+    ref = oracle_rows((g / tau).double().numpy(), float(torch.tensor(a)), float(torch.tensor(b)))
+    bound = float(torch.tensor(b if side == "upper" else a))
+    off = np.abs(ref[0] - bound)
+    assert (off > 1e-5).sum() == 1 and off.max() < 2e-5  # one free class, just inside its bound
+    for kernel in (True, False):
+        if not kernel:
+            monkeypatch.setattr(impl, "_kernel_usable", lambda x: False)
+        for call in calls:
+            p = call()
+            assert p.dtype == torch.float32
+            assert abs(float(p.double().sum()) - 1) <= 1e-6
+            np.testing.assert_allclose(p.double().numpy(), ref, rtol=0, atol=1e-6)
+
+
+@settings(max_examples=60, **HYP)
+@given(st.sampled_from([3, 17, 65, 170]), st.floats(-1, 4), st.floats(-7, -4.3), st.sampled_from(["upper", "lower", "both"]),
+       st.integers(0, 2**31 - 1), st.sampled_from(["kernel", "sort", "newton"]))
+def test_float32_rows_with_little_room_sum_to_one(K, log_scale, log_room, side, seed, method):
+    # float32 boxes whose sum(lower) or sum(upper) is within 1e-7 .. 5e-5 of
+    # 1, logits spread up to 1e4 (Newton's float32 stops near breakpoints)
+    rng = np.random.default_rng(seed)
+    x = (rng.normal(size=(3, K)) * 10**log_scale).astype(np.float32)
+    room = 10**log_room
+    w = rng.uniform(0.5, 1, size=(3, K))
+    if side == "upper":
+        a, b = np.zeros((3, K)), w / w.sum(1, keepdims=True) * (1 + room)
+    elif side == "lower":
+        a, b = w / w.sum(1, keepdims=True) * (1 - room), np.ones((3, K))
+    else:
+        a = w / w.sum(1, keepdims=True) * rng.uniform(0, 0.9, size=(3, 1))
+        v = rng.uniform(0, 1, size=(3, K))
+        b = a + v / v.sum(1, keepdims=True) * (1 + room - a.sum(1, keepdims=True))
+    a, b = torch.tensor(a, dtype=torch.float32), torch.tensor(np.minimum(b, 1), dtype=torch.float32)
+    assume(bool(((a.double().sum(1) < 1) & (b.double().sum(1) > 1)).all()))
+    p = _solve_with(method, x, a, b, torch.float32)[0].double()
+    assert float((p.sum(1) - 1).abs().max()) <= 1e-6
+    np.testing.assert_allclose(p.numpy(), oracle_rows(x, a.double().numpy(), b.double().numpy()), rtol=0, atol=1e-6)
+
+
 def test_sum_upper_exactly_one_gives_upper():
     b = t64([0.5, 0.25, 0.125, 0.125])
     torch.testing.assert_close(ubsoftmax(torch.randn(3, 4, dtype=F64), b), b.expand(3, 4), rtol=0, atol=0)
@@ -589,6 +645,22 @@ def test_torch_func_grad():
     torch.testing.assert_close(fg, x.grad)
 
 
+def test_autograd_uses_only_public_torch_api():
+    # Function.apply of the combined forward(ctx, ...) form serves eager calls
+    # at the speed the private _C._FunctionBase.apply used to buy.
+    from pathlib import Path
+    for path in Path(impl.__file__).parent.glob("*.py"):
+        assert "_FunctionBase" not in path.read_text(), path
+    g, a, b = _nondegenerate(3, n=4, K=6)
+    inputs = tuple(t.clone().requires_grad_() for t in (g, a, b, t64(0.7)))
+    assert type(bcsoftmax(*inputs[:3]).grad_fn).__name__ == "_BoxSoftmaxEagerBackward"
+    eager = torch.autograd.grad(bcsoftmax(*inputs[:3], tau=inputs[3]).square().sum(), inputs)
+    # torch.func.grad takes the form with a separate setup_context: both agree
+    fun = torch.func.grad(lambda *v: bcsoftmax(*v[:3], tau=v[3]).square().sum(), argnums=(0, 1, 2, 3))(*inputs)
+    for e, f in zip(eager, fun):
+        torch.testing.assert_close(e, f)
+
+
 # ---------------------------------------------------------------------------
 # solver health
 # ---------------------------------------------------------------------------
@@ -658,9 +730,9 @@ def test_each_solver_float32_close_to_float64_oracle(method, K):
 @pytest.mark.parametrize("K", [impl._SORT_MAX_K, impl._SORT_MAX_K + 1])
 def test_public_api_on_both_sides_of_the_solver_threshold(K, kernel, monkeypatch):
     calls = []
-    for name in ("_solve_kernel", "_sorted", "_iterate"):
-        real = getattr(impl, name)
-        monkeypatch.setattr(impl, name, lambda *args, _real=real, _name=name, **kw: calls.append(_name) or _real(*args, **kw))
+    for mod, name in ((impl, "_solve_kernel"), (impl_sort, "_sorted"), (impl, "_iterate")):
+        real = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *args, _real=real, _name=name, **kw: calls.append(_name) or _real(*args, **kw))
     if not kernel:
         monkeypatch.setattr(impl, "_kernel_usable", lambda x: False)
     gen = torch.Generator().manual_seed(K)
@@ -890,8 +962,7 @@ def test_float32_logits_with_a_large_offset_on_the_torch_path(monkeypatch):
         np.testing.assert_allclose(p.double().numpy(), ref, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("dtype, scale", [(F64, 1e17), (F64, 1e300), (F64, 1.4e308), (torch.float32, 1e15),
-                                          (torch.float32, 2.8e38)])
+@pytest.mark.parametrize("dtype, scale", [(F64, 1.4e308), (torch.float32, 2.8e38)])
 def test_logits_too_far_apart_for_the_dtype_raise(dtype, scale):
     # beyond what exp can resolve, the answer would silently miss the simplex
     g = torch.tensor([[0.5, -0.3, 1.2, 0.0]], dtype=dtype) * scale
@@ -899,6 +970,17 @@ def test_logits_too_far_apart_for_the_dtype_raise(dtype, scale):
         bcsoftmax(g, 0.02, 0.3)
     ok = torch.tensor([[0.5, -0.3, 1.2, 0.0]], dtype=F64) * 1e15  # still resolvable in float64
     np.testing.assert_allclose(bcsoftmax(ok, 0.02, 0.3).numpy(), [[0.3, 0.1, 0.3, 0.3]], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype, scale", [(F64, 1e17), (F64, 1e300), (torch.float32, 1e15)])
+def test_logits_far_apart_end_next_to_a_breakpoint_and_are_finished_exactly(dtype, scale):
+    # Newton stops on the all-clamped side of the last breakpoint (exp cannot
+    # tell nearby nu apart); freeing that breakpoint's coordinate is the
+    # exact answer, checked against the KKT conditions (these used to raise)
+    g = torch.tensor([[0.5, -0.3, 1.2, 0.0]], dtype=dtype) * scale
+    p = bcsoftmax(g, 0.02, 0.3)
+    np.testing.assert_allclose(p.double().numpy(), [[0.3, 0.1, 0.3, 0.3]], rtol=0, atol=4 * torch.finfo(dtype).eps)
+    assert abs(float(p.double().sum()) - 1) <= 4 * torch.finfo(dtype).eps
 
 
 def test_float_bounds_are_checked_even_without_check():

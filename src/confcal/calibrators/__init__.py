@@ -11,6 +11,7 @@ method name (``METHODS[name]``, ``confcal fit --method name``):
 * ``pb-mlp`` -- TS with instance-dependent bounds from a two-layer network (sec. 3.3)
 * ``lb`` (logit bounding), ``dpb`` (dual probability bounding)
 * ``vs``, ``ms``, ``dirichlet`` (ODIR: ``reg_lambda``, ``reg_mu``), ``ets``, ``pts`` -- baselines
+* ``source-gated-ts`` -- per-sample gate between source-only TS and a domain-generalization method
 * ``fc`` -- feature clipping; needs ``features=`` and the last linear layer (given or recovered)
 
 Adam-based (network) methods: ``pts``, ``pts+pb``, ``pb-mlp``; the others use full-batch L-BFGS.
@@ -40,6 +41,7 @@ from confcal.calibrators.ensemble import EnsembleTemperatureScaling
 from confcal.calibrators.parametric import ParameterizedTemperatureScaling
 from confcal.calibrators.feature_clipping import FeatureClipping
 from confcal.calibrators.bounding import DualProbabilityBounding, LogitBounding, ProbabilityBounding
+from confcal.calibrators.source_gated import SourceGatedTemperatureScaling
 
 __all__ = [
     "METHODS", "Calibrator", "NotFittedError", "CalibrationWarning", "calibrator_from_dict",
@@ -48,5 +50,5 @@ __all__ = [
     "DomainEnsembleTemperatureScaling", "DetectionTemperatureScaling", "DetectionPlattScaling",
     "VectorScaling", "MatrixScaling", "DirichletCalibration", "EnsembleTemperatureScaling",
     "ParameterizedTemperatureScaling", "FeatureClipping", "ProbabilityBounding", "LogitBounding",
-    "DualProbabilityBounding",
+    "DualProbabilityBounding", "SourceGatedTemperatureScaling",
 ]

@@ -73,7 +73,6 @@ class LogitMap(nn.Module, metaclass=abc.ABCMeta):
 
     name = ""
     trainer = "lbfgs"
-    needs_features = False
 
     def __init__(self, n_classes: int):
         super().__init__()

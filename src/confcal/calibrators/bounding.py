@@ -194,6 +194,26 @@ class ProbabilityBounding(Calibrator):
 
     ``fit`` raises ``ValueError`` for an unknown base / bounds / bound_model;
     ``METHODS[preset](base=...)`` for one that contradicts the preset.
+
+    Examples
+    --------
+    Over-confident logits of 300 samples and 3 classes (``4 *`` the logits of a
+    weaker model); the fit lowers the negative log-likelihood (1.681 before):
+
+    >>> import numpy as np
+    >>> from confcal.metrics import nll
+    >>> rng = np.random.default_rng(0)
+    >>> labels = rng.integers(0, 3, size=300)
+    >>> logits = 4 * (rng.normal(size=(300, 3)) + np.eye(3)[labels])
+    >>> from confcal.calibrators import ProbabilityBounding
+    >>> pb = ProbabilityBounding().fit(logits, labels)
+    >>> round(pb.lower_, 3), round(pb.upper_, 3)
+    (0.147, 0.632)
+    >>> probs = pb.predict_proba(logits)
+    >>> bool(probs.min() >= pb.lower_ - 1e-12 and probs.max() <= pb.upper_ + 1e-12)
+    True
+    >>> round(nll(probs, labels), 2)
+    0.94
     """
 
     def __init__(self, base: str = "none", bounds: str = "both", bound_model: str = "uniform",
@@ -430,6 +450,21 @@ class LogitBounding(MapCalibrator):
 
     Parameters: ``max_iter``, ``tol``, ``random_state`` as :class:`~confcal.calibrators.scaling.VectorScaling`.
     Attributes: ``map_`` (``c_raw``, ``cc_raw``), ``nll_``, ``n_iter_``, ``converged_``.
+
+    Examples
+    --------
+    Over-confident logits of 300 samples and 3 classes (``4 *`` the logits of a
+    weaker model); the fit lowers the negative log-likelihood (1.681 before):
+
+    >>> import numpy as np
+    >>> from confcal.metrics import nll
+    >>> rng = np.random.default_rng(0)
+    >>> labels = rng.integers(0, 3, size=300)
+    >>> logits = 4 * (rng.normal(size=(300, 3)) + np.eye(3)[labels])
+    >>> from confcal.calibrators import LogitBounding
+    >>> lb = LogitBounding().fit(logits, labels)
+    >>> lb.converged_, round(nll(lb.predict_proba(logits), labels), 2)
+    (True, 0.89)
     """
 
     method = "lb"
@@ -469,6 +504,21 @@ class DualProbabilityBounding(MapCalibrator):
 
     Parameters: ``max_iter``, ``tol``, ``random_state`` as :class:`~confcal.calibrators.scaling.VectorScaling`.
     Attributes: ``map_`` (``log_w``, ``log_d``), ``nll_``, ``n_iter_``, ``converged_``.
+
+    Examples
+    --------
+    Over-confident logits of 300 samples and 3 classes (``4 *`` the logits of a
+    weaker model); the fit lowers the negative log-likelihood (1.681 before):
+
+    >>> import numpy as np
+    >>> from confcal.metrics import nll
+    >>> rng = np.random.default_rng(0)
+    >>> labels = rng.integers(0, 3, size=300)
+    >>> logits = 4 * (rng.normal(size=(300, 3)) + np.eye(3)[labels])
+    >>> from confcal.calibrators import DualProbabilityBounding
+    >>> dpb = DualProbabilityBounding().fit(logits, labels)
+    >>> dpb.converged_, round(nll(dpb.predict_proba(logits), labels), 2)
+    (True, 0.87)
     """
 
     method = "dpb"

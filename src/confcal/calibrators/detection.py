@@ -461,6 +461,20 @@ class DetectionTemperatureScaling(_BoxScoreCalibrator):
     pooled_ : dict ``{"temperature", "bias"}`` of the pooled fit
     groups_ : dict ``{(category_id?, domain?): {"temperature", "bias"}}``
     group_counts_ : boxes per group at fit time; fallback_groups_ : groups using ``pooled_``
+
+    Examples
+    --------
+    Three boxes of score ``sigmoid(2)``, two of them true positives: the
+    temperature makes ``sigmoid(2 / T) = 2/3``, so ``T = 2 / ln 2``:
+
+    >>> import numpy as np
+    >>> from confcal.calibrators import DetectionTemperatureScaling
+    >>> scores = np.full(3, 1 / (1 + np.exp(-2.0)))
+    >>> det = DetectionTemperatureScaling(min_samples=1, input_kind="probs").fit(scores, [1, 1, 0])
+    >>> round(det.temperature_, 4), round(2 / float(np.log(2)), 4)
+    (2.8854, 2.8854)
+    >>> det.predict_proba(scores)[0].round(4).tolist()
+    [0.3333, 0.6667]
     """
 
     method = "det-ts"
@@ -528,6 +542,19 @@ class DetectionPlattScaling(_BoxScoreCalibrator):
 
     Source: J. Platt, "Probabilistic Outputs for Support Vector Machines and
     Comparisons to Regularized Likelihood Methods", 1999.
+
+    Examples
+    --------
+    Constant scores carry no signal, so the fit returns the mean of Platt's
+    smoothed targets: ``(N+ + 1) / (N+ + 2) = 3/4`` for the two positives and
+    ``1 / (N- + 2) = 1/3`` for the negative, ``(2 * 3/4 + 1/3) / 3 = 0.6111``:
+
+    >>> import numpy as np
+    >>> from confcal.calibrators import DetectionPlattScaling
+    >>> scores = np.full(3, 0.8)
+    >>> platt = DetectionPlattScaling(min_samples=1, input_kind="probs").fit(scores, [1, 1, 0])
+    >>> platt.predict_proba(scores)[0].round(4).tolist()
+    [0.3889, 0.6111]
     """
 
     method = "det-platt"

@@ -138,6 +138,24 @@ class SetLevelTemperatureScaling(Calibrator):
     temperature_ : float
     domain_counts_ : dict ``{domain id: n calibration samples}`` (empty without domains)
     at_bound_ : bool, whether ``T`` ended on a search bound
+
+    Examples
+    --------
+    Over-confident logits of 300 samples and 3 classes (``4 *`` the logits of a
+    weaker model); the fit lowers the negative log-likelihood (1.681 before):
+
+    >>> import numpy as np
+    >>> from confcal.metrics import nll
+    >>> rng = np.random.default_rng(0)
+    >>> labels = rng.integers(0, 3, size=300)
+    >>> logits = 4 * (rng.normal(size=(300, 3)) + np.eye(3)[labels])
+    >>> domains = rng.integers(0, 2, size=300)
+    >>> from confcal.calibrators import SetLevelTemperatureScaling
+    >>> sts = SetLevelTemperatureScaling().fit(logits, labels, domains=domains)
+    >>> round(sts.temperature_, 3), sts.domain_counts_, np.bincount(domains).tolist()
+    (4.579, {0: 136, 1: 164}, [136, 164])
+    >>> round(nll(sts.predict_proba(logits), labels), 3)
+    0.877
     """
 
     method = "set-ts"
@@ -393,7 +411,27 @@ class ClusterTemperatureScaling(_ClusterBase):
 
     Each test sample uses the temperature of the nearest k-means centroid:
     ``p = softmax(z / T_{c(x)})``, ``c(x) = argmin_c ||x - mu_c||``.
-    """ + _CLUSTER_DOC
+    """ + _CLUSTER_DOC + """
+    Examples
+    --------
+    Over-confident logits of 300 samples and 3 classes (``4 *`` the logits of a
+    weaker model); the fit lowers the negative log-likelihood (1.681 before):
+
+    >>> import numpy as np
+    >>> from confcal.metrics import nll
+    >>> rng = np.random.default_rng(0)
+    >>> labels = rng.integers(0, 3, size=300)
+    >>> logits = 4 * (rng.normal(size=(300, 3)) + np.eye(3)[labels])
+    >>> domains = rng.integers(0, 2, size=300)
+    >>> features = rng.normal(size=(300, 4)) + labels[:, None]
+    >>> from confcal.calibrators import ClusterTemperatureScaling
+    >>> cts = ClusterTemperatureScaling(n_clusters=2, n_init=1)
+    >>> cts = cts.fit(logits, labels, features=features, domains=domains)
+    >>> len(cts.cluster_temperatures_), int(sum(cts.cluster_sizes_))
+    (2, 300)
+    >>> round(nll(cts.predict_proba(logits, features=features), labels), 2)
+    0.88
+    """
 
     method = "cluster-ts"
 
@@ -494,7 +532,30 @@ class ClusterRegressionTemperatureScaling(_ClusterRegressionBase):
     Fits the clusters and their temperatures as :class:`ClusterTemperatureScaling`,
     then a linear map from a cluster's mean feature (its centroid) to its
     temperature; each test sample gets ``T(x) = exp(w . x_std + b)``.
-    """ + _RegressionMixin.__doc__ + _CLUSTER_DOC + _REG_DOC
+    """ + _RegressionMixin.__doc__ + _CLUSTER_DOC + _REG_DOC + """
+    Examples
+    --------
+    Over-confident logits of 300 samples and 3 classes (``4 *`` the logits of a
+    weaker model); the fit lowers the negative log-likelihood (1.681 before):
+
+    >>> import numpy as np
+    >>> from confcal.metrics import nll
+    >>> rng = np.random.default_rng(0)
+    >>> labels = rng.integers(0, 3, size=300)
+    >>> logits = 4 * (rng.normal(size=(300, 3)) + np.eye(3)[labels])
+    >>> domains = rng.integers(0, 2, size=300)
+    >>> features = rng.normal(size=(300, 4)) + labels[:, None]
+    >>> import warnings
+    >>> from confcal.calibrators import ClusterRegressionTemperatureScaling
+    >>> crts = ClusterRegressionTemperatureScaling(n_clusters=2, n_init=1)
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore")  # 2 clusters are few points for the regression
+    ...     crts = crts.fit(logits, labels, features=features, domains=domains)
+    >>> len(crts.reg_coef_)  # one coefficient per feature
+    4
+    >>> round(nll(crts.predict_proba(logits, features=features), labels), 2)
+    0.88
+    """
 
     method = "cluster-ts-regression"
 
@@ -522,7 +583,29 @@ class DomainEnsembleTemperatureScaling(_ClusterRegressionBase):
     :class:`ClusterTemperatureScaling` and
     :class:`ClusterRegressionTemperatureScaling` would fit with the same
     hyper-parameters.
-    """ + _CLUSTER_DOC + _REG_DOC
+    """ + _CLUSTER_DOC + _REG_DOC + """
+    Examples
+    --------
+    Over-confident logits of 300 samples and 3 classes (``4 *`` the logits of a
+    weaker model); the fit lowers the negative log-likelihood (1.681 before):
+
+    >>> import numpy as np
+    >>> from confcal.metrics import nll
+    >>> rng = np.random.default_rng(0)
+    >>> labels = rng.integers(0, 3, size=300)
+    >>> logits = 4 * (rng.normal(size=(300, 3)) + np.eye(3)[labels])
+    >>> domains = rng.integers(0, 2, size=300)
+    >>> features = rng.normal(size=(300, 4)) + labels[:, None]
+    >>> import warnings
+    >>> from confcal.calibrators import DomainEnsembleTemperatureScaling
+    >>> dets = DomainEnsembleTemperatureScaling(n_clusters=2, n_init=1)
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore")  # 2 clusters are few points for the regression
+    ...     dets = dets.fit(logits, labels, features=features, domains=domains)
+    >>> probs = dets.predict_proba(logits, features=features)
+    >>> bool(np.allclose(probs.sum(axis=1), 1)), round(nll(probs, labels), 2)
+    (True, 0.88)
+    """
 
     method = "domain-ensemble"
 

@@ -39,6 +39,21 @@ class EnsembleTemperatureScaling(MapCalibrator):
     temperature_ : float ``T``
     weights_ : list of 3 floats ``(w1, w2, w3)``, non-negative, summing to 1
     map_, nll_, n_iter_, converged_ : as every map calibrator
+
+    Examples
+    --------
+    Over-confident logits of 300 samples and 3 classes (``4 *`` the logits of a
+    weaker model); the fit lowers the negative log-likelihood (1.681 before):
+
+    >>> import numpy as np
+    >>> from confcal.metrics import nll
+    >>> rng = np.random.default_rng(0)
+    >>> labels = rng.integers(0, 3, size=300)
+    >>> logits = 4 * (rng.normal(size=(300, 3)) + np.eye(3)[labels])
+    >>> from confcal.calibrators import EnsembleTemperatureScaling
+    >>> ets = EnsembleTemperatureScaling().fit(logits, labels)
+    >>> ets.converged_, round(nll(ets.predict_proba(logits), labels), 2)
+    (True, 0.88)
     """
 
     method = "ets"

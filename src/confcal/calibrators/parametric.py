@@ -38,6 +38,22 @@ class ParameterizedTemperatureScaling(MapCalibrator):
     ----------
     map_ : the fitted :class:`~confcal.calibrators._maps.PTSMap`; ``temperatures(logits)``
         gives the per-sample ``T`` ``(n_samples,)``. ``nll_``, ``n_iter_`` (Adam steps).
+
+    Examples
+    --------
+    Over-confident logits of 300 samples and 3 classes (``4 *`` the logits of a
+    weaker model); the fit lowers the negative log-likelihood (1.681 before):
+
+    >>> import numpy as np
+    >>> from confcal.metrics import nll
+    >>> rng = np.random.default_rng(0)
+    >>> labels = rng.integers(0, 3, size=300)
+    >>> logits = 4 * (rng.normal(size=(300, 3)) + np.eye(3)[labels])
+    >>> from confcal.calibrators import ParameterizedTemperatureScaling
+    >>> pts = ParameterizedTemperatureScaling(epochs=20, progress=False).fit(logits, labels)
+    >>> probs = pts.predict_proba(logits)
+    >>> bool(np.allclose(probs.sum(axis=1), 1)), round(nll(probs, labels), 2)
+    (True, 0.88)
     """
 
     method = "pts"

@@ -34,6 +34,21 @@ class VectorScaling(MapCalibrator):
         (``map_.weight``, ``map_.bias``); ``nll_``, ``n_iter_``, ``converged_``
 
     Vector scaling can change the arg-max (a per-class bias), so accuracy may change.
+
+    Examples
+    --------
+    Over-confident logits of 300 samples and 3 classes (``4 *`` the logits of a
+    weaker model); the fit lowers the negative log-likelihood (1.681 before):
+
+    >>> import numpy as np
+    >>> from confcal.metrics import nll
+    >>> rng = np.random.default_rng(0)
+    >>> labels = rng.integers(0, 3, size=300)
+    >>> logits = 4 * (rng.normal(size=(300, 3)) + np.eye(3)[labels])
+    >>> from confcal.calibrators import VectorScaling
+    >>> vs = VectorScaling().fit(logits, labels)
+    >>> vs.converged_, round(nll(vs.predict_proba(logits), labels), 2)
+    (True, 0.87)
     """
 
     method = "vs"
@@ -53,6 +68,21 @@ class MatrixScaling(MapCalibrator):
     Unregularised, as in Guo et al. 2017: with many classes and few samples it
     over-fits (use :class:`DirichletCalibration` with ``reg_lambda > 0``).
     Parameters as :class:`VectorScaling`.
+
+    Examples
+    --------
+    Over-confident logits of 300 samples and 3 classes (``4 *`` the logits of a
+    weaker model); the fit lowers the negative log-likelihood (1.681 before):
+
+    >>> import numpy as np
+    >>> from confcal.metrics import nll
+    >>> rng = np.random.default_rng(0)
+    >>> labels = rng.integers(0, 3, size=300)
+    >>> logits = 4 * (rng.normal(size=(300, 3)) + np.eye(3)[labels])
+    >>> from confcal.calibrators import MatrixScaling
+    >>> ms = MatrixScaling().fit(logits, labels)
+    >>> ms.converged_, round(nll(ms.predict_proba(logits), labels), 2)
+    (True, 0.86)
     """
 
     method = "ms"
@@ -78,6 +108,21 @@ class DirichletCalibration(MapCalibrator):
     reg_lambda : float >= 0, weight of the off-diagonal penalty (default 0.01)
     reg_mu : float >= 0, weight of the intercept penalty (default 0.01)
     max_iter, tol, random_state : as :class:`VectorScaling`
+
+    Examples
+    --------
+    Over-confident logits of 300 samples and 3 classes (``4 *`` the logits of a
+    weaker model); the fit lowers the negative log-likelihood (1.681 before):
+
+    >>> import numpy as np
+    >>> from confcal.metrics import nll
+    >>> rng = np.random.default_rng(0)
+    >>> labels = rng.integers(0, 3, size=300)
+    >>> logits = 4 * (rng.normal(size=(300, 3)) + np.eye(3)[labels])
+    >>> from confcal.calibrators import DirichletCalibration
+    >>> dc = DirichletCalibration(reg_lambda=0.01, reg_mu=0.01).fit(logits, labels)
+    >>> dc.converged_, round(nll(dc.predict_proba(logits), labels), 2)
+    (True, 0.87)
     """
 
     method = "dirichlet"

@@ -100,6 +100,24 @@ class TemperatureScaling(Calibrator):
     at_bound_ : bool, whether ``T`` ended on ``t_min`` or ``t_max``
 
     Source: Guo et al., "On Calibration of Modern Neural Networks", ICML 2017, sec. 4.2.
+
+    Examples
+    --------
+    Over-confident logits of 300 samples and 3 classes (``4 *`` the logits of a
+    weaker model); the fit lowers the negative log-likelihood (1.681 before):
+
+    >>> import numpy as np
+    >>> from confcal.metrics import nll
+    >>> rng = np.random.default_rng(0)
+    >>> labels = rng.integers(0, 3, size=300)
+    >>> logits = 4 * (rng.normal(size=(300, 3)) + np.eye(3)[labels])
+    >>> from confcal.calibrators import TemperatureScaling
+    >>> ts = TemperatureScaling().fit(logits, labels)
+    >>> round(ts.temperature_, 3), ts.temperature_ > 1  # over-confident: T > 1
+    (4.579, True)
+    >>> probs = ts.predict_proba(logits)
+    >>> probs.shape, round(nll(probs, labels), 3)
+    ((300, 3), 0.877)
     """
 
     method = "ts"
@@ -196,6 +214,24 @@ class GroupedTemperatureScaling(Calibrator):
     temperature_ : float, the pooled temperature
     temperatures_ : dict ``{domain id: T}``
     domain_counts_ : dict ``{domain id: n calibration samples}``
+
+    Examples
+    --------
+    Over-confident logits of 300 samples and 3 classes (``4 *`` the logits of a
+    weaker model); the fit lowers the negative log-likelihood (1.681 before):
+
+    >>> import numpy as np
+    >>> from confcal.metrics import nll
+    >>> rng = np.random.default_rng(0)
+    >>> labels = rng.integers(0, 3, size=300)
+    >>> logits = 4 * (rng.normal(size=(300, 3)) + np.eye(3)[labels])
+    >>> domains = rng.integers(0, 2, size=300)
+    >>> from confcal.calibrators import GroupedTemperatureScaling
+    >>> gts = GroupedTemperatureScaling().fit(logits, labels, domains=domains)
+    >>> {domain: round(t, 2) for domain, t in gts.temperatures_.items()}  # both over-confident: T > 1
+    {0: 5.24, 1: 4.07}
+    >>> round(nll(gts.predict_proba(logits, domains=domains), labels), 2)
+    0.87
     """
 
     method = "grouped-ts"

@@ -15,6 +15,9 @@ For one split, :func:`evaluate_split` computes, on the same target samples:
 ``cluster-ts``            cluster-level TS, nearest centroid (eq. 16)
 ``cluster-ts-regression`` cluster-level TS, regression (eq. 18)
 ``domain-ensemble``       mean of the three proposed methods' calibrated logits
+``source-gated-ts``       per-sample gate between source-only TS and the ensemble
+                          by the kNN source probability of the sample's features
+                          (:class:`~confcal.calibrators.SourceGatedTemperatureScaling`)
 ========================  =====================================================
 
 ECE is summarised by the paper's bootstrap (``n_draws`` draws of ``n_samples``
@@ -22,17 +25,14 @@ target samples; the same draws for every method of a split, so differences are
 paired), and each method gets the improvement ratio (eq. 19) against the
 source-only and target-only ECE means.
 
-:func:`split_table` and :func:`target_summary_table` print tables shaped like
-the paper's Table 2 (one row per split) and Table 1 (one row per target);
-:func:`results_to_rows` / :func:`rows_to_csv` give the long CSV form.
+:func:`target_summary` and :func:`method_summary` aggregate results over
+splits (and seeds); rendering them as tables and CSV is
+:mod:`confcal.evaluation.domain_tables`' job.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import itertools
-import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
@@ -44,6 +44,7 @@ from confcal._validation import check_features, check_labels, check_logits
 from confcal.calibrators import (
     DomainEnsembleTemperatureScaling,
     SetLevelTemperatureScaling,
+    SourceGatedTemperatureScaling,
     fit_temperature,
 )
 from confcal.metrics import accuracy, nll
@@ -51,19 +52,20 @@ from confcal.metrics.bootstrap import bootstrap_ece, improvement_ratio
 
 __all__ = [
     "DomainData", "Split", "MethodResult", "SplitResult", "METHODS", "PROPOSED", "METHOD_LABELS",
-    "all_splits", "evaluate_split", "split_table", "target_summary", "target_summary_table",
-    "results_to_rows", "rows_to_csv",
+    "BAD_SPLIT_MARGIN", "all_splits", "evaluate_split", "target_summary", "method_summary",
 ]
 
 #: evaluation order; the first three are the baselines
 METHODS = ("uncalibrated", "source-only", "target-only", "set-ts", "cluster-ts",
-           "cluster-ts-regression", "domain-ensemble")
+           "cluster-ts-regression", "domain-ensemble", "source-gated-ts")
 PROPOSED = METHODS[3:]
 METHOD_LABELS = {
     "uncalibrated": "uncal.", "source-only": "source-only TS", "target-only": "target-only TS (oracle)",
     "set-ts": "set-level", "cluster-ts": "cluster-NN", "cluster-ts-regression": "cluster-reg.",
-    "domain-ensemble": "ensemble",
+    "domain-ensemble": "ensemble", "source-gated-ts": "source-gated",
 }
+#: a split counts as "worse than source-only" when a method's ECE exceeds it by more than this
+BAD_SPLIT_MARGIN = 0.02
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,7 @@ class SplitResult:
     n_bootstrap: int
     tag: str = ""
     warnings: list[str] = field(default_factory=list)
+    seed: int = 0
 
 
 def all_splits(domains: Sequence[str], n_calibration: int = 2) -> list[Split]:
@@ -178,7 +181,7 @@ def evaluate_split(source: DomainData, calibration: Mapping[str, DomainData], ta
                    split: Split | None = None, n_draws: int = 1000, n_samples: int | None = 1500,
                    n_bins: int = 15, oracle_fraction: float = 0.2, seed: int = 0,
                    domain_weighting: str = "sample", cluster_params: Mapping | None = None,
-                   tag: str = "") -> SplitResult:
+                   gate_params: Mapping | None = None, tag: str = "") -> SplitResult:
     """Run the protocol on one split.
 
     Parameters
@@ -195,6 +198,8 @@ def evaluate_split(source: DomainData, calibration: Mapping[str, DomainData], ta
     domain_weighting : passed to the four proposed calibrators
     cluster_params : extra hyper-parameters of the cluster-level calibrators
         (``n_clusters``, ``random_state``, ``min_cluster_size``, ...)
+    gate_params : extra hyper-parameters of ``source-gated-ts`` (``n_neighbors``,
+        ``max_pool_size``, ...); its base is the ensemble with ``cluster_params``
 
     Returns a :class:`SplitResult`. Raises ``ValueError`` when the domains
     disagree on ``n_classes`` or ``n_features`` or the target is too small to split.
@@ -238,6 +243,16 @@ def evaluate_split(source: DomainData, calibration: Mapping[str, DomainData], ta
         temps["cluster-ts"] = members["nn"]
         temps["cluster-ts-regression"] = members["regression"]
         temps["domain-ensemble"] = ens.temperatures_for(test.features)
+        # domain codes: 0 = source, 1.. = calibration domains (names may collide with "source")
+        gated = SourceGatedTemperatureScaling(
+            source_domain=0, base="domain-ensemble",
+            base_params={"domain_weighting": domain_weighting, **dict(cluster_params or {})},
+            **dict(gate_params or {}))
+        gated.fit(np.concatenate([source.logits, cal_logits]), np.concatenate([source.labels, cal_labels]),
+                  features=np.concatenate([source.features, cal_features]),
+                  domains=np.concatenate([np.zeros(len(source), np.int64),
+                                          1 + np.unique(cal_domains, return_inverse=True)[1].ravel()]))
+        temps["source-gated-ts"] = gated.temperatures_for(test.logits, test.features)
     # the three cluster-level calibrators share their clustering, so they repeat its warnings
     messages = list(dict.fromkeys(f"{split}: {w.category.__name__}: {w.message}" for w in caught))
 
@@ -258,39 +273,7 @@ def evaluate_split(source: DomainData, calibration: Mapping[str, DomainData], ta
         results[name] = MethodResult(**{**r.__dict__, "ir": ir})
     return SplitResult(split=split, methods=results, n_calibration=int(cal_logits.shape[0]),
                        n_target_eval=len(test), n_target_oracle=len(oracle_part),
-                       n_bootstrap=n_draws, tag=tag, warnings=messages)
-
-
-# ------------------------------------------------------------------------------ tables
-def _pct(v: float) -> str:
-    return f"{100 * v:.2f}"
-
-
-def _ir(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.2f}"
-
-
-def _markdown(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(header), sep, *(line(r) for r in rows)])
-
-
-def split_table(results: Sequence[SplitResult], *, show_std: bool = True) -> str:
-    """Per-split table like the paper's Table 2: one row per split, the bootstrap
-    mean ECE (%, ± std) of every method, then the IR of the proposed methods.
-    A markdown pipe table (readable as plain text)."""
-    header = ["split", *(METHOD_LABELS[m] for m in METHODS), *(f"IR {METHOD_LABELS[m]}" for m in PROPOSED)]
-    rows = []
-    for r in results:
-        cells = [(f"{r.tag} " if r.tag else "") + str(r.split)]
-        for m in METHODS:
-            mr = r.methods[m]
-            cells.append(_pct(mr.ece_mean) + (f" ± {_pct(mr.ece_std)}" if show_std else ""))
-        cells += [_ir(r.methods[m].ir) for m in PROPOSED]
-        rows.append(cells)
-    return _markdown(header, rows)
+                       n_bootstrap=n_draws, tag=tag, warnings=messages, seed=seed)
 
 
 def target_summary(results: Sequence[SplitResult]) -> list[dict]:
@@ -330,51 +313,26 @@ def target_summary(results: Sequence[SplitResult]) -> list[dict]:
     return out
 
 
-def target_summary_table(results: Sequence[SplitResult]) -> str:
-    """Per-target table like the paper's Table 1: mean ECE (%) per method over the
-    splits with that target, then mean per-split IR of the proposed methods."""
-    header = ["target", "splits", *(METHOD_LABELS[m] for m in METHODS),
-              *(f"IR {METHOD_LABELS[m]}" for m in PROPOSED)]
-    rows = []
-    for row in target_summary(results):
-        name = (f"{row['tag']} " if row["tag"] and row["tag"] != "all" else "") + row["target"]
-        if row["tag"] == "all" and row["target"] == "all":
-            name = "all"
-        rows.append([name, str(row["n_splits"]), *(_pct(row[f"ece_{m}"]) for m in METHODS),
-                     *(_ir(row[f"ir_{m}"]) for m in PROPOSED)])
-    return _markdown(header, rows)
+def method_summary(results: Sequence[SplitResult], *, margin: float = BAD_SPLIT_MARGIN) -> list[dict]:
+    """Per seed and method, over all splits of that seed.
 
-
-CSV_COLUMNS = ["tag", "source", "calibration", "target", "method", "ece_mean", "ece_std", "ece_lo",
-               "ece_hi", "ir", "accuracy", "nll", "temperature_mean", "n_calibration", "n_target_eval",
-               "n_target_oracle", "n_bootstrap"]
-
-
-def results_to_rows(results: Sequence[SplitResult]) -> list[dict]:
-    """Long form: one dict per (split, method) with :data:`CSV_COLUMNS` keys
-    (ECE as fractions; ``calibration`` joined with ``+``)."""
-    rows = []
-    for r in results:
+    Each row: ``seed``, ``method``, ``n_splits``, ``ece_mean`` (mean over splits
+    of the bootstrap mean ECE, a fraction), ``paper_ir`` (eq. 19 on the
+    averaged ECEs: ``(E_source - E) / (E_source - E_oracle)``, the paper's
+    measure; ``None`` where the oracle average is no better than source-only)
+    and ``n_worse_than_source`` (splits whose ECE exceeds source-only's by more
+    than ``margin``). Rows come in seed order, then :data:`METHODS` order.
+    """
+    out = []
+    for seed in sorted({r.seed for r in results}):
+        rs = [r for r in results if r.seed == seed]
+        e = {m: float(np.mean([r.methods[m].ece_mean for r in rs])) for m in METHODS}
+        gain = e["source-only"] - e["target-only"]
         for m in METHODS:
-            mr = r.methods[m]
-            rows.append({
-                "tag": r.tag, "source": r.split.source, "calibration": "+".join(r.split.calibration),
-                "target": r.split.target, "method": m, "ece_mean": mr.ece_mean, "ece_std": mr.ece_std,
-                "ece_lo": mr.ece_lo, "ece_hi": mr.ece_hi, "ir": mr.ir, "accuracy": mr.accuracy,
-                "nll": mr.nll, "temperature_mean": mr.temperature_mean, "n_calibration": r.n_calibration,
-                "n_target_eval": r.n_target_eval, "n_target_oracle": r.n_target_oracle,
-                "n_bootstrap": r.n_bootstrap,
-            })
-    return rows
+            worse = sum(r.methods[m].ece_mean - r.methods["source-only"].ece_mean > margin for r in rs)
+            out.append({"seed": seed, "method": m, "n_splits": len(rs), "ece_mean": e[m],
+                        "paper_ir": improvement_ratio(e[m], e["source-only"], e["target-only"])
+                        if gain > 1e-12 else None, "n_worse_than_source": int(worse)})
+    return out
 
 
-def rows_to_csv(rows: Sequence[dict], columns: Sequence[str] = tuple(CSV_COLUMNS)) -> str:
-    """CSV text of ``rows`` (``None`` -> empty cell; floats with full precision)."""
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(columns)
-    for row in rows:
-        w.writerow(["" if row.get(c) is None else (repr(row[c]) if isinstance(row[c], float)
-                                                  and math.isfinite(row[c]) else row[c])
-                    for c in columns])
-    return buf.getvalue()

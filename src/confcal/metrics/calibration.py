@@ -26,33 +26,72 @@ def _confidence_correct(probs, labels):
 
 def ece(probs, labels, n_bins: int = 15, binning: str = "equal_width", norm: str = "l1",
         *, return_n_bins: bool = False):
-    """Top-label expected calibration error.
+    """Top-label expected calibration error (ECE).
 
     ``ECE = sum_b (n_b / n) |acc(b) - conf(b)|`` over bins of the top-label
-    confidence (Guo et al. 2017, eq. 5; Atarashi et al. arXiv 2506.10572, eq. 4).
-    Bins are weighted by their count; empty bins contribute nothing.
+    confidence; bins are weighted by their count and empty bins contribute
+    nothing.  Bin edges follow the ``(lo, hi]`` convention (the first bin is
+    closed at 0).
+
+    Source: Guo et al., "On Calibration of Modern Neural Networks", ICML
+    2017, eq. 5; Atarashi et al., arXiv 2506.10572, eq. 4.
 
     Parameters
     ----------
-    probs : array ``(n_samples, n_classes)`` or ``(n_samples,)`` (binary, positive class)
-    labels : int array ``(n_samples,)`` in ``[0, n_classes)``
-    n_bins : int, number of bins (default 15)
-    binning : ``"equal_width"`` (edges ``k / n_bins``) or ``"equal_mass"`` (edges at
-        confidence quantiles; tied confidences share a bin, so fewer effective bins
-        can result — a constant predictor gets one bin, never a spurious 0)
-    norm : ``"l1"`` (ECE), ``"l2"`` (root of the count-weighted mean squared gap) or
-        ``"max"`` (MCE)
-    return_n_bins : also return the effective number of (non-empty) bins
+    probs : array-like of shape (n_samples, n_classes) or (n_samples,)
+        Probabilities (numpy or torch); a 1-D input holds the positive-class
+        probabilities of a binary problem (read as ``[1 - p, p]``).
+    labels : array-like of int, shape (n_samples,)
+        True classes in ``[0, n_classes)``.
+    n_bins : int, default=15
+        Number of bins.
+    binning : {"equal_width", "equal_mass"}, default="equal_width"
+        Edges at ``k / n_bins``, or at confidence quantiles (tied confidences
+        share a bin, so fewer effective bins can result: a constant predictor
+        gets one bin, never a spurious 0).
+    norm : {"l1", "l2", "max"}, default="l1"
+        ECE, the root of the count-weighted mean squared gap, or MCE.
+    return_n_bins : bool, default=False
+        Also return the effective number of (non-empty) bins.
 
     Returns
     -------
-    float in [0, 1], or ``(float, int)`` with ``return_n_bins=True``.
+    ece : float
+        In ``[0, 1]`` (a fraction, not percent).
+    n_bins_used : int
+        Only with ``return_n_bins=True``.
 
     Raises
     ------
     ValueError
-        Invalid probabilities or labels (see :func:`confcal._validation.check_probs`),
-        unknown ``binning``/``norm``, ``n_bins < 1``.
+        Invalid probabilities or labels (see
+        :func:`confcal._validation.check_probs`), unknown ``binning`` or
+        ``norm``, ``n_bins < 1``.
+
+    See Also
+    --------
+    mce, classwise_ece, reliability_table, smooth_ece
+
+    Examples
+    --------
+    Four predictions in five equal-width bins: confidence 0.9 (right) alone
+    in ``(0.8, 1]``, gap 0.1; 0.75 (wrong) and 0.7 (right) in ``(0.6, 0.8]``,
+    gap ``|0.725 - 0.5| = 0.225``; 0.55 (right) in ``(0.4, 0.6]``, gap 0.45.
+    ``ECE = (0.1 + 2 * 0.225 + 0.45) / 4 = 0.25``:
+
+    >>> import numpy as np
+    >>> from confcal.metrics import ece
+    >>> probs = np.array([[0.9, 0.1], [0.25, 0.75], [0.55, 0.45], [0.3, 0.7]])
+    >>> labels = np.array([0, 0, 0, 1])
+    >>> round(ece(probs, labels, n_bins=5), 6)
+    0.25
+
+    Equal-mass bins put each sample in its own bin here, so the ECE is the
+    mean ``|conf - correct|`` = ``(0.1 + 0.75 + 0.45 + 0.3) / 4``:
+
+    >>> value, used = ece(probs, labels, n_bins=5, binning="equal_mass", return_n_bins=True)
+    >>> round(value, 6), used
+    (0.4, 4)
     """
     conf, correct = _confidence_correct(probs, labels)
     return _ece_from_pairs(conf, correct, n_bins, binning, norm, return_n_bins)
@@ -65,18 +104,92 @@ def _ece_from_pairs(conf, correct, n_bins, binning, norm, return_n_bins=False):
 
 
 def mce(probs, labels, n_bins: int = 15, binning: str = "equal_width") -> float:
-    """Maximum calibration error: the largest ``|acc(b) - conf(b)|`` over non-empty bins
-    (Guo et al. 2017, eq. 6). Same inputs and bin convention as :func:`ece`."""
+    """Maximum calibration error (MCE): the largest ``|acc(b) - conf(b)|`` over non-empty bins.
+
+    Source: Guo et al., ICML 2017, eq. 6.  Same inputs and bin convention
+    as :func:`ece` (``norm="max"``).
+
+    Parameters
+    ----------
+    probs : array-like of shape (n_samples, n_classes) or (n_samples,)
+        Probabilities; 1-D: binary positive-class probabilities.
+    labels : array-like of int, shape (n_samples,)
+        True classes in ``[0, n_classes)``.
+    n_bins : int, default=15
+        Number of bins.
+    binning : {"equal_width", "equal_mass"}, default="equal_width"
+        As in :func:`ece`.
+
+    Returns
+    -------
+    float
+        In ``[0, 1]``.
+
+    Raises
+    ------
+    ValueError
+        As :func:`ece`.
+
+    Examples
+    --------
+    The bins of the :func:`ece` example have gaps 0.45, 0.225 and 0.1:
+
+    >>> import numpy as np
+    >>> from confcal.metrics import mce
+    >>> probs = np.array([[0.9, 0.1], [0.25, 0.75], [0.55, 0.45], [0.3, 0.7]])
+    >>> round(mce(probs, [0, 0, 0, 1], n_bins=5), 6)
+    0.45
+    """
     return ece(probs, labels, n_bins=n_bins, binning=binning, norm="max")
 
 
 def classwise_ece(probs, labels, n_bins: int = 15, binning: str = "equal_width",
                   *, return_per_class: bool = False):
-    """Class-wise ECE: the mean over classes ``k`` of the ECE of ``p[:, k]`` against
-    ``labels == k`` (Kull et al. 2019, "Beyond temperature scaling", sec. 3).
+    """Class-wise ECE: the mean over classes ``k`` of the ECE of ``p[:, k]`` against ``labels == k``.
 
-    Every sample counts in every class's bins. Returns a float, or
-    ``(float, per_class array (n_classes,))`` with ``return_per_class=True``.
+    Every sample counts in every class's bins.
+
+    Source: Kull et al., "Beyond temperature scaling: Obtaining
+    well-calibrated multiclass probabilities with Dirichlet calibration",
+    NeurIPS 2019, sec. 3 (classwise-ECE).
+
+    Parameters
+    ----------
+    probs : array-like of shape (n_samples, n_classes) or (n_samples,)
+        Probabilities; 1-D: binary positive-class probabilities.
+    labels : array-like of int, shape (n_samples,)
+        True classes in ``[0, n_classes)``.
+    n_bins : int, default=15
+        Number of bins per class.
+    binning : {"equal_width", "equal_mass"}, default="equal_width"
+        As in :func:`ece`.
+    return_per_class : bool, default=False
+        Also return the ECE of each class.
+
+    Returns
+    -------
+    classwise_ece : float
+        In ``[0, 1]``.
+    per_class : ndarray of shape (n_classes,)
+        Only with ``return_per_class=True``.
+
+    Raises
+    ------
+    ValueError
+        As :func:`ece`.
+
+    Examples
+    --------
+    Class 0 of the :func:`ece` example: ``p = [0.9, 0.25, 0.55, 0.3]``
+    against ``[1, 1, 1, 0]`` has gaps 0.1 (one sample), 0.225 (two) and
+    0.45 (one), so 0.25; class 1 mirrors it:
+
+    >>> import numpy as np
+    >>> from confcal.metrics import classwise_ece
+    >>> probs = np.array([[0.9, 0.1], [0.25, 0.75], [0.55, 0.45], [0.3, 0.7]])
+    >>> value, per_class = classwise_ece(probs, [0, 0, 0, 1], n_bins=5, return_per_class=True)
+    >>> round(value, 6), per_class.round(6).tolist()
+    (0.25, [0.25, 0.25])
     """
     p = check_probs(probs)
     y = check_labels(labels, p.shape[0], p.shape[1])
@@ -90,9 +203,42 @@ def classwise_ece(probs, labels, n_bins: int = 15, binning: str = "equal_width",
 def reliability_table(probs, labels, n_bins: int = 10, binning: str = "equal_width") -> dict:
     """Per-bin statistics of the top-label confidence for a reliability diagram.
 
-    Returns a dict of float64 arrays, each ``(n_bins,)`` — always ``n_bins`` rows:
-    ``bin_lo``, ``bin_hi`` (edges, ``(lo, hi]`` with the first bin closed at 0),
-    ``mean_confidence``, ``accuracy`` (NaN for empty bins) and ``count`` (int64).
+    Source: the reliability diagram of Guo et al., ICML 2017, sec. 2
+    (DeGroot & Fienberg 1983).
+
+    Parameters
+    ----------
+    probs : array-like of shape (n_samples, n_classes) or (n_samples,)
+        Probabilities; 1-D: binary positive-class probabilities.
+    labels : array-like of int, shape (n_samples,)
+        True classes in ``[0, n_classes)``.
+    n_bins : int, default=10
+        Number of bins (always that many rows, empty ones included).
+    binning : {"equal_width", "equal_mass"}, default="equal_width"
+        As in :func:`ece`.
+
+    Returns
+    -------
+    dict of str to ndarray of shape (n_bins,)
+        ``bin_lo``, ``bin_hi`` (edges, ``(lo, hi]`` with the first bin closed
+        at 0), ``mean_confidence`` and ``accuracy`` (float64, NaN for empty
+        bins) and ``count`` (int64).
+
+    Raises
+    ------
+    ValueError
+        As :func:`ece`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from confcal.metrics import reliability_table
+    >>> probs = np.array([[0.9, 0.1], [0.25, 0.75], [0.55, 0.45], [0.3, 0.7]])
+    >>> table = reliability_table(probs, [0, 0, 0, 1], n_bins=5)
+    >>> table["count"].tolist()
+    [0, 0, 1, 2, 1]
+    >>> table["mean_confidence"].round(3).tolist(), table["accuracy"].tolist()
+    ([nan, nan, 0.55, 0.725, 0.9], [nan, nan, 1.0, 0.5, 1.0])
     """
     conf, correct = _confidence_correct(probs, labels)
     count, conf_sum, corr_sum, edges = bin_sums(conf, correct, check_n_bins(n_bins), binning)
@@ -111,8 +257,41 @@ def reliability_table(probs, labels, n_bins: int = 10, binning: str = "equal_wid
 class ECEAccumulator:
     """Streaming equal-width top-label ECE: feed batches with :meth:`update`, read :meth:`ece`.
 
-    Gives exactly the pooled :func:`ece` (equal-width bins are data-independent,
-    so per-bin sums add up). Equal-mass bins need all confidences and are not offered.
+    Gives exactly the pooled :func:`ece` (equal-width bins are
+    data-independent, so per-bin sums add up).  Equal-mass bins need all
+    confidences and are not offered.  Memory is O(n_bins).
+
+    Source: the ECE of Guo et al., ICML 2017, eq. 5.
+
+    Parameters
+    ----------
+    n_bins : int, default=15
+        Number of equal-width bins.
+
+    Attributes
+    ----------
+    count, conf_sum, corr_sum : ndarray of shape (n_bins,)
+        Per-bin sample count, sum of confidences and number correct so far.
+
+    Raises
+    ------
+    ValueError
+        ``n_bins < 1``; :meth:`update` with invalid probabilities or labels;
+        :meth:`ece` before any sample.
+
+    Examples
+    --------
+    Two batches give the ECE of the pooled data (0.25 in the :func:`ece`
+    example):
+
+    >>> import numpy as np
+    >>> from confcal.metrics import ECEAccumulator
+    >>> probs = np.array([[0.9, 0.1], [0.25, 0.75], [0.55, 0.45], [0.3, 0.7]])
+    >>> labels = np.array([0, 0, 0, 1])
+    >>> acc = ECEAccumulator(n_bins=5)
+    >>> acc = acc.update(probs[:2], labels[:2]).update(probs[2:], labels[2:])
+    >>> round(acc.ece(), 6), int(acc.count.sum())
+    (0.25, 4)
     """
 
     def __init__(self, n_bins: int = 15):
@@ -122,6 +301,7 @@ class ECEAccumulator:
         self.corr_sum = np.zeros(self.n_bins)
 
     def update(self, probs, labels) -> "ECEAccumulator":
+        """Add a batch (``probs`` ``(n, n_classes)`` or ``(n,)``, ``labels`` ``(n,)``); returns ``self``."""
         conf, correct = _confidence_correct(probs, labels)
         c, s, a, _ = bin_sums(conf, correct, self.n_bins, "equal_width")
         self.count += c
@@ -130,6 +310,7 @@ class ECEAccumulator:
         return self
 
     def ece(self, norm: str = "l1") -> float:
+        """ECE of everything seen so far (``norm`` as in :func:`ece`)."""
         if self.count.sum() == 0:
             raise ValueError("ECEAccumulator: no samples seen; call update() first")
         return binned_gap(self.count, self.conf_sum, self.corr_sum, norm)

@@ -29,10 +29,40 @@ ALL = "(all)"
 
 
 def check_pairs(confidence, correct, *, name: str = "confidence"):
-    """Validate ``(confidence, correct)``; return float64 ``(n,)`` and bool ``(n,)``.
+    """Validate ``(confidence, correct)`` box pairs.
 
-    Raises ``ValueError`` for wrong shapes, NaN, confidences outside [0, 1]
-    (clip raw detector scores first) or ``correct`` values other than 0/1.
+    Parameters
+    ----------
+    confidence : array-like of float, shape (n_boxes,)
+        Box confidences in ``[0, 1]`` (clip raw detector scores first).
+    correct : array-like of bool or 0/1, shape (n_boxes,)
+        1 = true positive.
+    name : str, default="confidence"
+        Name of the first argument in error messages.
+
+    Returns
+    -------
+    confidence : ndarray of float64, shape (n_boxes,)
+    correct : ndarray of bool, shape (n_boxes,)
+
+    Raises
+    ------
+    ValueError
+        Wrong shapes, no boxes, NaN, confidences outside ``[0, 1]`` or
+        ``correct`` values other than 0/1.
+    TypeError
+        Non-numeric confidences.
+
+    Examples
+    --------
+    >>> from confcal.metrics.detection import check_pairs
+    >>> c, y = check_pairs([0.9, 0.2], [1, 0])
+    >>> c.dtype, y.tolist()
+    (dtype('float64'), [True, False])
+    >>> check_pairs([1.2], [1])
+    Traceback (most recent call last):
+    ...
+    ValueError: confidence: expected values in [0, 1], got 1.2 at index 0 ...
     """
     c = as_numpy(confidence, name)
     y = as_numpy(correct, "correct")
@@ -48,7 +78,7 @@ def check_pairs(confidence, correct, *, name: str = "confidence"):
     bad = ~np.isfinite(c) | (c < 0) | (c > 1)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{name}: expected values in [0, 1], got {c[i]!r} at index {i} "
+        raise ValueError(f"{name}: expected values in [0, 1], got {float(c[i])!r} at index {i} "
                          f"(range seen [{np.nanmin(c):g}, {np.nanmax(c):g}]); clip raw scores or calibrate first")
     if y.dtype != bool:
         if not np.all((y == 0) | (y == 1)):
@@ -60,19 +90,53 @@ def check_pairs(confidence, correct, *, name: str = "confidence"):
 
 def detection_ece(confidence, correct, n_bins: int = 15, binning: str = "equal_width", norm: str = "l1",
                   *, return_n_bins: bool = False):
-    """D-ECE: count-weighted mean of ``|fraction of true positives - mean confidence|`` per bin.
+    """Detection ECE (D-ECE): count-weighted mean of ``|precision(b) - mean confidence(b)|`` per bin.
+
+    Source: Kueppers et al., "Multivariate Confidence Calibration for Object
+    Detection", CVPR-W 2020, eq. 3 restricted to the confidence dimension.
 
     Parameters
     ----------
-    confidence : float ``(n_boxes,)`` in [0, 1]
-    correct : 0/1 ``(n_boxes,)``, 1 = true positive
-    n_bins : number of bins (default 15)
-    binning : ``"equal_width"`` or ``"equal_mass"`` (edges at confidence quantiles;
-        tied confidences share a bin, so a constant confidence is one bin)
-    norm : ``"l1"`` (D-ECE), ``"l2"`` or ``"max"`` (D-MCE)
+    confidence : array-like of float, shape (n_boxes,)
+        Box confidences in ``[0, 1]``.
+    correct : array-like of bool or 0/1, shape (n_boxes,)
+        1 = true positive.
+    n_bins : int, default=15
+        Number of bins.
+    binning : {"equal_width", "equal_mass"}, default="equal_width"
+        Edges at ``k / n_bins`` or at confidence quantiles (tied confidences
+        share a bin, so a constant confidence is one bin).
+    norm : {"l1", "l2", "max"}, default="l1"
+        D-ECE, root mean squared gap, or D-MCE.
+    return_n_bins : bool, default=False
+        Also return the number of non-empty bins.
 
-    Returns a float in [0, 1] (with ``return_n_bins``: also the number of non-empty bins).
-    Source: Kueppers et al. 2020, eq. 3 restricted to the confidence dimension.
+    Returns
+    -------
+    d_ece : float
+        In ``[0, 1]``.
+    n_bins_used : int
+        Only with ``return_n_bins=True``.
+
+    Raises
+    ------
+    ValueError
+        Invalid pairs (see :func:`check_pairs`), unknown ``binning`` or
+        ``norm``, ``n_bins < 1``.
+
+    Examples
+    --------
+    Five bins: the two 0.9 boxes (one true) have gap 0.4 each, 0.55 (true)
+    0.45 and 0.3 (false) 0.3, so ``(0.8 + 0.45 + 0.3) / 4 = 0.3875``:
+
+    >>> import numpy as np
+    >>> confidence = np.array([0.9, 0.9, 0.55, 0.3])
+    >>> correct = np.array([1, 0, 1, 0])
+    >>> from confcal.metrics.detection import detection_ece
+    >>> round(detection_ece(confidence, correct, n_bins=5), 6)
+    0.3875
+    >>> round(detection_ece(confidence, correct, n_bins=5, norm="max"), 6)
+    0.45
     """
     c, y = check_pairs(confidence, correct)
     count, conf_sum, corr_sum, _ = bin_sums(c, y, check_n_bins(n_bins), binning)
@@ -83,8 +147,38 @@ def detection_ece(confidence, correct, n_bins: int = 15, binning: str = "equal_w
 def binary_nll(confidence, correct) -> float:
     """Mean Bernoulli negative log-likelihood (nats) of ``correct`` under ``confidence``.
 
-    Probabilities are clipped to ``[eps, 1 - eps]`` with ``eps = 1e-12`` (as
-    :func:`confcal.metrics.nll`), so a confident mistake is large but finite.
+    Source: the NLL of Guo et al., ICML 2017, sec. 2, for one binary event
+    per box.
+
+    Parameters
+    ----------
+    confidence : array-like of float, shape (n_boxes,)
+        Box confidences in ``[0, 1]``.
+    correct : array-like of bool or 0/1, shape (n_boxes,)
+        1 = true positive.
+
+    Returns
+    -------
+    float
+        ``>= 0``, in nats.  The probability of the outcome is clipped below
+        at ``1e-12`` (as :func:`confcal.metrics.nll`), so a confident mistake
+        is large but finite.
+
+    Raises
+    ------
+    ValueError
+        Invalid pairs (see :func:`check_pairs`).
+
+    Examples
+    --------
+    The probabilities of the outcomes are 0.9, 0.1, 0.55 and 0.7:
+
+    >>> import numpy as np
+    >>> confidence = np.array([0.9, 0.9, 0.55, 0.3])
+    >>> correct = np.array([1, 0, 1, 0])
+    >>> from confcal.metrics.detection import binary_nll
+    >>> round(binary_nll(confidence, correct), 6)
+    0.840614
     """
     c, y = check_pairs(confidence, correct)
     p = np.clip(np.where(y, c, 1.0 - c), 1e-12, 1.0)
@@ -92,13 +186,69 @@ def binary_nll(confidence, correct) -> float:
 
 
 def binary_brier(confidence, correct) -> float:
-    """Mean squared difference ``(confidence - correct)^2`` (binary Brier score, in [0, 1])."""
+    """Binary Brier score: mean ``(confidence - correct)^2``, in ``[0, 1]``.
+
+    Source: Brier, Monthly Weather Review 1950, eq. 1, for one binary event
+    per box.
+
+    Parameters
+    ----------
+    confidence : array-like of float, shape (n_boxes,)
+        Box confidences in ``[0, 1]``.
+    correct : array-like of bool or 0/1, shape (n_boxes,)
+        1 = true positive.
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    ValueError
+        Invalid pairs (see :func:`check_pairs`).
+
+    Examples
+    --------
+    ``(0.1^2 + 0.9^2 + 0.45^2 + 0.3^2) / 4 = 1.1125 / 4``:
+
+    >>> import numpy as np
+    >>> confidence = np.array([0.9, 0.9, 0.55, 0.3])
+    >>> correct = np.array([1, 0, 1, 0])
+    >>> from confcal.metrics.detection import binary_brier
+    >>> round(binary_brier(confidence, correct), 6)
+    0.278125
+    """
     c, y = check_pairs(confidence, correct)
     return float(np.mean((c - y) ** 2))
 
 
 def per_domain(domains, n: int) -> dict:
-    """``{domain id: index array}`` in sorted id order, plus ``ALL`` for every box."""
+    """Row indices per domain, plus every row under :data:`ALL`.
+
+    Parameters
+    ----------
+    domains : array-like of shape (n,) or None
+        Domain ids (ints or strings); ``None``: only the pooled entry.
+    n : int
+        Number of rows.
+
+    Returns
+    -------
+    dict
+        ``{ALL: arange(n), domain id: index array, ...}``, ids in sorted order.
+
+    Raises
+    ------
+    ValueError
+        ``domains`` of the wrong length (see
+        :func:`confcal._validation.check_domains`).
+
+    Examples
+    --------
+    >>> from confcal.metrics.detection import per_domain
+    >>> {k: v.tolist() for k, v in per_domain(["b", "a", "b"], 3).items()}
+    {'(all)': [0, 1, 2], 'a': [1], 'b': [0, 2]}
+    """
     out = {ALL: np.arange(n)}
     if domains is None:
         return out
@@ -110,12 +260,48 @@ def per_domain(domains, n: int) -> dict:
 
 def detection_reliability(confidence, correct, n_bins: int = 10, binning: str = "equal_width",
                           domains=None) -> dict:
-    """Reliability tables, one per domain (plus the pooled one under ``"(all)"``).
+    """Reliability tables of box confidence, one per domain (plus the pooled one under ``"(all)"``).
 
-    Returns ``{domain: table}``; each table is a dict of ``(n_bins,)`` arrays:
-    ``bin_lo``, ``bin_hi``, ``count`` (int64), ``mean_confidence`` and
-    ``precision`` (fraction of true positives; NaN for empty bins). With
-    ``binning="equal_mass"`` the edges are the quantiles of that domain's confidences.
+    Source: the precision-given-confidence diagram of Kueppers et al.,
+    CVPR-W 2020, eq. 2.
+
+    Parameters
+    ----------
+    confidence : array-like of float, shape (n_boxes,)
+        Box confidences in ``[0, 1]``.
+    correct : array-like of bool or 0/1, shape (n_boxes,)
+        1 = true positive.
+    n_bins : int, default=10
+        Number of bins (always that many rows).
+    binning : {"equal_width", "equal_mass"}, default="equal_width"
+        With ``"equal_mass"`` the edges are the quantiles of that domain's
+        confidences.
+    domains : array-like of shape (n_boxes,) or None, default=None
+        Domain ids; ``None``: only the pooled table.
+
+    Returns
+    -------
+    dict
+        ``{domain: table}``; each table is a dict of ``(n_bins,)`` arrays
+        ``bin_lo``, ``bin_hi``, ``count`` (int64), ``mean_confidence`` and
+        ``precision`` (fraction of true positives; NaN for empty bins).
+
+    Raises
+    ------
+    ValueError
+        Invalid pairs or domains, ``n_bins < 1``, unknown ``binning``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> confidence = np.array([0.9, 0.9, 0.55, 0.3])
+    >>> correct = np.array([1, 0, 1, 0])
+    >>> from confcal.metrics.detection import detection_reliability
+    >>> tables = detection_reliability(confidence, correct, n_bins=5, domains=["a", "a", "b", "b"])
+    >>> list(tables), tables["(all)"]["count"].tolist()
+    (['(all)', 'a', 'b'], [0, 1, 1, 0, 2])
+    >>> tables["a"]["precision"].tolist()
+    [nan, nan, nan, nan, 0.5]
     """
     c, y = check_pairs(confidence, correct)
     n_bins = check_n_bins(n_bins)
@@ -137,10 +323,43 @@ def precision_above_threshold(confidence, correct, threshold: float = 0.7, domai
     This is the "same threshold, same meaning across sensors" check: after
     calibration, the precision of the boxes kept at a threshold should be at
     least the threshold in every domain, and the mean confidence of the kept
-    boxes should match their precision.
+    boxes should match their precision (Kueppers et al., CVPR-W 2020, eq. 2
+    at one confidence level).
 
-    Returns ``{domain: {"n_boxes", "n_above", "precision", "mean_confidence"}}``;
-    ``precision`` and ``mean_confidence`` are NaN when no box reaches the threshold.
+    Parameters
+    ----------
+    confidence : array-like of float, shape (n_boxes,)
+        Box confidences in ``[0, 1]``.
+    correct : array-like of bool or 0/1, shape (n_boxes,)
+        1 = true positive.
+    threshold : float, default=0.7
+        Keep boxes with ``confidence >= threshold``; in ``[0, 1]``.
+    domains : array-like of shape (n_boxes,) or None, default=None
+        Domain ids; ``None``: only the pooled entry.
+
+    Returns
+    -------
+    dict
+        ``{domain: {"n_boxes", "n_above", "precision", "mean_confidence"}}``;
+        ``precision`` and ``mean_confidence`` are NaN when no box reaches the
+        threshold.
+
+    Raises
+    ------
+    ValueError
+        Invalid pairs or domains, ``threshold`` outside ``[0, 1]``.
+
+    Examples
+    --------
+    Three boxes reach 0.5; two of them are true positives:
+
+    >>> import numpy as np
+    >>> confidence = np.array([0.9, 0.9, 0.55, 0.3])
+    >>> correct = np.array([1, 0, 1, 0])
+    >>> from confcal.metrics.detection import precision_above_threshold
+    >>> res = precision_above_threshold(confidence, correct, threshold=0.5)["(all)"]
+    >>> res["n_above"], round(res["precision"], 4), round(res["mean_confidence"], 4)
+    (3, 0.6667, 0.7833)
     """
     c, y = check_pairs(confidence, correct)
     t = float(threshold)

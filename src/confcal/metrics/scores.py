@@ -14,11 +14,44 @@ NLL_EPS = 1e-12
 
 
 def nll(probs, labels, *, eps: float = NLL_EPS) -> float:
-    """Mean negative log-likelihood ``-mean log p[i, y_i]`` in nats.
+    """Mean negative log-likelihood ``-mean_i log p[i, y_i]``, in nats.
 
-    ``probs``: ``(n_samples, n_classes)`` or 1-D binary positive-class probabilities.
-    ``p[i, y_i]`` is clipped to ``[eps, 1]`` so a zero probability (common in
-    float32) stays finite.
+    Source: the NLL of Guo et al., ICML 2017, sec. 2 (a proper scoring rule,
+    Gneiting & Raftery 2007).
+
+    Parameters
+    ----------
+    probs : array-like of shape (n_samples, n_classes) or (n_samples,)
+        Probabilities; 1-D: binary positive-class probabilities.
+    labels : array-like of int, shape (n_samples,)
+        True classes in ``[0, n_classes)``.
+    eps : float, default=1e-12
+        ``p[i, y_i]`` is clipped to ``[eps, 1]``, so a zero probability
+        (common in float32) gives a large but finite loss.
+
+    Returns
+    -------
+    float
+        ``>= 0``, in nats.
+
+    Raises
+    ------
+    ValueError
+        Invalid probabilities or labels (see
+        :func:`confcal._validation.check_probs`).
+
+    Examples
+    --------
+    The true-class probabilities are 0.9, 0.25, 0.55 and 0.7:
+
+    >>> import numpy as np
+    >>> from confcal.metrics import nll
+    >>> probs = np.array([[0.9, 0.1], [0.25, 0.75], [0.55, 0.45], [0.3, 0.7]])
+    >>> value = nll(probs, [0, 0, 0, 1])
+    >>> round(value, 6), round(float(-np.log([0.9, 0.25, 0.55, 0.7]).mean()), 6)
+    (0.611542, 0.611542)
+    >>> round(nll([[1.0, 0.0]], [1]), 2)  # -log(1e-12)
+    27.63
     """
     p = check_probs(probs)
     y = check_labels(labels, p.shape[0], p.shape[1])
@@ -27,11 +60,43 @@ def nll(probs, labels, *, eps: float = NLL_EPS) -> float:
 
 
 def brier_score(probs, labels) -> float:
-    """Multiclass Brier score: ``mean_i sum_k (p[i, k] - 1[y_i = k])^2`` (Brier 1950), in [0, 2].
+    """Multiclass Brier score ``mean_i sum_k (p[i, k] - 1[y_i = k])^2``.
 
-    For a 2-column input this is twice scikit-learn's binary ``brier_score_loss``.
-    A 1-D input of positive-class probabilities ``p`` gives the binary form
-    ``mean (p - y)^2`` in [0, 1], which equals scikit-learn's.
+    Source: Brier, "Verification of forecasts expressed in terms of
+    probability", Monthly Weather Review 1950, eq. 1 (normalised by n).
+
+    Parameters
+    ----------
+    probs : array-like of shape (n_samples, n_classes) or (n_samples,)
+        Probabilities.  For 2 columns the value is twice scikit-learn's
+        binary ``brier_score_loss``; a 1-D input of positive-class
+        probabilities ``p`` gives the binary form ``mean (p - y)^2``, equal to
+        scikit-learn's.
+    labels : array-like of int, shape (n_samples,)
+        True classes in ``[0, n_classes)``.
+
+    Returns
+    -------
+    float
+        In ``[0, 2]`` (``[0, 1]`` for a 1-D input).
+
+    Raises
+    ------
+    ValueError
+        Invalid probabilities or labels.
+
+    Examples
+    --------
+    Per sample: ``2 * 0.1^2``, ``0.75^2 + 0.75^2``, ``2 * 0.45^2`` and
+    ``2 * 0.3^2``; their mean is ``1.73 / 4``:
+
+    >>> import numpy as np
+    >>> from confcal.metrics import brier_score
+    >>> probs = np.array([[0.9, 0.1], [0.25, 0.75], [0.55, 0.45], [0.3, 0.7]])
+    >>> round(brier_score(probs, [0, 0, 0, 1]), 6)
+    0.4325
+    >>> round(brier_score(probs[:, 1], [0, 0, 0, 1]), 6)  # binary form: half of it
+    0.21625
     """
     arr = as_numpy(probs, "probs")
     p = check_probs(probs)
@@ -45,8 +110,36 @@ def brier_score(probs, labels) -> float:
 def accuracy(probs, labels) -> float:
     """Fraction of samples whose arg-max class equals the label.
 
-    Tie rule, used everywhere in confcal: the lowest class index wins (``numpy.argmax``).
-    Accepts probabilities or logits ``(n_samples, n_classes)``, or 1-D binary probabilities.
+    Tie rule, used everywhere in confcal: the lowest class index wins
+    (``numpy.argmax``).
+
+    Parameters
+    ----------
+    probs : array-like of shape (n_samples, n_classes) or (n_samples,)
+        Probabilities or logits (only their arg-max matters), or 1-D binary
+        positive-class probabilities.
+    labels : array-like of int, shape (n_samples,)
+        True classes in ``[0, n_classes)``.
+
+    Returns
+    -------
+    float
+        In ``[0, 1]``.
+
+    Raises
+    ------
+    ValueError
+        No samples, a shape other than 1-D/2-D, or invalid labels.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from confcal.metrics import accuracy
+    >>> probs = np.array([[0.9, 0.1], [0.25, 0.75], [0.55, 0.45], [0.3, 0.7]])
+    >>> accuracy(probs, [0, 0, 0, 1])
+    0.75
+    >>> accuracy([[0.5, 0.5]], [0])  # a tie goes to the lowest index
+    1.0
     """
     s = as_numpy(probs, "probs")
     if s.ndim == 1:

@@ -155,31 +155,60 @@ def _smooth_ece_masses(fine: np.ndarray, n: int, sigma=None):
 
 
 def smooth_ece(probs, labels, *, sigma: float | None = None, return_sigma: bool = False):
-    """Top-label smooth ECE (smECE) of Błasiok & Nakkiran (ICLR 2024, sec. 3-4).
+    """Top-label smooth ECE (smECE): calibration error by kernel smoothing.
+
+    ``smECE_sigma = integral_0^1 |(1/n) sum_i K_sigma(t, f_i) (f_i - y_i)| dt``
+    with the reflected Gaussian kernel on ``[0, 1]``, top-label confidences
+    ``f_i`` and correctness ``y_i``; smECE is its value at the bandwidth
+    ``sigma*`` where ``smECE_sigma* = sigma*``.
+
+    Source: Błasiok & Nakkiran, "Smooth ECE: Principled Reliability Diagrams
+    via Kernel Smoothing", ICLR 2024 (arXiv 2309.12236), sec. 3-4.
 
     Parameters
     ----------
-    probs : array ``(n_samples, n_classes)``, or ``(n_samples,)`` positive-class
-        probabilities of a binary problem (read as ``[1 - p, p]``)
-    labels : int array ``(n_samples,)`` in ``[0, n_classes)``
-    sigma : fixed kernel bandwidth (in confidence units, ``> 0``) for
-        ``smECE_sigma``; default ``None`` uses the paper's self-consistent
-        bandwidth ``sigma*`` with ``smECE_sigma* = sigma*`` (searched on
-        ``[SIGMA_MIN, 1]``; below ``SIGMA_MIN`` the value at ``SIGMA_MIN`` is returned)
-    return_sigma : also return the bandwidth used
+    probs : array-like of shape (n_samples, n_classes) or (n_samples,)
+        Probabilities; 1-D: positive-class probabilities of a binary problem
+        (read as ``[1 - p, p]``).  Confidence is the top-label probability
+        (ties: lowest class index wins, as in :func:`confcal.metrics.accuracy`).
+    labels : array-like of int, shape (n_samples,)
+        True classes in ``[0, n_classes)``.
+    sigma : float or None, default=None
+        Fixed kernel bandwidth (confidence units, ``> 0``) for
+        ``smECE_sigma``; ``None`` uses the paper's self-consistent ``sigma*``
+        (searched on ``[SIGMA_MIN, 1]``; below ``SIGMA_MIN`` the value at
+        ``SIGMA_MIN`` is returned).
+    return_sigma : bool, default=False
+        Also return the bandwidth used.
 
     Returns
     -------
-    float in ``[0, 1]`` (a fraction, not %), or ``(smece, sigma)``.
-    Confidence is the top-label probability (ties: lowest class index wins, as in
-    :func:`confcal.metrics.accuracy`). Computed in float64 in
-    ``O(n + M log M)`` per bandwidth with ``M >= 256 / sigma`` grid points.
+    smece : float
+        In ``[0, 1]`` (a fraction, not percent).  Computed in float64 in
+        ``O(n + M log M)`` per bandwidth with ``M >= 256 / sigma`` grid points.
+    sigma : float
+        Only with ``return_sigma=True``.
 
     Raises
     ------
     ValueError
-        Invalid probabilities or labels (see :func:`confcal._validation.check_probs`),
-        non-positive ``sigma``.
+        Invalid probabilities or labels (see
+        :func:`confcal._validation.check_probs`), non-positive ``sigma``.
+
+    Examples
+    --------
+    The kernel integrates to one over ``[0, 1]``, so a block of samples with
+    one confidence ``c`` and accuracy ``a`` contributes ``|c - a|``: always
+    0.9 confident and always wrong gives 0.9 (and ``sigma* = 0.9``); 0.5
+    confident and right half of the time gives 0:
+
+    >>> import numpy as np
+    >>> from confcal.metrics import smooth_ece
+    >>> value, sigma = smooth_ece(np.full(8, 0.9), np.zeros(8, dtype=int), return_sigma=True)
+    >>> round(value, 6), round(sigma, 6)
+    (0.9, 0.9)
+    >>> smooth_ece(np.full(4, 0.5), [0, 1, 0, 1])
+    0.0
     """
     conf, correct = _confidence_correct(probs, labels)
     value, s = _smooth_ece_pairs(conf, correct, sigma)

@@ -10,8 +10,40 @@ from confcal.metrics.scores import accuracy, brier_score, nll
 def calibration_summary(probs, labels, *, n_bins: int = 15) -> dict[str, float]:
     """Accuracy, top-label ECE (equal-width and equal-mass), MCE, NLL (nats) and Brier score.
 
-    ``probs``: ``(n_samples, n_classes)``; ``labels``: ``(n_samples,)``. ECE/MCE use
-    ``n_bins`` bins with the ``(lo, hi]`` convention of :func:`confcal.metrics.ece`.
+    The standard metric set of the CLI and reports, each as its own
+    function computes it (sources there).
+
+    Parameters
+    ----------
+    probs : array-like of shape (n_samples, n_classes) or (n_samples,)
+        Probabilities; 1-D: binary positive-class probabilities.
+    labels : array-like of int, shape (n_samples,)
+        True classes in ``[0, n_classes)``.
+    n_bins : int, default=15
+        Bins of the ECE/MCE, ``(lo, hi]`` convention of
+        :func:`confcal.metrics.ece`.
+
+    Returns
+    -------
+    dict of str to float
+        ``accuracy``, ``ece``, ``ece_equal_mass``, ``mce``, ``nll``, ``brier``.
+
+    Raises
+    ------
+    ValueError
+        Invalid probabilities or labels.
+
+    Examples
+    --------
+    The values of the examples of :func:`~confcal.metrics.ece`,
+    :func:`~confcal.metrics.mce`, :func:`~confcal.metrics.nll`,
+    :func:`~confcal.metrics.brier_score` and :func:`~confcal.metrics.accuracy`:
+
+    >>> import numpy as np
+    >>> from confcal.metrics import calibration_summary
+    >>> probs = np.array([[0.9, 0.1], [0.25, 0.75], [0.55, 0.45], [0.3, 0.7]])
+    >>> {k: round(v, 4) for k, v in calibration_summary(probs, [0, 0, 0, 1], n_bins=5).items()}
+    {'accuracy': 0.75, 'ece': 0.25, 'ece_equal_mass': 0.4, 'mce': 0.45, 'nll': 0.6115, 'brier': 0.4325}
     """
     p = check_probs(probs)
     y = check_labels(labels, p.shape[0], p.shape[1])

@@ -1,13 +1,13 @@
 """Compiled CPU kernels for BCSoftmax (numba).
 
-The torch solvers of :mod:`confcal.ops.bcsoftmax` run a sequence of about
+The torch solvers of :mod:`confcal.ops.bcsoftmax` (sort-based and Newton) run a sequence of about
 50 batched ops per pass; on small inputs (e.g. 128 x 10) each op costs a few
 microseconds of dispatch, far more than its arithmetic, and on large ones
 every pass re-reads the whole batch.  These kernels solve one row at a time
 in compiled loops (one dispatch, the row in cache), forward and backward.
 
 The forward pass uses the breakpoint characterisation of the sort-based
-solver ``bcsoftmax._sorted`` (after the paper's Algorithms 1-2): the root of
+solver ``_bcsoftmax_sort._sorted`` (after the paper's Algorithms 1-2): the root of
 f(nu) = sum_i clip(exp(x_i - nu), a_i, b_i) - 1 lies on the piece next to
 the last breakpoint where f > 1, and eq. 24 on that piece's clamped sets is
 the exact answer.  Instead of sorting the 2K breakpoints it selects that one
@@ -61,13 +61,17 @@ def _f_at_py(e, a, b, w, K):
 _f_at = _f_at_py  # _forward calls it by this global name; _build swaps in the compiled one
 
 
-def _forward(x, a, b, upper_active, tol, spread, p, state, s):
+def _forward(x, a, b, upper_active, eps, spread, p, state, s):
     """Solve every row of ``x`` (M, K) into ``p``, ``state``, ``s``.
     ``upper_active`` is False when the upper bound is the constant 1 (then
-    sum(upper) = 1 is not a point box: it is the simplex itself).  Returns the
+    sum(upper) = 1 is not a point box: it is the simplex itself).  ``eps``:
+    the machine epsilon that sets the feasibility and no-room tolerances
+    (as ``feasibility_tol`` and ``room_tol`` of the torch path).  Returns the
     number of rows solved with room (the others were a point box), or, at
     the first row it cannot handle, minus its code (BAD_LOGIT ... SPREAD)."""
     M, K = x.shape
+    tol = max(K, 4) * eps
+    room = 2.0 * eps
     e = np.empty(K)
     ar = np.empty(K)
     br = np.empty(K)
@@ -106,10 +110,10 @@ def _forward(x, a, b, upper_active, tol, spread, p, state, s):
             bad = INFEASIBLE
         if bad != ROOM:
             return -bad
-        if A >= 1.0 - tol or (upper_active and B <= 1.0 + tol):
+        if A >= 1.0 - room or (upper_active and B <= 1.0 + room):
             # No room: the box is a single point (lower bounds take precedence,
             # as in the torch path).
-            lower = A >= 1.0 - tol
+            lower = A >= 1.0 - room
             for j in range(K):
                 p[i, j] = ar[j] if lower else br[j]
                 state[i, j] = -1 if lower else 1
