@@ -25,8 +25,10 @@ def fitted(tmp_path):
 
 
 @pytest.mark.parametrize("value, message", [
-    ("NaN", "not a finite number"), ('"NaN"', "not a finite number"), ("-2.0", "temperature > 0"),
-    ("0.0", "temperature > 0"), ('"2"', "expected a number")])
+    ("NaN", "not a finite number"), ('"NaN"', "parameters.temperature: expected a finite number > 0"),
+    ("-2.0", "parameters.temperature: expected a finite number > 0, got -2.0"),
+    ("0.0", "parameters.temperature: expected a finite number > 0, got 0.0"),
+    ('"2"', "parameters.temperature: expected a finite number > 0, got '2'")])
 def test_damaged_manifest_is_refused(fitted, capsys, value, message):
     d, manifest = fitted
     text = (d / "ts.json").read_text()
@@ -40,7 +42,7 @@ def test_damaged_manifest_is_refused(fitted, capsys, value, message):
 def test_missing_parameter_names_the_method(fitted):
     d, manifest = fitted
     del manifest["parameters"]["temperature"]
-    with pytest.raises(ValueError, match="parameters of method 'ts' are invalid"):
+    with pytest.raises(ValueError, match="parameters.temperature: expected this key to be present"):
         load_calibrator(manifest)
 
 
@@ -118,7 +120,7 @@ def test_non_numeric_hyperparameter_names_it(fitted, capsys):
     d, _ = fitted
     assert main(["fit", "--logits", str(d / "z.npy"), "--labels", str(d / "y.npy"), "--method", "ts",
                  "--param", "t_max=abc", "-o", str(d / "o.json")]) == 2
-    assert "ts: hyper-parameter t_max expects a number (default 100.0), got 'abc'" in capsys.readouterr().err
+    assert "ts: t_max: expected a finite number > 0, got 'abc'" in capsys.readouterr().err
     assert not (d / "o.json").exists()
 
 

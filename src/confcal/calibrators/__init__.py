@@ -36,6 +36,7 @@ from confcal.calibrators.domain import (
     SetLevelTemperatureScaling,
 )
 from confcal.calibrators.temperature import GroupedTemperatureScaling, TemperatureScaling
+from confcal.calibrators.grouping import GroupedCalibrator
 from confcal.calibrators.scaling import DirichletCalibration, MatrixScaling, VectorScaling
 from confcal.calibrators.ensemble import EnsembleTemperatureScaling
 from confcal.calibrators.parametric import ParameterizedTemperatureScaling
@@ -45,7 +46,7 @@ from confcal.calibrators.source_gated import SourceGatedTemperatureScaling
 
 __all__ = [
     "METHODS", "Calibrator", "NotFittedError", "CalibrationWarning", "calibrator_from_dict",
-    "register", "fit_temperature", "TemperatureScaling", "GroupedTemperatureScaling",
+    "register", "fit_temperature", "TemperatureScaling", "GroupedTemperatureScaling", "GroupedCalibrator",
     "SetLevelTemperatureScaling", "ClusterTemperatureScaling", "ClusterRegressionTemperatureScaling",
     "DomainEnsembleTemperatureScaling", "DetectionTemperatureScaling", "DetectionPlattScaling",
     "VectorScaling", "MatrixScaling", "DirichletCalibration", "EnsembleTemperatureScaling",

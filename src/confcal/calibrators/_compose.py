@@ -14,12 +14,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from confcal.calibrators._constraints import NLL, N_ITER, SEED, Array, Bool, Choice, Fields, Int, Opt, Real
 from confcal.calibrators._maps import MAPS, LogitMap, build_map, get_state, load_state, mask_neg_inf, remask
 from confcal.calibrators._optim import OptimResult, adam, lbfgs, single_thread, torch_seed
 from confcal.calibrators._tsfit import check_labels_not_masked
 from confcal.calibrators.base import Calibrator
 
-__all__ = ["Composite", "Prepared", "MapCalibrator", "to_torch", "fit_composite", "OPTIM_PARAMS"]
+__all__ = ["Composite", "Prepared", "MapCalibrator", "to_torch", "fit_composite", "OPTIM_PARAMS", "MAP_VARIANTS",
+           "map_parameters", "OPTIM_CONSTRAINTS"]
 
 
 def to_torch(x) -> torch.Tensor | None:
@@ -128,15 +130,53 @@ def fit_composite(model: Composite, prep: Prepared, y, *, trainer: str, params=N
 OPTIM_PARAMS = ("max_iter", "tol", "epochs", "batch_size", "lr", "random_state", "progress")
 
 
-def _check_optim_params(obj) -> None:
-    for name, lo in (("max_iter", 1), ("epochs", 0), ("batch_size", 1)):
-        v = getattr(obj, name, None)
-        if v is not None and (not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < lo):
-            raise ValueError(f"{name}: expected an integer >= {lo}, got {v!r}")
-    for name in ("tol", "lr"):
-        v = getattr(obj, name, None)
-        if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-            raise ValueError(f"{name}: expected a finite number > 0, got {v!r}")
+#: constraints of the optimiser hyper-parameters, for every class that has them
+OPTIM_CONSTRAINTS = {"max_iter": Int(ge=1), "tol": Real(gt=0), "epochs": Int(ge=0), "batch_size": Int(ge=1),
+                     "lr": Real(gt=0), "random_state": SEED, "progress": Bool()}
+
+
+def _k_config(**more) -> Fields:
+    return Fields({"n_classes": Int(ge=1, bind="n_classes"), **more})
+
+
+def _two_layer_state(width: str, inputs: str, outputs: int, hidden_layers: int) -> Fields:
+    """State of ``top-k -> hidden (-> hidden) -> outputs`` MLPs with input standardisation."""
+    fields = {"net.0.weight": Array((width, inputs)), "net.0.bias": Array((width,))}
+    last = 2
+    if hidden_layers == 2:
+        fields.update({"net.2.weight": Array((width, width)), "net.2.bias": Array((width,))})
+        last = 4
+    fields.update({f"net.{last}.weight": Array((outputs, width)), f"net.{last}.bias": Array((outputs,)),
+                   "in_mean": Array((inputs,)), "in_std": Array((inputs,), Real(gt=0))})
+    return Fields(fields)
+
+
+#: ``T = exp(log_t)`` divides the logits: T below e^-100 would overflow them
+_LOG_T = Real(log=True, ge=-100)
+#: ``w = exp(log_w)`` multiplies them: w above e^100 would
+_LOG_GAIN = Real(log=True, le=100)
+
+#: per logit map (``parameters.map``): the specs of ``map_config`` and ``map_state``.
+MAP_VARIANTS = {
+    "identity": {"map_config": _k_config(), "map_state": Fields({})},
+    "ts": {"map_config": _k_config(), "map_state": Fields({"log_t": _LOG_T})},
+    "vs": {"map_config": _k_config(),
+           "map_state": Fields({"weight": Array(("n_classes",)), "bias": Array(("n_classes",))})},
+    "ms": {"map_config": _k_config(on_log_probs=Bool(), reg_lambda=Real(ge=0), reg_mu=Real(ge=0)),
+           "map_state": Fields({"weight": Array(("n_classes", "n_classes")), "bias": Array(("n_classes",))})},
+    "ets": {"map_config": _k_config(),
+            "map_state": Fields({"log_t": _LOG_T, "mix_logits": Array((3,))})},
+    "pts": {"map_config": _k_config(top_k=Int(ge=1, bind="top_k"), hidden=Int(ge=1, bind="hidden")),
+            "map_state": _two_layer_state("hidden", "top_k", 1, 2)},
+    "lb": {"map_config": _k_config(), "map_state": Fields({"c_raw": Real(), "cc_raw": Real()})},
+    "dpb": {"map_config": _k_config(),
+            "map_state": Fields({"log_w": Array(("n_classes",), _LOG_GAIN), "log_d": Real(log=True)})},
+}
+
+
+def map_parameters(maps: tuple[str, ...], **more) -> Fields:
+    """Spec of a manifest's ``parameters`` holding one of the logit ``maps`` plus ``more`` fields."""
+    return Fields({"map": Choice(*maps), **more}, tag="map", variants=MAP_VARIANTS)
 
 
 class MapCalibrator(Calibrator):
@@ -151,6 +191,13 @@ class MapCalibrator(Calibrator):
     """
 
     map_name: ClassVar[str] = ""
+    hyper_constraints = {"max_iter": Int(ge=1), "tol": Real(gt=0), "random_state": SEED}
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        if cls.map_name and "fitted_constraints" not in cls.__dict__:
+            cls.fitted_constraints = map_parameters((cls.map_name,), nll=NLL, n_iter=N_ITER,
+                                                    converged=Opt(Bool()))
 
     def _map_config(self, n_classes: int) -> dict[str, Any]:
         return {"n_classes": n_classes}
@@ -169,7 +216,7 @@ class MapCalibrator(Calibrator):
         """Build, initialise and fit the map with a softmax link; deterministic per ``random_state``."""
         from confcal.calibrators._links import SoftmaxLink
 
-        _check_optim_params(self)
+        self._check_hyperparameters()  # also reached by X+PB's inner fit of X
         with torch_seed(getattr(self, "random_state", 0)):
             m = build_map(self.map_name, self._map_config(z.shape[1]))
         self._init_map(m, z, y, features, sample_weight)

@@ -533,6 +533,8 @@ def fit_temperature_stream(logits, labels, *, sample_weight=None, t_bounds=DEFAU
         raise ValueError(f"logits: expected at least 1 sample, got shape {xs.shape}")
     if k < 2:
         raise ValueError(f"logits: expected n_classes >= 2, got shape {xs.shape}")
+    if ws is not None and (ws.dtype == bool or ws.dtype.kind not in "fiu"):
+        raise TypeError(f"sample_weight: expected a float array of shape ({n},), got dtype {ws.dtype}")
     sources = {"logits": xs, "labels": ys, "sample_weight": ws}
     rows = batch_rows or batch_rows_for([xs, ys], batch_bytes or DEFAULT_BATCH_BYTES)
     work_dtype = np.float64 if xs.dtype == np.float64 or input_kind == "probs" else np.float32

@@ -48,6 +48,7 @@ from sklearn.exceptions import NotFittedError as _SklearnNotFittedError
 from confcal._digest import data_sha256
 from confcal._numeric import softmax
 from confcal._validation import as_numpy, check_domains, check_features, check_labels, check_logits
+from confcal.calibrators._constraints import check_hyperparameters, check_manifest_top, check_parameters
 from confcal.metrics import accuracy, brier_score, ece, nll
 
 __all__ = ["Calibrator", "NotFittedError", "Preset", "register", "register_preset", "calibrator_from_dict",
@@ -224,6 +225,11 @@ class Calibrator(ClassifierMixin, BaseEstimator, abc.ABC):
     method: ClassVar[str] = ""
     side_inputs: ClassVar[tuple[str, ...]] = ()
     optional_side_inputs: ClassVar[tuple[str, ...]] = ()
+    #: ``{hyper-parameter: spec}`` and cross-field rules, checked by ``fit`` and the loader
+    hyper_constraints: ClassVar[dict] = {}
+    hyper_rules: ClassVar[tuple] = ()
+    #: spec of the manifest's ``parameters`` block (see :mod:`._constraints`); None: not loadable
+    fitted_constraints: ClassVar[Any] = None
     #: False for methods that need K logits per row (they refuse a one-logit binary head)
     one_logit_head: ClassVar[bool] = True
 
@@ -274,6 +280,7 @@ class Calibrator(ClassifierMixin, BaseEstimator, abc.ABC):
         ValueError, TypeError
             Invalid inputs (the message names the argument and what was wrong).
         """
+        self._check_hyperparameters()
         if self._fit_source(logits, labels, sample_weight=sample_weight, progress=progress,
                             **side) is not NotImplemented:
             return self
@@ -464,6 +471,10 @@ class Calibrator(ClassifierMixin, BaseEstimator, abc.ABC):
         """Inverse of :meth:`_get_fitted`."""
 
     # ------------------------------------------------------------------ helpers
+    def _check_hyperparameters(self) -> None:
+        """The class's ``hyper_constraints`` table applied to ``get_params()`` (called by ``fit``)."""
+        check_hyperparameters(type(self), self.get_params(deep=False), where=type(self).__name__)
+
     def _is_fitted(self) -> bool:
         return hasattr(self, "n_classes_")
 
@@ -526,49 +537,52 @@ def _materialise(value, name):
 def calibrator_from_dict(manifest: dict[str, Any], *, n_classes: int | None = None) -> Calibrator:
     """Rebuild a fitted calibrator from :meth:`Calibrator.to_dict` output.
 
-    Raises ``ValueError`` for a manifest of another format or a newer version, an
-    unknown method, or (when ``n_classes`` is given) a class-count mismatch.
+    Every field is checked against the method's constraint tables
+    (:mod:`confcal.calibrators._constraints`) before anything is built.
+
+    Raises ``ValueError`` (one line naming the field path) for a manifest of another
+    format or a newer version, an unknown method or key, a value of the wrong type,
+    shape or range, or (when ``n_classes`` is given) a class-count mismatch.
     """
-    if not isinstance(manifest, dict):
-        raise TypeError(f"manifest: expected a dict, got {type(manifest).__name__}")
-    fmt = manifest.get("format")
-    if fmt != MANIFEST_FORMAT:
-        raise ValueError(f"manifest: expected format {MANIFEST_FORMAT!r}, got {fmt!r}")
-    version = manifest.get("format_version")
-    if not isinstance(version, int) or version > MANIFEST_VERSION or version < 1:
-        raise ValueError(f"manifest: format_version {version!r} is not supported "
-                         f"(this confcal reads 1..{MANIFEST_VERSION})")
-    for key in ("method", "hyperparameters", "parameters", "n_classes"):
-        if key not in manifest:
-            raise ValueError(f"manifest: missing key {key!r}")
+    check_manifest_top(manifest, fmt=MANIFEST_FORMAT, version=MANIFEST_VERSION)
     method = manifest["method"]
     if method not in METHODS:
-        raise ValueError(f"manifest: unknown method {method!r}; known: {sorted(METHODS)}")
+        raise ValueError(f"manifest: method: unknown {method!r}; known: {sorted(METHODS)}")
     k = manifest["n_classes"]
     if n_classes is not None and int(n_classes) != k:
         raise ValueError(f"manifest: calibrator was fitted on n_classes={k}, but the logits have "
                          f"{n_classes} classes")
-    bad = _first_non_finite(manifest["parameters"])
-    if bad is not None:
-        raise ValueError(f"manifest: parameters{bad} is not a finite number; the file is damaged")
+    cls = METHODS[method]
+    target = cls.cls if isinstance(cls, Preset) else cls
     hyper = manifest["hyperparameters"]
-    if isinstance(hyper, dict) and "input_kind" not in hyper:
+    unknown = sorted(set(hyper) - set(cls._param_names()))
+    if unknown:
+        raise ValueError(f"manifest: hyperparameters.{unknown[0]}: unknown hyper-parameter of {method!r} "
+                         f"(it takes {cls._param_names()})")
+    if "input_kind" not in hyper:
         # manifests before input_kind became a hyper-parameter recorded it in the fit record only
-        kind = (manifest.get("fit") or {}).get("input_kind") if isinstance(manifest.get("fit"), dict) else None
+        kind = (manifest.get("fit") or {}).get("input_kind")
         hyper = {**hyper, "input_kind": kind} if kind in INPUT_KINDS else hyper
+    env = check_hyperparameters(target, hyper, where="manifest", env={"n_classes": k}, path="hyperparameters")
+    check_parameters(target, manifest["parameters"], env=env)
     cal = make_calibrator(method, hyper)
     try:
         cal._set_fitted(manifest["parameters"])
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
+    except (KeyError, TypeError, ValueError, IndexError) as exc:  # a relation the table does not state
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        head = text.split(":", 1)[0]
+        if isinstance(exc, ValueError) and head.replace(".", "").replace("_", "").isalnum():
+            raise ValueError(f"manifest: parameters.{text}") from None  # the message starts with the field
         raise ValueError(f"manifest: parameters of method {method!r} are invalid "
-                         f"({type(exc).__name__}: {exc})") from None
+                         f"({type(exc).__name__}: {text})") from None
     cal.n_classes_ = int(k)
     cal.fit_record_ = manifest.get("fit")
     return cal
 
 
 def make_calibrator(method: str, params: dict | None = None) -> Calibrator:
-    """``METHODS[method](**params)`` with errors that name the method and its hyper-parameters."""
+    """``METHODS[method](**params)`` with errors that name the method and its hyper-parameters
+    (checked against the method's ``hyper_constraints``)."""
     if method not in METHODS:
         raise ValueError(f"method: unknown {method!r}; known: {sorted(METHODS)}")
     cls = METHODS[method]
@@ -577,31 +591,5 @@ def make_calibrator(method: str, params: dict | None = None) -> Calibrator:
     if unknown:
         raise ValueError(f"{method}: unknown hyper-parameter(s) {unknown}; it takes {cls._param_names()}")
     target = cls.cls if isinstance(cls, Preset) else cls
-    defaults = {p.name: p.default for p in inspect.signature(target.__init__).parameters.values()}
-    for name, value in params.items():
-        default = defaults.get(name)
-        # a number where the method expects one (bool is not a number here)
-        if (isinstance(default, (int, float)) and not isinstance(default, bool) and value is not None
-                and (isinstance(value, bool) or not isinstance(value, (int, float)))):
-            raise ValueError(f"{method}: hyper-parameter {name} expects a number (default {default!r}), "
-                             f"got {value!r}")
+    check_hyperparameters(target, params, where=method)  # early and named, before any data is read
     return cls(**params)
-
-
-def _first_non_finite(obj, where: str = ""):
-    """Path of the first NaN/inf float (or NaN-like string) inside nested lists/dicts, else None."""
-    if isinstance(obj, float):
-        return None if np.isfinite(obj) else where
-    if isinstance(obj, str) and obj.strip().lower() in ("nan", "inf", "-inf", "infinity", "-infinity"):
-        return where
-    if isinstance(obj, dict):
-        items = obj.items()
-    elif isinstance(obj, (list, tuple)):
-        items = enumerate(obj)
-    else:
-        return None
-    for k, v in items:
-        found = _first_non_finite(v, f"{where}[{k!r}]")
-        if found is not None:
-            return found
-    return None

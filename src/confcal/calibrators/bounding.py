@@ -42,8 +42,11 @@ import numpy as np
 import torch
 
 from confcal.calibrators._compose import (
-    Composite, MapCalibrator, Prepared, _check_optim_params, check_labels_not_masked, fit_composite, to_torch,
-    weighted_quantiles,
+    OPTIM_CONSTRAINTS, Composite, MapCalibrator, Prepared, _two_layer_state, check_labels_not_masked,
+    fit_composite, map_parameters, to_torch, weighted_quantiles,
+)
+from confcal.calibrators._constraints import (
+    NLL, N_ITER, T_BOUNDS, Bool, Choice, Fields, Int, Nullable, Opt, Real, check_hyperparameters,
 )
 from confcal.calibrators._links import (
     BOUND_MODES, BoxLink, MLPBoxLink, SoftmaxLink, raw_from_lower, raw_from_upper,
@@ -150,6 +153,65 @@ def _scan_box(model: Composite, prep: Prepared, y: torch.Tensor, mode: str,
     return [(raw("lower", lo), raw("upper", up)) for lo, up in starts]
 
 
+class _BaseParamsRule:
+    """``base_params`` are hyper-parameters of X: checked against X's own table."""
+
+    names = ("base", "base_params")
+
+    def check(self, obj: dict, path: str, ctx) -> None:
+        params, base = obj.get("base_params"), obj.get("base")
+        if not params:
+            return
+        where = f"{path}.base_params" if path else "base_params"
+        if base == "none":
+            ctx.fail(where, "nothing (base 'none' has no hyper-parameters)", params)
+        if base == "ts":
+            table, names = T_BOUNDS, set(T_BOUNDS)
+        else:
+            cls = METHODS[base]
+            table, names = {}, set(cls._param_names())
+        for key in params:
+            if key not in names:
+                ctx.fail(f"{where}.{key}", f"a hyper-parameter of {base!r} (one of {sorted(names)})",
+                         got="an unknown key")
+        if base == "ts":
+            for key, value in params.items():
+                table[key].check(value, f"{where}.{key}", ctx)
+            if params.get("t_min", 1e-2) >= params.get("t_max", 1e2):
+                ctx.fail(f"{where}.t_min", "t_min < t_max", params)
+        else:
+            check_hyperparameters(METHODS[base], params, where=ctx.where, path=where)
+
+
+def _lower_max(env):
+    return 1.0 / env["n_classes"]
+
+
+#: the fitted box: ``0 <= a <= 1/K <= b <= 1`` (``a = 0, b = 1``: no bounds); ``link_*``: the bound network
+_PB_FIELDS = {
+    "lower": Real(ge=0, le=_lower_max),
+    "upper": Real(ge=_lower_max, le=1),
+    "nll": NLL, "base_nll": NLL, "fallback": Opt(Bool()), "tie_rate": Opt(Real(ge=0, le=1)), "n_iter": N_ITER,
+    "link_config": Opt(Fields({"n_classes": Int(ge=1, bind="n_classes"), "mode": Choice(*BOUND_MODES),
+                               "top_k": Int(ge=1, bind="link_top_k"), "hidden": Int(ge=1, bind="link_hidden")})),
+    "link_state": Opt(_two_layer_state("link_hidden", "link_top_k", 2, 1)),
+}
+
+
+class _Together:
+    """Both keys or neither (the bound network's config and state)."""
+
+    def __init__(self, *names):
+        self.names = names
+
+    def check(self, obj, path, ctx):
+        have = [n in obj for n in self.names]
+        if any(have) and not all(have):
+            missing = self.names[have.index(False)]
+            ctx.fail(f"{path}.{missing}" if path else missing, f"this key to be present with {self.names}",
+                     got="nothing (missing)")
+
+
 def _fixed_box_probs(g: torch.Tensor, mode: str, lower: float, upper: float) -> torch.Tensor:
     from confcal.ops import bcsoftmax, lbsoftmax, ubsoftmax
 
@@ -216,6 +278,16 @@ class ProbabilityBounding(Calibrator):
     0.94
     """
 
+    hyper_constraints = {"base": Choice(*BASES), "bounds": Choice(*BOUND_MODES),
+                         "bound_model": Choice("uniform", "mlp"),
+                         "base_params": Nullable(Fields({}, extra_ok=True)),
+                         **OPTIM_CONSTRAINTS, "hidden": Int(ge=1), "top_k": Int(ge=1)}
+    hyper_rules = (_BaseParamsRule(),)
+    fitted_constraints = Fields({**map_parameters(("identity", "ts", "vs", "ms", "ets", "pts")).fields,
+                                 **_PB_FIELDS},
+                                tag="map", variants=map_parameters(()).variants, rules=(_Together("link_config",
+                                                                                                  "link_state"),))
+
     def __init__(self, base: str = "none", bounds: str = "both", bound_model: str = "uniform",
                  base_params: dict | None = None, max_iter: int = 500, tol: float = 1e-7, epochs: int = 500,
                  batch_size: int = 256, lr: float = 1e-3, hidden: int = 16, top_k: int = 10,
@@ -239,17 +311,6 @@ class ProbabilityBounding(Calibrator):
     def method(self) -> str:
         """The registered name of this configuration (``ts+pb``, ...; ``pb`` for one without a preset)."""
         return _preset_for(type(self), self.get_params(deep=False)) or "pb"
-
-    def _check_structure(self) -> None:
-        if self.base not in BASES:
-            raise ValueError(f"base: expected one of {BASES}, got {self.base!r}")
-        if self.bounds not in BOUND_MODES:
-            raise ValueError(f"bounds: expected one of {BOUND_MODES}, got {self.bounds!r}")
-        if self.bound_model not in ("uniform", "mlp"):
-            raise ValueError(f"bound_model: expected 'uniform' or 'mlp', got {self.bound_model!r}")
-        if self.base_params is not None and not isinstance(self.base_params, dict):
-            raise ValueError(f"base_params: expected a dict of X's hyper-parameters or None, "
-                             f"got {self.base_params!r}")
 
     def _sample_weight_refusal(self):
         if self.base == "pts" or self.bound_model == "mlp":
@@ -276,8 +337,6 @@ class ProbabilityBounding(Calibrator):
         return m
 
     def _fit(self, logits, labels, sample_weight=None):
-        self._check_structure()
-        _check_optim_params(self)
         check_labels_not_masked(logits, labels, sample_weight)
         z = to_torch(logits)
         y = torch.as_tensor(labels, dtype=torch.long)

@@ -40,15 +40,18 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
 from scipy.special import expit
 
 from confcal._numeric import softmax
 from confcal._validation import as_numpy, check_domains, check_labels, check_logits
+from confcal.calibrators._constraints import NLL, T_BOUNDS, T_RULE, TEMPERATURE, Bool, Choice, Fields, GroupKey, \
+    Int, ListOf, Nullable, Opt, Pairs, Real
+from confcal.calibrators._logistic import LogisticFit, fit_logistic
 from confcal.calibrators._tsfit import DEFAULT_T_BOUNDS, CalibrationWarning, fit_temperature
 from confcal.calibrators.base import Calibrator, _library_version, _sha256, register, summary_metrics
+from confcal.calibrators.grouping import fit_groups, route_groups
 from confcal.metrics.detection import binary_brier, binary_nll, detection_ece
 
 __all__ = ["DetectionTemperatureScaling", "DetectionPlattScaling", "score_logit", "fit_logistic",
@@ -73,13 +76,17 @@ def _check_scores(scores, name: str = "scores") -> np.ndarray:
     return s
 
 
-def score_logit(scores, *, clip_scores: bool = False, name: str = "scores") -> np.ndarray:
+def score_logit(scores, *, clip_scores: bool = False, name: str = "scores", warn_saturated: bool = False
+                ) -> np.ndarray:
     """``log(s / (1 - s))`` in float64 after a dtype-aware clip to ``(eps, 1 - eps)``.
 
     ``eps = np.finfo(scores.dtype).eps`` (float64 for integer input), so ``1 - eps``
     is representable in the scores' own dtype. Scores outside [0, 1] raise
     ``ValueError`` (they are not probabilities: use ``det-platt``) unless
-    ``clip_scores=True``, which clips them into [0, 1] first.
+    ``clip_scores=True``, which clips them into [0, 1] first. With
+    ``warn_saturated``, scores that are exactly 0 or 1 in their dtype (a sigmoid
+    output that lost its logit: float32 ``sigmoid(20) == 1``) give one
+    :class:`CalibrationWarning` with their count.
     """
     s = _check_scores(scores, name)
     out = (s < 0) | (s > 1)
@@ -88,6 +95,13 @@ def score_logit(scores, *, clip_scores: bool = False, name: str = "scores") -> n
         raise ValueError(f"{name}: det-ts expects probability scores in [0, 1], got {float(s[i])!r} at index "
                          f"{i} ({int(out.sum())} of {s.size} outside); use det-platt for raw scores, "
                          "or clip_scores=True")
+    if warn_saturated:
+        sat = int(np.count_nonzero((s == 0) | (s == 1)))
+        if sat:
+            warnings.warn(f"{name}: {sat} of {s.size} probability scores are exactly 0 or 1 in {s.dtype} "
+                          "(saturated: their logit is lost and clipped to the dtype's epsilon); pass the "
+                          "detector's raw logits with input_kind='logits' if you have them",
+                          CalibrationWarning, stacklevel=5)
     eps = float(np.finfo(s.dtype).eps)
     p = np.clip(s.astype(np.float64), eps, 1.0 - eps)
     return np.log(p) - np.log1p(-p)
@@ -109,115 +123,17 @@ def _check_category_ids(category_ids, n: int) -> np.ndarray:
     return c.astype(np.int64)
 
 
-# ------------------------------------------------------------------- logistic fit
-@dataclass(frozen=True)
-class LogisticFit:
-    slope: float
-    bias: float
-    nll: float
-    n_iter: int
-    at_bound: bool
-
-
-def _logistic_stats(x, t, w, b, sw=None):
-    u = w * x + b
-    mean = np.mean if sw is None else (lambda v: float(np.dot(v, sw)))  # sw sums to 1
-    loss = float(mean(t * np.logaddexp(0.0, -u) + (1.0 - t) * np.logaddexp(0.0, u)))
-    p = expit(u)
-    r = p - t
-    h = p * (1.0 - p)
-    g = np.array([mean(r * x), mean(r)])
-    hm = np.array([[mean(h * x * x), mean(h * x)], [mean(h * x), mean(h)]])
-    return loss, g, hm
-
-
-def fit_logistic(x, y, *, slope_bounds=(0.0, math.inf), fit_bias: bool = True, targets: str = "hard",
-                 tol: float = 1e-10, max_iter: int = 200, sample_weight=None) -> LogisticFit:
-    """Minimise the mean Bernoulli NLL of ``sigmoid(slope * x + bias)`` exactly.
-
-    Projected Newton on ``(slope, bias)`` (the NLL is convex) with a backtracking
-    line search; ``slope`` is kept in ``slope_bounds`` (a bound is active when the
-    gradient pushes past it, and then only ``bias`` moves).
-
-    Parameters
-    ----------
-    x : float ``(n,)`` feature (a logit or a raw score)
-    y : 0/1 ``(n,)``
-    slope_bounds : ``(lo, hi)``, ``0 <= lo < hi <= inf``
-    fit_bias : if false, ``bias = 0``
-    targets : ``"hard"`` (``t = y``) or ``"platt"`` (``t+ = (N+ + 1)/(N+ + 2)``,
-        ``t- = 1/(N- + 2)``, Platt 1999), which keeps the optimum finite on separable data
-    sample_weight : optional ``(n,)`` >= 0; the weighted mean NLL is minimised (and ``N+``,
-        ``N-`` are weight sums), so an integer weight is the same as repeating the box
-
-    Returns a :class:`LogisticFit`; ``at_bound`` is true when the slope ended on a bound.
-    """
-    x = np.asarray(x, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    lo, hi = (float(v) for v in slope_bounds)
-    if not (0.0 <= lo < hi):
-        raise ValueError(f"slope_bounds: expected 0 <= lo < hi, got {slope_bounds!r}")
-    sw = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
-    if sw is not None:
-        sw = sw / sw.sum()
-    if targets == "hard":
-        t = y
-    elif targets == "platt":
-        n_all = float(y.size) if sample_weight is None else float(np.sum(sample_weight))
-        n_pos = float(y.sum()) if sample_weight is None else float(np.dot(y, sample_weight))
-        n_neg = n_all - n_pos
-        t = np.where(y > 0.5, (n_pos + 1.0) / (n_pos + 2.0), 1.0 / (n_neg + 2.0))
-    else:
-        raise ValueError(f"targets: expected 'hard' or 'platt', got {targets!r}")
-    tbar = float(np.clip(t.mean() if sw is None else np.dot(t, sw), 1e-12, 1 - 1e-12))
-    w = min(max(1.0, lo), hi)
-    b = math.log(tbar / (1.0 - tbar)) if fit_bias else 0.0
-    loss, g, hm = _logistic_stats(x, t, w, b, sw)
-    n_iter = 0
-    for n_iter in range(1, max_iter + 1):
-        free_w = not ((w <= lo and g[0] > 0) or (w >= hi and g[0] < 0))
-        free = [free_w, fit_bias]
-        idx = [k for k in range(2) if free[k]]
-        if not idx:
-            break
-        gf = g[idx]
-        hf = hm[np.ix_(idx, idx)]
-        hf = hf + np.eye(len(idx)) * (1e-12 * (np.trace(hf) + 1e-300))
-        try:
-            step_f = -np.linalg.solve(hf, gf)
-        except np.linalg.LinAlgError:
-            step_f = -gf
-        step = np.zeros(2)
-        step[idx] = step_f
-        if float(np.max(np.abs(gf))) < tol:
-            break
-        alpha = 1.0
-        improved = False
-        for _ in range(60):
-            w_new = min(max(w + alpha * step[0], lo), hi)
-            b_new = b + alpha * step[1]
-            loss_new, g_new, hm_new = _logistic_stats(x, t, w_new, b_new, sw)
-            if loss_new <= loss + 1e-4 * alpha * float(g @ (np.array([w_new - w, b_new - b]) / alpha)) \
-                    or loss_new < loss:
-                improved = True
-                break
-            alpha *= 0.5
-        if not improved:
-            break  # at the optimum to rounding
-        moved = max(abs(w_new - w), abs(b_new - b))
-        w, b, loss, g, hm = w_new, b_new, loss_new, g_new, hm_new
-        if moved < tol * (1.0 + abs(w) + abs(b)):
-            break
-    else:
-        warnings.warn(f"logistic fit did not converge in {max_iter} iterations (slope {w:.6g}, bias {b:.6g}); "
-                      "the data may be separable: use targets='platt'", CalibrationWarning, stacklevel=3)
-    at_bound = (w <= lo and g[0] >= 0) or (w >= hi and g[0] <= 0)
-    return LogisticFit(slope=float(w), bias=float(b), nll=loss, n_iter=n_iter, at_bound=bool(at_bound))
-
-
 # ------------------------------------------------------------------ grouped base
 def _key_part(v):
     return v.item() if hasattr(v, "item") else v
+
+
+def _grouped_fields(group: Fields) -> Fields:
+    """Manifest parameters of a box-score calibrator whose per-group fit is ``group``."""
+    return Fields({"kind": Choice("binary", "multiclass"), "by_domain": Bool(),
+                   "pooled": group,
+                   "groups": Pairs(GroupKey(), group), "group_counts": Opt(Pairs(GroupKey(), Int(ge=0))),
+                   "fallback_groups": Opt(ListOf(GroupKey()))})
 
 
 class _BoxScoreCalibrator(Calibrator):
@@ -232,16 +148,23 @@ class _BoxScoreCalibrator(Calibrator):
     supports_multiclass = False
 
     # -------------------------------------------------------------- validation
+    def _input_kind(self):
+        """``None`` is allowed here: 1-D scores are then probabilities, class vectors logits."""
+        kind = self.input_kind
+        if kind not in (None, "logits", "probs"):
+            raise ValueError(f"input_kind: expected 'logits', 'probs' or None, got {kind!r}")
+        return kind
+
     def _inputs(self, scores, labels, input_kind):
         arr = as_numpy(scores, "scores")
         if arr.ndim == 1:
-            x = self._features(arr)
+            x = self._features(arr, input_kind)
             y = None if labels is None else _check_binary_labels(labels, x.shape[0])
             return "binary", x, y, None
         if not self.supports_multiclass:
             raise ValueError(f"scores: {self.method} takes 1-D box scores (n_boxes,), got shape {arr.shape}; "
                              "use det-ts for class vectors")
-        x = check_logits(arr, name="scores", input_kind=input_kind)
+        x = check_logits(arr, name="scores", input_kind=input_kind or "logits")
         keep = None
         y = None
         if labels is not None:
@@ -280,7 +203,7 @@ class _BoxScoreCalibrator(Calibrator):
         Parameters
         ----------
         scores : float ``(n_boxes,)`` box scores, or ``(n_boxes, n_classes)`` class
-            logits/probabilities (``det-ts`` only; the ``input_kind`` hyper-parameter applies to these)
+            logits/probabilities (``det-ts`` only)
         labels : 0/1 ``(n_boxes,)`` (1 = true positive) for 1-D scores; class
             indices (``-1`` = no target, left out) for class vectors
         domains : optional ``(n_boxes,)`` ids; given at fit time, the fit is per domain
@@ -288,6 +211,7 @@ class _BoxScoreCalibrator(Calibrator):
 
         Raises ``ValueError``/``TypeError`` naming the bad argument.
         """
+        self._check_hyperparameters()
         input_kind = self._input_kind()
         kind, x, y, keep = self._inputs(scores, labels, input_kind)
         if y is None:
@@ -313,13 +237,17 @@ class _BoxScoreCalibrator(Calibrator):
             "n_samples": int(x.shape[0]),
             "n_left_out": int((~keep).sum()) if keep is not None else 0,
             "data_sha256": _sha256(x, y, *[a for a in (d, c, w) if a is not None]),
-            "input_kind": "scores" if kind == "binary" else input_kind,
+            "input_kind": self._score_kind(input_kind) if kind == "binary" else (input_kind or "logits"),
             "metrics_before": self._metrics(before, y),
             "metrics_after": self._metrics(after, y),
             "library_version": _library_version(),
             "utc_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }
         return self
+
+    def _score_kind(self, input_kind) -> str:
+        """What 1-D scores are (the fit record's ``input_kind``): ``"probs"`` unless ``"logits"``."""
+        return "logits" if input_kind == "logits" else "probs"
 
     def _metrics(self, probs, y):
         if self.kind_ == "multiclass":
@@ -329,33 +257,24 @@ class _BoxScoreCalibrator(Calibrator):
                 "d_ece": detection_ece(p, y, 15), "nll": binary_nll(p, y), "brier": binary_brier(p, y)}
 
     def _fit(self, x, y, domains=None, category_ids=None, sample_weight=None):
-        sw = sample_weight
-        self.pooled_ = self._fit_group(x, y, "pooled", sw)
-        self.groups_, self.group_counts_, self.fallback_groups_ = {}, {}, []
+        w = sample_weight
         keys = self._group_keys(x.shape[0], domains, category_ids, self.by_domain_)
         if keys is None:
+            self.pooled_ = self._fit_group(x, y, "pooled", w)
+            self.groups_, self.group_counts_, self.fallback_groups_ = {}, {}, []
             return
-        index: dict[tuple, list[int]] = {}
-        for i, k in enumerate(keys):
-            if sw is None or sw[i] > 0:  # a box of weight 0 counts as absent
-                index.setdefault(k, []).append(i)
-        for k in sorted(index, key=repr):
-            idx = np.asarray(index[k])
-            self.group_counts_[k] = int(idx.size)
-            yk = y[idx]
-            single = self.kind_ == "binary" and (yk.min() == yk.max())
-            # an integer weight counts as that many repeated boxes
-            if (idx.size if sw is None else sw[idx].sum()) < self.min_samples or single:
-                self.fallback_groups_.append(k)
-                continue
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always", CalibrationWarning)
-                self.groups_[k] = self._fit_group(x[idx], yk, k, None if sw is None else sw[idx])
-            for w in caught:
-                warnings.warn(f"group {k!r}: {w.message}", CalibrationWarning, stacklevel=4)
-        if self.fallback_groups_:
-            warnings.warn(f"groups {self.fallback_groups_} have fewer than min_samples={self.min_samples} boxes "
-                          "or only one label; they use the pooled map", CalibrationWarning, stacklevel=4)
+
+        def fit_one(rows):
+            if rows is None:
+                return self._fit_group(x, y, "pooled", w)
+            return self._fit_group(x[rows], y[rows], rows, None if w is None else w[rows])
+
+        # a box of weight 0 counts as absent; an integer weight as that many repeated boxes
+        fits = fit_groups(fit_one, keys, min_samples=self.min_samples, sample_weight=w,
+                          labels=y if self.kind_ == "binary" else None, what="group",
+                          pooled_name="the pooled map", stacklevel=5)
+        self.pooled_, self.groups_ = fits.pooled, fits.fits
+        self.group_counts_, self.fallback_groups_ = fits.counts, list(fits.fallback)
 
     # ----------------------------------------------------------------- predict
     def predict_proba(self, scores, *, domains=None, category_ids=None):
@@ -383,35 +302,15 @@ class _BoxScoreCalibrator(Calibrator):
         return self._proba(x, side.get("domains"), side.get("category_ids"), warn_unseen=True)
 
     def _proba(self, x, d, c, *, warn_unseen: bool):
-        n = x.shape[0]
-        keys = self._group_keys(n, d, c, self.by_domain_)
-        params = [self.pooled_] * n if keys is None else None
-        if keys is not None:
-            unseen = set()
-            params = []
-            for k in keys:
-                p = self.groups_.get(k)
-                if p is None:
-                    if k not in self.group_counts_:
-                        unseen.add(k)
-                    p = self.pooled_
-                params.append(p)
-            if unseen and warn_unseen:
-                warnings.warn(f"groups {sorted(unseen, key=repr)} were not seen at fit time; they use the pooled "
-                              "map", CalibrationWarning, stacklevel=3)
-        return self._apply(x, params)
-
-    def _apply(self, x, params):
-        # evaluate each distinct parameter set once, vectorised over its rows
+        keys = self._group_keys(x.shape[0], d, c, self.by_domain_)
+        if keys is None:
+            return self._apply_one(x, self.pooled_)
         out = np.empty((x.shape[0], self.n_classes_), dtype=np.float64)
-        ids = {}
-        which = np.fromiter((ids.setdefault(id(p), len(ids)) for p in params), dtype=np.int64, count=len(params))
-        uniq = {}
-        for p in params:
-            uniq.setdefault(id(p), p)
-        for pid, p in uniq.items():
-            rows = which == ids[pid]
-            out[rows] = self._apply_one(x[rows], p)
+        known = self.group_counts_ if warn_unseen else None
+        rows = route_groups(keys, known if known is not None else set(keys), what="group",
+                            pooled_name="the pooled map", stacklevel=5)
+        for key, idx in rows.items():
+            out[idx] = self._apply_one(x[idx], self.groups_.get(key, self.pooled_))
         return out
 
     def _apply_one(self, x, p):
@@ -455,6 +354,10 @@ class DetectionTemperatureScaling(_BoxScoreCalibrator):
     clip_scores : clip scores outside [0, 1] into it instead of raising
     min_samples : groups with fewer boxes use the pooled map
     t_min, t_max : search range of every temperature
+    input_kind : None (default: 1-D scores are probabilities, class vectors logits),
+        ``"logits"`` (1-D raw detector logits, taken as they are: no clip, no
+        saturation) or ``"probs"`` (both are probabilities). Probability scores that
+        are exactly 0 or 1 in their dtype give a warning with their count.
 
     Attributes
     ----------
@@ -479,10 +382,15 @@ class DetectionTemperatureScaling(_BoxScoreCalibrator):
 
     method = "det-ts"
     supports_multiclass = True
+    hyper_constraints = {"per_class": Bool(), "bias": Bool(), "clip_scores": Bool(), "min_samples": Int(ge=1),
+                         **T_BOUNDS, "input_kind": Nullable(Choice("logits", "probs"))}
+    hyper_rules = (T_RULE,)
+    fitted_constraints = _grouped_fields(Fields({"temperature": TEMPERATURE, "bias": Real(), "nll": NLL,
+                                                 "at_bound": Opt(Bool())}))
 
     def __init__(self, per_class: bool = False, bias: bool = False, clip_scores: bool = False,
                  min_samples: int = 20, t_min: float = DEFAULT_T_BOUNDS[0], t_max: float = DEFAULT_T_BOUNDS[1],
-                 input_kind: str = "logits"):
+                 input_kind: str | None = None):
         self.input_kind = input_kind
         self.per_class = per_class
         self.bias = bias
@@ -496,8 +404,10 @@ class DetectionTemperatureScaling(_BoxScoreCalibrator):
         """Pooled temperature."""
         return self.pooled_["temperature"]
 
-    def _features(self, arr):
-        return score_logit(arr, clip_scores=self.clip_scores)
+    def _features(self, arr, input_kind=None):
+        if input_kind == "logits":  # raw detector logits: no clip, no saturation
+            return _check_scores(arr).astype(np.float64)
+        return score_logit(arr, clip_scores=self.clip_scores, warn_saturated=True)
 
     def _raw_proba(self, x):
         if self.kind_ == "multiclass":
@@ -558,6 +468,9 @@ class DetectionPlattScaling(_BoxScoreCalibrator):
     """
 
     method = "det-platt"
+    hyper_constraints = {"per_class": Bool(), "increasing": Bool(), "platt_targets": Bool(),
+                         "min_samples": Int(ge=1)}
+    fitted_constraints = _grouped_fields(Fields({"a": Real(), "b": Real(), "nll": NLL, "at_bound": Opt(Bool())}))
 
     def __init__(self, per_class: bool = False, increasing: bool = True, platt_targets: bool = True,
                  min_samples: int = 20, input_kind: str = "logits"):
@@ -567,8 +480,11 @@ class DetectionPlattScaling(_BoxScoreCalibrator):
         self.platt_targets = platt_targets
         self.min_samples = min_samples
 
-    def _features(self, arr):
+    def _features(self, arr, input_kind=None):
         return _check_scores(arr).astype(np.float64)
+
+    def _score_kind(self, input_kind) -> str:
+        return "scores"  # raw scores, whatever input_kind says
 
     def _raw_proba(self, x):
         p = np.clip(x, 0.0, 1.0)  # raw scores as if probabilities, for the "before" metrics

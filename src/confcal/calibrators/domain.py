@@ -35,8 +35,11 @@ import warnings
 import numpy as np
 
 from confcal._numeric import softmax
+from confcal.calibrators._constraints import SEED, T_BOUNDS, T_RULE, TEMPERATURE, Array, Bool, Choice, Fields, \
+    GroupKey, Int, Nullable, Opt, Pairs, Real
 from confcal.calibrators._tsfit import DEFAULT_T_BOUNDS, CalibrationWarning, fit_temperature
 from confcal.calibrators.base import Calibrator, register
+from confcal.calibrators.grouping import fit_groups
 
 __all__ = [
     "SetLevelTemperatureScaling",
@@ -96,19 +99,6 @@ def _fit_quiet(logits, labels, sample_weight, bounds):
         return fit_temperature(logits, labels, sample_weight=sample_weight, t_bounds=bounds, warn=False)
 
 
-def _check_positive_int(value, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name}: expected an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def _check_bounds(t_min, t_max) -> tuple[float, float]:
-    t_min, t_max = float(t_min), float(t_max)
-    if not (0 < t_min < t_max and math.isfinite(t_max)):
-        raise ValueError(f"t_min, t_max: expected 0 < t_min < t_max < inf, got ({t_min}, {t_max})")
-    return t_min, t_max
-
-
 def _floats(a) -> list:
     """An array as nested lists of Python floats (JSON keeps every bit of a float64)."""
     return np.asarray(a, dtype=np.float64).tolist()
@@ -160,6 +150,10 @@ class SetLevelTemperatureScaling(Calibrator):
 
     method = "set-ts"
     optional_side_inputs = ("domains", "features")
+    hyper_constraints = {"domain_weighting": Choice(*DOMAIN_WEIGHTINGS), **T_BOUNDS}
+    hyper_rules = (T_RULE,)
+    fitted_constraints = Fields({"temperature": TEMPERATURE, "at_bound": Opt(Bool()),
+                                 "domain_counts": Opt(Pairs(GroupKey(), Int(ge=0)))})
 
     def __init__(self, domain_weighting: str = "sample", t_min: float = DEFAULT_T_BOUNDS[0],
                  t_max: float = DEFAULT_T_BOUNDS[1], input_kind: str = "logits"):
@@ -169,7 +163,7 @@ class SetLevelTemperatureScaling(Calibrator):
         self.t_max = t_max
 
     def _fit(self, logits, labels, domains=None, features=None, sample_weight=None):
-        bounds = _check_bounds(self.t_min, self.t_max)
+        bounds = (self.t_min, self.t_max)
         weight = domain_sample_weight(domains, self.domain_weighting, sample_weight)
         res = fit_temperature(logits, labels, sample_weight=weight, t_bounds=bounds)
         self.temperature_ = res.temperature
@@ -223,6 +217,21 @@ class _ClusterBase(Calibrator):
 
     side_inputs = ("features",)
     optional_side_inputs = ("domains",)
+    hyper_constraints = {"n_clusters": Int(ge=1), "random_state": SEED, "n_init": Int(ge=1),
+                         "min_cluster_size": Int(ge=1), "bound_fallback": Bool(),
+                         "domain_weighting": Choice(*DOMAIN_WEIGHTINGS), **T_BOUNDS}
+    hyper_rules = (T_RULE,)
+    # "k": clusters actually fitted (min(n_clusters, n_samples))
+    fitted_constraints = Fields({
+        "n_features": Int(ge=1, bind="n_features"),
+        "scaler_mean": Array(("n_features",)),
+        "scaler_scale": Array(("n_features",), Real(gt=0)),
+        "centroids": Array(("k", "n_features")),
+        "set_temperature": TEMPERATURE,
+        "cluster_temperatures": Array(("k",), TEMPERATURE),
+        "cluster_sizes": Array(("k",), Int(ge=0)),
+        "cluster_fallback": Array(("k",), Bool()),
+    })
 
     def __init__(self, n_clusters: int = 8, random_state: int = 0, n_init: int = 10,
                  min_cluster_size: int = 20, bound_fallback: bool = True,
@@ -244,10 +253,8 @@ class _ClusterBase(Calibrator):
         from sklearn.preprocessing import StandardScaler
         from threadpoolctl import threadpool_limits
 
-        k_max = _check_positive_int(self.n_clusters, "n_clusters")
-        _check_positive_int(self.n_init, "n_init")
-        min_size = _check_positive_int(self.min_cluster_size, "min_cluster_size")
-        bounds = _check_bounds(self.t_min, self.t_max)
+        k_max, min_size = int(self.n_clusters), int(self.min_cluster_size)
+        bounds = (float(self.t_min), float(self.t_max))
         weight = domain_sample_weight(domains, self.domain_weighting, sample_weight)
 
         scaler = StandardScaler().fit(features, sample_weight=sample_weight)
@@ -274,33 +281,23 @@ class _ClusterBase(Calibrator):
             warnings.warn(f"set-level temperature stopped at the search bound T = {set_fit.temperature:g}",
                           CalibrationWarning, stacklevel=4)
 
-        temps = np.empty(k)
-        sizes = np.bincount(assign, minlength=k)
+        def fit_cluster(rows):
+            return _fit_quiet(logits[rows], labels[rows], None if weight is None else weight[rows], bounds)
+
+        def on_bound(res):
+            if self.bound_fallback and res.at_bound:
+                return (f"their optimal temperature on the search bound {bounds} (perfectly separated or "
+                        "uninformative)")
+            return None
+
         # a cluster's size is its weight (an integer weight counts as repeated rows)
-        mass = sizes if sample_weight is None else np.bincount(assign, weights=sample_weight, minlength=k)
-        fallback = np.zeros(k, dtype=bool)
-        small, at_bound = [], []
-        for c in range(k):
-            idx = np.flatnonzero(assign == c)
-            if mass[c] < min_size:
-                small.append(c)
-                fallback[c] = True
-                continue
-            res = _fit_quiet(logits[idx], labels[idx], None if weight is None else weight[idx], bounds)
-            if res.at_bound and self.bound_fallback:
-                at_bound.append(c)
-                fallback[c] = True
-                continue
-            temps[c] = res.temperature
-        temps[fallback] = self.set_temperature_
-        if small:
-            warnings.warn(f"clusters {small} have fewer than min_cluster_size={min_size} calibration "
-                          f"samples (sizes {mass[small].tolist()}); they use the set-level temperature "
-                          f"T = {self.set_temperature_:.6g}", CalibrationWarning, stacklevel=4)
-        if at_bound:
-            warnings.warn(f"clusters {at_bound} have their optimal temperature on the search bound "
-                          f"{bounds} (perfectly separated or uninformative); they use the set-level "
-                          f"temperature T = {self.set_temperature_:.6g}", CalibrationWarning, stacklevel=4)
+        fits = fit_groups(fit_cluster, assign.tolist(), min_samples=min_size, pooled=set_fit, reject=on_bound,
+                          sample_weight=sample_weight,
+                          expected=range(k), what="cluster", min_name="min_cluster_size", stacklevel=5,
+                          pooled_name=f"the set-level temperature T = {self.set_temperature_:.6g}")
+        temps = np.array([fits.fit_for(c).temperature for c in range(k)], dtype=np.float64)
+        sizes = np.array([fits.counts[c] for c in range(k)], dtype=np.int64)
+        fallback = np.array([c in fits.fallback for c in range(k)], dtype=bool)
         self.cluster_temperatures_ = temps
         self.cluster_sizes_ = sizes.astype(np.int64)
         self.cluster_fallback_ = fallback
@@ -365,15 +362,6 @@ class _ClusterBase(Calibrator):
         self.cluster_temperatures_ = np.asarray(params["cluster_temperatures"], dtype=np.float64)
         self.cluster_sizes_ = np.asarray(params["cluster_sizes"], dtype=np.int64)
         self.cluster_fallback_ = np.asarray(params["cluster_fallback"], dtype=bool)
-        k = self.centroids_.shape[0]
-        for name in ("scaler_mean_", "scaler_scale_"):
-            if getattr(self, name).shape != (self.n_features_,):
-                raise ValueError(f"manifest: {name[:-1]} has shape {getattr(self, name).shape}, "
-                                 f"expected ({self.n_features_},)")
-        for name in ("cluster_temperatures_", "cluster_sizes_", "cluster_fallback_"):
-            if getattr(self, name).shape != (k,):
-                raise ValueError(f"manifest: {name[:-1]} has shape {getattr(self, name).shape}, "
-                                 f"expected ({k},) (one per centroid)")
 
 
 _CLUSTER_DOC = """
@@ -463,8 +451,6 @@ class _RegressionMixin:
         own = ~self.cluster_fallback_
         alphas = np.asarray(self.alphas if self.alphas is not None else DEFAULT_RIDGE_ALPHAS,
                             dtype=np.float64)
-        if alphas.ndim != 1 or alphas.size == 0 or not np.all(alphas > 0):
-            raise ValueError(f"alphas: expected a non-empty list of positive floats, got {self.alphas!r}")
         if own.sum() < 3:
             warnings.warn(f"only {int(own.sum())} clusters have their own temperature; the regression "
                           f"needs at least 3, so it predicts the set-level temperature "
@@ -491,9 +477,6 @@ class _RegressionMixin:
 
     def _set_regression(self, params):
         self.reg_coef_ = np.asarray(params["reg_coef"], dtype=np.float64)
-        if self.reg_coef_.shape != (self.n_features_,):
-            raise ValueError(f"manifest: reg_coef has shape {self.reg_coef_.shape}, "
-                             f"expected ({self.n_features_},)")
         self.reg_intercept_ = float(params["reg_intercept"])
         alpha = params.get("reg_alpha")
         self.reg_alpha_ = float("inf") if alpha is None else float(alpha)
@@ -510,6 +493,14 @@ _REG_DOC = """    alphas : ridge penalties tried by leave-one-out (default
 class _ClusterRegressionBase(_RegressionMixin, _ClusterBase):
     """Clusters plus the regression of their temperatures: the shared fit of
     cluster-TS-regression and the domain ensemble."""
+
+    hyper_constraints = {**_ClusterBase.hyper_constraints, "alphas": Nullable(Array((None,), Real(gt=0)))}
+    fitted_constraints = Fields({
+        **_ClusterBase.fitted_constraints.fields,
+        "reg_coef": Array(("n_features",)),
+        "reg_intercept": Real(),
+        "reg_alpha": Nullable(Real(gt=0)),  # null: the constant fallback (alpha = inf)
+    })
 
     def __init__(self, n_clusters: int = 8, random_state: int = 0, n_init: int = 10,
                  min_cluster_size: int = 20, bound_fallback: bool = True,

@@ -20,6 +20,7 @@ import numpy as np
 from scipy.optimize import minimize_scalar
 
 from confcal._numeric import log_softmax, softmax
+from confcal.calibrators._constraints import NLL, Array, Fields, Nullable, Real
 from confcal.calibrators.base import Calibrator, register
 
 __all__ = ["FeatureClipping"]
@@ -47,7 +48,7 @@ class FeatureClipping(Calibrator):
 
     Attributes
     ----------
-    threshold_ : float ``c`` (``inf`` when clipping does not help)
+    threshold_ : float ``c`` (``inf`` when clipping does not help; stored as ``null`` in the manifest)
     weight_, bias_ : the layer used (given or recovered), float64 arrays
     nll_ : calibration NLL at ``threshold_``; ``base_nll_`` without clipping
 
@@ -77,6 +78,11 @@ class FeatureClipping(Calibrator):
 
     method = "fc"
     side_inputs = ("features",)
+    hyper_constraints = {"weight": Nullable(Array(("n_classes", "n_features"))),
+                         "bias": Nullable(Array(("n_classes",))), "max_residual": Real(gt=0)}
+    # threshold null: clipping did not help (c = inf, JSON has no inf)
+    fitted_constraints = Fields({"threshold": Nullable(Real(gt=0)), "weight": Array(("n_classes", "n_features")),
+                                 "bias": Array(("n_classes",)), "nll": NLL, "base_nll": NLL})
 
     def __init__(self, weight: list | None = None, bias: list | None = None, max_residual: float = 1e-3,
                  input_kind: str = "logits"):

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from confcal.calibrators._compose import MapCalibrator
+from confcal.calibrators._compose import OPTIM_CONSTRAINTS, MapCalibrator
+from confcal.calibrators._constraints import Int
 from confcal.calibrators._maps import _softplus_inv, mask_neg_inf
 from confcal.calibrators._tsfit import fit_temperature
 from confcal.calibrators.base import register
@@ -57,6 +58,7 @@ class ParameterizedTemperatureScaling(MapCalibrator):
     """
 
     method = "pts"
+    hyper_constraints = {**OPTIM_CONSTRAINTS, "top_k": Int(ge=1), "hidden": Int(ge=1)}
     map_name = "pts"
 
     def __init__(self, top_k: int = 10, hidden: int = 5, epochs: int = 500, batch_size: int = 256,
@@ -71,10 +73,6 @@ class ParameterizedTemperatureScaling(MapCalibrator):
         self.progress = progress
 
     def _map_config(self, n_classes):
-        for name in ("top_k", "hidden"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
         return {"n_classes": n_classes, "top_k": self.top_k, "hidden": self.hidden}
 
     def _init_map(self, m, z, y, features, sample_weight=None):

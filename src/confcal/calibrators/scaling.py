@@ -10,9 +10,8 @@ started at the identity map (``W = I``, ``c = 0``), i.e. at the uncalibrated mod
 
 from __future__ import annotations
 
-import math
-
 from confcal.calibrators._compose import MapCalibrator
+from confcal.calibrators._constraints import Real
 from confcal.calibrators.base import register
 
 __all__ = ["VectorScaling", "MatrixScaling", "DirichletCalibration"]
@@ -126,6 +125,7 @@ class DirichletCalibration(MapCalibrator):
     """
 
     method = "dirichlet"
+    hyper_constraints = {**MapCalibrator.hyper_constraints, "reg_lambda": Real(ge=0), "reg_mu": Real(ge=0)}
     map_name = "ms"
 
     def __init__(self, reg_lambda: float = 0.01, reg_mu: float = 0.01, max_iter: int = 500, tol: float = 1e-7,
@@ -138,9 +138,5 @@ class DirichletCalibration(MapCalibrator):
         self.random_state = random_state
 
     def _map_config(self, n_classes):
-        for name in ("reg_lambda", "reg_mu"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
-                raise ValueError(f"{name}: expected a finite number >= 0, got {v!r}")
         return {"n_classes": n_classes, "on_log_probs": True, "reg_lambda": float(self.reg_lambda),
                 "reg_mu": float(self.reg_mu)}

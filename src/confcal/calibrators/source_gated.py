@@ -40,6 +40,8 @@ import warnings
 import numpy as np
 
 from confcal._numeric import softmax
+from confcal.calibrators._constraints import SEED, T_BOUNDS, T_RULE, TEMPERATURE, Array, Choice, Fields, GroupKey, \
+    Int, Nullable, Real, Spec, check_hyperparameters, check_parameters
 from confcal.calibrators._tsfit import DEFAULT_T_BOUNDS, CalibrationWarning, fit_temperature
 from confcal.calibrators.base import METHODS, Calibrator, calibrator_from_dict, register
 
@@ -171,6 +173,21 @@ def pool_allocation(sizes, max_pool_size: int | None) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- calibrator
+class _BaseManifest(Spec):
+    """The embedded manifest of the base method, checked with that method's own tables."""
+
+    def check(self, value, path, ctx):
+        Fields({"method": Choice(*BASE_METHODS), "hyperparameters": Fields({}, extra_ok=True),
+                "parameters": Fields({}, extra_ok=True), "n_classes": Int(ge=2, bind="n_classes")}
+               ).check(value, path, ctx)
+        cls = METHODS[value["method"]]
+        env = check_hyperparameters(cls, value["hyperparameters"], where=ctx.where, env=dict(ctx.env),
+                                    path=f"{path}.hyperparameters")
+        check_parameters(cls, value["parameters"], env={"n_classes": env["n_classes"]}, where=ctx.where,
+                         path=f"{path}.parameters")
+        return value
+
+
 @register
 class SourceGatedTemperatureScaling(Calibrator):
     """Per-sample gate between source-only TS and a domain-generalization calibrator.
@@ -254,6 +271,25 @@ class SourceGatedTemperatureScaling(Calibrator):
     method = "source-gated-ts"
     side_inputs = ("features",)
     optional_side_inputs = ("domains",)
+    hyper_constraints = {"source_domain": Nullable(GroupKey()), "base": Choice(*BASE_METHODS),
+                         "base_params": Nullable(Fields({}, extra_ok=True)), "n_neighbors": Int(ge=1),
+                         "floor": Choice(*FLOORS), "max_pool_size": Nullable(Int(ge=2)), "random_state": SEED,
+                         **T_BOUNDS}
+    hyper_rules = (T_RULE,)
+    fitted_constraints = Fields({
+        "source_temperature": TEMPERATURE,
+        "domains": Array(("n_domains",), GroupKey()),
+        "domain_sizes": Array(("n_domains",), Int(ge=1)),
+        "pool_sizes": Array(("n_domains",), Int(ge=1)),
+        "n_features": Int(ge=1, bind="n_features"),
+        "n_neighbors": Int(ge=1),
+        "gate_floor": Real(ge=0, lt=1),
+        "scaler_mean": Array(("n_features",)),
+        "scaler_scale": Array(("n_features",), Real(gt=0)),
+        "pool": Array(("n_pool", "n_features")),
+        "pool_domains": Array(("n_pool",), Int(ge=0)),
+        "base": _BaseManifest(),
+    })
 
     def __init__(self, source_domain=None, base: str = "domain-ensemble", base_params: dict | None = None,
                  n_neighbors: int = 20, floor: str = "loo-median", max_pool_size: int | None = 2000,
@@ -424,8 +460,6 @@ class SourceGatedTemperatureScaling(Calibrator):
 
     def _set_fitted(self, params):
         self.source_temperature_ = float(params["source_temperature"])
-        if not self.source_temperature_ > 0:
-            raise ValueError(f"source_temperature: expected > 0, got {self.source_temperature_}")
         self.domains_ = list(params["domains"])
         n_dom = len(self.domains_)
         self.domain_sizes_ = np.asarray(params["domain_sizes"], dtype=np.int64)
@@ -433,21 +467,11 @@ class SourceGatedTemperatureScaling(Calibrator):
         self.n_features_ = int(params["n_features"])
         self.n_neighbors_ = int(params["n_neighbors"])
         self.gate_floor_ = float(params["gate_floor"])
-        if not 0.0 <= self.gate_floor_ < 1.0:
-            raise ValueError(f"gate_floor: expected a value in [0, 1), got {self.gate_floor_}")
         self.scaler_mean_ = np.asarray(params["scaler_mean"], dtype=np.float64)
         self.scaler_scale_ = np.asarray(params["scaler_scale"], dtype=np.float64)
         self.pool_ = np.asarray(params["pool"], dtype=np.float32).reshape(-1, self.n_features_)
         self.pool_domains_ = np.asarray(params["pool_domains"], dtype=np.int64)
-        for name, arr, shape in [("domain_sizes", self.domain_sizes_, (n_dom,)),
-                                 ("pool_sizes", self.pool_sizes_, (n_dom,)),
-                                 ("scaler_mean", self.scaler_mean_, (self.n_features_,)),
-                                 ("scaler_scale", self.scaler_scale_, (self.n_features_,)),
-                                 ("pool_domains", self.pool_domains_, (self.pool_.shape[0],))]:
-            if arr.shape != shape:
-                raise ValueError(f"{name} has shape {arr.shape}, expected {shape}")
-        if not np.all(self.scaler_scale_ > 0):
-            raise ValueError("scaler_scale: expected every entry > 0")
+        # types, ranges and shapes: fitted_constraints; the relations between fields below
         if n_dom < 2 or not np.array_equal(np.bincount(self.pool_domains_, minlength=n_dom), self.pool_sizes_) \
                 or self.pool_domains_.min() < 0 or self.pool_domains_.max() >= n_dom:
             raise ValueError("pool_domains: expected codes in [0, n_domains) whose counts equal pool_sizes, "

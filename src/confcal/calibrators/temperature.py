@@ -8,31 +8,19 @@ accuracy is unchanged by construction.
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 
 from confcal._numeric import softmax
+from confcal.calibrators._constraints import NLL, N_ITER, T_BOUNDS, T_RULE, TEMPERATURE, Bool, Fields, Int, Opt
 from confcal.calibrators._tsfit import (
     DEFAULT_T_BOUNDS,
-    CalibrationWarning,
     fit_temperature,
     fit_temperature_stream,
 )
 from confcal.calibrators.base import Calibrator, register
+from confcal.calibrators.grouping import GroupedCalibrator, grouped_fields, route_groups
 
 __all__ = ["TemperatureScaling", "GroupedTemperatureScaling"]
-
-
-def _positive_temperature(value, where: str) -> float:
-    """A manifest's temperature: a finite number > 0 (a damaged file must not silently give NaN
-    or rank-reversed probabilities)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{where}: expected a number, got {value!r}")
-    t = float(value)
-    if not (np.isfinite(t) and t > 0):
-        raise ValueError(f"{where}: expected a finite temperature > 0, got {value!r}")
-    return t
 
 
 def _scaled_softmax(logits: np.ndarray, temperature) -> np.ndarray:
@@ -121,6 +109,10 @@ class TemperatureScaling(Calibrator):
     """
 
     method = "ts"
+    hyper_constraints = dict(T_BOUNDS)
+    hyper_rules = (T_RULE,)
+    fitted_constraints = Fields({"temperature": TEMPERATURE, "nll": NLL, "n_iter": N_ITER,
+                                 "at_bound": Opt(Bool())})
 
     def __init__(self, t_min: float = DEFAULT_T_BOUNDS[0], t_max: float = DEFAULT_T_BOUNDS[1],
                  input_kind: str = "logits"):
@@ -182,26 +174,22 @@ class TemperatureScaling(Calibrator):
                 "at_bound": self.at_bound_}
 
     def _set_fitted(self, params):
-        self.temperature_ = _positive_temperature(params["temperature"], "temperature")
+        self.temperature_ = float(params["temperature"])
         self.nll_ = float(params.get("nll", float("nan")))
         self.n_iter_ = int(params.get("n_iter", 0))
         self.at_bound_ = bool(params.get("at_bound", False))
 
 
-def _id_key(d):
-    """Domain ids as plain Python values (JSON-ready, and numpy scalars hash like them)."""
-    return d.item() if hasattr(d, "item") else d
-
-
 @register
-class GroupedTemperatureScaling(Calibrator):
+class GroupedTemperatureScaling(GroupedCalibrator):
     """One temperature per domain (sensor) id, plus a pooled temperature as fallback.
 
-    ``fit(logits, labels, domains=...)`` fits the pooled temperature on all
-    samples and one temperature per domain on that domain's samples. At predict
-    time each sample uses its domain's temperature; a domain id unseen at fit
-    time uses the pooled temperature, and one :class:`CalibrationWarning` per
-    call lists the unseen ids.
+    :class:`~confcal.calibrators.grouping.GroupedCalibrator` of
+    :class:`TemperatureScaling` by ``domains``: ``fit(logits, labels, domains=...)``
+    fits the pooled temperature on all samples and one temperature per domain on
+    that domain's samples. At predict time each sample uses its domain's
+    temperature; a domain id unseen at fit time uses the pooled temperature, and
+    one :class:`CalibrationWarning` per call lists the unseen ids.
 
     Parameters
     ----------
@@ -212,7 +200,7 @@ class GroupedTemperatureScaling(Calibrator):
     Attributes
     ----------
     temperature_ : float, the pooled temperature
-    temperatures_ : dict ``{domain id: T}``
+    temperatures_ : dict ``{domain id: T}`` (the pooled ``T`` for domains that fell back)
     domain_counts_ : dict ``{domain id: n calibration samples}``
 
     Examples
@@ -236,6 +224,10 @@ class GroupedTemperatureScaling(Calibrator):
 
     method = "grouped-ts"
     side_inputs = ("domains",)
+    hyper_constraints = {**T_BOUNDS, "min_samples": Int(ge=1)}
+    hyper_rules = (T_RULE,)
+    fitted_constraints = grouped_fields(TemperatureScaling.fitted_constraints)
+    _what = "domain"
 
     def __init__(self, t_min: float = DEFAULT_T_BOUNDS[0], t_max: float = DEFAULT_T_BOUNDS[1],
                  min_samples: int = 1, input_kind: str = "logits"):
@@ -244,63 +236,39 @@ class GroupedTemperatureScaling(Calibrator):
         self.t_max = t_max
         self.min_samples = min_samples
 
-    def _fit(self, logits, labels, domains, sample_weight=None):
-        bounds = (self.t_min, self.t_max)
-        sw = sample_weight
-        self.temperature_ = fit_temperature(logits, labels, sample_weight=sw, t_bounds=bounds).temperature
-        self.temperatures_, self.domain_counts_ = {}, {}
-        small = []
-        # a domain whose rows all have weight 0 is left out, as if absent
-        for d in np.unique(domains if sw is None else domains[sw > 0]):
-            idx = np.flatnonzero(domains == d)
-            key = _id_key(d)
-            self.domain_counts_[key] = int(idx.size)
-            # an integer weight counts as that many repeated samples
-            if (idx.size if sw is None else sw[idx].sum()) < self.min_samples:
-                small.append(key)
-                self.temperatures_[key] = self.temperature_
-                continue
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always", CalibrationWarning)
-                res = fit_temperature(logits[idx], labels[idx], sample_weight=None if sw is None else sw[idx],
-                                      t_bounds=bounds)
-            for w in caught:
-                warnings.warn(f"domain {key!r}: {w.message}", CalibrationWarning, stacklevel=4)
-            self.temperatures_[key] = res.temperature
-        if small:
-            warnings.warn(f"domains {small} have fewer than min_samples={self.min_samples} "
-                          "calibration samples; they use the pooled temperature", CalibrationWarning,
-                          stacklevel=4)
+    def _by(self):
+        return ("domains",)
+
+    def _make_base(self):
+        return TemperatureScaling(t_min=self.t_min, t_max=self.t_max)
+
+    @property
+    def temperature_(self) -> float:
+        return self.pooled_.temperature_
+
+    @property
+    def temperatures_(self) -> dict:
+        return {k: self.groups_.get(k, self.pooled_).temperature_ for k in self.group_counts_}
+
+    @property
+    def domain_counts_(self) -> dict:
+        return dict(self.group_counts_)
 
     def temperatures_for(self, domains) -> np.ndarray:
         """Per-sample temperatures ``(n_samples,)``; unseen ids get the pooled temperature (warns once)."""
         self._check_fitted()
         domains = np.asarray(domains)
-        out = np.full(domains.shape[0], self.temperature_, dtype=np.float64)
-        unseen = []
-        for d in np.unique(domains):
-            key = _id_key(d)
-            mask = domains == d
-            if key in self.temperatures_:
-                out[mask] = self.temperatures_[key]
-            else:
-                unseen.append(key)
-        if unseen:
-            warnings.warn(f"domains {unseen} were not seen at fit time; they use the pooled "
-                          f"temperature T = {self.temperature_:.6g}", CalibrationWarning, stacklevel=3)
+        out = np.empty(domains.shape[0], dtype=np.float64)
+        rows = route_groups([_id_key(d) for d in domains], self.group_counts_, what=self._what,
+                            pooled_name=f"the pooled temperature T = {self.temperature_:.6g}")
+        for key, idx in rows.items():
+            out[idx] = self.groups_.get(key, self.pooled_).temperature_
         return out
 
     def _predict_proba(self, logits, domains):
         return _scaled_softmax(logits, self.temperatures_for(domains)[:, None])
 
-    def _get_fitted(self):
-        return {
-            "temperature": self.temperature_,
-            "temperatures": [[k, v] for k, v in self.temperatures_.items()],
-            "domain_counts": [[k, v] for k, v in self.domain_counts_.items()],
-        }
 
-    def _set_fitted(self, params):
-        self.temperature_ = _positive_temperature(params["temperature"], "temperature")
-        self.temperatures_ = {k: _positive_temperature(v, f"temperatures[{k!r}]") for k, v in params["temperatures"]}
-        self.domain_counts_ = {k: int(v) for k, v in params.get("domain_counts", [])}
+def _id_key(d):
+    """Domain ids as plain Python values (JSON-ready, and numpy scalars hash like them)."""
+    return d.item() if hasattr(d, "item") else d

@@ -19,8 +19,9 @@ def add_logits_args(p, *, labels: bool, side: bool = True, labels_required: bool
                    help="CSV inputs: 'first' (default) = the first row names the columns; 'none' = no header "
                         "(a first row of numbers is refused unless you say so)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars (they show only on a terminal)")
-    p.add_argument("--input-kind", choices=["logits", "probs"], default="logits",
-                   help="'probs' if the file holds probabilities (their log is used as logits)")
+    p.add_argument("--input-kind", choices=["logits", "probs"], default=None,
+                   help="'probs' if the file holds probabilities (their log is used as logits); default "
+                        "'logits' (det-ts box scores: 'probs', unless 'logits' is given)")
     if labels:
         p.add_argument("--labels", required=labels_required, metavar="SPEC",
                        help=f"integer labels (n_samples,): {SPEC_HELP}")
@@ -60,7 +61,7 @@ def load_side(args) -> dict:
 def load_logits_labels(args):
     """Validated ``(logits, labels or None)`` from ``--logits``/``--labels`` (whole arrays)."""
     header = getattr(args, "csv_header", "first")
-    x = check_logits(load_array(args.logits, name="logits", csv_header=header), input_kind=args.input_kind)
+    x = check_logits(load_array(args.logits, name="logits", csv_header=header), input_kind=args.input_kind or "logits")
     y = None
     if getattr(args, "labels", None):
         y = check_labels(load_array(args.labels, name="labels", csv_header=header), x.shape[0], x.shape[1])

@@ -44,7 +44,7 @@ def run(args) -> int:
                  "test_labels": load_array(args.test_labels, name="test_labels")}
     result = compare_methods(
         load_array(args.logits, name="logits"), load_array(args.labels, name="labels"), methods,
-        n_splits=args.splits, cal_size=args.cal_size, seed=args.seed, input_kind=args.input_kind,
+        n_splits=args.splits, cal_size=args.cal_size, seed=args.seed, input_kind=args.input_kind or "logits",
         progress=args.progress, **fixed)
     if args.json:
         print(result.to_json(indent=2))

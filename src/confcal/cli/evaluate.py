@@ -18,7 +18,7 @@ from confcal.cli._common import add_logits_args, metrics_rows, progress_of, side
 from confcal.cli._dask import add_engine_args, run_evaluate, wants_dask
 from confcal.io import load_calibrator
 from confcal.metrics import SummaryAccumulator
-from confcal.sources import batch_rows_for, iter_aligned
+from confcal.sources import DEFAULT_BATCH_BYTES, batch_rows_for, iter_aligned
 
 
 def register(sub):
@@ -52,7 +52,9 @@ def evaluate_sources(xs, ys, *, cal=None, side=None, input_kind="logits", n_bins
     if cal is not None:
         accs[cal.method] = SummaryAccumulator(n_bins)
     digest = DataDigest(2 + len(side))
-    rows = batch_rows_for([xs, ys, *side.values()])
+    # a quarter of the default batch: each batch of logits becomes two float64 probability arrays
+    # plus the metric temporaries, several times its own size
+    rows = batch_rows_for([xs, ys, *side.values()], DEFAULT_BATCH_BYTES // 4)
     unit = input_kind == "logits"
     seen = {}
     for pass_no in (1, 2):

@@ -43,7 +43,7 @@ def run(args) -> int:
     params = parse_params(args.param)
     if args.per_class:
         params["per_class"] = True
-    if args.input_kind != "logits" or "input_kind" not in params:
+    if args.input_kind is not None:
         params["input_kind"] = args.input_kind  # a hyper-parameter: the manifest records it for apply
     check_output_path(args.output, suffixes=(".json",), name="--output")
     check_not_an_input(args.output, {"--logits": args.logits, "--labels": args.labels, "--domains": args.domains,

@@ -91,6 +91,8 @@ def check_aligned(sources: dict, *, reference: str | None = None) -> int:
     ref_key, ref = next(((k, s) for k, s in items if k == reference), items[0])
     nouns = {"labels": "labels", "domains": "domain ids", "sample_weight": "weights"}
     for key, s in items:
+        if key == "sample_weight" and s.shape != (ref.n_rows,):
+            raise ValueError(f"sample_weight: expected shape ({ref.n_rows},) (one weight per sample), got {s.shape}")
         if s.n_rows != ref.n_rows:
             where = "" if s.label.startswith("<") else f" in {s.label}"
             ref_where = "" if ref.label.startswith("<") else f" in {ref.label}"
