@@ -46,6 +46,21 @@ def test_grouped_ts_all_domains_in_the_same_passes(dask_client, cifar_dataset):
                                                                       rel=1e-7)
 
 
+def test_grouped_ts_small_domains_use_the_pooled_fit(dask_client, cifar_dataset):
+    from confcal.calibrators import CalibrationWarning
+
+    folder, logits, labels, domains = cifar_dataset
+    smallest = min(np.unique(domains, return_counts=True)[1])
+    params = {"min_samples": int(smallest) + 1}
+    with pytest.warns(CalibrationWarning, match="pooled"):
+        cal = fit("grouped-ts", read_parquet(str(folder)), domains="domain", params=params)
+    with pytest.warns(CalibrationWarning, match="pooled"):
+        ref = METHODS["grouped-ts"](**params).fit(logits, labels, domains=domains)
+    assert cal.fallback_groups_ == ref.fallback_groups_ and len(ref.fallback_groups_) == 1
+    for g, t in ref.temperatures_.items():
+        assert abs(math.log(cal.temperatures_[g]) - math.log(t)) < 1e-9
+
+
 def test_other_methods_fit_on_a_seeded_sample(dask_client, cifar_dataset):
     folder, logits, labels, _ = cifar_dataset
     frame = read_parquet(str(folder))

@@ -178,7 +178,7 @@ def _manifest(cal, parameters: dict, n_classes: int, record: dict) -> dict:
 def _fit_temperatures(method, cal, data, specs, input_kind, *, tol=1e-12, max_iter=100):
     import dask
 
-    from confcal.calibrators._tsfit import _result
+    from confcal.calibrators._tsfit import CalibrationWarning, _result
     from confcal.calibrators.base import _library_version
     import datetime as _dt
 
@@ -222,17 +222,20 @@ def _fit_temperatures(method, cal, data, specs, input_kind, *, tol=1e-12, max_it
         "utc_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "engine": "dask", "n_passes": passes.n_passes + 1 + (1 if n > _WARM_START_ROWS else 0),
     }
+    def ts_params(f):
+        return {"temperature": f.temperature, "nll": f.nll, "n_iter": f.n_iter, "at_bound": f.at_bound}
+
     if method == "ts":
-        params = {"temperature": pooled.temperature, "nll": pooled.nll, "n_iter": pooled.n_iter,
-                  "at_bound": pooled.at_bound}
-    else:
+        params = ts_params(pooled)
+    else:  # the layout of GroupedCalibrator(TemperatureScaling): small domains use the pooled fit
         if small:
             warnings.warn(f"domains {small} have fewer than min_samples={min_samples} calibration samples; "
-                          "they use the pooled temperature", UserWarning, stacklevel=3)
-        params = {"temperature": pooled.temperature,
-                  "temperatures": [[g, fits[g].temperature if g in fits else pooled.temperature]
-                                   for g in sorted(counts, key=str)],
-                  "domain_counts": [[g, int(counts[g])] for g in sorted(counts, key=str)]}
+                          "they use the pooled temperature", CalibrationWarning, stacklevel=3)
+        keys = sorted(counts, key=str)
+        params = {"pooled": ts_params(pooled),
+                  "groups": [[g, ts_params(fits[g])] for g in keys if g in fits],
+                  "group_counts": [[g, int(counts[g])] for g in keys],
+                  "fallback_groups": small}
     manifest = _manifest(cal, params, passes.k, record)
     if method != "ts":  # the fit record's "after" is that of the per-domain temperatures: one more pass
         manifest["fit"]["metrics_after"] = _metrics_after(data, specs, input_kind, manifest)
