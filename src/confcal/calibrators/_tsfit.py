@@ -180,6 +180,21 @@ def _fit(logits, labels, sample_weight, t_min, t_max, tol, max_iter, warn) -> Te
 def _newton(dt_stats, t, t_min, t_max, tol, max_iter, exact, *, accept_evaluated: float = 0.0):
     """Safeguarded Newton on ``t = log T``; ``dt_stats(t, exact) -> (mean loss, d/dt, d2/dt2)``.
 
+    Drives :func:`_newton_steps`; see there for the result."""
+    steps = _newton_steps(t, t_min, t_max, tol, max_iter, exact, accept_evaluated=accept_evaluated)
+    request = next(steps)
+    while True:
+        try:
+            request = steps.send(dt_stats(*request))
+        except StopIteration as stop:
+            return stop.value
+
+
+def _newton_steps(t, t_min, t_max, tol, max_iter, exact, *, accept_evaluated: float = 0.0):
+    """The Newton iteration as a generator: yields ``(t, exact)`` and is sent back
+    ``(mean loss, d/dt, d2/dt2)`` at that point, so that several fits (one per domain) can share
+    each pass over the data.
+
     Returns ``(t, loss at the last evaluated point, n_iter, evaluated)`` where ``evaluated``
     says whether ``t`` is the last point ``dt_stats`` was called at. With
     ``accept_evaluated > 0``, a float64 Newton step below it ends the fit *at* the
@@ -194,7 +209,7 @@ def _newton(dt_stats, t, t_min, t_max, tol, max_iter, exact, *, accept_evaluated
     evaluated = False
     streak, last_sign, prev_step = 0, 0, math.inf
     for n_iter in range(1, max_iter + 1):
-        loss, g, h = dt_stats(t, exact)
+        loss, g, h = yield t, exact
         evaluated = True
         if g == 0.0:
             if h == 0.0 and loss < 1e-300:

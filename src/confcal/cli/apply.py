@@ -6,6 +6,7 @@ import numpy as np
 
 from confcal.cli._common import add_logits_args, load_side, progress_of, side_sources, source, spread_rows
 from confcal.cli.drift import warn_if_drift
+from confcal.cli._dask import add_engine_args, run_apply, wants_dask
 from confcal.io import (
     OUTPUT_SUFFIXES,
     check_not_an_input,
@@ -27,16 +28,20 @@ def register(sub):
     add_logits_args(p, labels=False)
     p.set_defaults(input_kind=None)  # default: what the calibrator was fitted on (its manifest)
     p.add_argument("-o", "--output", required=True,
-                   help="output .npy, .npz (key 'probs'), .csv or .parquet (column 'probs')")
+                   help="output .npy, .npz (key 'probs'), .csv or .parquet (column 'probs'); with --engine dask "
+                        "a Parquet dataset folder")
     p.add_argument("--dtype", choices=["float64", "float32"], default="float64",
                    help="dtype of the written probabilities (default float64; float32 halves the output)")
     p.add_argument("--keep-columns", metavar="COLS",
                    help="comma-separated columns (or keys) of the --logits file copied into a .parquet/.csv "
                         "output before the probabilities, e.g. image_id,box_id")
+    add_engine_args(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    if wants_dask(args):
+        return run_apply(args)
     check_output_path(args.output, suffixes=OUTPUT_SUFFIXES, name="--output")
     check_not_an_input(args.output, {"--logits": args.logits, "--calibrator": args.calibrator,
                                      "--domains": args.domains, "--features": args.features})

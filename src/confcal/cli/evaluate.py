@@ -16,6 +16,7 @@ from confcal._progress import progress_bar
 from confcal._validation import check_domains, check_features, check_labels, check_logits
 from confcal.cli import _audit
 from confcal.cli._common import add_logits_args, metrics_rows, progress_of, side_sources, source
+from confcal.cli._dask import add_engine_args, run_evaluate, wants_dask
 from confcal.io import load_calibrator
 from confcal.metrics import SummaryAccumulator
 from confcal.sources import DEFAULT_BATCH_BYTES, batch_rows_for, iter_aligned
@@ -36,6 +37,7 @@ def register(sub):
     p.add_argument("--max-ece", type=float, metavar="X",
                    help="CI gate: exit 3 if the ECE (D-ECE for box scores) after the calibrator (or of the raw "
                         "predictions without one) exceeds X overall or in any domain")
+    add_engine_args(p)
     p.set_defaults(func=run)
 
 
@@ -96,6 +98,8 @@ def evaluate_sources(xs, ys, *, cal=None, side=None, input_kind="logits", n_bins
 
 
 def run(args) -> int:
+    if wants_dask(args):
+        return run_evaluate(args)
     if args.max_ece is not None or args.domains or source(args, "logits").ndim == 1:
         # the audit (box scores, per-domain table, --max-ece gate) holds the data in memory
         return _audit.run_audit(args)

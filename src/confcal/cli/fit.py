@@ -19,6 +19,7 @@ from confcal.cli._common import (
     spread_rows,
 )
 from confcal.calibrators.base import make_calibrator
+from confcal.cli._dask import add_engine_args, run_fit, wants_dask
 from confcal.cli._provenance import provenance
 from confcal.io import check_not_an_input, check_output_path, save_manifest
 from confcal.metrics.drift import data_summary
@@ -41,6 +42,7 @@ def register(sub):
     p.add_argument("--json", action="store_true", help="print the fit record as JSON")
     p.add_argument("--dataset-version", metavar="VERSION",
                    help="version/tag of the calibration dataset, stored in the manifest's fit.provenance")
+    add_engine_args(p, fit=True)
     p.set_defaults(func=run)
 
 
@@ -59,7 +61,10 @@ def run(args) -> int:
     if len(set(counts.values())) > 1:
         raise ValueError("--logits/--labels: give every repeated input the same number of times (one file per "
                          f"part), got {counts}")
-    if getattr(cal, "takes_box_scores", False):
+    if wants_dask(args):
+        cal = run_fit(args, params)
+        x = side = None  # the Dask fit keeps no in-memory rows for a drift summary
+    elif getattr(cal, "takes_box_scores", False):
         side = load_side(args)
         # detection calibrators take 1-D box scores (e.g. matched.npz:score) and validate them themselves
         x, y = load_repeated(args, "logits", "scores"), load_repeated(args, "labels")
@@ -75,9 +80,10 @@ def run(args) -> int:
         cal.fit(xs, source(args, "labels"), progress=progress_of(args), **side)
         x, side = spread_rows(xs), {k: spread_rows(v) for k, v in side.items()}
     cal.fit_record_["provenance"] = provenance(args)
-    cal.fit_record_["data_summary"] = data_summary(
-        x, input_kind="probs" if args.input_kind == "probs" and x.ndim == 2 else "logits",
-        domains=side.get("domains"), features=side.get("features"))
+    if x is not None:
+        cal.fit_record_["data_summary"] = data_summary(
+            x, input_kind="probs" if args.input_kind == "probs" and x.ndim == 2 else "logits",
+            domains=side.get("domains"), features=side.get("features"))
     save_manifest(cal, args.output)
     rec = cal.fit_record_
     before, after = rec.get("metrics_before", {}), rec.get("metrics_after", {})

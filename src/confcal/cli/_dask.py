@@ -1,0 +1,163 @@
+"""``--engine dask`` for ``fit``, ``apply`` and ``evaluate``: the same jobs on a Dask cluster.
+
+Every column comes from one Parquet dataset (a file, a folder or a glob; any fsspec URL),
+named as ``DATASET:COLUMNS`` (``data/:logits``, ``s3://bucket/run/*.parquet:logit_*``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from confcal.cli._common import format_table, metrics_rows
+
+DEFAULT_SAMPLE_ROWS = 200_000
+
+
+def add_engine_args(p, *, fit: bool = False) -> None:
+    g = p.add_argument_group("distributed engine (needs the dask extra)")
+    g.add_argument("--engine", choices=["local", "dask"], default="local",
+                   help="'dask': run on a Dask cluster; every input is DATASET:COLUMNS of one Parquet dataset "
+                        "(file, folder, glob or fsspec URL)")
+    g.add_argument("--scheduler", metavar="tcp://HOST:PORT", help="an existing Dask scheduler")
+    g.add_argument("--workers", type=int, metavar="N",
+                   help="start a local cluster of N worker processes (default 2) when no --scheduler is given")
+    if fit:
+        g.add_argument("--sample-rows", type=int, default=DEFAULT_SAMPLE_ROWS, metavar="N",
+                       help="methods that are not full-data sums are fitted on a seeded uniform sample of N rows "
+                            f"(default {DEFAULT_SAMPLE_ROWS})")
+        g.add_argument("--seed", type=int, default=0, help="seed of that sample (default 0)")
+
+
+def wants_dask(args) -> bool:
+    """True for ``--engine dask``; refuses the cluster options without it."""
+    if getattr(args, "engine", "local") == "dask":
+        return True
+    for opt in ("scheduler", "workers"):
+        if getattr(args, opt, None) is not None:
+            raise ValueError(f"--{opt}: only with --engine dask")
+    return False
+
+
+def _split(spec: str, option: str) -> tuple[str, str]:
+    head, sep, key = spec.rpartition(":")
+    if not sep or not head or not key or key.startswith("//"):
+        raise ValueError(f"{option}: with --engine dask give DATASET:COLUMNS (e.g. data.parquet:logits), got {spec!r}")
+    return head, key
+
+
+def _dataset(args, options: list[str]):
+    """The one dataset path of the given options and their column specs."""
+    cols, paths = {}, {}
+    for opt in options:
+        spec = getattr(args, opt.lstrip("-").replace("-", "_"), None)
+        if isinstance(spec, list):  # a repeatable option of the single-process fit
+            if len(spec) > 1:
+                raise ValueError(f"{opt}: --engine dask reads one dataset (a folder or glob holds many files), "
+                                 f"got {len(spec)} specs")
+            spec = spec[0]
+        if spec:
+            paths[opt], cols[opt] = _split(spec, opt)
+    if len(set(paths.values())) > 1:
+        raise ValueError(f"{', '.join(paths)}: with --engine dask every column comes from one dataset, "
+                         f"got {sorted(set(paths.values()))}")
+    return next(iter(paths.values())), cols
+
+
+def _client(args):
+    from confcal.dask._cluster import cluster_client
+
+    return cluster_client(args.scheduler, workers=args.workers)
+
+
+def _open(path):
+    from confcal.dask import read_parquet
+
+    try:
+        return read_parquet(path)
+    except (FileNotFoundError, OSError) as exc:
+        raise FileNotFoundError(f"--logits: cannot read the Parquet dataset {path!r} ({exc})") from None
+
+
+def _calibrator(args):
+    """The manifest's calibrator, with ``--input-kind`` (when given) overriding the recorded one."""
+    from confcal.io import load_calibrator
+
+    if not args.calibrator:
+        return None
+    cal = load_calibrator(args.calibrator)
+    if getattr(args, "input_kind", None) is not None and args.input_kind != cal.input_kind:
+        cal.set_params(input_kind=args.input_kind)
+    return cal
+
+
+def run_apply(args) -> int:
+    from confcal.dask import apply
+    from confcal.dask._cluster import write_parquet
+
+    path, cols = _dataset(args, ["--logits", "--domains", "--features"])
+    keep = [c for c in (getattr(args, "keep_columns", None) or "").split(",") if c]
+    dtype = getattr(args, "dtype", None) or "float64"
+    with _client(args):
+        frame = _open(path)
+        lazy = apply(_calibrator(args), frame, logits=cols["--logits"], domains=cols.get("--domains"),
+                     features=cols.get("--features"), keep_columns=keep, dtype=dtype)
+        write_parquet(lazy, args.output)
+        n = frame.npartitions
+    print(f"wrote calibrated probabilities ({dtype}) of {n} partitions -> {args.output}")
+    return 0
+
+
+def run_evaluate(args) -> int:
+    from confcal.dask import evaluate
+
+    limit = getattr(args, "max_ece", None)
+    if limit is not None and not 0.0 <= limit <= 1.0:  # also refuses nan
+        raise ValueError(f"--max-ece: expected a number in [0, 1], got {limit!r}")
+    path, cols = _dataset(args, ["--logits", "--labels", "--domains", "--features"])
+    if "--labels" not in cols:
+        raise ValueError("--labels: required")
+    with _client(args):
+        res = evaluate(_open(path), logits=cols["--logits"], labels=cols["--labels"],
+                       domains=cols.get("--domains"), features=cols.get("--features"),
+                       calibrator=_calibrator(args), input_kind=args.input_kind or "logits", n_bins=args.n_bins)
+    gated = list(res["metrics"])[-1]  # after the calibrator, else the raw predictions
+    over = [] if limit is None else (
+        [("all", res["metrics"][gated]["ece"])] * (res["metrics"][gated]["ece"] > limit)
+        + [(g, r[gated]["ece"]) for g, r in res.get("per_domain", {}).items() if r[gated]["ece"] > limit])
+    if args.json:
+        print(json.dumps(res, indent=2, default=str))
+    else:
+        _print_evaluation(res)
+    if over:
+        print(f"confcal: ECE above --max-ece {limit:g}: " + ", ".join(f"{g} {v:.4f}" for g, v in over),
+              file=sys.stderr)
+        return 3
+    return 0
+
+
+def _print_evaluation(res) -> None:
+    print(f"{res['n_samples']} samples (dask engine)")
+    print(metrics_rows(res["metrics"]))
+    if "per_domain" in res:
+        rows = [{"domain": g, "n": r["n_samples"], **{f"{m} ({w[:5]})": r[w][m] for w in r if w != "n_samples"
+                                                       for m in ("accuracy", "ece", "nll")}}
+                for g, r in res["per_domain"].items()]
+        print("per domain:")
+        print(format_table(rows, list(rows[0])))
+
+
+def run_fit(args, params: dict):
+    """Fit on the cluster; returns the fitted calibrator (the caller writes and prints it)."""
+    from confcal.dask import fit
+
+    path, cols = _dataset(args, ["--logits", "--labels", "--domains", "--features"])
+    if "--labels" not in cols:
+        raise ValueError("--labels: required")
+    with _client(args):
+        cal, how = fit(args.method, _open(path), logits=cols["--logits"], labels=cols["--labels"],
+                       domains=cols.get("--domains"), features=cols.get("--features"), params=params,
+                       input_kind=args.input_kind, sample_rows=args.sample_rows, seed=args.seed,
+                       return_how=True)
+    print(f"dask engine: {how}", file=sys.stderr)
+    return cal

@@ -1,0 +1,165 @@
+"""Distributed ``apply``: a fitted calibrator mapped over the partitions of a Dask collection.
+
+The calibrator travels to the workers as its JSON manifest (never a pickle of fitted
+state) and is rebuilt once per worker process; each partition is then exactly the
+single-process ``predict_proba`` of its rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from confcal.dask._data import ColumnSpec, column_matrix, resolve_columns
+
+__all__ = ["apply", "manifest_text"]
+
+_CACHE: dict[str, object] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def manifest_text(calibrator) -> str:
+    """The JSON manifest of ``calibrator`` (a fitted calibrator, a manifest dict or a path to one)."""
+    from confcal.calibrators import Calibrator
+    from confcal.io import load_manifest
+
+    if isinstance(calibrator, Calibrator):
+        manifest = calibrator.to_dict()
+    elif isinstance(calibrator, dict):
+        manifest = calibrator
+    elif isinstance(calibrator, (str, Path)):
+        manifest = load_manifest(calibrator)
+    else:
+        raise TypeError(f"calibrator: expected a fitted calibrator, a manifest dict or a path, "
+                        f"got {type(calibrator).__name__}")
+    text = json.dumps(manifest, sort_keys=True, allow_nan=False)
+    _calibrator_from_text(text)  # fail here, on the client, not on every worker
+    return text
+
+
+def _calibrator_from_text(text: str):
+    """Rebuild (once per process) the calibrator of a manifest text."""
+    from confcal.io import load_calibrator
+
+    key = hashlib.sha256(text.encode()).hexdigest()
+    with _CACHE_LOCK:
+        cal = _CACHE.get(key)
+        if cal is None:
+            cal = _CACHE[key] = load_calibrator(json.loads(text))
+    return cal
+
+
+def _side_arrays(part, domains: ColumnSpec | None, features: ColumnSpec | None) -> dict:
+    side = {}
+    if domains is not None:
+        side["domains"] = column_matrix(part, domains, name="domains")
+    if features is not None:
+        side["features"] = column_matrix(part, features, name="features")
+    return side
+
+
+def _predict(text, x, side, dtype):
+    probs = _calibrator_from_text(text).predict_proba(x, **side)
+    return probs if dtype is None else probs.astype(dtype, copy=False)
+
+
+def _apply_partition(part, text, logits, domains, features, keep, dtype, out_column):
+    import pandas as pd
+    import pyarrow as pa
+
+    x = column_matrix(part, logits, name="logits")
+    probs = _predict(text, x, _side_arrays(part, domains, features), dtype)
+    k = probs.shape[1]
+    values = pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(probs).ravel()), k)
+    out = pd.DataFrame({c: part[c] for c in keep}, index=part.index)
+    out[out_column] = pd.Series(pd.arrays.ArrowExtensionArray(values), index=part.index)
+    return out
+
+
+def _apply_block(block, text, dtype):
+    return _predict(text, block, {}, dtype)
+
+
+def apply(calibrator, data, *, logits: str = "logits", domains: str | None = None,
+          features: str | None = None, keep_columns=(), dtype="float64", out_column: str = "probs"):
+    """Calibrated probabilities of a Dask collection, lazily, partition by partition.
+
+    Parameters
+    ----------
+    calibrator : Calibrator, dict or path
+        A fitted calibrator, its manifest, or a manifest JSON file. It is sent to the
+        workers as JSON text and rebuilt there.
+    data : dask.dataframe.DataFrame or dask.array.Array
+        A DataFrame (e.g. from :func:`confcal.dask.read_parquet`) whose ``logits``
+        column(s) hold ``(n_samples, n_classes)`` logits (or 1-D box scores), or a Dask
+        array of logits chunked along rows only.
+    logits, domains, features : str
+        Column specs (``"logits"`` list column, ``"logit_*"`` glob, ``"a,b"``);
+        DataFrames only. ``domains``/``features`` are the side inputs the method takes.
+    keep_columns : sequence of str
+        Columns copied to the output next to the probabilities (ids, file names).
+    dtype : {"float64", "float32"}
+        Output dtype; float64 rows are bit-identical to the single-process
+        ``predict_proba`` of the same rows.
+    out_column : str
+        Name of the fixed-size-list output column (DataFrames).
+
+    Returns
+    -------
+    dask.dataframe.DataFrame or dask.array.Array
+        Lazy; for a DataFrame, ``keep_columns`` plus ``out_column`` holding each row's
+        ``n_classes`` probabilities (``(n_boxes, 2)`` [false, true positive] for box scores),
+        partitions and row order as in ``data``.
+
+    Raises
+    ------
+    ValueError
+        Unknown columns, a bad dtype, or logits whose class count differs from the calibrator's.
+    """
+    import dask.array as da
+    import dask.dataframe as dd
+
+    if dtype not in ("float64", "float32"):
+        raise ValueError(f"dtype: expected 'float64' or 'float32', got {dtype!r}")
+    text = manifest_text(calibrator)
+    n_classes = json.loads(text)["n_classes"]
+    if isinstance(data, da.Array):
+        if domains is not None or features is not None or keep_columns:
+            raise ValueError("domains/features/keep_columns: only for a Dask DataFrame, not an array")
+        if data.ndim != 2 or data.shape[1] != n_classes:
+            raise ValueError(f"logits: the calibrator was fitted on {n_classes} classes, "
+                             f"got a Dask array of shape {data.shape}")
+        data = data.rechunk({1: -1})
+        return data.map_blocks(_apply_block, text, np.dtype(dtype), dtype=np.dtype(dtype))
+    if not isinstance(data, dd.DataFrame):
+        raise TypeError(f"data: expected a Dask DataFrame or array, got {type(data).__name__}")
+    lspec = resolve_columns(data, logits, name="logits")
+    dspec = resolve_columns(data, domains, name="domains") if domains else None
+    fspec = resolve_columns(data, features, name="features") if features else None
+    keep = list(keep_columns)
+    missing = [c for c in keep if c not in data.columns]
+    if missing:
+        raise ValueError(f"keep_columns: no column(s) {missing}; columns are {list(map(str, data.columns))}")
+    if out_column in keep:
+        raise ValueError(f"keep_columns: {out_column!r} is the output column's name")
+    meta = _meta(data, keep, out_column, n_classes if not _is_scores(lspec, data) else 2, np.dtype(dtype))
+    return data.map_partitions(_apply_partition, text, lspec, dspec, fspec, keep, np.dtype(dtype), out_column,
+                               meta=meta, align_dataframes=False)
+
+
+def _is_scores(spec: ColumnSpec, data) -> bool:
+    return not spec.list_column and len(spec.columns) == 1
+
+
+def _meta(data, keep, out_column, k, dtype):
+    import pandas as pd
+    import pyarrow as pa
+
+    out = pd.DataFrame({c: data._meta[c] for c in keep})
+    empty = pa.FixedSizeListArray.from_arrays(pa.array([], type=pa.from_numpy_dtype(dtype)), k)
+    out[out_column] = pd.Series(pd.arrays.ArrowExtensionArray(empty), index=out.index)
+    return out

@@ -1,0 +1,75 @@
+"""Connecting to a Dask cluster, and writing a Dask result as a Parquet dataset atomically."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+
+__all__ = ["cluster_client", "write_parquet"]
+
+
+@contextlib.contextmanager
+def cluster_client(scheduler: str | None = None, *, workers: int | None = None, timeout: float = 10.0):
+    """A ``distributed.Client`` for the block: connected to ``scheduler`` (``tcp://HOST:PORT``), or
+    to a new local cluster of ``workers`` processes with one thread each (closed afterwards).
+
+    Raises
+    ------
+    ConnectionError
+        The scheduler cannot be reached within ``timeout`` seconds.
+    ValueError
+        Both or a bad number of ``workers``.
+    """
+    import logging
+
+    from distributed import Client, LocalCluster
+
+    if scheduler and workers:
+        raise ValueError("--scheduler/--workers: give one, not both (workers belong to the scheduler's cluster)")
+    if scheduler:
+        try:
+            client = Client(scheduler, timeout=timeout)
+        except (OSError, TimeoutError) as exc:
+            raise ConnectionError(f"--scheduler: cannot reach the Dask scheduler at {scheduler!r} within "
+                                  f"{timeout:g} s ({type(exc).__name__})") from None
+        with client:
+            yield client
+        return
+    n = 2 if workers is None else workers
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"--workers: expected a positive number of worker processes, got {workers!r}")
+    # silence_logs: the nanny's shutdown chatter is not the user's business
+    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
+                      silence_logs=logging.CRITICAL) as cluster, \
+            Client(cluster) as client:
+        yield client
+
+
+def write_parquet(frame, path: str, *, storage_options: dict | None = None) -> str:
+    """Compute ``frame`` into a Parquet dataset at ``path`` (a folder, any fsspec URL), atomically:
+    the parts are written to a hidden sibling folder that is renamed into place only when
+    every partition succeeded, so a failed job leaves no partial output. An existing
+    dataset at ``path`` is replaced. Returns ``path``."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(path, **(storage_options or {}))
+    root = root.rstrip("/")
+    parent, _, name = root.rpartition("/")
+    if not name:
+        raise ValueError(f"--output: expected a dataset folder name, got {path!r}")
+    if parent and not fs.isdir(parent):
+        raise FileNotFoundError(f"--output: output folder {parent!r} does not exist")
+    if fs.isfile(root):
+        raise ValueError(f"--output: {path!r} is a file; a distributed apply writes a Parquet dataset folder")
+    tmp = f"{parent}/.{name}.{uuid.uuid4().hex[:8]}.tmp" if parent else f".{name}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        frame.to_parquet(fs.unstrip_protocol(tmp), write_index=False, storage_options=storage_options)
+        if fs.exists(root):
+            fs.rm(root, recursive=True)
+        fs.mv(tmp, root, recursive=True)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            if fs.exists(tmp):
+                fs.rm(tmp, recursive=True)
+        raise
+    return path

@@ -1,0 +1,69 @@
+"""``--engine dask`` on fit / evaluate / apply, as subprocesses against the fixture's cluster."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from confcal.calibrators._tsfit import fit_temperature
+from confcal.metrics import calibration_summary
+
+pa = pytest.importorskip("pyarrow")
+
+
+def confcal(*args, timeout=300):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    return subprocess.run([sys.executable, "-m", "confcal", *map(str, args)], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def test_fit_evaluate_apply(dask_client, cifar_dataset, tmp_path):
+    folder, logits, labels, domains = cifar_dataset
+    sched = ["--engine", "dask", "--scheduler", dask_client.scheduler.address]
+    man = tmp_path / "ts.json"
+    r = confcal("fit", "--method", "ts", "--logits", f"{folder}:logits", "--labels", f"{folder}:label",
+                "-o", man, *sched)
+    assert r.returncode == 0, r.stderr
+    assert "passes over the data" in r.stderr
+    t = json.loads(man.read_text())["parameters"]["temperature"]
+    assert abs(math.log(t) - math.log(fit_temperature(logits, labels).temperature)) < 1e-9
+
+    r = confcal("evaluate", "--logits", f"{folder}:logits", "--labels", f"{folder}:label", "--domains",
+                f"{folder}:domain", "--calibrator", man, "--json", *sched)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    from confcal.io import load_calibrator
+
+    want = calibration_summary(load_calibrator(str(man)).predict_proba(logits), labels)
+    for k, v in want.items():
+        assert res["metrics"]["ts"][k] == pytest.approx(v, rel=1e-9)
+    assert sorted(res["per_domain"]) == ["s0", "s1", "s2"]
+
+    out = tmp_path / "probs.parquet"
+    r = confcal("apply", "--calibrator", man, "--logits", f"{folder}:logits", "-o", out, *sched)
+    assert r.returncode == 0, r.stderr
+    import pyarrow.parquet as pq
+
+    got = pq.read_table(out).column("probs").combine_chunks().flatten().to_numpy().reshape(len(labels), -1)
+    assert np.array_equal(got, load_calibrator(str(man)).predict_proba(logits))
+
+
+def test_cli_errors(cifar_dataset, tmp_path):
+    folder, *_ = cifar_dataset
+    t0 = time.monotonic()
+    r = confcal("evaluate", "--logits", f"{folder}:logits", "--labels", f"{folder}:label", "--engine", "dask",
+                "--scheduler", "tcp://127.0.0.1:9")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "cannot reach the Dask scheduler" in r.stderr and time.monotonic() - t0 < 60
+    r = confcal("evaluate", "--logits", f"{folder}:logits", "--labels", f"{folder}:label", "--workers", "2")
+    assert r.returncode == 2 and "--workers: only with --engine dask" in r.stderr
+    r = confcal("evaluate", "--logits", f"{folder}:logits", "--labels", f"{tmp_path}/other.parquet:label",
+                "--engine", "dask", "--scheduler", "tcp://127.0.0.1:9")
+    assert r.returncode == 2 and "one dataset" in r.stderr

@@ -1,0 +1,108 @@
+"""Distributed fits equal the single-process fits (T within 1e-9 in log T)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from confcal.calibrators import METHODS
+from confcal.calibrators._tsfit import fit_temperature
+from confcal.dask import fit, read_parquet
+from tests.dask.test_apply import kill_one_worker
+
+
+def test_ts_matches_single_process(dask_client, cifar_dataset):
+    folder, logits, labels, _ = cifar_dataset
+    cal, how = fit("ts", read_parquet(str(folder)), logits="logits", labels="label", return_how=True)
+    ref = fit_temperature(logits, labels)
+    assert abs(math.log(cal.temperature_) - math.log(ref.temperature)) < 1e-9
+    single = METHODS["ts"]().fit(logits, labels)
+    for key in ("accuracy", "ece", "nll", "brier"):
+        assert cal.fit_record_["metrics_before"][key] == pytest.approx(single.fit_record_["metrics_before"][key],
+                                                                       rel=1e-12)
+        assert cal.fit_record_["metrics_after"][key] == pytest.approx(single.fit_record_["metrics_after"][key],
+                                                                      rel=1e-9)
+    assert cal.fit_record_["engine"] == "dask"
+    assert cal.fit_record_["n_passes"] <= 10
+    assert "passes" in how
+
+
+def test_grouped_ts_all_domains_in_the_same_passes(dask_client, cifar_dataset):
+    folder, logits, labels, domains = cifar_dataset
+    cal = fit("grouped-ts", read_parquet(str(folder)), logits="logits", labels="label", domains="domain")
+    ref = METHODS["grouped-ts"]().fit(logits, labels, domains=domains)
+    assert abs(math.log(cal.temperature_) - math.log(ref.temperature_)) < 1e-9
+    assert sorted(cal.temperatures_) == sorted(ref.temperatures_) == ["s0", "s1", "s2"]
+    for g in ref.temperatures_:
+        assert abs(math.log(cal.temperatures_[g]) - math.log(ref.temperatures_[g])) < 1e-9
+    # lockstep: far fewer passes than one Newton per group would need
+    assert cal.fit_record_["n_passes"] <= 12
+    p = cal.predict_proba(logits, domains=domains)
+    np.testing.assert_allclose(p, ref.predict_proba(logits, domains=domains), rtol=1e-8, atol=1e-12)
+    for key in ("accuracy", "ece", "nll", "brier"):
+        assert cal.fit_record_["metrics_after"][key] == pytest.approx(ref.fit_record_["metrics_after"][key],
+                                                                      rel=1e-7)
+
+
+def test_grouped_ts_small_domains_use_the_pooled_fit(dask_client, cifar_dataset):
+    from confcal.calibrators import CalibrationWarning
+
+    folder, logits, labels, domains = cifar_dataset
+    smallest = min(np.unique(domains, return_counts=True)[1])
+    params = {"min_samples": int(smallest) + 1}
+    with pytest.warns(CalibrationWarning, match="pooled"):
+        cal = fit("grouped-ts", read_parquet(str(folder)), domains="domain", params=params)
+    with pytest.warns(CalibrationWarning, match="pooled"):
+        ref = METHODS["grouped-ts"](**params).fit(logits, labels, domains=domains)
+    assert cal.fallback_groups_ == ref.fallback_groups_ and len(ref.fallback_groups_) == 1
+    for g, t in ref.temperatures_.items():
+        assert abs(math.log(cal.temperatures_[g]) - math.log(t)) < 1e-9
+
+
+def test_other_methods_fit_on_a_seeded_sample(dask_client, cifar_dataset):
+    folder, logits, labels, _ = cifar_dataset
+    frame = read_parquet(str(folder))
+    cal, how = fit("vs", frame, sample_rows=3000, seed=5, return_how=True)
+    again = fit("vs", frame, sample_rows=3000, seed=5)
+    assert cal.to_dict()["parameters"] == again.to_dict()["parameters"]  # deterministic for a seed
+    assert "sample of 3,000 rows" in how and cal.fit_record_["sample"] == {"rows": 3000, "seed": 5}
+    # the sample is the seeded draw over global row numbers, whatever the partitioning
+    rows = np.sort(np.random.default_rng(5).choice(len(labels), 3000, replace=False))
+    ref = METHODS["vs"]().fit(logits[rows], labels[rows])
+    np.testing.assert_array_equal(cal.predict_proba(logits[:50]), ref.predict_proba(logits[:50]))
+
+
+def test_worker_killed_between_fit_passes(dask_client, cifar_dataset, monkeypatch):
+    """A worker lost during the fit: Dask recomputes its tasks and the temperature is unchanged."""
+    from confcal.dask import _fit
+
+    folder, logits, labels, _ = cifar_dataset
+    original = _fit._Passes.run
+    calls = []
+
+    def run_and_kill(self, requests):
+        calls.append(1)
+        if len(calls) == 2:
+            kill_one_worker(dask_client)
+        return original(self, requests)
+
+    monkeypatch.setattr(_fit._Passes, "run", run_and_kill)
+    cal = fit("ts", read_parquet(str(folder)))
+    ref = fit_temperature(logits, labels)
+    assert len(calls) >= 3
+    assert abs(math.log(cal.temperature_) - math.log(ref.temperature)) < 1e-9
+
+
+def test_fit_bad_input(dask_client, cifar_dataset):
+    folder, *_ = cifar_dataset
+    frame = read_parquet(str(folder))
+    with pytest.raises(ValueError, match="grouped-ts needs a domain column"):
+        fit("grouped-ts", frame)
+    with pytest.raises(ValueError, match="no column"):
+        fit("ts", frame, labels="nope")
+    with pytest.raises(ValueError, match="unknown"):
+        fit("no-such-method", frame)
+    with pytest.raises(ValueError, match="sample_rows"):
+        fit("vs", frame, sample_rows=0)
