@@ -35,7 +35,9 @@ def test_each_group_equals_the_base_fitted_on_its_rows(base):
     for d in ("cam", "lidar", "radar"):
         m = dom == d
         oracle = METHODS[base]().fit(z[m], y[m]).predict_proba(z[m])
-        np.testing.assert_allclose(p[m], oracle, rtol=0, atol=1e-12)
+        # TemperatureScaling().fit streams its Newton passes, the group fit runs them in memory: the
+        # two optima agree to ~1e-11 (issue 10's guarantee is 1e-9 in log T)
+        np.testing.assert_allclose(p[m], oracle, rtol=1e-9, atol=1e-12)
     pooled = METHODS[base]().fit(z, y).predict_proba(z[:5])
     with pytest.warns(CalibrationWarning, match=r"groups \['sonar'\] were not seen at fit time"):
         q = cal.predict_proba(z[:5], domains=["sonar"] * 5)
@@ -50,7 +52,8 @@ def test_crossed_groups_by_class_and_domain():
     assert set(cal.groups_) == {(c, d) for c in (0, 1) for d in ("a", "b")}
     for (c, d), member in cal.groups_.items():
         m = (cats == c) & (dom == d)
-        assert member.temperature_ == METHODS["ts"]().fit(z[m], y[m]).temperature_
+        # the group fit runs its Newton passes in memory, TemperatureScaling().fit streams them
+        assert abs(np.log(member.temperature_ / METHODS["ts"]().fit(z[m], y[m]).temperature_)) < 1e-9
 
 
 def test_small_groups_fall_back_with_one_warning_and_no_predict_warning():

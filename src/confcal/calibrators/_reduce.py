@@ -188,8 +188,13 @@ class _ReportingCalibrator(Calibrator):
     """Adds ``accuracy_change`` (after - before) and ``argmax_changed`` (fraction of rows whose
     arg-max moved) to the fit record."""
 
-    def fit(self, logits, labels, *, sample_weight=None, **side):
-        super().fit(logits, labels, sample_weight=sample_weight, **side)
+    def fit(self, logits, labels, *, sample_weight=None, progress=False, **side):
+        from confcal.calibrators.base import _materialise
+
+        # sources and specs (the CLI streams its inputs) are read whole once, for the fit and the report
+        logits, labels = _materialise(logits, "logits"), _materialise(labels, "labels")
+        side = {k: _materialise(v, k) for k, v in side.items()}
+        super().fit(logits, labels, sample_weight=sample_weight, progress=progress, **side)
         _accuracy_report(self, self._validate_logits(logits), side)
         return self
 

@@ -7,6 +7,7 @@ import hashlib
 import json
 import shlex
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -16,11 +17,23 @@ from confcal.io import split_spec
 INPUT_OPTIONS = ("logits", "labels", "domains", "features", "category_ids")
 
 
-def file_sha256(path, chunk: int = 1 << 20) -> str:
+def file_sha256(path, chunk: int = 1 << 20) -> str | None:
+    """sha256 of a file's bytes; of a folder (a Parquet dataset), of its files' relative names and
+    bytes in sorted order; None for what is neither here (a glob or a remote URL)."""
+    root = Path(path)
+    if root.is_dir():
+        files = sorted(f for f in root.rglob("*") if f.is_file())
+    elif root.is_file():
+        files = [root]
+    else:
+        return None
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
+    for f in files:
+        if f is not root:
+            h.update(str(f.relative_to(root)).encode() + b"\0")
+        with open(f, "rb") as fh:
+            while block := fh.read(chunk):
+                h.update(block)
     return h.hexdigest()
 
 
