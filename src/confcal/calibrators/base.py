@@ -530,7 +530,8 @@ def _materialise(value, name):
     from confcal.sources import Source, open_source
 
     if isinstance(value, (Source, str, os.PathLike)):
-        return open_source(value, name=name).to_numpy()
+        # a copy: read-only memory maps would make torch-based fits warn, and they need all rows anyway
+        return np.array(open_source(value, name=name).to_numpy())
     return value
 
 

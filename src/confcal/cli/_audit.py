@@ -112,7 +112,8 @@ def run_audit(args) -> int:
         if manifest:
             cal = load_calibrator(manifest, n_classes=x.shape[1])
             cal.set_params(input_kind="logits")  # x holds validated logits (log-probabilities for probs)
-            stages[cal.method] = cal.predict_proba(x, **side)
+            takes = set(cal.side_inputs) | set(cal.optional_side_inputs)  # --domains may be for the table only
+            stages[cal.method] = cal.predict_proba(x, **{k: v for k, v in side.items() if k in takes})
     if cal is not None:
         record = getattr(cal, "fit_record_", None) or {}
         if record.get("data_sha256") == _sha256(x if x.shape[1] > 1 else load_array(args.logits, name="logits"),

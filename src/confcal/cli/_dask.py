@@ -64,6 +64,16 @@ def _dataset(args, options: list[str]):
     return next(iter(paths.values())), cols
 
 
+def _check_not_inside(output: str, dataset: str) -> None:
+    """Refuse an output dataset that is the input dataset or lies inside it (it replaces the folder)."""
+    import os
+
+    out, src = os.path.realpath(output), os.path.realpath(dataset.split("*")[0].rstrip("/") or ".")
+    if out == src or out.startswith(src + os.sep) or src.startswith(out + os.sep):
+        raise ValueError(f"--output: {output!r} is the input dataset {dataset!r} or inside it; writing it would "
+                         "destroy the input, so choose another output folder")
+
+
 def _client(args):
     from confcal.dask._cluster import cluster_client
 
@@ -96,6 +106,7 @@ def run_apply(args) -> int:
     from confcal.dask._cluster import write_parquet
 
     path, cols = _dataset(args, ["--logits", "--domains", "--features"])
+    _check_not_inside(args.output, path)
     keep = [c for c in (getattr(args, "keep_columns", None) or "").split(",") if c]
     dtype = getattr(args, "dtype", None) or "float64"
     with _client(args):

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import warnings
 
+import numpy as np
+
+from confcal._validation import check_logits
 from confcal.cli._common import format_table
 from confcal.io import load_array, load_calibrator
 from confcal.metrics.drift import DEFAULT_ALPHA, drift_check
@@ -60,7 +63,13 @@ def run(args) -> int:
     cal = load_calibrator(args.calibrator)
     domains = load_array(args.domains, name="domains") if args.domains else None
     kind = args.input_kind or ("probs" if getattr(cal, "input_kind", "logits") == "probs" else "logits")
-    rows = check(cal.fit_record_, load_array(args.logits, name="logits"), input_kind=kind,
+    x = load_array(args.logits, name="logits")
+    if x.ndim == 2:  # the usual checks: NaN/inf rows, probabilities passed as logits
+        x, kind = check_logits(x, input_kind=kind), "logits"
+    elif not np.all(np.isfinite(np.asarray(x, dtype=np.float64))):
+        bad = int(np.flatnonzero(~np.isfinite(np.asarray(x, dtype=np.float64)))[0])
+        raise ValueError(f"logits: score {bad} is not finite ({x[bad]!r})")
+    rows = check(cal.fit_record_, x, input_kind=kind,
                  domains=domains, alpha=args.alpha)
     if args.json:
         print(json.dumps({"alpha": args.alpha, "tests": rows}, indent=2))
