@@ -167,3 +167,25 @@ def test_integer_weights_equal_repeated_rows_even_after_a_group_warns():
     for d in ("a", "b", "c"):
         assert weighted.temperatures_[d] == pytest.approx(repeated.temperatures_[d], rel=1e-9)
     assert weighted.temperature_ == pytest.approx(repeated.temperature_, rel=1e-9)
+
+
+def test_grouped_ts_manifest_of_the_previous_release_loads():
+    """confcal 0.1 wrote grouped-ts as temperature / temperatures / domain_counts: it still loads and
+    predicts exactly as a fit with those temperatures; damaged values in it are still refused."""
+    import json
+
+    from confcal.calibrators import calibrator_from_dict
+
+    z, y = _data(3)
+    dom = np.where(np.arange(z.shape[0]) % 2 == 0, "cam", "lidar")
+    new = METHODS["grouped-ts"]().fit(z, y, domains=dom)
+    old = new.to_dict()
+    old["parameters"] = {"temperature": new.temperature_,
+                         "temperatures": [[k, t] for k, t in new.temperatures_.items()],
+                         "domain_counts": [[k, n] for k, n in new.domain_counts_.items()]}
+    back = calibrator_from_dict(json.loads(json.dumps(old)))
+    np.testing.assert_array_equal(back.predict_proba(z, domains=dom), new.predict_proba(z, domains=dom))
+    assert back.temperatures_ == new.temperatures_
+    old["parameters"]["temperatures"][0][1] = -1.0
+    with pytest.raises(ValueError, match=r"parameters\.groups.*temperature"):
+        calibrator_from_dict(old)

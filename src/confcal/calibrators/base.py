@@ -470,6 +470,11 @@ class Calibrator(ClassifierMixin, BaseEstimator, abc.ABC):
     def _set_fitted(self, params: dict[str, Any]) -> None:
         """Inverse of :meth:`_get_fitted`."""
 
+    @classmethod
+    def _upgrade_parameters(cls, params):
+        """Manifest parameters written by an earlier release, in today's layout (default: as they are)."""
+        return params
+
     # ------------------------------------------------------------------ helpers
     def _check_hyperparameters(self) -> None:
         """The class's ``hyper_constraints`` table applied to ``get_params()`` (called by ``fit``)."""
@@ -565,10 +570,11 @@ def calibrator_from_dict(manifest: dict[str, Any], *, n_classes: int | None = No
         kind = (manifest.get("fit") or {}).get("input_kind")
         hyper = {**hyper, "input_kind": kind} if kind in INPUT_KINDS else hyper
     env = check_hyperparameters(target, hyper, where="manifest", env={"n_classes": k}, path="hyperparameters")
-    check_parameters(target, manifest["parameters"], env=env)
+    parameters = target._upgrade_parameters(manifest["parameters"])
+    check_parameters(target, parameters, env=env)
     cal = make_calibrator(method, hyper)
     try:
-        cal._set_fitted(manifest["parameters"])
+        cal._set_fitted(parameters)
     except (KeyError, TypeError, ValueError, IndexError) as exc:  # a relation the table does not state
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         head = text.split(":", 1)[0]

@@ -241,6 +241,22 @@ class GroupedTemperatureScaling(GroupedCalibrator):
     def _by(self):
         return ("domains",)
 
+    @classmethod
+    def _upgrade_parameters(cls, params):
+        """Manifests of confcal <= 0.1 (``temperature``, ``temperatures``, ``domain_counts``) in the
+        GroupedCalibrator layout; every domain listed keeps its temperature, so predictions are unchanged."""
+        if not (isinstance(params, dict) and "temperatures" in params and "pooled" not in params):
+            return params
+        legacy = {"temperature", "temperatures", "domain_counts"}
+        if set(params) - legacy or not isinstance(params["temperatures"], list):
+            return params  # not the old layout either: the table names what is wrong
+        counts = params.get("domain_counts") or [[pair[0], 0] for pair in params["temperatures"]
+                                                 if isinstance(pair, list) and pair]
+        return {"pooled": {"temperature": params.get("temperature")},
+                "groups": [[pair[0], {"temperature": pair[1]}] if isinstance(pair, list) and len(pair) == 2
+                           else pair for pair in params["temperatures"]],
+                "group_counts": counts, "fallback_groups": []}
+
     def _make_base(self):
         return TemperatureScaling(t_min=self.t_min, t_max=self.t_max)
 
