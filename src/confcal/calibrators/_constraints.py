@@ -21,6 +21,7 @@ maps overflow float64 and return NaN.
 
 from __future__ import annotations
 
+import abc
 import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -70,13 +71,14 @@ class _Ctx:
             self.fail(path, f"{what} {symbol} = {have}".strip(), got=got if got is not None else str(n))
 
 
-class Spec:
+class Spec(abc.ABC):
     """Base class: ``check(value, path, ctx)`` returns the (unchanged) value or raises."""
 
     what = "a value"
 
-    def check(self, value, path: str, ctx: _Ctx):  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def check(self, value, path: str, ctx: _Ctx):
+        """``value`` if it meets the spec, else a ``ValueError`` naming ``path``."""
 
 
 def _is_real(v) -> bool:

@@ -23,6 +23,8 @@ masked classes (``-inf`` logits, zero probabilities) stay finite.
 
 from __future__ import annotations
 
+import abc
+
 from typing import Any, ClassVar
 
 import numpy as np
@@ -171,11 +173,13 @@ class _MapMixin:
 
     space: ClassVar[str] = "prob"  # "prob" or "logit"
 
+    @abc.abstractmethod
     def _fit_map(self, scores: np.ndarray, targets: np.ndarray, sample_weight) -> dict[str, Any]:
-        raise NotImplementedError
+        """One 1-D map fitted on ``(scores, 0/1 targets)``, as JSON-ready parameters."""
 
+    @abc.abstractmethod
     def _apply_map(self, params: dict[str, Any], scores: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+        """The map of ``params`` applied to 1-D ``scores``."""
 
     def _check_map(self, params: dict[str, Any]) -> dict[str, Any]:
         """Validate one map's parameters from a manifest (subclasses tighten this)."""

@@ -8,6 +8,7 @@ file); handles are opened lazily and dropped on pickling.
 
 from __future__ import annotations
 
+import abc
 import math
 from typing import Iterator
 
@@ -19,7 +20,7 @@ __all__ = ["Source", "DEFAULT_BATCH_BYTES", "batch_rows_for", "iter_aligned", "c
 DEFAULT_BATCH_BYTES = 64 << 20
 
 
-class Source:
+class Source(abc.ABC):
     """Rows ``[0, n_rows)`` of one array-like column (``row_shape`` per row, ``dtype``).
 
     Subclasses set ``n_rows``, ``row_shape``, ``dtype``, ``label`` (the spec shown in
@@ -53,8 +54,9 @@ class Source:
             return np.empty((0, *self.row_shape), dtype=self.dtype)
         return self._read(start, stop)
 
-    def _read(self, start: int, stop: int) -> np.ndarray:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _read(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` (``0 <= start < stop <= n_rows``) as a numpy array."""
 
     def to_numpy(self) -> np.ndarray:
         """All rows (the one place a whole column is materialised; used by in-memory fits)."""
