@@ -223,6 +223,8 @@ def main(argv=None) -> int:
     ap.add_argument("--methods", default=",".join(b for b in BASES if b != UNCAL),
                     help="base methods X; each runs with X+pb; PB alone, LB, DPB, PB-MLP are always added")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "paper_table"))
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads per process (default 1: run one process per dataset to use more cores)")
     ap.add_argument("--fresh", action="store_true", help="ignore (delete) an existing checkpoint")
     ap.add_argument("--render-only", action="store_true",
                     help="only rewrite the tables from the checkpoint (several runs may share one checkpoint)")
@@ -230,6 +232,9 @@ def main(argv=None) -> int:
                     help="datasets shown in the tables (default all; a run on a subset still shows the others' "
                          "checkpointed results)")
     args = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(max(1, args.threads))
 
     bases = [b for b in args.methods.split(",") if b and b != UNCAL]
     wanted = [UNCAL, "pb"] + [m for b in bases for m in (b, pb_of(b))] + list(OTHERS)

@@ -182,7 +182,7 @@ def adam(params: list[torch.Tensor], loss_fn: Callable[[torch.Tensor | None], to
             opt.step()
             n_steps += 1
         if bar is not None and loss is not None:
-            bar.set_postfix(loss=f"{float(loss):.4f}", refresh=False)
+            bar.set_postfix(loss=f"{float(loss.detach()):.4f}", refresh=False)
     if bar is not None:
         bar.close()
     for p in params:
