@@ -12,8 +12,8 @@ import json
 
 import numpy as np
 
-from confcal.dask._apply import _calibrator_from_text, _side_arrays, manifest_text
-from confcal.dask._data import column_matrix, resolve_columns
+from confcal.dask._apply import _calibrator_from_text, manifest_text
+from confcal.dask._data import partition_arrays, resolve_columns
 
 __all__ = ["evaluate", "OVERALL"]
 
@@ -40,16 +40,22 @@ def _partition_accumulators(part, specs, text, input_kind, n_bins, start, groups
     from confcal.metrics.accumulators import SummaryAccumulator
 
     lspec, yspec, dspec, fspec = specs
-    x = column_matrix(part, lspec, name="logits")
-    y = column_matrix(part, yspec, name="labels")
-    probs = {"uncalibrated": _uncalibrated(x, input_kind)}
+    probs = {}
     if text is not None:
         cal = _calibrator_from_text(text)
-        side = _side_arrays(part, *_taken(cal, dspec, fspec))
+        dspec_cal, fspec_cal = _taken(cal, dspec, fspec)
+    else:
+        dspec_cal = fspec_cal = None
+    arrays = partition_arrays(part, {"logits": lspec, "labels": yspec, "domains": dspec if groups else dspec_cal,
+                                     "features": fspec_cal})
+    x, y = arrays["logits"], arrays["labels"]
+    probs["uncalibrated"] = _uncalibrated(x, input_kind)
+    if text is not None:
+        side = {k: arrays[k] for k, s in (("domains", dspec_cal), ("features", fspec_cal)) if s is not None}
         probs["calibrated"] = cal.predict_proba(x, **side)
     rows_of = {OVERALL: slice(None)}
     if dspec is not None and groups:
-        d = column_matrix(part, dspec, name="domains")
+        d = arrays["domains"]
         for g in np.unique(d):
             rows_of[g.item() if hasattr(g, "item") else g] = d == g
     out = {}

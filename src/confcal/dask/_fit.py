@@ -19,7 +19,7 @@ import warnings
 
 import numpy as np
 
-from confcal.dask._data import column_matrix, resolve_columns
+from confcal.dask._data import ParquetDataset, column_matrix, partition_arrays, resolve_columns
 from confcal.dask._evaluate import OVERALL, _tree_reduce
 
 __all__ = ["fit", "FULL_DATA_METHODS"]
@@ -44,13 +44,13 @@ def _checked(part, specs, input_kind, first_row, validate: bool):
     from confcal._validation import check_labels, check_logits
 
     lspec, yspec, dspec = specs
-    x = column_matrix(part, lspec, name="logits")
+    arrays = partition_arrays(part, {"logits": lspec, "labels": yspec, "domains": dspec})
+    x = arrays["logits"]
     if validate or input_kind == "probs" or x.dtype not in (np.float32, np.float64):
         x = check_logits(x, input_kind=input_kind)
-    y = column_matrix(part, yspec, name="labels")
+    y = arrays["labels"]
     y = check_labels(y, x.shape[0], x.shape[1]) if validate else y.astype(np.int64, copy=False)
-    d = column_matrix(part, dspec, name="domains") if dspec is not None else None
-    return x, y, d
+    return x, y, arrays["domains"]
 
 
 def _partition_pass(part, specs, input_kind, first_row, validate, requests):
@@ -184,7 +184,11 @@ def _fit_temperatures(method, cal, data, specs, input_kind, *, tol=1e-12, max_it
 
     from confcal.calibrators import calibrator_from_dict
 
-    info = dask.compute(*[dask.delayed(_partition_info)(p, specs[2]) for p in data.to_delayed()])
+    counted = not (isinstance(data, ParquetDataset) and specs[2] is None)
+    if counted:  # a pass for the rows (Dask DataFrame) or the per-domain counts
+        info = dask.compute(*[dask.delayed(_partition_info)(p, specs[2]) for p in data.to_delayed()])
+    else:  # rows from the Parquet footers
+        info = [{"rows": len(p), "counts": {}} for p in data.pieces]
     rows = np.array([i["rows"] for i in info], dtype=np.int64)
     n = int(rows.sum())
     if n == 0:
@@ -220,7 +224,7 @@ def _fit_temperatures(method, cal, data, specs, input_kind, *, tol=1e-12, max_it
         "metrics_after": _summary(passes.after) if method == "ts" else None,  # grouped: set below
         "library_version": _library_version(),
         "utc_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "engine": "dask", "n_passes": passes.n_passes + 1 + (1 if n > _WARM_START_ROWS else 0),
+        "engine": "dask", "n_passes": passes.n_passes + int(counted) + (1 if n > _WARM_START_ROWS else 0),
     }
     def ts_params(f):
         return {"temperature": f.temperature, "nll": f.nll, "n_iter": f.n_iter, "at_bound": f.at_bound}
