@@ -81,8 +81,15 @@ def _merge_pass(a, b):
 
 
 def _warm_start_part(part, specs, input_kind, every):
-    x, y, _ = _checked(part, specs, input_kind, 0, True)
-    return x[::every], y[::every]
+    """Every ``every``-th row of the partition, validated (only those: the full validation is the
+    first Newton pass's)."""
+    from confcal._validation import check_labels, check_logits
+
+    lspec, yspec, _ = specs
+    arrays = partition_arrays(part, {"logits": lspec, "labels": yspec})
+    x, y = np.ascontiguousarray(arrays["logits"][::every]), np.ascontiguousarray(arrays["labels"][::every])
+    x = check_logits(x, input_kind=input_kind)
+    return x, check_labels(y, x.shape[0], x.shape[1])
 
 
 class _Passes:
