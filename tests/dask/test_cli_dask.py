@@ -67,3 +67,14 @@ def test_cli_errors(cifar_dataset, tmp_path):
     r = confcal("evaluate", "--logits", f"{folder}:logits", "--labels", f"{tmp_path}/other.parquet:label",
                 "--engine", "dask", "--scheduler", "tcp://127.0.0.1:9")
     assert r.returncode == 2 and "one dataset" in r.stderr
+
+
+def test_bad_scheduler_address_names_the_option(cifar_dataset):
+    folder, *_ = cifar_dataset
+    for address in ("notaurl", "tcp://127.0.0.1:notaport"):
+        t0 = time.monotonic()
+        r = confcal("evaluate", "--logits", f"{folder}:logits", "--labels", f"{folder}:label", "--engine", "dask",
+                    "--scheduler", address)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr.startswith("confcal: error: --scheduler: expected a scheduler address")
+        assert repr(address) in r.stderr and time.monotonic() - t0 < 60

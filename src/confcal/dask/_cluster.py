@@ -18,7 +18,8 @@ def cluster_client(scheduler: str | None = None, *, workers: int | None = None, 
     ConnectionError
         The scheduler cannot be reached within ``timeout`` seconds.
     ValueError
-        Both or a bad number of ``workers``.
+        Both, a bad number of ``workers``, or a ``scheduler`` that is not an address with a
+        host and a port.
     """
     import logging
 
@@ -27,8 +28,12 @@ def cluster_client(scheduler: str | None = None, *, workers: int | None = None, 
     if scheduler and workers:
         raise ValueError("--scheduler/--workers: give one, not both (workers belong to the scheduler's cluster)")
     if scheduler:
+        _check_address(scheduler)
         try:
             client = Client(scheduler, timeout=timeout)
+        except ValueError as exc:  # an address distributed cannot use, found late
+            raise ValueError(f"--scheduler: expected a scheduler address such as tcp://HOST:PORT, got "
+                             f"{scheduler!r} ({exc})") from None
         except (OSError, TimeoutError) as exc:
             raise ConnectionError(f"--scheduler: cannot reach the Dask scheduler at {scheduler!r} within "
                                   f"{timeout:g} s ({type(exc).__name__})") from None
@@ -43,6 +48,19 @@ def cluster_client(scheduler: str | None = None, *, workers: int | None = None, 
                       silence_logs=logging.CRITICAL) as cluster, \
             Client(cluster) as client:
         yield client
+
+
+def _check_address(scheduler) -> None:
+    """Refuse, before any connection attempt, an address without a host and a port."""
+    from distributed.comm.addressing import get_address_host_port
+
+    if not isinstance(scheduler, str):
+        raise ValueError(f"--scheduler: expected a scheduler address such as tcp://HOST:PORT, got {scheduler!r}")
+    try:
+        get_address_host_port(scheduler)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"--scheduler: expected a scheduler address such as tcp://HOST:PORT, got {scheduler!r} "
+                         f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
 
 
 def write_parquet(frame, path: str, *, storage_options: dict | None = None) -> str:
