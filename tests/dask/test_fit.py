@@ -106,3 +106,18 @@ def test_fit_bad_input(dask_client, cifar_dataset):
         fit("no-such-method", frame)
     with pytest.raises(ValueError, match="sample_rows"):
         fit("vs", frame, sample_rows=0)
+
+
+def test_fit_records_the_exact_drift_summary(dask_client, cifar_dataset):
+    """The distributed summary (two passes riding on the Newton passes) equals data_summary of all rows."""
+    from confcal.metrics.drift import data_summary
+
+    folder, logits, labels, domains = cifar_dataset
+    cal = fit("grouped-ts", read_parquet(str(folder)), domains="domain")
+    assert cal.fit_record_["data_summary"] == data_summary(logits, domains=domains)
+    cal = fit("ts", read_parquet(str(folder)))
+    assert cal.fit_record_["data_summary"] == data_summary(logits)
+    # a sample-fitted method: the summary of its sample (n = sample rows)
+    cal = fit("vs", read_parquet(str(folder)), sample_rows=2000, seed=3)
+    rows = np.sort(np.random.default_rng(3).choice(len(labels), 2000, replace=False))
+    assert cal.fit_record_["data_summary"] == data_summary(logits[rows])

@@ -63,7 +63,7 @@ def run(args) -> int:
                          f"part), got {counts}")
     if wants_dask(args):
         cal = run_fit(args, params)
-        x = side = None  # the Dask fit keeps no in-memory rows for a drift summary
+        x = side = None  # the Dask fit records its own drift summary (all rows, or its sample)
     elif getattr(cal, "takes_box_scores", False):
         side = load_side(args)
         # detection calibrators take 1-D box scores (e.g. matched.npz:score) and validate them themselves

@@ -20,7 +20,7 @@ import warnings
 import numpy as np
 
 from confcal.dask._data import ParquetDataset, column_matrix, partition_arrays, resolve_columns
-from confcal.dask._evaluate import OVERALL, _tree_reduce
+from confcal.dask._evaluate import OVERALL, _scatter, _tree_reduce
 
 __all__ = ["fit", "FULL_DATA_METHODS"]
 
@@ -53,8 +53,10 @@ def _checked(part, specs, input_kind, first_row, validate: bool):
     return x, y, arrays["domains"]
 
 
-def _partition_pass(part, specs, input_kind, first_row, validate, requests):
-    """``{group: TSPassStats}`` of one partition for every requested ``(t, exact, after, before)``."""
+def _partition_pass(part, specs, input_kind, first_row, validate, requests, summary=None):
+    """``{group: TSPassStats}`` of one partition for every requested ``(t, exact, after, before)``,
+    and the drift summary's pass-1 (``summary="first"``) or pass-2 (a ``SummaryPass2``) accumulator."""
+    from confcal.dask._summary import SummaryPass1
     from confcal.calibrators._tsfit import ts_batch_stats
 
     x, y, d = _checked(part, specs, input_kind, first_row, validate)
@@ -70,14 +72,19 @@ def _partition_pass(part, specs, input_kind, first_row, validate, requests):
         if g != OVERALL and not rows.any():
             continue
         out[g] = ts_batch_stats(x[rows], y[rows], t, exact=exact, metrics=after, before=before)
-    return {"stats": out, "digest": [digest] if digest else [], "k": x.shape[1]}
+    if summary == "first":
+        summary = SummaryPass1(x.shape[1]).update(x, d)
+    elif summary is not None:
+        summary = summary.fresh().update(x, d)
+    return {"stats": out, "digest": [digest] if digest else [], "k": x.shape[1], "summary": summary}
 
 
 def _merge_pass(a, b):
     stats = dict(a["stats"])
     for g, st in b["stats"].items():
         stats[g] = stats[g].merge(st) if g in stats else st
-    return {"stats": stats, "digest": a["digest"] + b["digest"], "k": a["k"]}
+    summary = a["summary"].merge(b["summary"]) if a["summary"] is not None else None
+    return {"stats": stats, "digest": a["digest"] + b["digest"], "k": a["k"], "summary": summary}
 
 
 def _warm_start_part(part, specs, input_kind, every):
@@ -104,15 +111,27 @@ class _Passes:
         self.before = None  # (ScoresAccumulator, BinnedAccumulator) at T = 1, pooled
         self.after, self.after_t = None, None
         self.k = None
+        # the drift summary rides along: pass 1 with the first Newton pass, pass 2 with the next
+        self.summary_start = None  # the scattered SummaryPass2 after pass 1
+        self.data_summary = None
 
     def run(self, requests: dict) -> dict:
         import dask
 
         validate = not self.validated
+        summary = None if self.data_summary is not None else (
+            "first" if self.summary_start is None else self.summary_start)
         tasks = [dask.delayed(_partition_pass)(p, self.specs, self.input_kind, int(self.offsets[i]), validate,
-                                               requests) for i, p in enumerate(self.parts)]
+                                               requests, summary) for i, p in enumerate(self.parts)]
         res = _tree_reduce(tasks, _merge_pass).compute()
         self.n_passes += 1
+        if summary == "first":
+            from confcal.metrics.drift import N_QUANTILES
+
+            self.summary_start = _scatter(res["summary"].second_pass(N_QUANTILES))
+        elif summary is not None:
+            self.data_summary = res["summary"].result()
+            self.summary_start = None
         self.k = res["k"]
         if validate:
             self.validated = True
@@ -225,12 +244,15 @@ def _fit_temperatures(method, cal, data, specs, input_kind, *, tol=1e-12, max_it
     if passes.after_t != t_final or passes.before is None:
         st = passes.run({OVERALL: (t_final, True, True, passes.before is None)})[OVERALL]
         pooled = type(pooled)(pooled.temperature, st.means()[0], pooled.n_iter, pooled.at_bound)
+    while passes.data_summary is None:  # the fit converged before the summary's second pass
+        passes.run({})
     record = {
         "n_samples": n, "data_sha256": passes.digest, "input_kind": input_kind,
         "metrics_before": _summary(passes.before),
         "metrics_after": _summary(passes.after) if method == "ts" else None,  # grouped: set below
         "library_version": _library_version(),
         "utc_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "data_summary": passes.data_summary,
         "engine": "dask", "n_passes": passes.n_passes + int(counted) + (1 if n > _WARM_START_ROWS else 0),
     }
     def ts_params(f):
@@ -305,7 +327,8 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
     Returns
     -------
     Calibrator
-        Fitted; its fit record has ``engine: "dask"`` and, for full-data fits, ``n_passes``
+        Fitted; its fit record has ``engine: "dask"``, the drift ``data_summary`` (of all rows,
+        exact, for full-data fits; of the sample otherwise) and, for full-data fits, ``n_passes``
         (passes over the data, including the row count and warm start). ``data_sha256`` is
         a digest of the per-partition digests (not comparable with a single-process fit's).
 
@@ -343,7 +366,12 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
         if fspec is not None:
             side["features"] = column_matrix(frame, fspec, name="features")
         fitted = cal.fit(x, y, **side)
-        fitted.fit_record_ = {**(fitted.fit_record_ or {}), "engine": "dask",
+        from confcal.metrics.drift import data_summary
+
+        # the drift reference is the sample itself (its n is the sample's, so the KS threshold is honest)
+        summary = data_summary(x, input_kind="probs" if input_kind == "probs" and x.ndim == 2 else "logits",
+                               domains=side.get("domains"), features=side.get("features"))
+        fitted.fit_record_ = {**(fitted.fit_record_ or {}), "engine": "dask", "data_summary": summary,
                               "sample": {"rows": int(len(frame)), "seed": int(seed)}}
         how = (f"{method} is not a full-data sum: fitted in memory on a seeded sample of {len(frame):,} rows "
                f"(seed {seed}; --sample-rows to change)")
