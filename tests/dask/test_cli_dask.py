@@ -99,3 +99,17 @@ def test_drift_on_a_dask_fitted_manifest(dask_client, cifar_dataset, tmp_path):
     assert len(tests) == 4 and not any(t["drift"] for t in tests)  # pooled + 3 domains
     r = confcal("drift", "--calibrator", man, "--logits", f"{tmp_path}/new.npz:hot", "--fail-on-drift")
     assert r.returncode == 3, r.stderr
+
+
+def test_local_cluster_of_forked_workers(cifar_dataset, tmp_path):
+    """--workers N starts (and closes) a local cluster whose workers are forked from the command:
+    the metrics equal the single-process ones and the command exits cleanly."""
+    folder, logits, labels, _ = cifar_dataset
+    r = confcal("evaluate", "--logits", f"{folder}:logits", "--labels", f"{folder}:label", "--json",
+                "--engine", "dask", "--workers", "2")
+    assert r.returncode == 0, r.stderr
+    from confcal._numeric import softmax
+
+    want = calibration_summary(softmax(logits), labels)
+    for k, v in want.items():
+        assert json.loads(r.stdout)["metrics"]["uncalibrated"][k] == pytest.approx(v, rel=1e-12)
