@@ -13,7 +13,8 @@ Then it runs, as users do, the CLI commands as subprocesses:
 * the same with ``--engine dask --workers N`` (a LocalCluster of N one-thread worker
   processes, started by the command; the nanny sets ``OMP_NUM_THREADS=1`` in each worker).
 
-For each: wall time, rows/s, passes over the data, peak RSS of the command's own process and
+For each: wall time, CPU seconds of the command and all its processes (user + sys, from
+``getrusage``: less noisy than wall time on a shared machine), rows/s, passes over the data, peak RSS of the command's own process and
 of its largest worker process (``VmHWM`` from /proc, polled every 50 ms), the throughput ratio
 dask / single process for both single-process rows, and the load average before and after.
 
@@ -79,7 +80,10 @@ def run(cmd: list[str], env: dict | None = None) -> dict:
 
     import psutil
 
+    import resource
+
     with tempfile.TemporaryFile("w+") as fo, tempfile.TemporaryFile("w+") as fe:
+        ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=fo, stderr=fe, text=True, env=env)
         ps = psutil.Process(proc.pid)
@@ -93,9 +97,11 @@ def run(cmd: list[str], env: dict | None = None) -> dict:
                 pass
             time.sleep(0.05)
         wall = time.perf_counter() - t0
+        ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)  # the command and every process it waited for
+        cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
         fo.seek(0)
         fe.seek(0)
-        return {"wall": wall, "rc": proc.returncode, "out": fo.read(), "err": fe.read(),
+        return {"wall": wall, "cpu": cpu, "rc": proc.returncode, "out": fo.read(), "err": fe.read(),
                 "own_mb": own, "peak_child_mb": max(children.values(), default=0.0)}
 
 
@@ -165,10 +171,11 @@ def main() -> None:
                 info = f"T={manifest['parameters']['temperature']:.9f}"
                 if not cal.exists():
                     shutil.copy(out / f"cal-{engine}.json", cal)
-            rows.append({"engine": engine, "job": job, "wall": r["wall"], "rows_per_s": args.rows / r["wall"],
+            rows.append({"engine": engine, "job": job, "wall": r["wall"], "cpu": r["cpu"],
+                         "rows_per_s": args.rows / r["wall"],
                          "own_mb": r["own_mb"], "worker_mb": r["peak_child_mb"], "info": info,
                          "passes": passes})
-            print(f"{engine:9s} {job:9s} {r['wall']:8.1f} s  {args.rows / r['wall'] / 1e6:7.2f} M rows/s  "
+            print(f"{engine:9s} {job:9s} {r['wall']:8.1f} s  cpu {r['cpu']:7.1f} s  {args.rows / r['wall'] / 1e6:7.2f} M rows/s  "
                   f"command {r['own_mb']:6.0f} MB  largest worker {r['peak_child_mb']:6.0f} MB  "
                   f"passes {passes}  {info}", flush=True)
             shutil.rmtree(out / f"probs-{engine}.parquet", ignore_errors=True)
@@ -177,11 +184,12 @@ def main() -> None:
     print(f"load average before {load_before[0]:.2f} / {load_before[1]:.2f} / {load_before[2]:.2f}, after "
           f"{load_after[0]:.2f} / {load_after[1]:.2f} / {load_after[2]:.2f} (1 / 5 / 15 min)")
     print()
-    print("| job | engine | wall s | M rows/s | passes | peak RSS command MB | peak RSS largest worker MB | notes |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| job | engine | wall s | CPU s (all processes) | M rows/s | passes | peak RSS command MB | "
+          "peak RSS largest worker MB | notes |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         worker = f"{r['worker_mb']:.0f}" if r["engine"] == "dask" else "–"
-        print(f"| {r['job']} | {r['engine']} | {r['wall']:.1f} | {r['rows_per_s'] / 1e6:.2f} | "
+        print(f"| {r['job']} | {r['engine']} | {r['wall']:.1f} | {r['cpu']:.1f} | {r['rows_per_s'] / 1e6:.2f} | "
               f"{r['passes'] if r['passes'] is not None else '?'} | {r['own_mb']:.0f} | {worker} | {r['info']} |")
     by = {(r["engine"], r["job"]): r for r in rows}
     print()
