@@ -150,6 +150,18 @@ def read_parquet(path, *, storage_options: dict | None = None, rows_per_piece: i
         No Parquet file at ``path``.
     ValueError
         Files whose schemas differ, or a file that is not Parquet.
+
+    Examples
+    --------
+    >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+    >>> folder = tempfile.mkdtemp()
+    >>> pq.write_table(pa.table({"logit_0": np.zeros(5, np.float32), "logit_1": np.ones(5, np.float32),
+    ...                          "label": np.ones(5, np.int64)}), f"{folder}/a.parquet", row_group_size=2)
+    >>> ds = read_parquet(folder, rows_per_piece=2)
+    >>> ds.npartitions, ds.n_rows, [len(p) for p in ds.pieces]
+    (3, 5, [2, 2, 1])
+    >>> column_matrix(ds.pieces[0], resolve_columns(ds, "logit_*", name="logits"), name="logits").tolist()
+    [[0.0, 1.0], [0.0, 1.0]]
     """
     import fsspec
     import pyarrow.parquet as pq

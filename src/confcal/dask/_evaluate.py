@@ -34,7 +34,8 @@ def _uncalibrated(x: np.ndarray, input_kind: str) -> np.ndarray:
 
 
 def _partition_accumulators(part, specs, text, input_kind, n_bins, start, groups: bool = True):
-    """Accumulators ``{(group, which): SummaryAccumulator}`` of one pandas partition.
+    """Accumulators ``{(group, which): SummaryAccumulator}`` of one partition (a Parquet piece or a
+    pandas partition).
 
     ``start`` is None in pass 1, else the merged pass-1 dict turned to pass 2 (copied here)."""
     from confcal.metrics.accumulators import SummaryAccumulator
@@ -113,8 +114,9 @@ def evaluate(data, *, logits: str = "logits", labels: str = "label", calibrator=
 
     Parameters
     ----------
-    data : dask.dataframe.DataFrame
-        E.g. :func:`confcal.dask.read_parquet` of a Parquet dataset.
+    data : ParquetDataset or dask.dataframe.DataFrame
+        :func:`confcal.dask.read_parquet` of a Parquet dataset (each task reads its piece with
+        pyarrow), or any Dask DataFrame.
     logits, labels, domains, features : str
         Column specs (see :func:`confcal.dask.apply`). ``logits`` may be one numeric column of
         box scores (binary, with ``labels`` 1 for a true positive).

@@ -308,8 +308,9 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
     ----------
     method : str
         A name of :data:`confcal.calibrators.METHODS`.
-    data : dask.dataframe.DataFrame
-        E.g. :func:`confcal.dask.read_parquet` of a Parquet dataset.
+    data : ParquetDataset or dask.dataframe.DataFrame
+        :func:`confcal.dask.read_parquet` of a Parquet dataset (each task reads its piece with
+        pyarrow), or any Dask DataFrame.
     logits, labels, domains, features : str
         Column specs (see :func:`confcal.dask.apply`).
     params : dict, optional

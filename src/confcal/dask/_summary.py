@@ -21,7 +21,13 @@ _BUCKETS = 1 << 18
 
 def inverted_cdf_ranks(n: int, probs: np.ndarray) -> np.ndarray:
     """0-based ranks of the order statistics that ``numpy.quantile(v, probs, method="inverted_cdf")``
-    returns for ``n`` values (numpy's rule: ``n p - 1`` when integral, else its ceiling)."""
+    returns for ``n`` values (numpy's rule: ``n p - 1`` when integral, else its ceiling).
+
+    Examples
+    --------
+    >>> inverted_cdf_ranks(10, np.array([0.05, 0.5, 0.95])).tolist()
+    [0, 4, 9]
+    """
     v = n * np.asarray(probs, dtype=np.float64) - 1
     prev = np.floor(v)
     return np.clip(np.where(v - prev == 0, prev, prev + 1), 0, n - 1).astype(np.int64)

@@ -191,6 +191,16 @@ def table_to_numpy(table, columns, *, group: bool, list_width: int | None = None
     ValueError
         A null cell or list rows of different lengths, naming ``name``, the column, ``where``
         (the file) and the row (counted from ``first_row``).
+
+    Examples
+    --------
+    >>> import pyarrow as pa
+    >>> t = pa.table({"a": [1.0, 2.0], "b": [3.0, 4.0],
+    ...               "v": pa.array([[1, 2], [3, 4]], pa.list_(pa.int64(), 2))})
+    >>> table_to_numpy(t, ["a", "b"], group=False).tolist()
+    [[1.0, 3.0], [2.0, 4.0]]
+    >>> table_to_numpy(t, ["v"], group=False).shape, table_to_numpy(t, ["a"], group=True).shape
+    ((2, 2), (2, 1))
     """
     import pyarrow as pa
 
