@@ -80,6 +80,17 @@ class Piece:
                                                       use_threads=False)
 
 
+    def head(self, columns, n_rows: int) -> "pa.Table":  # noqa: F821
+        """The first ``n_rows`` rows of this piece (only the pages they lie in are decoded)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        with self.fs.open(self.path, "rb") as fh:
+            batches = pq.ParquetFile(fh).iter_batches(batch_size=max(1, int(n_rows)), row_groups=[self.row_groups[0]],
+                                                      columns=list(columns), use_threads=False)
+            return pa.Table.from_batches([next(batches)])
+
+
 class ParquetDataset:
     """A Parquet file, folder or glob (any fsspec URL) as a list of :class:`Piece` s.
 
@@ -130,10 +141,11 @@ class ParquetDataset:
         return dd.from_map(_piece_frame, self.pieces, args=[self.columns], meta=meta, enforce_metadata=False)
 
 
-def _piece_frame(piece: Piece, columns):
+def _piece_frame(piece: Piece, names):
+    # not called "columns": dd.from_map passes a keyword of that name for column projection
     import pandas as pd
 
-    return piece.read(columns).to_pandas(types_mapper=pd.ArrowDtype)
+    return piece.read(names).to_pandas(types_mapper=pd.ArrowDtype)
 
 
 def read_parquet(path, *, storage_options: dict | None = None, rows_per_piece: int = ROWS_PER_PIECE

@@ -87,12 +87,14 @@ def _merge_pass(a, b):
     return {"stats": stats, "digest": a["digest"] + b["digest"], "k": a["k"], "summary": summary}
 
 
-def _warm_start_part(part, specs, input_kind, every):
-    """Every ``every``-th row of the partition, validated (only those: the full validation is the
-    first Newton pass's)."""
+def _warm_start_part(part, specs, input_kind, every, head=None):
+    """Every ``every``-th row of the partition, or its first ``head`` rows, validated (only those:
+    the full validation is the first Newton pass's)."""
     from confcal._validation import check_labels, check_logits
 
     lspec, yspec, _ = specs
+    if head is not None:  # a Parquet piece: decode only the pages of its first rows
+        part = part.head(lspec.columns + yspec.columns, head)
     arrays = partition_arrays(part, {"logits": lspec, "labels": yspec})
     x, y = np.ascontiguousarray(arrays["logits"][::every]), np.ascontiguousarray(arrays["labels"][::every])
     x = check_logits(x, input_kind=input_kind)
@@ -173,18 +175,27 @@ def _lockstep_newton(start: dict, passes: _Passes, t_bounds, tol, max_iter, exac
 
 
 def _warm_start(data, specs, input_kind, n_rows, t_bounds):
-    """log T of a fit on about 50,000 evenly strided rows (saves full passes; the Newton that
-    follows is exact)."""
+    """log T of a fit on about 50,000 rows (saves full passes; the Newton that follows is exact),
+    and whether finding them took a full pass. A Parquet dataset gives the first rows of 8 pieces
+    spread over it (as the single-process fit reads 8 spread-out blocks: no full pass); a Dask
+    DataFrame every k-th row of every partition (a full pass)."""
     import dask
 
     from confcal.calibrators._tsfit import fit_temperature
 
-    every = max(1, n_rows // _WARM_START_ROWS)
-    parts = dask.compute(*[dask.delayed(_warm_start_part)(p, specs, input_kind, every)
-                           for p in data.to_delayed()])
+    if isinstance(data, ParquetDataset):
+        pieces = [data.pieces[i] for i in np.unique(np.linspace(0, data.npartitions - 1, 8).astype(int))]
+        per = -(-_WARM_START_ROWS // len(pieces))
+        tasks = [dask.delayed(_warm_start_part)(p, specs, input_kind, 1, per) for p in pieces]
+        full_pass = False
+    else:
+        every = max(1, n_rows // _WARM_START_ROWS)
+        tasks = [dask.delayed(_warm_start_part)(p, specs, input_kind, every) for p in data.to_delayed()]
+        full_pass = True
+    parts = dask.compute(*tasks)
     x = np.concatenate([p[0] for p in parts])
     y = np.concatenate([p[1] for p in parts])
-    return math.log(fit_temperature(x, y, t_bounds=t_bounds, warn=False).temperature)
+    return math.log(fit_temperature(x, y, t_bounds=t_bounds, warn=False).temperature), full_pass
 
 
 def _summary(pair) -> dict:
@@ -226,8 +237,8 @@ def _fit_temperatures(method, cal, data, specs, input_kind, *, tol=1e-12, max_it
     offsets = np.concatenate([[0], np.cumsum(rows)[:-1]])
     t_bounds = (float(cal.t_min), float(cal.t_max))
     passes = _Passes(data, specs, input_kind, offsets)
-    t0 = _warm_start(data, specs, input_kind, n, t_bounds) if n > _WARM_START_ROWS else \
-        min(max(0.0, math.log(t_bounds[0])), math.log(t_bounds[1]))
+    t0, warm_pass = _warm_start(data, specs, input_kind, n, t_bounds) if n > _WARM_START_ROWS else \
+        (min(max(0.0, math.log(t_bounds[0])), math.log(t_bounds[1])), False)
     groups = {OVERALL: t0}
     min_samples = int(getattr(cal, "min_samples", 1))
     small = sorted((g for g, c in counts.items() if c < min_samples), key=str)
@@ -253,7 +264,7 @@ def _fit_temperatures(method, cal, data, specs, input_kind, *, tol=1e-12, max_it
         "library_version": _library_version(),
         "utc_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "data_summary": passes.data_summary,
-        "engine": "dask", "n_passes": passes.n_passes + int(counted) + (1 if n > _WARM_START_ROWS else 0),
+        "engine": "dask", "n_passes": passes.n_passes + int(counted) + int(warm_pass),
     }
     def ts_params(f):
         return {"temperature": f.temperature, "nll": f.nll, "n_iter": f.n_iter, "at_bound": f.at_bound}
@@ -330,8 +341,9 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
     Calibrator
         Fitted; its fit record has ``engine: "dask"``, the drift ``data_summary`` (of all rows,
         exact, for full-data fits; of the sample otherwise) and, for full-data fits, ``n_passes``
-        (passes over the data, including the row count and warm start). ``data_sha256`` is
-        a digest of the per-partition digests (not comparable with a single-process fit's).
+        (full passes over the data, including a row count or a warm start that needed one).
+        ``data_sha256`` is a digest of the per-partition digests (not comparable with a
+        single-process fit's).
 
     Raises
     ------
