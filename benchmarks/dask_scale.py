@@ -11,12 +11,13 @@ Then it runs, as users do, the CLI commands as subprocesses:
   process, streaming through the dataset: ``single`` with Arrow's default decoding threads,
   ``single-1t`` with ``OMP_NUM_THREADS=1`` (Arrow and torch take one thread);
 * the same with ``--engine dask --workers N`` (a LocalCluster of N one-thread worker
-  processes, started by the command; the nanny sets ``OMP_NUM_THREADS=1`` in each worker).
+  processes, started by the command; workers forked from it, one thread each for numpy, torch and Arrow).
 
 For each: wall time, CPU seconds of the command and all its processes (user + sys, from
-``getrusage``: less noisy than wall time on a shared machine), rows/s, passes over the data, peak RSS of the command's own process and
-of its largest worker process (``VmHWM`` from /proc, polled every 50 ms), the throughput ratio
-dask / single process for both single-process rows, and the load average before and after.
+``getrusage``: less noisy than wall time on a shared machine), rows/s, passes over the data,
+peak RSS of the command's own process and of its largest worker process (``VmHWM`` from /proc,
+polled every 50 ms), the throughput ratio dask / single process for both single-process rows,
+and the load average before and after.
 
     .venv/bin/python benchmarks/dask_scale.py --rows 20000000 [--data /work/bigdata/e2e-20M]
     .venv/bin/python benchmarks/dask_scale.py --rows 100000000 --data /work/bigdata/e2e-100M
@@ -175,7 +176,8 @@ def main() -> None:
                          "rows_per_s": args.rows / r["wall"],
                          "own_mb": r["own_mb"], "worker_mb": r["peak_child_mb"], "info": info,
                          "passes": passes})
-            print(f"{engine:9s} {job:9s} {r['wall']:8.1f} s  cpu {r['cpu']:7.1f} s  {args.rows / r['wall'] / 1e6:7.2f} M rows/s  "
+            print(f"{engine:9s} {job:9s} {r['wall']:8.1f} s  cpu {r['cpu']:7.1f} s  "
+                  f"{args.rows / r['wall'] / 1e6:7.2f} M rows/s  "
                   f"command {r['own_mb']:6.0f} MB  largest worker {r['peak_child_mb']:6.0f} MB  "
                   f"passes {passes}  {info}", flush=True)
             shutil.rmtree(out / f"probs-{engine}.parquet", ignore_errors=True)

@@ -18,8 +18,12 @@ A column spec is one of
 from __future__ import annotations
 
 import fnmatch
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["ColumnSpec", "ParquetDataset", "Piece", "resolve_columns", "column_matrix", "read_parquet",
            "read_table", "ROWS_PER_PIECE"]
@@ -66,7 +70,7 @@ class Piece:
     def __repr__(self) -> str:
         return f"Piece({self.path!r}, row_groups={self.row_groups}, rows {self.first_row}+{self.n_rows})"
 
-    def read(self, columns) -> "pa.Table":  # noqa: F821
+    def read(self, columns) -> "pa.Table":
         """The chosen columns of this piece as an Arrow table (one thread: tasks run side by side)."""
         import pyarrow.parquet as pq
 
@@ -80,7 +84,7 @@ class Piece:
                                                       use_threads=False)
 
 
-    def head(self, columns, n_rows: int) -> "pa.Table":  # noqa: F821
+    def head(self, columns, n_rows: int) -> "pa.Table":
         """The first ``n_rows`` rows of this piece (only the pages they lie in are decoded)."""
         import pyarrow as pa
         import pyarrow.parquet as pq

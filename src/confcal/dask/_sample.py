@@ -18,7 +18,8 @@ def _take(part, rows, columns):
 
 
 def sample_rows(data, n_rows: int, *, seed: int = 0):
-    """A pandas DataFrame (of a :class:`~confcal.dask._data.ParquetDataset` or Dask DataFrame) of ``min(n_rows, len(data))`` rows drawn uniformly without replacement,
+    """A pandas DataFrame of ``min(n_rows, len(data))`` rows of ``data`` (a
+    :class:`~confcal.dask._data.ParquetDataset` or Dask DataFrame) drawn uniformly without replacement,
     kept in their original order.
 
     The draw is over global row numbers (``numpy.random.default_rng(seed)``), so it depends only
