@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from confcal.dask._data import ColumnSpec, ParquetDataset, Piece, partition_arrays, read_table, resolve_columns
+from confcal.dask._data import (ColumnSpec, ParquetDataset, Piece, partition_arrays, read_table, resolve_columns,
+                               row_batches)
 
 __all__ = ["apply", "manifest_text"]
 
@@ -79,7 +80,12 @@ def _apply_partition(part, text, logits, domains, features, keep, dtype, out_col
         return table_to_numpy(table, spec.columns, group=spec.group, name=name, where=where, first_row=first)
 
     side = {k: matrix(s, k) for k, s in (("domains", domains), ("features", features)) if s is not None}
-    probs = _predict(text, matrix(logits, "logits"), side, dtype)
+    x, probs = matrix(logits, "logits"), None
+    for b in row_batches(len(x)):  # bounded temporaries; the rows are those of one whole predict_proba
+        pb = _predict(text, x[b], {key: v[b] for key, v in side.items()}, dtype)
+        if probs is None:
+            probs = np.empty((len(x), pb.shape[1]), dtype=pb.dtype)
+        probs[b] = pb
     k = probs.shape[1]
     values = pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(probs).reshape(-1)), k)
     out = table.select(list(keep)).to_pandas(types_mapper=pd.ArrowDtype) if keep else \

@@ -30,6 +30,15 @@ __all__ = ["ColumnSpec", "ParquetDataset", "Piece", "resolve_columns", "column_m
 
 #: target rows of one task's piece (whole row groups; a larger row group is one piece)
 ROWS_PER_PIECE = 1_000_000
+#: rows computed at a time inside a task: float64 temporaries of a whole 1M-row piece are fresh
+#: 80 MB allocations that the OS maps and zeroes each time (measured: 1 s of system time per
+#: piece and pass, none at 64k rows)
+BATCH_ROWS = 65_536
+
+
+def row_batches(n_rows: int, batch_rows: int = BATCH_ROWS):
+    """``slice`` objects covering ``range(n_rows)`` in order, ``batch_rows`` rows each."""
+    return [slice(lo, min(lo + batch_rows, n_rows)) for lo in range(0, n_rows, batch_rows)] or [slice(0, 0)]
 
 
 class ColumnSpec:

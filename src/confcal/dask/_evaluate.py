@@ -13,7 +13,7 @@ import json
 import numpy as np
 
 from confcal.dask._apply import _calibrator_from_text, manifest_text
-from confcal.dask._data import partition_arrays, resolve_columns
+from confcal.dask._data import partition_arrays, resolve_columns, row_batches
 
 __all__ = ["evaluate", "OVERALL"]
 
@@ -41,7 +41,6 @@ def _partition_accumulators(part, specs, text, input_kind, n_bins, start, groups
     from confcal.metrics.accumulators import SummaryAccumulator
 
     lspec, yspec, dspec, fspec = specs
-    probs = {}
     if text is not None:
         cal = _calibrator_from_text(text)
         dspec_cal, fspec_cal = _taken(cal, dspec, fspec)
@@ -50,26 +49,30 @@ def _partition_accumulators(part, specs, text, input_kind, n_bins, start, groups
     arrays = partition_arrays(part, {"logits": lspec, "labels": yspec, "domains": dspec if groups else dspec_cal,
                                      "features": fspec_cal})
     x, y = arrays["logits"], arrays["labels"]
-    probs["uncalibrated"] = _uncalibrated(x, input_kind)
-    if text is not None:
-        side = {k: arrays[k] for k, s in (("domains", dspec_cal), ("features", fspec_cal)) if s is not None}
-        probs["calibrated"] = cal.predict_proba(x, **side)
-    rows_of = {OVERALL: slice(None)}
-    if dspec is not None and groups:
-        d = arrays["domains"]
-        for g in np.unique(d):
-            rows_of[g.item() if hasattr(g, "item") else g] = d == g
+    d = arrays["domains"] if dspec is not None and groups else None
+    side = {k: arrays[k] for k, s in (("domains", dspec_cal), ("features", fspec_cal)) if s is not None}
     out = {}
-    for g, rows in rows_of.items():
-        for which, p in probs.items():
-            key = (g, which)
-            if start is None:
-                acc = SummaryAccumulator(n_bins)
-            elif key in start:
-                acc = copy.deepcopy(start[key])
-            else:  # pragma: no cover - pass 2 reads the same rows as pass 1
-                raise ValueError(f"domains: group {g!r} was not seen in the first pass")
-            out[key] = acc.update(p[rows], y[rows])
+    for b in row_batches(len(y)):
+        xb, yb = x[b], y[b]
+        probs = {"uncalibrated": _uncalibrated(xb, input_kind)}
+        if text is not None:
+            probs["calibrated"] = cal.predict_proba(xb, **{k: v[b] for k, v in side.items()})
+        rows_of = {OVERALL: slice(None)}
+        if d is not None:
+            db = d[b]
+            for g in np.unique(db):
+                rows_of[g.item() if hasattr(g, "item") else g] = db == g
+        for g, rows in rows_of.items():
+            for which, p in probs.items():
+                key = (g, which)
+                if key not in out:
+                    if start is None:
+                        out[key] = SummaryAccumulator(n_bins)
+                    elif key in start:
+                        out[key] = copy.deepcopy(start[key])
+                    else:  # pragma: no cover - pass 2 reads the same rows as pass 1
+                        raise ValueError(f"domains: group {g!r} was not seen in the first pass")
+                out[key].update(p[rows], yb[rows])
     return out
 
 

@@ -19,7 +19,7 @@ import warnings
 
 import numpy as np
 
-from confcal.dask._data import ParquetDataset, column_matrix, partition_arrays, resolve_columns
+from confcal.dask._data import ParquetDataset, column_matrix, partition_arrays, resolve_columns, row_batches
 from confcal.dask._evaluate import OVERALL, _scatter, _tree_reduce
 
 __all__ = ["fit", "FULL_DATA_METHODS"]
@@ -67,15 +67,20 @@ def _partition_pass(part, specs, input_kind, first_row, validate, requests, summ
         for a in (x, y):
             h.update(str(a.dtype).encode() + str(a.shape).encode() + np.ascontiguousarray(a).tobytes())
         digest = h.hexdigest()
-    for g, (t, exact, after, before) in requests.items():
-        rows = slice(None) if g == OVERALL else d == g
-        if g != OVERALL and not rows.any():
-            continue
-        out[g] = ts_batch_stats(x[rows], y[rows], t, exact=exact, metrics=after, before=before)
     if summary == "first":
-        summary = SummaryPass1(x.shape[1]).update(x, d)
+        summary = SummaryPass1(x.shape[1])
     elif summary is not None:
-        summary = summary.fresh().update(x, d)
+        summary = summary.fresh()
+    for b in row_batches(len(y)):
+        xb, yb, db = x[b], y[b], (d[b] if d is not None else None)
+        for g, (t, exact, after, before) in requests.items():
+            rows = slice(None) if g == OVERALL else db == g
+            if g != OVERALL and not rows.any():
+                continue
+            st = ts_batch_stats(xb[rows], yb[rows], t, exact=exact, metrics=after, before=before)
+            out[g] = out[g].merge(st) if g in out else st
+        if summary is not None:
+            summary = summary.update(xb, db)
     return {"stats": out, "digest": [digest] if digest else [], "k": x.shape[1], "summary": summary}
 
 
