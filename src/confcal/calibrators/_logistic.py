@@ -132,8 +132,9 @@ def newton_fit(pass_fn: Callable, total, pos, *, slope_bounds=(0.0, math.inf), f
     ``total`` / ``pos`` are the per-group weights from :func:`binary_counts`. The slope stays
     in ``slope_bounds`` (``-inf <= lo < hi <= inf``; a bound is active when the gradient pushes
     past it, and then only the bias moves). A group stops when its mean gradient in the free
-    coordinates is below ``GRAD_TOL``, when an accepted step moves less than ``1e-13``
-    relative, or when 60 halvings find no decrease (the optimum to rounding).
+    coordinates is below ``GRAD_TOL`` (when Newton would still walk on towards a finite slope
+    bound, as on separable data, the bound is tried once first), when an accepted step moves
+    less than ``1e-13`` relative, or when 60 halvings find no decrease (the optimum to rounding).
 
     Returns one :class:`LogisticFit` per group (mean NLL with the fit's targets).
     """
@@ -154,6 +155,7 @@ def newton_fit(pass_fn: Callable, total, pos, *, slope_bounds=(0.0, math.inf), f
     step = np.zeros((n_groups, 2))
     searching = np.zeros(n_groups, dtype=bool)  # a step is proposed, its trial point evaluated next
     cap = np.zeros(n_groups, dtype=bool)
+    probed = np.zeros(n_groups, dtype=bool)
 
     def free_of(k):
         return [not ((w[k] <= lo and grad[k, 0] > 0) or (w[k] >= hi and grad[k, 0] < 0)), fit_bias]
@@ -161,15 +163,10 @@ def newton_fit(pass_fn: Callable, total, pos, *, slope_bounds=(0.0, math.inf), f
     while active.any():
         for k in np.flatnonzero(active & ~searching):  # propose a Newton step where none is pending
             idx = [j for j, f in enumerate(free_of(k)) if f]
+            if not idx:
+                active[k] = False
+                continue
             gf = grad[k, idx] / total[k]
-            if not idx or float(np.max(np.abs(gf))) < GRAD_TOL:
-                active[k] = False
-                continue
-            if n_iter[k] >= max_iter:
-                active[k] = False
-                cap[k] = True
-                continue
-            n_iter[k] += 1
             hf = hess[k][np.ix_(idx, idx)] / total[k]
             hf = hf + np.eye(len(idx)) * (1e-12 * (np.trace(hf) + 1e-300))
             try:
@@ -178,6 +175,20 @@ def newton_fit(pass_fn: Callable, total, pos, *, slope_bounds=(0.0, math.inf), f
                 sf = -gf
             step[k] = 0.0
             step[k, idx] = sf
+            if float(np.max(np.abs(gf))) < GRAD_TOL:
+                # flat but Newton still walks towards a slope bound (separable data: the loss only
+                # tends to its infimum there): try the bound itself once, else stop
+                bound = hi if step[k, 0] > 0 else lo
+                if probed[k] or not math.isfinite(bound) or abs(step[k, 0]) < 1e-6 * (1.0 + abs(w[k])):
+                    active[k] = False
+                    continue
+                probed[k] = True
+                step[k] = (bound - w[k], 0.0)
+            if n_iter[k] >= max_iter:
+                active[k] = False
+                cap[k] = True
+                continue
+            n_iter[k] += 1
             alpha[k] = 1.0
             searching[k] = True
         if not active.any():
