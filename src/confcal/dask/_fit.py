@@ -21,11 +21,12 @@ import numpy as np
 
 from confcal.dask._data import column_matrix, resolve_columns
 from confcal.dask._evaluate import OVERALL, _tree_reduce
+from confcal.dask._fit_box import BOX_METHODS, fit_box
 
 __all__ = ["fit", "FULL_DATA_METHODS"]
 
 #: methods whose distributed fit makes full-data passes (the others fit on a sample)
-FULL_DATA_METHODS = ("ts", "grouped-ts")
+FULL_DATA_METHODS = ("ts", "grouped-ts", *BOX_METHODS)
 
 _WARM_START_ROWS = 50_000
 
@@ -313,7 +314,10 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
     yspec = resolve_columns(data, labels, name="labels")
     dspec = resolve_columns(data, domains, name="domains") if domains else None
     fspec = resolve_columns(data, features, name="features") if features else None
-    if method in FULL_DATA_METHODS:
+    if method in BOX_METHODS and fspec is None and not cal.per_class:  # det-ts / det-platt: confcal.dask._fit_box
+        fitted, n_passes = fit_box(method, cal, data, (lspec, yspec, dspec))
+        how = f"{method} fitted on all rows in {n_passes} passes over the data"
+    elif method in ("ts", "grouped-ts"):
         if method == "grouped-ts" and dspec is None:
             raise ValueError("--domains: grouped-ts needs a domain column")
         if fspec is not None or (method == "ts" and dspec is not None):
