@@ -76,3 +76,22 @@ def test_bad_scores_are_refused(dask_client, tmp_path):
     with pytest.raises(ValueError, match="det-ts expects probability scores in"):
         fit("det-ts", read_parquet(str(tmp_path / "bad.parquet")), logits="score", labels="correct",
             params={"input_kind": "probs"})
+
+
+def test_cli_engine_dask_fits_det_platt_per_domain(dask_client, kitti_dataset, tmp_path):
+    import json
+
+    from tests.dask.test_cli_dask import confcal
+
+    folder, scores, correct, domains = kitti_dataset
+    man = tmp_path / "platt.json"
+    r = confcal("fit", "--method", "det-platt", "--logits", f"{folder}:score", "--labels", f"{folder}:correct",
+                "--domains", f"{folder}:domain", "-o", man, "--engine", "dask", "--scheduler",
+                dask_client.scheduler.address)
+    assert r.returncode == 0, r.stderr
+    assert "det-platt fitted on all rows" in r.stderr
+    ref = METHODS["det-platt"]().fit(scores, correct, domains=domains)
+    got = json.loads(man.read_text())["parameters"]
+    _close_params(got["pooled"], ref.pooled_, "det-platt")
+    for key, p in got["groups"]:
+        _close_params(p, ref.groups_[tuple(key)], "det-platt")
