@@ -160,8 +160,8 @@ class DetectionBetaCalibration(_BoxScoreMaps):
         self.min_samples = min_samples
         self.input_kind = input_kind
 
-    def _features(self, arr, input_kind=None):
-        return score_logit(arr, clip_scores=self.clip_scores)
+    def _features(self, arr, input_kind=None, first_row: int = 0):
+        return score_logit(arr, clip_scores=self.clip_scores, first_row=first_row)
 
     def _score_kind(self, input_kind) -> str:
         return "probs"  # box scores in [0, 1], whatever input_kind says

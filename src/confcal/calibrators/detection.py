@@ -59,7 +59,7 @@ __all__ = ["DetectionTemperatureScaling", "DetectionPlattScaling", "score_logit"
 
 
 # --------------------------------------------------------------------------- inputs
-def _check_scores(scores, name: str = "scores") -> np.ndarray:
+def _check_scores(scores, name: str = "scores", first_row: int = 0) -> np.ndarray:
     s = as_numpy(scores, name)
     if s.ndim != 1:
         raise ValueError(f"{name}: expected shape (n_boxes,), got {s.shape}")
@@ -72,12 +72,12 @@ def _check_scores(scores, name: str = "scores") -> np.ndarray:
     bad = ~np.isfinite(s)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{name}: expected finite scores, got {s[i]!r} at index {i}")
+        raise ValueError(f"{name}: expected finite scores, got {float(s[i])!r} at index {first_row + i}")
     return s
 
 
-def score_logit(scores, *, clip_scores: bool = False, name: str = "scores", warn_saturated: bool = False
-                ) -> np.ndarray:
+def score_logit(scores, *, clip_scores: bool = False, name: str = "scores", warn_saturated: bool = False,
+                first_row: int = 0) -> np.ndarray:
     """``log(s / (1 - s))`` in float64 after a dtype-aware clip to ``(eps, 1 - eps)``.
 
     ``eps = np.finfo(scores.dtype).eps`` (float64 for integer input), so ``1 - eps``
@@ -86,14 +86,15 @@ def score_logit(scores, *, clip_scores: bool = False, name: str = "scores", warn
     ``clip_scores=True``, which clips them into [0, 1] first. With
     ``warn_saturated``, scores that are exactly 0 or 1 in their dtype (a sigmoid
     output that lost its logit: float32 ``sigmoid(20) == 1``) give one
-    :class:`CalibrationWarning` with their count.
+    :class:`CalibrationWarning` with their count. ``first_row``: index of the first score in
+    the whole data (for messages about one batch).
     """
-    s = _check_scores(scores, name)
+    s = _check_scores(scores, name, first_row)
     out = (s < 0) | (s > 1)
     if out.any() and not clip_scores:
         i = int(np.flatnonzero(out)[0])
         raise ValueError(f"{name}: det-ts expects probability scores in [0, 1], got {float(s[i])!r} at index "
-                         f"{i} ({int(out.sum())} of {s.size} outside); use det-platt for raw scores, "
+                         f"{first_row + i} ({int(out.sum())} of {s.size} outside); use det-platt for raw scores, "
                          "or clip_scores=True")
     if warn_saturated:
         sat = int(np.count_nonzero((s == 0) | (s == 1)))
@@ -105,6 +106,19 @@ def score_logit(scores, *, clip_scores: bool = False, name: str = "scores", warn
     eps = float(np.finfo(s.dtype).eps)
     p = np.clip(s.astype(np.float64), eps, 1.0 - eps)
     return np.log(p) - np.log1p(-p)
+
+
+def _check_weight_batch(w, first_row: int) -> np.ndarray:
+    w = np.asarray(w)
+    if w.ndim != 1 or w.dtype == bool or w.dtype.kind not in "fiu":
+        raise ValueError(f"sample_weight: expected float weights of shape (n_samples,), got dtype {w.dtype} "
+                         f"and row shape {w.shape[1:]}")
+    w = w.astype(np.float64)
+    bad = ~np.isfinite(w) | (w < 0)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"sample_weight: expected finite weights >= 0, got {w[i]!r} at index {first_row + i}")
+    return w
 
 
 def _check_category_ids(category_ids, n: int) -> np.ndarray:
@@ -256,6 +270,90 @@ class _BoxScoreMaps(Calibrator):
         self.pooled_, self.groups_ = fits.pooled, fits.fits
         self.group_counts_, self.fallback_groups_ = fits.counts, list(fits.fallback)
 
+    #: 1-D fits that are sums over rows: ``fit`` on sources streams them in row batches
+    streams_box_scores = False
+
+    def _fit_source(self, scores, labels, *, sample_weight, progress, **side):
+        """Sources or specs of 1-D scores (``det-ts`` / ``det-platt``): every pass reads them in row
+        batches (:func:`confcal.calibrators._boxfit.fit_box_passes`), never the whole set at once.
+        Arrays, and class vectors, take the in-memory path (same parameters to rounding)."""
+        import os
+
+        from confcal.sources import Source
+
+        if not self.streams_box_scores or not isinstance(scores, (Source, str, os.PathLike)):
+            return NotImplemented
+        from confcal._digest import DataDigest
+        from confcal._progress import progress_bar
+        from confcal._validation import check_domains
+        from confcal.calibrators._boxfit import BoxChunk, fit_box_passes
+        from confcal.sources import DEFAULT_BATCH_BYTES, batch_rows_for, check_aligned, iter_aligned, open_source
+
+        xs = open_source(scores, name="scores")
+        if xs.ndim != 1:
+            return NotImplemented
+        allowed = set(self.optional_side_inputs)
+        unknown = sorted(set(k for k, v in side.items() if v is not None) - allowed)
+        if unknown:
+            raise TypeError(f"{type(self).__name__} does not take {unknown}; it takes {sorted(allowed)}")
+        srcs = {"scores": xs, "labels": open_source(labels, name="labels"),
+                **{k: open_source(v, name=k) for k, v in sorted(side.items()) if v is not None},
+                "sample_weight": None if sample_weight is None else open_source(sample_weight, name="sample_weight")}
+        n = check_aligned(srcs, reference="scores")
+        if self.per_class and "category_ids" not in srcs:
+            raise ValueError(f"category_ids: {type(self).__name__}(per_class=True) needs category_ids= "
+                             "(n_boxes,) at fit and predict time")
+        by_domain = "domains" in srcs
+        self.by_domain_ = by_domain  # read by the group keys below
+        names = [k for k in ("category_ids", "domains") if k in srcs]
+        rows = batch_rows_for([s for s in srcs.values() if s is not None], DEFAULT_BATCH_BYTES)
+        order = ["scores", "labels", *sorted(names), *(["sample_weight"] if sample_weight is not None else [])]
+        state = {"digest": DataDigest(len(order)), "pass": 0}
+
+        def chunks():
+            state["pass"] += 1
+            first_pass = state["pass"] == 1
+            with progress_bar(n, f"{self.method} pass {state['pass']}", progress) as bar:
+                for first, b in iter_aligned(srcs, rows):
+                    k = b["scores"].shape[0]
+                    sat = 0
+                    s = b["scores"]
+                    if self.method == "det-ts" and self._input_kind() != "logits":
+                        sat = int(np.count_nonzero((s == 0) | (s == 1)))
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore", CalibrationWarning)  # counted: the driver warns once
+                        u = self._features(s, self._input_kind(), first_row=first)
+                    y = check_labels(b["labels"], k, 2, first_row=first)
+                    cols = {}
+                    if "domains" in b:
+                        cols["domains"] = check_domains(b["domains"], k)
+                    if "category_ids" in b:
+                        cols["category_ids"] = _check_category_ids(b["category_ids"], k)
+                    w = b.get("sample_weight")
+                    if w is not None:
+                        w = _check_weight_batch(w, first)
+                    if first_pass:
+                        for i, a in enumerate([b["scores"], b["labels"], *[cols[c] for c in sorted(cols)],
+                                               *([] if w is None else [w])]):
+                            state["digest"].update(i, a)
+                    keys = self._group_keys(k, cols.get("domains"), cols.get("category_ids"))
+                    bar.update(k)
+                    yield BoxChunk(u=u, y=y, w=w, keys=keys, saturated=sat)
+
+        def run(fn, merge):
+            out = None
+            for chunk in chunks():
+                r = fn(chunk)
+                out = r if out is None else merge(out, r)
+            return out
+
+        n_passes = fit_box_passes(self, run, grouped=bool(names), by_domain=by_domain, stacklevel=4)
+        self.fit_record_ = {**self.fit_record_, **self._fit_record(
+            n_samples=n, data_sha256=state["digest"].hexdigest(), input_kind=self._score_kind(self._input_kind()),
+            metrics_before=self.fit_record_["metrics_before"], metrics_after=self.fit_record_["metrics_after"],
+            sample_weight=sample_weight is not None), "n_passes": n_passes}
+        return self
+
     def _fit_metrics(self, x, probs, y):
         before = self._raw_proba(self._features_of(x))
         if self.kind_ == "multiclass":
@@ -374,6 +472,7 @@ class DetectionTemperatureScaling(_BoxScoreMaps):
 
     method = "det-ts"
     supports_multiclass = True
+    streams_box_scores = True
     hyper_constraints = {"per_class": Bool(), "bias": Bool(), "clip_scores": Bool(), "min_samples": Int(ge=1),
                          **T_BOUNDS, "input_kind": Nullable(Choice("logits", "probs"))}
     hyper_rules = (T_RULE,)
@@ -396,10 +495,10 @@ class DetectionTemperatureScaling(_BoxScoreMaps):
         """Pooled temperature."""
         return self.pooled_["temperature"]
 
-    def _features(self, arr, input_kind=None):
+    def _features(self, arr, input_kind=None, first_row: int = 0):
         if input_kind == "logits":  # raw detector logits: no clip, no saturation
-            return _check_scores(arr).astype(np.float64)
-        return score_logit(arr, clip_scores=self.clip_scores, warn_saturated=True)
+            return _check_scores(arr, first_row=first_row).astype(np.float64)
+        return score_logit(arr, clip_scores=self.clip_scores, warn_saturated=True, first_row=first_row)
 
     def _raw_proba(self, x):
         if self.kind_ == "multiclass":
@@ -456,6 +555,7 @@ class DetectionPlattScaling(_BoxScoreMaps):
     """
 
     method = "det-platt"
+    streams_box_scores = True
     hyper_constraints = {"per_class": Bool(), "increasing": Bool(), "platt_targets": Bool(),
                          "min_samples": Int(ge=1)}
     fitted_constraints = _grouped_fields(Fields({"a": Real(), "b": Real(), "nll": NLL, "at_bound": Opt(Bool())}))
@@ -468,8 +568,8 @@ class DetectionPlattScaling(_BoxScoreMaps):
         self.platt_targets = platt_targets
         self.min_samples = min_samples
 
-    def _features(self, arr, input_kind=None):
-        return _check_scores(arr).astype(np.float64)
+    def _features(self, arr, input_kind=None, first_row: int = 0):
+        return _check_scores(arr, first_row=first_row).astype(np.float64)
 
     def _score_kind(self, input_kind) -> str:
         return "scores"  # raw scores, whatever input_kind says
