@@ -128,3 +128,28 @@ def test_per_class_needs_category_ids_and_det_beta_reads_whole(tmp_path):
     beta = METHODS["det-beta"]().fit(f["scores"], f["labels"])  # not a full-data sum: loaded, then fitted
     ref = METHODS["det-beta"]().fit(s, y)
     assert beta.pooled_ == ref.pooled_ and "n_passes" not in beta.fit_record_
+
+
+def test_cli_fit_streams_parquet_box_scores(tmp_path, monkeypatch):
+    """``confcal fit --method det-ts`` on a Parquet file goes through the streamed fit."""
+    import json
+
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from confcal.cli import main
+
+    s, y, d, c, _ = _data()
+    pq.write_table(pa.table({"score": s, "hit": y, "domain": d}), tmp_path / "boxes.parquet", row_group_size=700)
+    monkeypatch.setattr(confcal.sources, "DEFAULT_BATCH_BYTES", 8192)
+    out = tmp_path / "det.json"
+    p = str(tmp_path / "boxes.parquet")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CalibrationWarning)
+        assert main(["fit", "--method", "det-ts", "--param", "bias=true", "--logits", f"{p}:score",
+                     "--labels", f"{p}:hit", "--domains", f"{p}:domain", "-o", str(out)]) == 0
+        ref = METHODS["det-ts"](bias=True).fit(s, y, domains=d)
+    man = json.loads(out.read_text())
+    assert man["fit"]["n_passes"] >= 3
+    _same(man["parameters"]["pooled"], ref.pooled_, "det-ts")
+    for key, params in man["parameters"]["groups"]:
+        _same(params, ref.groups_[tuple(key)], "det-ts")
