@@ -97,10 +97,15 @@ def binary_batch_stats(x, y, slope, bias, t_pos, t_neg, *, group=None, sample_we
     x = np.asarray(x, dtype=np.float64)
     slope = np.asarray(slope, dtype=np.float64)
     n_groups = slope.shape[0]
-    g, _ = _groups(group, x.shape[0], n_groups)
     pos = np.asarray(y) > 0.5
-    u = slope[g] * x + np.asarray(bias, dtype=np.float64)[g]
-    t = np.where(pos, np.asarray(t_pos, dtype=np.float64)[g], np.asarray(t_neg, dtype=np.float64)[g])
+    if group is None and n_groups == 1:  # one group: plain sums, no per-row gathers
+        u = slope[0] * x + float(np.asarray(bias, dtype=np.float64)[0])
+        t = np.where(pos, float(np.asarray(t_pos)[0]), float(np.asarray(t_neg)[0]))
+        g = None
+    else:
+        g, _ = _groups(group, x.shape[0], n_groups)
+        u = slope[g] * x + np.asarray(bias, dtype=np.float64)[g]
+        t = np.where(pos, np.asarray(t_pos, dtype=np.float64)[g], np.asarray(t_neg, dtype=np.float64)[g])
     p = expit(u)
     r = p - t
     h = p * (1.0 - p)
@@ -112,7 +117,7 @@ def binary_batch_stats(x, y, slope, bias, t_pos, t_neg, *, group=None, sample_we
         loss_i = np.logaddexp(0.0, u) - t * u
 
     def s(v):
-        return np.bincount(g, weights=v, minlength=n_groups)
+        return np.array([v.sum()]) if g is None else np.bincount(g, weights=v, minlength=n_groups)
 
     loss = s(loss_i)
     grad = np.stack([s(r * x), s(r)], axis=1)
