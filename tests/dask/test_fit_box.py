@@ -95,3 +95,12 @@ def test_cli_engine_dask_fits_det_platt_per_domain(dask_client, kitti_dataset, t
     _close_params(got["pooled"], ref.pooled_, "det-platt")
     for key, p in got["groups"]:
         _close_params(p, ref.groups_[tuple(key)], "det-platt")
+
+
+def test_det_ts_default_input_kind_is_the_single_process_one(dask_client, kitti_dataset):
+    """Without input_kind, det-ts reads probability scores on the cluster too (not raw logits)."""
+    folder, scores, correct, _ = kitti_dataset
+    cal = fit("det-ts", read_parquet(str(folder)), logits="score", labels="correct")
+    ref = METHODS["det-ts"]().fit(scores, correct)
+    assert cal.input_kind is None and cal.fit_record_["input_kind"] == "probs"
+    _close_params(cal.pooled_, ref.pooled_, "det-ts")

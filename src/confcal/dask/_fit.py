@@ -262,7 +262,7 @@ def _metrics_after(data, specs, input_kind, manifest) -> dict:
 
 
 def fit(method: str, data, *, logits: str = "logits", labels: str = "label", domains: str | None = None,
-        features: str | None = None, params: dict | None = None, input_kind: str = "logits",
+        features: str | None = None, params: dict | None = None, input_kind: str | None = None,
         sample_rows: int = 200_000, seed: int = 0, return_how: bool = False):
     """Fit a calibrator on a Dask DataFrame.
 
@@ -282,9 +282,9 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
         Column specs (see :func:`confcal.dask.apply`).
     params : dict, optional
         Hyper-parameters of the method.
-    input_kind : {"logits", "probs"}
+    input_kind : {"logits", "probs"} or None
         What the ``logits`` column holds (a hyper-parameter, recorded in the manifest;
-        ``params["input_kind"]`` wins when both are given).
+        ``params["input_kind"]`` wins when both are given); None: the method's default.
     sample_rows : int
         Size of the in-memory sample for methods that are not full-data sums.
     seed : int
@@ -306,9 +306,10 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
     """
     from confcal.calibrators.base import make_calibrator
 
-    if input_kind not in ("logits", "probs"):
+    if input_kind not in (None, "logits", "probs"):
         raise ValueError(f"input_kind: expected 'logits' or 'probs', got {input_kind!r}")
-    cal = make_calibrator(method, {"input_kind": input_kind, **(params or {})})
+    # None: the method's own default (det-ts: probability scores, like its single-process fit)
+    cal = make_calibrator(method, {**({} if input_kind is None else {"input_kind": input_kind}), **(params or {})})
     input_kind = cal.input_kind
     lspec = resolve_columns(data, logits, name="logits")
     yspec = resolve_columns(data, labels, name="labels")
