@@ -33,6 +33,15 @@ positive), or class vectors ``(n_boxes, n_classes)`` with integer class labels
 ``category_ids`` int ``(n_boxes,)`` are needed with ``per_class=True``;
 passing ``domains`` ``(n_boxes,)`` at fit time makes the fit per domain, and
 then ``domains`` are required at predict time.
+
+These are ordinary calibrators: 1-D scores are the one-logit binary head ``[0, u]``
+of :class:`~confcal.calibrators.base.Calibrator` (``u`` the score's logit, or the raw
+score for ``det-platt``) and the public ``fit`` / ``predict_proba`` are the base
+class's. Every 1-D map is a logistic model fitted by the sufficient-statistics Newton
+of :mod:`confcal.calibrators._logistic`; given sources or specs instead of arrays,
+``det-ts`` / ``det-platt`` stream them (each Newton pass reads row batches,
+:mod:`confcal.calibrators._boxfit`), and :mod:`confcal.dask._fit_box` runs the same
+passes on a Dask cluster.
 """
 
 from __future__ import annotations
