@@ -42,7 +42,7 @@ def _same(a, b, method):
     assert a["at_bound"] == b["at_bound"]
 
 
-@pytest.mark.parametrize("batch_bytes", [16, 4096, 1 << 26])
+@pytest.mark.parametrize("batch_bytes", [96, 4096, 1 << 26])
 @pytest.mark.parametrize("method, params, side, weighted", [
     ("det-ts", {}, (), False),
     ("det-ts", {"bias": True, "per_class": True}, ("domains", "category_ids"), True),

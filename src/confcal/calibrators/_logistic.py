@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import numpy as np
-from scipy.special import expit
 
 from confcal.calibrators._tsfit import CalibrationWarning
 
@@ -106,15 +105,17 @@ def binary_batch_stats(x, y, slope, bias, t_pos, t_neg, *, group=None, sample_we
         g, _ = _groups(group, x.shape[0], n_groups)
         u = slope[g] * x + np.asarray(bias, dtype=np.float64)[g]
         t = np.where(pos, np.asarray(t_pos, dtype=np.float64)[g], np.asarray(t_neg, dtype=np.float64)[g])
-    p = expit(u)
+    # one exp and one log1p per row serve both: e = exp(-|u|), softplus(u) = log1p(e) + max(u, 0),
+    # sigmoid(u) = 1 / (1 + e) for u >= 0 and e / (1 + e) below (no overflow, no cancellation)
+    e = np.exp(-np.abs(u))
+    inv = 1.0 / (1.0 + e)
+    p = np.where(u >= 0, inv, e * inv)
     r = p - t
-    h = p * (1.0 - p)
+    h = e * inv * inv  # p (1 - p)
+    loss_i = np.log1p(e) + np.maximum(u, 0.0) - t * u
     if sample_weight is not None:
         w = np.asarray(sample_weight, dtype=np.float64)
-        r, h = r * w, h * w
-        loss_i = w * (np.logaddexp(0.0, u) - t * u)
-    else:
-        loss_i = np.logaddexp(0.0, u) - t * u
+        r, h, loss_i = r * w, h * w, loss_i * w
 
     def s(v):
         return np.array([v.sum()]) if g is None else np.bincount(g, weights=v, minlength=n_groups)
