@@ -1,19 +1,26 @@
 """Single-process streaming vs a 2-worker Dask LocalCluster on one large Parquet dataset.
 
-Generates ``--rows`` x ``--classes`` float32 logits with integer labels as a Parquet
-dataset (files of ``--rows-per-file`` rows, written in chunks, so generating never holds
-the whole set), then runs, as users do, the CLI commands as subprocesses:
+The dataset is the one of ``benchmarks/end_to_end.py --big`` (same generator, same layout, so
+one copy serves both): ``DIR/v.parquet`` with ``label`` (int64) and ``logit_0..logit_{K-1}``
+(float32) columns in row groups of 1M rows, written in chunks (generating never holds the
+whole set). ``--data DIR`` reuses it when ``DIR/v.parquet`` already holds ``--rows`` rows of
+``--classes`` logits (checked from the Parquet footer), else generates it there once.
+Then it runs, as users do, the CLI commands as subprocesses:
 
-* ``confcal fit --method ts``, ``confcal evaluate --calibrator``, ``confcal apply``
-  (single process, streaming through the dataset);
+* ``confcal fit --method ts``, ``confcal evaluate --calibrator``, ``confcal apply``, single
+  process, streaming through the dataset: ``single`` with Arrow's default decoding threads,
+  ``single-1t`` with ``OMP_NUM_THREADS=1`` (Arrow and torch take one thread);
 * the same with ``--engine dask --workers N`` (a LocalCluster of N one-thread worker
-  processes, started by the command).
+  processes, started by the command; workers forked from it, one thread each for numpy, torch and Arrow).
 
-For each: wall time, rows/s, the number of passes over the data (fit), peak RSS of the
-command's own process and of its largest worker process (``VmHWM`` from /proc, polled
-every 50 ms), and the throughput ratio dask / single process.
+For each: wall time, CPU seconds of the command and all its processes (user + sys, from
+``getrusage``: less noisy than wall time on a shared machine), rows/s, passes over the data,
+peak RSS of the command's own process and of its largest worker process (``VmHWM`` from /proc,
+polled every 50 ms), the throughput ratio dask / single process for both single-process rows,
+and the load average before and after.
 
-    .venv/bin/python benchmarks/dask_scale.py [--rows 100000000] [--classes 10] [--workers 2]
+    .venv/bin/python benchmarks/dask_scale.py --rows 20000000 [--data /work/bigdata/e2e-20M]
+    .venv/bin/python benchmarks/dask_scale.py --rows 100000000 --data /work/bigdata/e2e-100M
 """
 
 from __future__ import annotations
@@ -27,33 +34,31 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def generate(folder: Path, rows: int, classes: int, rows_per_file: int, seed: int = 0) -> None:
-    import pyarrow as pa
+def dataset_ready(folder: Path, rows: int, classes: int) -> bool:
+    """True when ``folder/v.parquet`` is a complete file of ``rows`` rows and the expected columns."""
     import pyarrow.parquet as pq
 
-    marker = folder / "_complete.json"
-    spec = {"rows": rows, "classes": classes, "rows_per_file": rows_per_file, "seed": seed}
-    if marker.exists() and json.loads(marker.read_text()) == spec:
-        return
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    rng = np.random.default_rng(seed)
-    chunk = 1_000_000
-    for f, start in enumerate(range(0, rows, rows_per_file)):
-        stop = min(start + rows_per_file, rows)
-        with pq.ParquetWriter(folder / f"part-{f:04d}.parquet",
-                              pa.schema([("logits", pa.list_(pa.float32(), classes)), ("label", pa.int64())])) as w:
-            for a in range(start, stop, chunk):
-                n = min(chunk, stop - a)
-                z = (rng.standard_normal((n, classes), dtype=np.float32) * 3.0)
-                noisy = rng.random(n) < 0.3
-                y = np.where(noisy, rng.integers(0, classes, n), z.argmax(1))
-                w.write_table(pa.table({"logits": pa.FixedSizeListArray.from_arrays(pa.array(z.ravel()), classes),
-                                        "label": pa.array(y, pa.int64())}))
-    marker.write_text(json.dumps(spec))
+    try:
+        md = pq.ParquetFile(folder / "v.parquet").metadata
+    except Exception:  # absent, or cut short (no footer)
+        return False
+    names = set(md.schema.to_arrow_schema().names)
+    return md.num_rows == rows and names == {"label", *(f"logit_{j}" for j in range(classes))}
+
+
+def generate(folder: Path, rows: int, classes: int) -> None:
+    """Write the dataset with end_to_end.py's generator (into a temporary name, renamed when complete)."""
+    from end_to_end import write_inputs
+
+    tmp = folder.parent / f".{folder.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    write_inputs(tmp, rows, classes, npy=False)
+    folder.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp / "v.parquet", folder / "v.parquet")
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _vm_hwm_mb(pid: int) -> float:
@@ -68,7 +73,7 @@ def _vm_hwm_mb(pid: int) -> float:
     return 0.0
 
 
-def run(cmd: list[str]) -> dict:
+def run(cmd: list[str], env: dict | None = None) -> dict:
     """Run ``cmd``: wall time, exit status, output, and peak RSS (``VmHWM``, read from /proc every
     50 ms) of the command's own process and of its largest child process (a Dask worker). Not
     ``wait4``: Linux carries a forking parent's RSS into the child's ``ru_maxrss`` across exec."""
@@ -76,9 +81,12 @@ def run(cmd: list[str]) -> dict:
 
     import psutil
 
+    import resource
+
     with tempfile.TemporaryFile("w+") as fo, tempfile.TemporaryFile("w+") as fe:
+        ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=fo, stderr=fe, text=True)
+        proc = subprocess.Popen(cmd, stdout=fo, stderr=fe, text=True, env=env)
         ps = psutil.Process(proc.pid)
         own, children = 0.0, {}
         while proc.poll() is None:
@@ -90,80 +98,111 @@ def run(cmd: list[str]) -> dict:
                 pass
             time.sleep(0.05)
         wall = time.perf_counter() - t0
+        ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)  # the command and every process it waited for
+        cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
         fo.seek(0)
         fe.seek(0)
-        return {"wall": wall, "rc": proc.returncode, "out": fo.read(), "err": fe.read(),
+        return {"wall": wall, "cpu": cpu, "rc": proc.returncode, "out": fo.read(), "err": fe.read(),
                 "own_mb": own, "peak_child_mb": max(children.values(), default=0.0)}
+
+
+def child_env(threads: int | None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    if threads is not None:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    return env
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=100_000_000)
     ap.add_argument("--classes", type=int, default=10)
-    ap.add_argument("--rows-per-file", type=int, default=5_000_000)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--data", default="/tmp/confcal-dask-bench")
-    ap.add_argument("--keep-data", action="store_true", help="keep the generated dataset for a re-run")
-    ap.add_argument("--skip-local", action="store_true", help="only the dask engine")
+    ap.add_argument("--data", help="dataset folder to reuse or create (kept); default: a temporary one, deleted")
+    ap.add_argument("--out", default="/tmp/confcal-dask-bench-out", help="folder for manifests and outputs")
+    ap.add_argument("--engines", default="single,single-1t,dask", help="comma list of single, single-1t, dask")
     args = ap.parse_args()
 
-    data = Path(args.data) / f"logits-{args.rows}x{args.classes}.parquet"
+    data = Path(args.data) if args.data else Path(f"/tmp/confcal-dask-bench/{args.rows}x{args.classes}")
     t0 = time.perf_counter()
-    generate(data, args.rows, args.classes, args.rows_per_file)
-    size_mb = sum(p.stat().st_size for p in data.glob("*.parquet")) / 2**20
-    print(f"dataset: {args.rows:,} x {args.classes} float32 logits, {size_mb:,.0f} MB Parquet in "
-          f"{len(list(data.glob('*.parquet')))} files (ready in {time.perf_counter() - t0:.0f} s)", flush=True)
+    reused = dataset_ready(data, args.rows, args.classes)
+    if not reused:
+        generate(data, args.rows, args.classes)
+    size_mb = (data / "v.parquet").stat().st_size / 2**20
+    import pyarrow.parquet as pq
+
+    n_groups = pq.ParquetFile(data / "v.parquet").metadata.num_row_groups
+    print(f"dataset {data}: {args.rows:,} x {args.classes} float32 logits, {size_mb:,.0f} MB Parquet, "
+          f"{n_groups} row groups ({'reused' if reused else 'generated'} in {time.perf_counter() - t0:.0f} s)",
+          flush=True)
+    load_before = os.getloadavg()
+    print(f"load average before: {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}", flush=True)
 
     py = sys.executable
-    out = Path(args.data) / "out"
+    out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     cal = out / "cal.json"
     base = [py, "-m", "confcal"]
-    engines = {"dask": ["--engine", "dask", "--workers", str(args.workers)]}
-    if not args.skip_local:
-        engines = {"single": [], **engines}
+    src = data / "v.parquet"
+    all_engines = {"single": ([], None), "single-1t": ([], 1),
+                   "dask": (["--engine", "dask", "--workers", str(args.workers)], None)}
+    engines = {e: all_engines[e] for e in args.engines.split(",")}
     rows = []
-    for engine, extra in engines.items():
+    for engine, (extra, threads) in engines.items():
         jobs = {
-            "fit ts": base + ["fit", "--method", "ts", "--logits", f"{data}:logits", "--labels", f"{data}:label",
+            "fit ts": base + ["fit", "--method", "ts", "--logits", f"{src}:logit_*", "--labels", f"{src}:label",
                               "-o", str(out / f"cal-{engine}.json"), "--json"] + extra,
-            "evaluate": base + ["evaluate", "--logits", f"{data}:logits", "--labels", f"{data}:label",
+            "evaluate": base + ["evaluate", "--logits", f"{src}:logit_*", "--labels", f"{src}:label",
                                 "--calibrator", str(cal), "--json"] + extra,
-            "apply": base + ["apply", "--calibrator", str(cal), "--logits", f"{data}:logits", "--dtype", "float32",
+            "apply": base + ["apply", "--calibrator", str(cal), "--logits", f"{src}:logit_*", "--dtype", "float32",
                              "-o", str(out / f"probs-{engine}.parquet")] + extra,
         }
         for job, cmd in jobs.items():
             if job != "fit ts" and not cal.exists():
                 continue
-            r = run(cmd)
+            r = run(cmd, child_env(threads))
             if r["rc"] != 0:
                 print(f"{engine} {job} failed (exit {r['rc']}): {r['err'].strip().splitlines()[-1:]}", flush=True)
                 continue
-            info = ""
+            info, passes = "", {"evaluate": 2, "apply": 1}.get(job)
             if job == "fit ts":
                 manifest = json.loads(r["out"])
-                info = f"T={manifest['parameters']['temperature']:.9f} passes={manifest['fit'].get('n_passes', '?')}"
-                if engine == list(engines)[0]:
+                passes = manifest["fit"].get("n_passes")
+                info = f"T={manifest['parameters']['temperature']:.9f}"
+                if not cal.exists():
                     shutil.copy(out / f"cal-{engine}.json", cal)
-            rows.append({"engine": engine, "job": job, "wall": r["wall"], "rows_per_s": args.rows / r["wall"],
-                         "own_mb": r["own_mb"], "worker_mb": r["peak_child_mb"], "info": info})
-            print(f"{engine:6s} {job:9s} {r['wall']:8.1f} s  {args.rows / r['wall'] / 1e6:7.2f} M rows/s  "
-                  f"command {r['own_mb']:6.0f} MB  largest worker {r['peak_child_mb']:6.0f} MB  {info}", flush=True)
+            rows.append({"engine": engine, "job": job, "wall": r["wall"], "cpu": r["cpu"],
+                         "rows_per_s": args.rows / r["wall"],
+                         "own_mb": r["own_mb"], "worker_mb": r["peak_child_mb"], "info": info,
+                         "passes": passes})
+            print(f"{engine:9s} {job:9s} {r['wall']:8.1f} s  cpu {r['cpu']:7.1f} s  "
+                  f"{args.rows / r['wall'] / 1e6:7.2f} M rows/s  "
+                  f"command {r['own_mb']:6.0f} MB  largest worker {r['peak_child_mb']:6.0f} MB  "
+                  f"passes {passes}  {info}", flush=True)
             shutil.rmtree(out / f"probs-{engine}.parquet", ignore_errors=True)
+    load_after = os.getloadavg()
     print()
-    print("| job | engine | wall s | M rows/s | peak RSS command MB | peak RSS largest worker MB | notes |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"load average before {load_before[0]:.2f} / {load_before[1]:.2f} / {load_before[2]:.2f}, after "
+          f"{load_after[0]:.2f} / {load_after[1]:.2f} / {load_after[2]:.2f} (1 / 5 / 15 min)")
+    print()
+    print("| job | engine | wall s | CPU s (all processes) | M rows/s | passes | peak RSS command MB | "
+          "peak RSS largest worker MB | notes |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['job']} | {r['engine']} | {r['wall']:.1f} | {r['rows_per_s'] / 1e6:.2f} | {r['own_mb']:.0f} | "
-              f"{r['worker_mb'] if r['engine'] == 'dask' else float('nan'):.0f} | {r['info']} |")
+        worker = f"{r['worker_mb']:.0f}" if r["engine"] == "dask" else "–"
+        print(f"| {r['job']} | {r['engine']} | {r['wall']:.1f} | {r['cpu']:.1f} | {r['rows_per_s'] / 1e6:.2f} | "
+              f"{r['passes'] if r['passes'] is not None else '?'} | {r['own_mb']:.0f} | {worker} | {r['info']} |")
     by = {(r["engine"], r["job"]): r for r in rows}
+    print()
     for job in ("fit ts", "evaluate", "apply"):
-        if ("single", job) in by and ("dask", job) in by:
-            print(f"{job}: dask / single-process throughput = "
-                  f"{by[('dask', job)]['rows_per_s'] / by[('single', job)]['rows_per_s']:.2f}x")
-    if not args.keep_data:
-        shutil.rmtree(args.data, ignore_errors=True)
+        for single in ("single", "single-1t"):
+            if (single, job) in by and ("dask", job) in by:
+                print(f"{job}: dask / {single} throughput = "
+                      f"{by[('dask', job)]['rows_per_s'] / by[(single, job)]['rows_per_s']:.2f}x")
+    shutil.rmtree(out, ignore_errors=True)
+    if not args.data:
+        shutil.rmtree(data, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -116,3 +116,13 @@ def test_unreachable_scheduler_fails_fast():
         with cluster_client("tcp://127.0.0.1:9", timeout=2):
             pass
     assert time.monotonic() - t0 < 15
+
+
+def test_bad_scheduler_address_fails_before_connecting():
+    import time
+
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match=r"^--scheduler: expected a scheduler address .*'notaurl'"):
+        with cluster_client("notaurl", timeout=30):
+            pass
+    assert time.monotonic() - t0 < 5

@@ -106,3 +106,44 @@ def test_fit_bad_input(dask_client, cifar_dataset):
         fit("no-such-method", frame)
     with pytest.raises(ValueError, match="sample_rows"):
         fit("vs", frame, sample_rows=0)
+
+
+def test_fit_records_the_exact_drift_summary(dask_client, cifar_dataset):
+    """The distributed summary (two passes riding on the Newton passes) equals data_summary of all rows."""
+    from confcal.metrics.drift import data_summary
+
+    folder, logits, labels, domains = cifar_dataset
+    cal = fit("grouped-ts", read_parquet(str(folder)), domains="domain")
+    assert cal.fit_record_["data_summary"] == data_summary(logits, domains=domains)
+    cal = fit("ts", read_parquet(str(folder)))
+    assert cal.fit_record_["data_summary"] == data_summary(logits)
+    # a sample-fitted method: the summary of its sample (n = sample rows)
+    cal = fit("vs", read_parquet(str(folder)), sample_rows=2000, seed=3)
+    rows = np.sort(np.random.default_rng(3).choice(len(labels), 2000, replace=False))
+    assert cal.fit_record_["data_summary"] == data_summary(logits[rows])
+
+
+@pytest.mark.parametrize("as_dask_frame", [False, True])
+def test_warm_start_then_exact_newton(dask_client, cifar_dataset, monkeypatch, as_dask_frame):
+    """Above the warm-start size the fit starts from a subsample's T (Parquet: the first rows of 8
+    spread pieces, no full pass; a Dask DataFrame: strided rows, one full pass) and still lands on
+    the single-process T."""
+    from confcal.dask import _fit
+
+    folder, logits, labels, _ = cifar_dataset
+    monkeypatch.setattr(_fit, "_WARM_START_ROWS", 700)
+    data = read_parquet(str(folder))  # 7 files of one row group each
+    calls = []
+    original = _fit._warm_start
+
+    def spy(*args, **kwargs):
+        calls.append(original(*args, **kwargs))
+        return calls[-1]
+
+    monkeypatch.setattr(_fit, "_warm_start", spy)
+    cal = fit("ts", data.to_dask() if as_dask_frame else data)
+    ref = fit_temperature(logits, labels)
+    assert abs(math.log(cal.temperature_) - math.log(ref.temperature)) < 1e-9
+    (t0, full_pass), = calls
+    assert full_pass == as_dask_frame and abs(t0 - math.log(ref.temperature)) < 0.2
+    assert cal.fit_record_["n_passes"] <= 10

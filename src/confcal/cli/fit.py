@@ -61,7 +61,8 @@ def run(args) -> int:
                          f"part), got {counts}")
     if wants_dask(args):
         cal = run_fit(args, params)
-        x = side = None  # the Dask fit keeps no in-memory rows for a drift summary
+        # the Dask fit records its own drift summary (ts, grouped-ts, sample fits; not det-ts/det-platt yet)
+        x = side = None
     elif getattr(cal, "takes_box_scores", False):
         # detection calibrators take 1-D box scores (e.g. matched.npz:score) and validate them themselves;
         # det-ts/det-platt stream them in row batches, det-beta (and class vectors) load them whole

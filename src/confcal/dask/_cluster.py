@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 import uuid
 
 __all__ = ["cluster_client", "write_parquet"]
@@ -11,14 +13,16 @@ __all__ = ["cluster_client", "write_parquet"]
 @contextlib.contextmanager
 def cluster_client(scheduler: str | None = None, *, workers: int | None = None, timeout: float = 10.0):
     """A ``distributed.Client`` for the block: connected to ``scheduler`` (``tcp://HOST:PORT``), or
-    to a new local cluster of ``workers`` processes with one thread each (closed afterwards).
+    to a new local cluster of ``workers`` processes with one thread each (forked from this process
+    on Linux; closed afterwards).
 
     Raises
     ------
     ConnectionError
         The scheduler cannot be reached within ``timeout`` seconds.
     ValueError
-        Both or a bad number of ``workers``.
+        Both, a bad number of ``workers``, or a ``scheduler`` that is not an address with a
+        host and a port.
     """
     import logging
 
@@ -27,8 +31,12 @@ def cluster_client(scheduler: str | None = None, *, workers: int | None = None, 
     if scheduler and workers:
         raise ValueError("--scheduler/--workers: give one, not both (workers belong to the scheduler's cluster)")
     if scheduler:
+        _check_address(scheduler)
         try:
             client = Client(scheduler, timeout=timeout)
+        except ValueError as exc:  # an address distributed cannot use, found late
+            raise ValueError(f"--scheduler: expected a scheduler address such as tcp://HOST:PORT, got "
+                             f"{scheduler!r} ({exc})") from None
         except (OSError, TimeoutError) as exc:
             raise ConnectionError(f"--scheduler: cannot reach the Dask scheduler at {scheduler!r} within "
                                   f"{timeout:g} s ({type(exc).__name__})") from None
@@ -38,11 +46,42 @@ def cluster_client(scheduler: str | None = None, *, workers: int | None = None, 
     n = 2 if workers is None else workers
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"--workers: expected a positive number of worker processes, got {workers!r}")
+    import dask
+
+    # On Linux the workers are forked from this process: they start with confcal, numpy, torch and
+    # pyarrow already imported (a spawned worker spends seconds importing them; measured in
+    # benchmarks/results/dask_scale.md). Nothing has run torch here yet, so no thread pool is forked.
+    method = "fork" if sys.platform.startswith("linux") else dask.config.get(
+        "distributed.worker.multiprocessing-method")
     # silence_logs: the nanny's shutdown chatter is not the user's business
-    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
-                      silence_logs=logging.CRITICAL) as cluster, \
-            Client(cluster) as client:
+    with dask.config.set({"distributed.worker.multiprocessing-method": method}):
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
+                               silence_logs=logging.CRITICAL)
+    with cluster, Client(cluster) as client:
+        client.run(_one_thread)
         yield client
+
+
+def _one_thread() -> None:
+    """Each worker is one process with one thread: keep torch and Arrow from starting their own pools."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
+    if "pyarrow" in sys.modules:
+        sys.modules["pyarrow"].set_cpu_count(1)
+
+
+def _check_address(scheduler) -> None:
+    """Refuse, before any connection attempt, an address without a host and a port."""
+    from distributed.comm.addressing import get_address_host_port
+
+    if not isinstance(scheduler, str):
+        raise ValueError(f"--scheduler: expected a scheduler address such as tcp://HOST:PORT, got {scheduler!r}")
+    try:
+        get_address_host_port(scheduler)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"--scheduler: expected a scheduler address such as tcp://HOST:PORT, got {scheduler!r} "
+                         f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
 
 
 def write_parquet(frame, path: str, *, storage_options: dict | None = None) -> str:

@@ -12,8 +12,8 @@ import json
 
 import numpy as np
 
-from confcal.dask._apply import _calibrator_from_text, _side_arrays, manifest_text
-from confcal.dask._data import column_matrix, resolve_columns
+from confcal.dask._apply import _calibrator_from_text, manifest_text
+from confcal.dask._data import partition_arrays, resolve_columns, row_batches
 
 __all__ = ["evaluate", "OVERALL"]
 
@@ -34,35 +34,45 @@ def _uncalibrated(x: np.ndarray, input_kind: str) -> np.ndarray:
 
 
 def _partition_accumulators(part, specs, text, input_kind, n_bins, start, groups: bool = True):
-    """Accumulators ``{(group, which): SummaryAccumulator}`` of one pandas partition.
+    """Accumulators ``{(group, which): SummaryAccumulator}`` of one partition (a Parquet piece or a
+    pandas partition).
 
     ``start`` is None in pass 1, else the merged pass-1 dict turned to pass 2 (copied here)."""
     from confcal.metrics.accumulators import SummaryAccumulator
 
     lspec, yspec, dspec, fspec = specs
-    x = column_matrix(part, lspec, name="logits")
-    y = column_matrix(part, yspec, name="labels")
-    probs = {"uncalibrated": _uncalibrated(x, input_kind)}
     if text is not None:
         cal = _calibrator_from_text(text)
-        side = _side_arrays(part, *_taken(cal, dspec, fspec))
-        probs["calibrated"] = cal.predict_proba(x, **side)
-    rows_of = {OVERALL: slice(None)}
-    if dspec is not None and groups:
-        d = column_matrix(part, dspec, name="domains")
-        for g in np.unique(d):
-            rows_of[g.item() if hasattr(g, "item") else g] = d == g
+        dspec_cal, fspec_cal = _taken(cal, dspec, fspec)
+    else:
+        dspec_cal = fspec_cal = None
+    arrays = partition_arrays(part, {"logits": lspec, "labels": yspec, "domains": dspec if groups else dspec_cal,
+                                     "features": fspec_cal})
+    x, y = arrays["logits"], arrays["labels"]
+    d = arrays["domains"] if dspec is not None and groups else None
+    side = {k: arrays[k] for k, s in (("domains", dspec_cal), ("features", fspec_cal)) if s is not None}
     out = {}
-    for g, rows in rows_of.items():
-        for which, p in probs.items():
-            key = (g, which)
-            if start is None:
-                acc = SummaryAccumulator(n_bins)
-            elif key in start:
-                acc = copy.deepcopy(start[key])
-            else:  # pragma: no cover - pass 2 reads the same rows as pass 1
-                raise ValueError(f"domains: group {g!r} was not seen in the first pass")
-            out[key] = acc.update(p[rows], y[rows])
+    for b in row_batches(len(y)):
+        xb, yb = x[b], y[b]
+        probs = {"uncalibrated": _uncalibrated(xb, input_kind)}
+        if text is not None:
+            probs["calibrated"] = cal.predict_proba(xb, **{k: v[b] for k, v in side.items()})
+        rows_of = {OVERALL: slice(None)}
+        if d is not None:
+            db = d[b]
+            for g in np.unique(db):
+                rows_of[g.item() if hasattr(g, "item") else g] = db == g
+        for g, rows in rows_of.items():
+            for which, p in probs.items():
+                key = (g, which)
+                if key not in out:
+                    if start is None:
+                        out[key] = SummaryAccumulator(n_bins)
+                    elif key in start:
+                        out[key] = copy.deepcopy(start[key])
+                    else:  # pragma: no cover - pass 2 reads the same rows as pass 1
+                        raise ValueError(f"domains: group {g!r} was not seen in the first pass")
+                out[key].update(p[rows], yb[rows])
     return out
 
 
@@ -107,8 +117,9 @@ def evaluate(data, *, logits: str = "logits", labels: str = "label", calibrator=
 
     Parameters
     ----------
-    data : dask.dataframe.DataFrame
-        E.g. :func:`confcal.dask.read_parquet` of a Parquet dataset.
+    data : ParquetDataset or dask.dataframe.DataFrame
+        :func:`confcal.dask.read_parquet` of a Parquet dataset (each task reads its piece with
+        pyarrow), or any Dask DataFrame.
     logits, labels, domains, features : str
         Column specs (see :func:`confcal.dask.apply`). ``logits`` may be one numeric column of
         box scores (binary, with ``labels`` 1 for a true positive).

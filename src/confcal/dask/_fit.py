@@ -19,8 +19,8 @@ import warnings
 
 import numpy as np
 
-from confcal.dask._data import column_matrix, resolve_columns
-from confcal.dask._evaluate import OVERALL, _tree_reduce
+from confcal.dask._data import ParquetDataset, column_matrix, partition_arrays, resolve_columns, row_batches
+from confcal.dask._evaluate import OVERALL, _scatter, _tree_reduce
 from confcal.dask._fit_box import BOX_METHODS, fit_box
 
 __all__ = ["fit", "FULL_DATA_METHODS"]
@@ -45,17 +45,19 @@ def _checked(part, specs, input_kind, first_row, validate: bool):
     from confcal._validation import check_labels, check_logits
 
     lspec, yspec, dspec = specs
-    x = column_matrix(part, lspec, name="logits")
+    arrays = partition_arrays(part, {"logits": lspec, "labels": yspec, "domains": dspec})
+    x = arrays["logits"]
     if validate or input_kind == "probs" or x.dtype not in (np.float32, np.float64):
         x = check_logits(x, input_kind=input_kind)
-    y = column_matrix(part, yspec, name="labels")
+    y = arrays["labels"]
     y = check_labels(y, x.shape[0], x.shape[1]) if validate else y.astype(np.int64, copy=False)
-    d = column_matrix(part, dspec, name="domains") if dspec is not None else None
-    return x, y, d
+    return x, y, arrays["domains"]
 
 
-def _partition_pass(part, specs, input_kind, first_row, validate, requests):
-    """``{group: TSPassStats}`` of one partition for every requested ``(t, exact, after, before)``."""
+def _partition_pass(part, specs, input_kind, first_row, validate, requests, summary=None):
+    """``{group: TSPassStats}`` of one partition for every requested ``(t, exact, after, before)``,
+    and the drift summary's pass-1 (``summary="first"``) or pass-2 (a ``SummaryPass2``) accumulator."""
+    from confcal.dask._summary import SummaryPass1
     from confcal.calibrators._tsfit import ts_batch_stats
 
     x, y, d = _checked(part, specs, input_kind, first_row, validate)
@@ -66,24 +68,43 @@ def _partition_pass(part, specs, input_kind, first_row, validate, requests):
         for a in (x, y):
             h.update(str(a.dtype).encode() + str(a.shape).encode() + np.ascontiguousarray(a).tobytes())
         digest = h.hexdigest()
-    for g, (t, exact, after, before) in requests.items():
-        rows = slice(None) if g == OVERALL else d == g
-        if g != OVERALL and not rows.any():
-            continue
-        out[g] = ts_batch_stats(x[rows], y[rows], t, exact=exact, metrics=after, before=before)
-    return {"stats": out, "digest": [digest] if digest else [], "k": x.shape[1]}
+    if summary == "first":
+        summary = SummaryPass1(x.shape[1])
+    elif summary is not None:
+        summary = summary.fresh()
+    for b in row_batches(len(y)):
+        xb, yb, db = x[b], y[b], (d[b] if d is not None else None)
+        for g, (t, exact, after, before) in requests.items():
+            rows = slice(None) if g == OVERALL else db == g
+            if g != OVERALL and not rows.any():
+                continue
+            st = ts_batch_stats(xb[rows], yb[rows], t, exact=exact, metrics=after, before=before)
+            out[g] = out[g].merge(st) if g in out else st
+        if summary is not None:
+            summary = summary.update(xb, db)
+    return {"stats": out, "digest": [digest] if digest else [], "k": x.shape[1], "summary": summary}
 
 
 def _merge_pass(a, b):
     stats = dict(a["stats"])
     for g, st in b["stats"].items():
         stats[g] = stats[g].merge(st) if g in stats else st
-    return {"stats": stats, "digest": a["digest"] + b["digest"], "k": a["k"]}
+    summary = a["summary"].merge(b["summary"]) if a["summary"] is not None else None
+    return {"stats": stats, "digest": a["digest"] + b["digest"], "k": a["k"], "summary": summary}
 
 
-def _warm_start_part(part, specs, input_kind, every):
-    x, y, _ = _checked(part, specs, input_kind, 0, True)
-    return x[::every], y[::every]
+def _warm_start_part(part, specs, input_kind, every, head=None):
+    """Every ``every``-th row of the partition, or its first ``head`` rows, validated (only those:
+    the full validation is the first Newton pass's)."""
+    from confcal._validation import check_labels, check_logits
+
+    lspec, yspec, _ = specs
+    if head is not None:  # a Parquet piece: decode only the pages of its first rows
+        part = part.head(lspec.columns + yspec.columns, head)
+    arrays = partition_arrays(part, {"logits": lspec, "labels": yspec})
+    x, y = np.ascontiguousarray(arrays["logits"][::every]), np.ascontiguousarray(arrays["labels"][::every])
+    x = check_logits(x, input_kind=input_kind)
+    return x, check_labels(y, x.shape[0], x.shape[1])
 
 
 class _Passes:
@@ -98,15 +119,27 @@ class _Passes:
         self.before = None  # (ScoresAccumulator, BinnedAccumulator) at T = 1, pooled
         self.after, self.after_t = None, None
         self.k = None
+        # the drift summary rides along: pass 1 with the first Newton pass, pass 2 with the next
+        self.summary_start = None  # the scattered SummaryPass2 after pass 1
+        self.data_summary = None
 
     def run(self, requests: dict) -> dict:
         import dask
 
         validate = not self.validated
+        summary = None if self.data_summary is not None else (
+            "first" if self.summary_start is None else self.summary_start)
         tasks = [dask.delayed(_partition_pass)(p, self.specs, self.input_kind, int(self.offsets[i]), validate,
-                                               requests) for i, p in enumerate(self.parts)]
+                                               requests, summary) for i, p in enumerate(self.parts)]
         res = _tree_reduce(tasks, _merge_pass).compute()
         self.n_passes += 1
+        if summary == "first":
+            from confcal.metrics.drift import N_QUANTILES
+
+            self.summary_start = _scatter(res["summary"].second_pass(N_QUANTILES))
+        elif summary is not None:
+            self.data_summary = res["summary"].result()
+            self.summary_start = None
         self.k = res["k"]
         if validate:
             self.validated = True
@@ -148,18 +181,27 @@ def _lockstep_newton(start: dict, passes: _Passes, t_bounds, tol, max_iter, exac
 
 
 def _warm_start(data, specs, input_kind, n_rows, t_bounds):
-    """log T of a fit on about 50,000 evenly strided rows (saves full passes; the Newton that
-    follows is exact)."""
+    """log T of a fit on about 50,000 rows (saves full passes; the Newton that follows is exact),
+    and whether finding them took a full pass. A Parquet dataset gives the first rows of 8 pieces
+    spread over it (as the single-process fit reads 8 spread-out blocks: no full pass); a Dask
+    DataFrame every k-th row of every partition (a full pass)."""
     import dask
 
     from confcal.calibrators._tsfit import fit_temperature
 
-    every = max(1, n_rows // _WARM_START_ROWS)
-    parts = dask.compute(*[dask.delayed(_warm_start_part)(p, specs, input_kind, every)
-                           for p in data.to_delayed()])
+    if isinstance(data, ParquetDataset):
+        pieces = [data.pieces[i] for i in np.unique(np.linspace(0, data.npartitions - 1, 8).astype(int))]
+        per = -(-_WARM_START_ROWS // len(pieces))
+        tasks = [dask.delayed(_warm_start_part)(p, specs, input_kind, 1, per) for p in pieces]
+        full_pass = False
+    else:
+        every = max(1, n_rows // _WARM_START_ROWS)
+        tasks = [dask.delayed(_warm_start_part)(p, specs, input_kind, every) for p in data.to_delayed()]
+        full_pass = True
+    parts = dask.compute(*tasks)
     x = np.concatenate([p[0] for p in parts])
     y = np.concatenate([p[1] for p in parts])
-    return math.log(fit_temperature(x, y, t_bounds=t_bounds, warn=False).temperature)
+    return math.log(fit_temperature(x, y, t_bounds=t_bounds, warn=False).temperature), full_pass
 
 
 def _summary(pair) -> dict:
@@ -185,7 +227,11 @@ def _fit_temperatures(method, cal, data, specs, input_kind, *, tol=1e-12, max_it
 
     from confcal.calibrators import calibrator_from_dict
 
-    info = dask.compute(*[dask.delayed(_partition_info)(p, specs[2]) for p in data.to_delayed()])
+    counted = not (isinstance(data, ParquetDataset) and specs[2] is None)
+    if counted:  # a pass for the rows (Dask DataFrame) or the per-domain counts
+        info = dask.compute(*[dask.delayed(_partition_info)(p, specs[2]) for p in data.to_delayed()])
+    else:  # rows from the Parquet footers
+        info = [{"rows": len(p), "counts": {}} for p in data.pieces]
     rows = np.array([i["rows"] for i in info], dtype=np.int64)
     n = int(rows.sum())
     if n == 0:
@@ -197,8 +243,8 @@ def _fit_temperatures(method, cal, data, specs, input_kind, *, tol=1e-12, max_it
     offsets = np.concatenate([[0], np.cumsum(rows)[:-1]])
     t_bounds = (float(cal.t_min), float(cal.t_max))
     passes = _Passes(data, specs, input_kind, offsets)
-    t0 = _warm_start(data, specs, input_kind, n, t_bounds) if n > _WARM_START_ROWS else \
-        min(max(0.0, math.log(t_bounds[0])), math.log(t_bounds[1]))
+    t0, warm_pass = _warm_start(data, specs, input_kind, n, t_bounds) if n > _WARM_START_ROWS else \
+        (min(max(0.0, math.log(t_bounds[0])), math.log(t_bounds[1])), False)
     groups = {OVERALL: t0}
     min_samples = int(getattr(cal, "min_samples", 1))
     small = sorted((g for g, c in counts.items() if c < min_samples), key=str)
@@ -215,13 +261,16 @@ def _fit_temperatures(method, cal, data, specs, input_kind, *, tol=1e-12, max_it
     if passes.after_t != t_final or passes.before is None:
         st = passes.run({OVERALL: (t_final, True, True, passes.before is None)})[OVERALL]
         pooled = type(pooled)(pooled.temperature, st.means()[0], pooled.n_iter, pooled.at_bound)
+    while passes.data_summary is None:  # the fit converged before the summary's second pass
+        passes.run({})
     record = {
         "n_samples": n, "data_sha256": passes.digest, "input_kind": input_kind,
         "metrics_before": _summary(passes.before),
         "metrics_after": _summary(passes.after) if method == "ts" else None,  # grouped: set below
         "library_version": _library_version(),
         "utc_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "engine": "dask", "n_passes": passes.n_passes + 1 + (1 if n > _WARM_START_ROWS else 0),
+        "data_summary": passes.data_summary,
+        "engine": "dask", "n_passes": passes.n_passes + int(counted) + int(warm_pass),
     }
     def ts_params(f):
         return {"temperature": f.temperature, "nll": f.nll, "n_iter": f.n_iter, "at_bound": f.at_bound}
@@ -276,8 +325,9 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
     ----------
     method : str
         A name of :data:`confcal.calibrators.METHODS`.
-    data : dask.dataframe.DataFrame
-        E.g. :func:`confcal.dask.read_parquet` of a Parquet dataset.
+    data : ParquetDataset or dask.dataframe.DataFrame
+        :func:`confcal.dask.read_parquet` of a Parquet dataset (each task reads its piece with
+        pyarrow), or any Dask DataFrame.
     logits, labels, domains, features : str
         Column specs (see :func:`confcal.dask.apply`).
     params : dict, optional
@@ -295,9 +345,11 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
     Returns
     -------
     Calibrator
-        Fitted; its fit record has ``engine: "dask"`` and, for full-data fits, ``n_passes``
-        (passes over the data, including the row count and warm start). ``data_sha256`` is
-        a digest of the per-partition digests (not comparable with a single-process fit's).
+        Fitted; its fit record has ``engine: "dask"``, the drift ``data_summary`` (of all rows,
+        exact, for full-data fits; of the sample otherwise) and, for full-data fits, ``n_passes``
+        (full passes over the data, including a row count or a warm start that needed one).
+        ``data_sha256`` is a digest of the per-partition digests (not comparable with a
+        single-process fit's).
 
     Raises
     ------
@@ -337,7 +389,12 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
         if fspec is not None:
             side["features"] = column_matrix(frame, fspec, name="features")
         fitted = cal.fit(x, y, **side)
-        fitted.fit_record_ = {**(fitted.fit_record_ or {}), "engine": "dask",
+        from confcal.metrics.drift import data_summary
+
+        # the drift reference is the sample itself (its n is the sample's, so the KS threshold is honest)
+        summary = data_summary(x, input_kind="probs" if input_kind == "probs" and x.ndim == 2 else "logits",
+                               domains=side.get("domains"), features=side.get("features"))
+        fitted.fit_record_ = {**(fitted.fit_record_ or {}), "engine": "dask", "data_summary": summary,
                               "sample": {"rows": int(len(frame)), "seed": int(seed)}}
         how = (f"{method} is not a full-data sum: fitted in memory on a seeded sample of {len(frame):,} rows "
                f"(seed {seed}; --sample-rows to change)")

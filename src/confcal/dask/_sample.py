@@ -7,17 +7,25 @@ import numpy as np
 __all__ = ["sample_rows"]
 
 
-def _take(part, rows):
-    return part.iloc[rows]
+def _take(part, rows, columns):
+    import pandas as pd
+
+    from confcal.dask._data import read_table
+
+    if isinstance(part, pd.DataFrame):
+        return part.iloc[rows]
+    return read_table(part, columns).take(rows).to_pandas(types_mapper=pd.ArrowDtype)
 
 
 def sample_rows(data, n_rows: int, *, seed: int = 0):
-    """A pandas DataFrame of ``min(n_rows, len(data))`` rows drawn uniformly without replacement,
+    """A pandas DataFrame of ``min(n_rows, len(data))`` rows of ``data`` (a
+    :class:`~confcal.dask._data.ParquetDataset` or Dask DataFrame) drawn uniformly without replacement,
     kept in their original order.
 
     The draw is over global row numbers (``numpy.random.default_rng(seed)``), so it depends only
     on the data's row order and ``seed``, not on how the rows are split into partitions.
-    One pass to count rows per partition, one to gather the chosen rows.
+    One pass to count rows per partition (none for a ``ParquetDataset``: its footers say), one to
+    gather the chosen rows.
 
     Raises
     ------
@@ -29,7 +37,12 @@ def sample_rows(data, n_rows: int, *, seed: int = 0):
 
     if isinstance(n_rows, bool) or not isinstance(n_rows, (int, np.integer)) or n_rows < 1:
         raise ValueError(f"sample_rows: expected a positive number of rows, got {n_rows!r}")
-    lengths = np.asarray(data.map_partitions(len).compute(), dtype=np.int64)
+    from confcal.dask._data import ParquetDataset
+
+    if isinstance(data, ParquetDataset):  # row counts from the Parquet footers: no pass
+        lengths = np.array([len(p) for p in data.pieces], dtype=np.int64)
+    else:
+        lengths = np.asarray(data.map_partitions(len).compute(), dtype=np.int64)
     total = int(lengths.sum())
     if total == 0:
         raise ValueError("data: no rows")
@@ -41,5 +54,5 @@ def sample_rows(data, n_rows: int, *, seed: int = 0):
     for i, part in enumerate(data.to_delayed()):
         lo, hi = np.searchsorted(chosen, [starts[i], starts[i + 1]])
         if hi > lo:
-            pieces.append(dask.delayed(_take)(part, chosen[lo:hi] - starts[i]))
+            pieces.append(dask.delayed(_take)(part, chosen[lo:hi] - starts[i], list(data.columns)))
     return pd.concat(dask.compute(*pieces), ignore_index=True)

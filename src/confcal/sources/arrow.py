@@ -22,7 +22,7 @@ import numpy as np
 
 from confcal.sources._base import Source
 
-__all__ = ["ArrowSource", "ARROW_SUFFIXES", "PARQUET_SUFFIXES", "IPC_SUFFIXES"]
+__all__ = ["ArrowSource", "table_to_numpy", "ARROW_SUFFIXES", "PARQUET_SUFFIXES", "IPC_SUFFIXES"]
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 IPC_SUFFIXES = (".arrow", ".feather", ".ipc")
@@ -169,39 +169,83 @@ class ArrowSource(Source):
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def _to_numpy(self, table, first_row):
-        cols = []
-        for name in self.columns:
-            col = table.column(name).combine_chunks()
-            if col.null_count:
-                i = int(np.flatnonzero(np.asarray(col.is_null()))[0])
-                raise ValueError(f"{self.name}: column {name!r} of {self.path} is empty (null) at row "
-                                 f"{first_row + i}")
-            cols.append(col)
-        if self._list_width is not None:
-            col = cols[0]
-            import pyarrow as pa
-            import pyarrow.compute as pc
-
-            if not pa.types.is_fixed_size_list(col.type):
-                lengths = np.asarray(pc.list_value_length(col))
-                bad = np.flatnonzero(lengths != self._list_width)
-                if bad.size:
-                    raise ValueError(f"{self.name}: list column {name!r} of {self.path} has rows of different "
-                                     f"lengths: row {first_row + int(bad[0])} has {int(lengths[bad[0]])}, "
-                                     f"expected {self._list_width}")
-            values = col.flatten()
-            if values.null_count:
-                raise ValueError(f"{self.name}: list column {name!r} of {self.path} holds null values")
-            return values.to_numpy(zero_copy_only=False).reshape(len(col), self._list_width)
-        if len(cols) == 1 and not self._group:
-            return _column_numpy(cols[0])
-        out = np.empty((len(cols[0]), len(cols)), dtype=self.dtype)
-        for j, col in enumerate(cols):
-            out[:, j] = _column_numpy(col)
-        return out
+        return table_to_numpy(table, self.columns, group=self._group, list_width=self._list_width,
+                              dtype=self.dtype, name=self.name, where=str(self.path), first_row=first_row)
 
     def __getstate__(self):
         return {**self.__dict__, "_cache": None}
+
+
+def table_to_numpy(table, columns, *, group: bool, list_width: int | None = None, dtype=None,
+                   name: str = "array", where: str = "", first_row: int = 0) -> np.ndarray:
+    """Columns of an Arrow table as one numpy array (the decoder of every Arrow reader here,
+    :class:`ArrowSource` and the Dask engine's partition tasks).
+
+    One list / fixed-size-list column gives ``(n, width)`` (``list_width``, else the first
+    row's length; every row must have it); one scalar column gives ``(n,)`` unless ``group``;
+    several columns (or a ``group``) are stacked into ``(n, len(columns))`` of ``dtype``
+    (default: the first column's). No float64 copy of float32 data.
+
+    Raises
+    ------
+    ValueError
+        A null cell or list rows of different lengths, naming ``name``, the column, ``where``
+        (the file) and the row (counted from ``first_row``).
+
+    Examples
+    --------
+    >>> import pyarrow as pa
+    >>> t = pa.table({"a": [1.0, 2.0], "b": [3.0, 4.0],
+    ...               "v": pa.array([[1, 2], [3, 4]], pa.list_(pa.int64(), 2))})
+    >>> table_to_numpy(t, ["a", "b"], group=False).tolist()
+    [[1.0, 3.0], [2.0, 4.0]]
+    >>> table_to_numpy(t, ["v"], group=False).shape, table_to_numpy(t, ["a"], group=True).shape
+    ((2, 2), (2, 1))
+    """
+    import pyarrow as pa
+
+    where = f" of {where}" if where else ""
+    cols = []
+    for col_name in columns:
+        col = table.column(col_name)
+        col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+        if col.null_count:
+            i = int(np.flatnonzero(np.asarray(col.is_null()))[0])
+            raise ValueError(f"{name}: column {col_name!r}{where} is empty (null) at row {first_row + i}")
+        cols.append(col)
+    n = table.num_rows
+    if len(cols) == 1 and not group and _is_list(cols[0].type):
+        import pyarrow.compute as pc
+
+        col = cols[0]
+        if pa.types.is_fixed_size_list(col.type):
+            width = col.type.list_size
+            if list_width is not None and width != list_width:
+                raise ValueError(f"{name}: list column {columns[0]!r}{where} has rows of {width} values, "
+                                 f"expected {list_width}")
+        else:
+            lengths = np.asarray(pc.list_value_length(col))
+            width = list_width if list_width is not None else (int(lengths[0]) if n else 0)
+            bad = np.flatnonzero(lengths != width)
+            if bad.size:
+                raise ValueError(f"{name}: list column {columns[0]!r}{where} has rows of different lengths: row "
+                                 f"{first_row + int(bad[0])} has {int(lengths[bad[0]])}, expected {width}")
+        values = col.flatten()
+        if values.null_count:
+            raise ValueError(f"{name}: list column {columns[0]!r}{where} holds null values")
+        return values.to_numpy(zero_copy_only=False).reshape(n, width)
+    if len(cols) == 1 and not group:
+        return _column_numpy(cols[0])
+    out = np.empty((n, len(cols)), dtype=dtype if dtype is not None else _numpy_dtype(cols[0].type))
+    for j, col in enumerate(cols):
+        out[:, j] = _column_numpy(col)
+    return out
+
+
+def _is_list(t) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t)
 
 
 def _numpy_dtype(t) -> np.dtype:

@@ -1,0 +1,176 @@
+"""The drift summary (:func:`confcal.metrics.drift.data_summary`) of a distributed dataset, exact,
+from two passes of mergeable accumulators.
+
+The summary's confidence quantiles are order statistics (``numpy.quantile``,
+``method="inverted_cdf"``) of the uncalibrated top-label confidence. Pass 1 counts the
+confidences in ``2**18`` equal-width buckets of [0, 1] (and the predicted classes); pass 2
+keeps the distinct confidences of only the buckets that hold a wanted order statistic, so
+each quantile is the exact value the single-process summary finds, whatever the
+partitioning. Both passes ride along with the fit's Newton passes (no pass of their own
+unless the fit converges in one).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["SummaryPass1", "SummaryPass2", "inverted_cdf_ranks"]
+
+_BUCKETS = 1 << 18
+
+
+def inverted_cdf_ranks(n: int, probs: np.ndarray) -> np.ndarray:
+    """0-based ranks of the order statistics that ``numpy.quantile(v, probs, method="inverted_cdf")``
+    returns for ``n`` values (numpy's rule: ``n p - 1`` when integral, else its ceiling).
+
+    Examples
+    --------
+    >>> inverted_cdf_ranks(10, np.array([0.05, 0.5, 0.95])).tolist()
+    [0, 4, 9]
+    """
+    v = n * np.asarray(probs, dtype=np.float64) - 1
+    prev = np.floor(v)
+    return np.clip(np.where(v - prev == 0, prev, prev + 1), 0, n - 1).astype(np.int64)
+
+
+def _confidence(x: np.ndarray):
+    from confcal.metrics.drift import top_confidence
+
+    conf, pred = top_confidence(x, input_kind="logits")
+    if conf.size and not (conf.min() >= 0.0 and conf.max() <= 1.0):  # pragma: no cover - softmax output
+        raise ValueError("data_summary: top-label confidences outside [0, 1]")
+    return conf, pred
+
+
+def _buckets(conf: np.ndarray) -> np.ndarray:
+    return np.minimum((conf * _BUCKETS).astype(np.int64), _BUCKETS - 1)
+
+
+def _sparse_counts(keys: np.ndarray):
+    u, c = np.unique(keys, return_counts=True)
+    return u, c.astype(np.int64)
+
+
+def _merge_sparse(a, b):
+    keys = np.concatenate([a[0], b[0]])
+    u, inv = np.unique(keys, return_inverse=True)
+    return u, np.bincount(inv, weights=np.concatenate([a[1], b[1]]), minlength=u.size).astype(np.int64)
+
+
+class SummaryPass1:
+    """Pass 1: bucket counts of the confidence (pooled and per domain) and predicted-class counts.
+
+    ``groups`` maps a group key (``None`` = all rows, else a domain) to sparse bucket counts
+    ``(bucket ids, counts)``."""
+
+    def __init__(self, n_classes: int):
+        self.n_classes = int(n_classes)
+        self.class_counts = np.zeros(self.n_classes, dtype=np.int64)
+        self.groups: dict = {}
+
+    def update(self, x: np.ndarray, domains=None) -> "SummaryPass1":
+        if len(x) == 0:
+            return self
+        conf, pred = _confidence(x)
+        self.class_counts += np.bincount(pred, minlength=self.n_classes)
+        keys = _buckets(conf)
+        self._add(None, keys)
+        if domains is not None:
+            for g in np.unique(domains):
+                self._add(g.item() if hasattr(g, "item") else g, keys[domains == g])
+        return self
+
+    def _add(self, group, keys):
+        counts = _sparse_counts(keys)
+        self.groups[group] = _merge_sparse(self.groups[group], counts) if group in self.groups else counts
+
+    def merge(self, other: "SummaryPass1") -> "SummaryPass1":
+        """A new accumulator of both (the inputs stay as they were: a retried task may reuse them)."""
+        out = SummaryPass1(self.n_classes)
+        out.class_counts = self.class_counts + other.class_counts
+        out.groups = dict(self.groups)
+        for g, counts in other.groups.items():
+            out.groups[g] = _merge_sparse(out.groups[g], counts) if g in out.groups else counts
+        return out
+
+    def second_pass(self, n_quantiles: int) -> "SummaryPass2":
+        return SummaryPass2(self, n_quantiles)
+
+
+class SummaryPass2:
+    """Pass 2: the distinct confidences (with counts) of the buckets holding a wanted order statistic."""
+
+    def __init__(self, first: SummaryPass1, n_quantiles: int):
+        self.first = first
+        self.plan = {}  # group -> (bucket of each rank, rank within that bucket)
+        for g, (buckets, counts) in first.groups.items():
+            n = int(counts.sum())
+            k = min(int(n_quantiles), n)
+            ranks = inverted_cdf_ranks(n, (np.arange(k) + 0.5) / k)
+            cum = np.cumsum(counts)
+            pos = np.searchsorted(cum, ranks, side="right")
+            before = np.where(pos > 0, cum[np.maximum(pos - 1, 0)], 0)
+            self.plan[g] = (buckets[pos], ranks - before)
+        self.kept: dict = {}  # group -> (sorted distinct values, counts)
+
+    def update(self, x: np.ndarray, domains=None) -> "SummaryPass2":
+        if len(x) == 0:
+            return self
+        conf, _ = _confidence(x)
+        keys = _buckets(conf)
+        self._keep(None, conf, keys)
+        if domains is not None:
+            for g in np.unique(domains):
+                rows = domains == g
+                self._keep(g.item() if hasattr(g, "item") else g, conf[rows], keys[rows])
+        return self
+
+    def _keep(self, group, conf, keys):
+        if group not in self.plan:
+            raise ValueError(f"data_summary: group {group!r} was not seen in the first pass")
+        wanted = np.isin(keys, self.plan[group][0])
+        v, c = np.unique(conf[wanted], return_counts=True)
+        self.kept[group] = _merge_values(self.kept[group], (v, c)) if group in self.kept else (v, c)
+
+    def fresh(self) -> "SummaryPass2":
+        """An empty pass-2 accumulator with the same plan (one per partition)."""
+        out = SummaryPass2.__new__(SummaryPass2)
+        out.first, out.plan, out.kept = self.first, self.plan, {}
+        return out
+
+    def merge(self, other: "SummaryPass2") -> "SummaryPass2":
+        """A new accumulator of both (the inputs stay as they were)."""
+        out = self.fresh()
+        out.kept = dict(self.kept)
+        for g, vc in other.kept.items():
+            out.kept[g] = _merge_values(out.kept[g], vc) if g in out.kept else vc
+        return out
+
+    def quantiles(self, group=None) -> list[float]:
+        buckets, in_bucket = self.plan[group]
+        values, counts = self.kept.get(group, (np.empty(0), np.empty(0, np.int64)))
+        keys = _buckets(values)
+        out = []
+        for b, r in zip(buckets, in_bucket):
+            rows = keys == b
+            v, c = values[rows], counts[rows]
+            out.append(float(v[np.searchsorted(np.cumsum(c), r, side="right")]))
+        return out
+
+    def result(self) -> dict:
+        """The ``data_summary`` dict (pooled quantiles, class frequencies, per-domain quantiles)."""
+        n = int(self.first.class_counts.sum())
+        out = {"statistic": "ks_top_confidence", "n": n, "confidence_quantiles": self.quantiles(None),
+               "class_frequencies": (self.first.class_counts / n).tolist()}
+        domains = [g for g in self.first.groups if g is not None]
+        if domains:
+            out["domains"] = {str(g): {"n": int(self.first.groups[g][1].sum()),
+                                       "confidence_quantiles": self.quantiles(g)}
+                              for g in sorted(domains, key=str)}
+        return out
+
+
+def _merge_values(a, b):
+    v = np.concatenate([a[0], b[0]])
+    u, inv = np.unique(v, return_inverse=True)
+    return u, np.bincount(inv, weights=np.concatenate([a[1], b[1]]), minlength=u.size).astype(np.int64)

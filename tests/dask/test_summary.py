@@ -1,0 +1,54 @@
+"""The two-pass distributed drift summary against numpy.quantile / data_summary on the same rows."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from confcal.dask._summary import SummaryPass1, inverted_cdf_ranks
+from confcal.metrics.drift import data_summary
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 5000), k=st.integers(1, 1500))
+def test_ranks_are_numpys_inverted_cdf(n, k):
+    v = np.arange(n, dtype=np.float64)
+    p = (np.arange(k) + 0.5) / k
+    assert np.array_equal(v[inverted_cdf_ranks(n, p)], np.quantile(v, p, method="inverted_cdf"))
+
+
+def _two_pass(x, d, cuts, n_quantiles=1000):
+    parts = np.split(np.arange(len(x)), cuts)
+    first = None
+    for rows in parts:  # partitions merged in any order give the same result
+        acc = SummaryPass1(x.shape[1]).update(x[rows], None if d is None else d[rows])
+        first = acc if first is None else acc.merge(first)
+    start = first.second_pass(n_quantiles)
+    second = None
+    for rows in parts[::-1]:
+        acc = start.fresh().update(x[rows], None if d is None else d[rows])
+        second = acc if second is None else second.merge(acc)
+    return second.result()
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 3000), k=st.integers(2, 12), n_parts=st.integers(1, 6), seed=st.integers(0, 10**6),
+       scale=st.sampled_from([0.1, 3.0, 30.0]), ties=st.booleans())
+def test_equals_data_summary(n, k, n_parts, seed, scale, ties):
+    rng = np.random.default_rng(seed)
+    x = (rng.normal(size=(n, k)) * scale).astype(np.float32)
+    if ties:  # many rows with the same confidence (saturated float32 / repeated rows)
+        x[: n // 2] = x[0]
+    d = rng.choice(np.array(["a", "b", "c"]), n)
+    cuts = np.sort(rng.integers(0, n + 1, n_parts - 1))
+    assert _two_pass(x, d, cuts) == data_summary(x, domains=d)
+    assert _two_pass(x, None, cuts, n_quantiles=7) == data_summary(x, n_quantiles=7)
+
+
+def test_real_cifar_outputs():
+    from tests.conftest import require_shared_data
+
+    d = np.load(require_shared_data("cifar", "densenet-bc-100-cifar-100.npz"))
+    x = np.log(d["predictions"]).astype(np.float32)
+    assert _two_pass(x, None, [1234, 5000, 9999]) == data_summary(x)
