@@ -105,3 +105,25 @@ def test_streamed_validation_names_whole_data_rows():
     masked[5, y[5]] = -np.inf
     with pytest.raises(ValueError, match="sample 5 has label"):
         fit_temperature_stream(masked, y, batch_rows=3)
+
+
+def test_predict_proba_writes_rows_in_place_and_matches_the_oracle():
+    """predict_proba writes each batch into its rows of the output: same bits as the generic
+    batch path, softmax(z / T) in float64 to rounding, and the same messages."""
+    rng = np.random.default_rng(5)
+    x = (rng.normal(size=(3000, 7)) * 3).astype(np.float32)
+    y = np.argmax(x / 2 + rng.gumbel(size=x.shape), axis=1)
+    cal = TemperatureScaling().fit(x, y)
+    assert 1.5 < cal.temperature_ < 3
+    p = cal.predict_proba(x)
+    assert p.dtype == np.float64 and p.flags.c_contiguous
+    assert np.array_equal(p, predict_into(cal, open_source(x), batch_rows=7))
+    z = x.astype(np.float64) / cal.temperature_
+    ref = np.exp(z - z.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(p, ref / ref.sum(axis=1, keepdims=True), rtol=1e-14, atol=1e-16)
+    with pytest.raises(ValueError, match=r"fitted on 7 classes, got shape \(4, 3\)"):
+        cal.predict_proba(x[:4, :3])
+    bad = x[:5].copy()
+    bad[3, 2] = np.nan
+    with pytest.raises(ValueError, match="logits"):
+        cal.predict_proba(bad)

@@ -415,8 +415,13 @@ def ts_batch_stats(logits, labels, t: float, *, sample_weight=None, exact: bool 
         hi_ = raw.amax(dim=1)  # amax is much faster than aminmax/max(dim) on CPU
         if check_unit and out.unit_rows:
             out.unit_rows = bool((hi_ <= 1).all()) and bool((raw.amin() >= 0))
-        zc = raw - hi_.to(dtype)[:, None]  # promoted to dtype by the subtraction itself
-        e = torch.exp(zc * s)
+        if raw.dtype == dtype:
+            zc = raw - hi_[:, None]
+        else:  # cast first: a mixed float32 - float64 subtraction runs several times slower
+            zc = raw.to(dtype)
+            zc -= hi_.to(dtype)[:, None]
+        e = zc * s
+        e.exp_()
         ez = e * zc
         s1 = ez.sum(1)
         if bool(torch.isnan(s1).any()):  # 0 * -inf of a masked class (or bad input, caught by the caller)

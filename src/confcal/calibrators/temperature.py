@@ -159,7 +159,31 @@ class TemperatureScaling(Calibrator):
         if xs.ndim != 2 or xs.shape[1] < 2:
             return NotImplemented
         self._check_side(side, 0)
-        return predict_into(self, xs, progress=progress)
+        if self._input_kind() != "logits" or xs.dtype.kind != "f" or xs.dtype == np.float16:
+            return predict_into(self, xs, progress=progress)
+        return self._predict_rows(xs, progress)
+
+    def _predict_rows(self, xs, progress):
+        """Each batch's softmax is written straight into its rows of the output (no per-batch
+        float64 temporary to copy: the first write to fresh memory is a large part of the cost)."""
+        from confcal._progress import progress_bar
+        from confcal.calibrators._stream import refuse_probabilities
+        from confcal.sources import batch_rows_for
+
+        if xs.shape[1] != self.n_classes_:
+            raise ValueError(f"logits: calibrator was fitted on {self.n_classes_} classes, got shape {xs.shape}")
+        out = np.empty(xs.shape, dtype=np.float64)
+        rows = batch_rows_for([xs])
+        unit = True
+        with progress_bar(xs.n_rows, "predict", progress) as bar:
+            for first in range(0, xs.n_rows, rows):
+                x = xs.read(first, first + rows)
+                unit = scaled_softmax_rows(x, self.temperature_, out[first:first + x.shape[0]],
+                                           first_row=first)[1] and unit
+                bar.update(x.shape[0])
+        if unit:
+            refuse_probabilities(xs, rows)
+        return out
 
     def _predict_batch(self, logits, *, input_kind, first_row, **side):
         x = np.asarray(logits)
