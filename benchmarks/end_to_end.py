@@ -190,7 +190,7 @@ def run_cli_rss(args):
 def library_cli_equivalents(d: Path):
     """Wall of the library calls the CLI commands stand for, on the same .npy files."""
     from confcal.calibrators import TemperatureScaling
-    from confcal.cli.evaluate import evaluate_sources
+    from confcal.evaluation import evaluate_sources
     from confcal.sources import open_source
 
     out = {}
