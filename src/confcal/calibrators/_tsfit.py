@@ -27,6 +27,8 @@ _CHUNK_ELEMS = 1 << 18  # ~1 MB of float32 per chunk: stays in L2
 _SMALL_ELEMS = 1 << 23  # up to this many logits the fit runs on one thread (see _one_thread)
 _ACCEPT = 1e-7  # a float64 Newton step below this (in log T) ends the fit
 _WARM_START_ROWS = 50_000  # above this, start from a fit on a strided subsample
+_NEAR_BLOCK = 1 << 15  # rows per NearMetrics.add call
+_NEAR_DMAX = 1e-6  # relative reach in 1/T of the metrics gathered in a float64 pass (NearMetrics)
 
 
 class CalibrationWarning(UserWarning):
@@ -313,6 +315,7 @@ class TSPassStats:
     unit_rows: bool = True  # every row so far lies in [0, 1] (probabilities given as logits?)
     before: tuple | None = None
     after: tuple | None = None
+    near: "NearMetrics | None" = None  # the summary metrics near this t, resolved after the pass
 
     def merge(self, other: "TSPassStats") -> "TSPassStats":
         if other.t != self.t:
@@ -331,6 +334,8 @@ class TSPassStats:
                 else:
                     mine[0].merge(theirs[0])
                     mine[1].merge(theirs[1])
+        if other.near is not None:
+            self.near = other.near if self.near is None else self.near.merge(other.near)
         return self
 
     def means(self):
@@ -359,9 +364,138 @@ def _add_metrics(pair, e, s0, zy, s, correct):
     bins.update_pairs((1.0 / s0).numpy(), correct.numpy())
 
 
+class NearMetrics:
+    """Summary metrics at ``s + delta`` for a small ``delta`` known only after the pass.
+
+    A Newton pass at inverse temperature ``s`` already has each row's ``log s0`` and the
+    mean and variance of the centred logits under ``softmax(s z)``, which are the first two
+    derivatives of ``log s0`` in ``s``. Every per-row quantity of the summary (``log p_y``,
+    the top probability ``1 / s0``, ``sum_k p_k^2``) is ``exp`` of a function of ``s`` with known
+    first and second derivatives, so its sum at ``s + delta`` is ``S0 + delta S1 + delta^2 S2``
+    up to ``O((delta a)^3)`` per row (``a`` the row's first derivative): below float64 rounding
+    when ``|delta| * max|a| <= 1e-5``, which :meth:`resolve` checks. Rows that ``delta`` could
+    move across an ECE bin edge or the NLL clip (``|delta| <= dmax``) are kept one by one and
+    placed exactly. So the fit record's "after" metrics come from the last Newton pass itself,
+    with no pass at the final temperature. Mergeable (any batch order, several workers).
+    """
+
+    _MAX_KEPT = 1 << 20  # rows kept one by one; beyond this resolve() asks for a real pass
+
+    def __init__(self, s: float, n_bins: int, dmax: float):
+        from confcal.metrics.scores import NLL_EPS
+
+        self.s, self.n_bins, self.dmax = float(s), int(n_bins), float(dmax)
+        self.log_eps = math.log(NLL_EPS)
+        self.n = self.correct = self.n_clipped = 0
+        self.nll = np.zeros(3)  # sums of the coefficients of 1, delta, delta^2 (unclipped rows)
+        self.brier = np.zeros(3)
+        self.count = np.zeros(self.n_bins)
+        self.corr = np.zeros(self.n_bins)
+        self.conf = np.zeros((3, self.n_bins))
+        self.a_max = 0.0
+        self.kept_bins: list = []  # (conf, d1, d2, correct) of rows near an inner bin edge
+        self.kept_nll: list = []  # (log p_y, d1, d2) of rows near the clip
+        self.n_kept = 0
+
+    def add(self, log_s0, m1, var, zy, q0, q1, q2, correct):
+        """One chunk's rows (float64 tensors ``(rows,)``): ``log s0``, ``m1`` and ``var`` (mean and
+        variance of the centred logits), ``zy`` (label logit minus the row max), ``q0..q2``
+        (``sum e^2``, ``sum e^2 zc``, ``sum e^2 zc^2``) and ``correct`` (bool)."""
+        from confcal.metrics._binning import _bounds, equal_width_bins
+
+        s, dmax = self.s, self.dmax
+        log_s0, m1, var, zy = (t.numpy() for t in (log_s0, m1, var, zy))
+        q0, q1, q2, correct = q0.numpy(), q1.numpy(), q2.numpy(), correct.numpy()
+        self.n += log_s0.shape[0]
+        self.correct += int(np.count_nonzero(correct))
+        # log p_y(s + d) = log p_y + d a - d^2 var / 2
+        log_py = s * zy - log_s0
+        a = zy - m1
+        # sum p^2 = q(2s) / s0^2: d/ds log = b, d2/ds2 log = c
+        w1 = q1 / q0
+        b = 2.0 * (w1 - m1)
+        c = 4.0 * np.maximum(q2 / q0 - w1 * w1, 0.0) - 2.0 * var
+        self.a_max = max(self.a_max, float(np.max(np.abs(a))), float(np.max(np.abs(b))),
+                         float(np.max(np.abs(m1))))
+        # NLL: rows whose clip state delta cannot change are sums; the others are kept
+        reach = 2.0 * (dmax * np.abs(a) + dmax * dmax * var) + 1e-12
+        above = log_py - self.log_eps
+        free = above > reach
+        clipped = above < -reach
+        self.n_clipped += int(np.count_nonzero(clipped))
+        self.nll += [-np.sum(log_py[free]), -np.sum(a[free]), 0.5 * np.sum(var[free])]
+        near = ~(free | clipped)
+        if near.any():
+            self._keep(self.kept_nll, (log_py[near], a[near], var[near]))
+        # Brier = sum p^2 - 2 p_y + 1, each factor exp(d f' + d^2 f'' / 2) ~ 1 + d f' + d^2 (f'^2 + f'') / 2
+        p2 = q0 / np.exp(2.0 * log_s0)
+        py = np.exp(log_py)
+        self.brier += [np.sum(p2 - 2.0 * py + 1.0), np.sum(p2 * b - 2.0 * py * a),
+                       0.5 * np.sum(p2 * (b * b + c) - 2.0 * py * (a * a - var))]
+        # ECE: top probability 1 / s0, d log / ds = -m1, d2 = -var
+        conf = np.exp(-log_s0)
+        idx = equal_width_bins(conf, self.n_bins)
+        lower, upper = _bounds(self.n_bins)
+        reach_c = conf * (2.0 * (dmax * np.abs(m1) + dmax * dmax * var) + 1e-12)
+        near = (conf - lower[idx] <= reach_c) | (upper[idx] - conf < reach_c)  # NaN edges: never near
+        far = ~near
+        i = idx[far]
+        cf, m1f, vf = conf[far], m1[far], var[far]
+        self.count += np.bincount(i, minlength=self.n_bins)
+        self.corr += np.bincount(i, weights=correct[far], minlength=self.n_bins)
+        self.conf[0] += np.bincount(i, weights=cf, minlength=self.n_bins)
+        self.conf[1] -= np.bincount(i, weights=cf * m1f, minlength=self.n_bins)
+        self.conf[2] += np.bincount(i, weights=0.5 * cf * (m1f * m1f - vf), minlength=self.n_bins)
+        if near.any():
+            self._keep(self.kept_bins, (conf[near], m1[near], var[near], correct[near]))
+
+    def _keep(self, into, arrays):
+        self.n_kept += arrays[0].shape[0]
+        if self.n_kept <= self._MAX_KEPT:
+            into.append(tuple(np.array(x) for x in arrays))
+
+    def merge(self, other: "NearMetrics") -> "NearMetrics":
+        if (other.s, other.n_bins, other.dmax) != (self.s, self.n_bins, self.dmax):
+            raise ValueError("merge: near-metrics of different passes")
+        for key in ("n", "correct", "n_clipped", "n_kept"):
+            setattr(self, key, getattr(self, key) + getattr(other, key))
+        for key in ("nll", "brier", "count", "corr", "conf"):
+            getattr(self, key).__iadd__(getattr(other, key))
+        self.a_max = max(self.a_max, other.a_max)
+        self.kept_bins += other.kept_bins
+        self.kept_nll += other.kept_nll
+        return self
+
+    def resolve(self, s_final: float):
+        """``(ScoresAccumulator, BinnedAccumulator)`` at ``s_final``, or None when ``s_final`` is
+        too far from this pass's ``s`` for the expansion (then a pass at ``s_final`` is needed)."""
+        from confcal.metrics import BinnedAccumulator, ScoresAccumulator
+        from confcal.metrics._binning import equal_width_bins
+
+        d = s_final - self.s
+        if abs(d) > self.dmax or abs(d) * self.a_max > 1e-5 or self.n_kept > self._MAX_KEPT:
+            return None
+        powers = np.array([1.0, d, d * d])
+        nll = float(powers @ self.nll) - self.n_clipped * self.log_eps
+        for log_py, a, var in self.kept_nll:
+            nll -= float(np.sum(np.maximum(log_py + d * a - 0.5 * d * d * var, self.log_eps)))
+        scores = ScoresAccumulator().update_sums(self.n, self.correct, nll, float(powers @ self.brier))
+        bins = BinnedAccumulator(self.n_bins)
+        bins.count += self.count
+        bins.corr_sum += self.corr
+        bins.conf_sum += powers @ self.conf
+        for conf, m1, var, correct in self.kept_bins:
+            c = conf * np.exp(-d * m1 - 0.5 * d * d * var)
+            i = equal_width_bins(c, self.n_bins)
+            bins.count += np.bincount(i, minlength=self.n_bins)
+            bins.conf_sum += np.bincount(i, weights=c, minlength=self.n_bins)
+            bins.corr_sum += np.bincount(i, weights=correct, minlength=self.n_bins)
+        return scores, bins
+
+
 def ts_batch_stats(logits, labels, t: float, *, sample_weight=None, exact: bool = True, metrics: bool = False,
                    before: bool = False, n_bins: int = 15, first_row: int = 0,
-                   check_unit: bool = True) -> TSPassStats:
+                   check_unit: bool = True, near: float | None = None) -> TSPassStats:
     """Sufficient statistics of one batch for a Newton step on ``t = log T``.
 
     Parameters
@@ -375,6 +509,8 @@ def ts_batch_stats(logits, labels, t: float, *, sample_weight=None, exact: bool 
     first_row : index of the batch's first row in the whole data (for messages)
     check_unit : record whether every row lies in [0, 1] (``unit_rows``; the probabilities
         check, needed on the first pass only)
+    near : with ``exact``, also gather :class:`NearMetrics` (``out.near``): the summary metrics at
+        any inverse temperature within ``near`` of ``exp(-t)``, resolved once the pass is summed
 
     Returns a :class:`TSPassStats` whose sums add up over batches: with ``s = exp(-t)``
     and ``nll_i = log sum_k exp(s z_ik) - s z_iy``, ``loss = sum_i w_i nll_i``,
@@ -407,7 +543,11 @@ def ts_batch_stats(logits, labels, t: float, *, sample_weight=None, exact: bool 
         out.after = _metric_pair(n_bins)
     if before:
         out.before = _metric_pair(n_bins)
+    near = near if exact else None
+    if near is not None:
+        out.near = NearMetrics(s, n_bins, near)
     loss = grad_s = hess_s = 0.0
+    near_rows, n_near = [], 0
     rows = max(1, _CHUNK_ELEMS // max(1, z.shape[1]))
     zero = torch.zeros((), dtype=dtype)
     for i in range(0, z.shape[0], rows):
@@ -448,7 +588,7 @@ def ts_batch_stats(logits, labels, t: float, *, sample_weight=None, exact: bool 
             loss += float((li * wi).sum())
             grad_s += float((gi * wi).sum())
             hess_s += float((hi * wi).sum())
-        if metrics or before:
+        if metrics or before or near is not None:
             # first maximum wins ties, as numpy.argmax (which is also faster than torch's here)
             correct = torch.from_numpy(np.argmax(raw.numpy(), axis=1)) == yi
             if metrics:
@@ -460,6 +600,15 @@ def ts_batch_stats(logits, labels, t: float, *, sample_weight=None, exact: bool 
             if before:
                 e1 = torch.exp(zc.double())
                 _add_metrics(out.before, e1, e1.sum(1), zy, 1.0, correct)
+            if near is not None:
+                near_rows.append((torch.log(s0), mean_z, hi, zy, torch.linalg.vecdot(e, e),
+                                  torch.linalg.vecdot(e, ez), torch.linalg.vecdot(ez, ez), correct))
+                n_near += s0.shape[0]
+                if n_near >= _NEAR_BLOCK:  # numpy work per block of rows, not per cache-sized chunk
+                    out.near.add(*(torch.cat(cols) for cols in zip(*near_rows)))
+                    near_rows, n_near = [], 0
+    if near_rows:
+        out.near.add(*(torch.cat(cols) for cols in zip(*near_rows)))
     out.weight = float(z.shape[0]) if w is None else float(w.sum())
     out.loss, out.grad, out.hess = loss, -s * grad_s, s * s * hess_s + s * grad_s
     return out
@@ -543,7 +692,7 @@ def fit_temperature_stream(logits, labels, *, sample_weight=None, t_bounds=DEFAU
     sources = {"logits": xs, "labels": ys, "sample_weight": ws}
     rows = batch_rows or batch_rows_for([xs, ys], batch_bytes or DEFAULT_BATCH_BYTES)
     work_dtype = np.float64 if xs.dtype == np.float64 or input_kind == "probs" else np.float32
-    state = {"pass": 0, "validated": False, "before": None, "after": None, "after_t": None, "prev_exact_t": None}
+    state = {"pass": 0, "validated": False, "before": None, "after": None, "after_t": None, "near": None}
     digest = DataDigest(2 if ws is None else 3)  # as Calibrator.fit: logits, labels[, weights]
 
     def batches():
@@ -572,15 +721,16 @@ def fit_temperature_stream(logits, labels, *, sample_weight=None, t_bounds=DEFAU
                     digest.update(2, w)
             yield first, x, y, w
 
-    def one_pass(t, exact, with_metrics):
+    def one_pass(t, exact, with_metrics, near=None):
         state["pass"] += 1
-        want_before = with_metrics and exact and state["before"] is None
+        want_before = (with_metrics or near is not None) and exact and state["before"] is None
         check_unit = not state["validated"]
         total = TSPassStats(t=t)
         with progress_bar(n, f"temperature pass {state['pass']}", progress) as bar:
             for first, x, y, w in batches():
                 st = ts_batch_stats(x, y, t, sample_weight=w, exact=exact, metrics=with_metrics and exact,
-                                    before=want_before, n_bins=n_bins, first_row=first, check_unit=check_unit)
+                                    before=want_before, n_bins=n_bins, first_row=first, check_unit=check_unit,
+                                    near=near)
                 if not all(math.isfinite(v) for v in (st.loss, st.grad, st.hess)):
                     check_logits(x, first_row=first, whole=False)  # names the bad row, if any
                 total.merge(st)
@@ -595,15 +745,14 @@ def fit_temperature_stream(logits, labels, *, sample_weight=None, t_bounds=DEFAU
             state["before"] = total.before
         if total.after is not None:
             state["after"], state["after_t"] = total.after, t
+        state["near"] = total.near
         return total
 
     def dt_stats(t, exact):
-        # gather the metrics only in a pass that is likely the last: a float64 pass close to the
-        # previous float64 one (Newton converges quadratically from there); else one more pass
-        likely_last = exact and state["prev_exact_t"] is not None and abs(t - state["prev_exact_t"]) < 1e-4
-        if exact:
-            state["prev_exact_t"] = t
-        return one_pass(t, exact, metrics and likely_last).means()
+        # a float64 pass is usually the last (the float32 passes ran until the step was below
+        # 1e-5): it also gathers the metrics before (T = 1) and near its T, resolved at the final T
+        near = _NEAR_DMAX * math.exp(-t) if metrics and exact else None
+        return one_pass(t, exact, False, near).means()
 
     exact = work_dtype == np.float64
     t = min(max(0.0, math.log(t_min)), math.log(t_max))
@@ -617,13 +766,17 @@ def fit_temperature_stream(logits, labels, *, sample_weight=None, t_bounds=DEFAU
         sub = fit_temperature(sub_x, sub_y, t_bounds=(t_min, t_max), warn=False)
         t = math.log(sub.temperature)
     with _one_thread(n * k <= _SMALL_ELEMS):
-        t, loss, n_iter, evaluated = _newton(dt_stats, t, t_min, t_max, tol, max_iter, exact,
-                                             accept_evaluated=1e-10)
+        # the same iteration as fit_temperature, so the same T (no verifying pass at the end)
+        t, loss, n_iter, evaluated = _newton(dt_stats, t, t_min, t_max, tol, max_iter, exact)
         fit = _result(t, loss, n_iter, t_min, t_max, warn, stacklevel=3)
         t_final = t if not fit.at_bound else math.log(fit.temperature)
-        if metrics and (state["after_t"] != t_final or state["before"] is None):
-            st = one_pass(t_final, True, True)
-            fit = TemperatureFit(fit.temperature, st.means()[0], fit.n_iter, fit.at_bound)
+        if metrics:
+            near = state["near"]
+            after = near.resolve(math.exp(-t_final)) if near is not None else None
+            if after is None or state["before"] is None:  # T moved too far after the last float64 pass
+                one_pass(t_final, True, True)
+            else:
+                state["after"], state["after_t"] = after, t_final
     return StreamedTemperatureFit(
         fit=fit, n_samples=int(n), n_classes=int(k), data_sha256=digest.hexdigest(),
         metrics_before=_summary(state["before"]) if metrics else None,

@@ -51,8 +51,11 @@ def assign_bins(confidence: np.ndarray, edges: np.ndarray) -> np.ndarray:
 _ARITHMETIC_MAX_BINS = 1 << 20  # c * n_bins stays within one bin of the truth far beyond this
 
 
+@functools.lru_cache(maxsize=64)
 def _linspace(n_bins: int) -> np.ndarray:
-    return np.linspace(0.0, 1.0, n_bins + 1)
+    edges = np.linspace(0.0, 1.0, n_bins + 1)
+    edges.flags.writeable = False  # shared by every caller
+    return edges
 
 
 @functools.lru_cache(maxsize=64)
