@@ -797,3 +797,197 @@ def _refuse_probabilities(xs, rows) -> None:
         raise ValueError("logits: every row is in [0, 1] and sums to 1, so these look like "
                          "probabilities, not logits; pass input_kind='probs' (CLI: --input-kind probs) "
                          "to use their log as logits")
+
+
+# ----------------------------------------------------------------------------- grouped, streamed
+
+@dataclass(frozen=True)
+class StreamedGroupedFit:
+    """Result of :func:`fit_grouped_temperature_stream`."""
+
+    pooled: TemperatureFit
+    groups: dict  # {domain id: TemperatureFit} for the domains with their own fit
+    counts: dict  # {domain id: n calibration samples}, ids sorted
+    fallback: dict  # {domain id: reason} for the domains that use the pooled fit
+    n_samples: int
+    n_classes: int
+    data_sha256: str
+    metrics_before: dict | None
+    metrics_after: dict | None
+    n_passes: int
+
+
+def _plain_id(v):
+    return v.item() if hasattr(v, "item") else v
+
+
+def fit_grouped_temperature_stream(logits, labels, domains, *, t_bounds=DEFAULT_T_BOUNDS, min_samples: int = 1,
+                                   tol: float = 1e-12, max_iter: int = 100, input_kind: str = "logits",
+                                   metrics: bool = True, n_bins: int = 15, batch_rows: int | None = None,
+                                   batch_bytes: int | None = None, progress=False) -> StreamedGroupedFit:
+    """A pooled temperature and one per domain, every Newton iteration sharing the passes over a source.
+
+    The multiclass analogue of :func:`ts_batch_stats` per group: each pass reads a batch once,
+    sorts its rows by domain and sums each group's statistics at that group's current ``log T``
+    (and the pooled ones at the pooled ``log T``); each group runs the Newton iteration of
+    :func:`fit_temperature` (:func:`_newton_steps`), so the temperatures equal the in-memory
+    per-domain fits. Domains with fewer than ``min_samples`` rows use the pooled fit. With
+    ``metrics``, one more pass gathers the summary metrics at ``T = 1`` and with each row at its
+    domain's temperature (the fit record of ``grouped-ts``).
+
+    Parameters
+    ----------
+    logits, labels, domains : aligned sources, specs or arrays; ``domains`` holds str or int ids
+    t_bounds, tol, max_iter : as :func:`fit_temperature` (every group)
+    min_samples : domains with fewer rows fall back to the pooled temperature
+    input_kind, n_bins, batch_rows, batch_bytes, progress : as :func:`fit_temperature_stream`
+
+    Returns a :class:`StreamedGroupedFit`; raises ``ValueError`` on invalid inputs (rows named
+    by their index in the whole data).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> y = rng.integers(0, 3, size=600); d = rng.integers(0, 2, size=600)
+    >>> z = (1 + 3 * d)[:, None] * (rng.normal(size=(600, 3)) + np.eye(3)[y])
+    >>> res = fit_grouped_temperature_stream(z, y, d, batch_rows=50)
+    >>> {k: round(f.temperature, 3) for k, f in res.groups.items()}, res.counts
+    ({0: 1.09, 1: 3.981}, {0: 290, 1: 310})
+    >>> bool(abs(res.groups[1].temperature / fit_temperature(z[d == 1], y[d == 1]).temperature - 1) < 1e-9)
+    True
+    """
+    from confcal._digest import DataDigest
+    from confcal._progress import progress_bar
+    from confcal._validation import check_domains, check_labels, check_logits
+    from confcal.sources import DEFAULT_BATCH_BYTES, batch_rows_for, iter_aligned, open_source
+
+    t_min, t_max = (float(b) for b in t_bounds)
+    if not (0 < t_min < t_max and math.isfinite(t_max)):
+        raise ValueError(f"t_bounds: expected 0 < T_min < T_max < inf, got {t_bounds!r}")
+    xs, ys = open_source(logits, name="logits"), open_source(labels, name="labels")
+    ds = open_source(domains, name="domains")
+    if xs.ndim != 2 or xs.shape[0] == 0 or xs.shape[1] < 2:
+        raise ValueError(f"logits: expected shape (n_samples, n_classes) with n_samples >= 1 and "
+                         f"n_classes >= 2, got {xs.shape}")
+    n, k = xs.shape
+    sources = {"logits": xs, "labels": ys, "domains": ds}
+    rows = batch_rows or batch_rows_for(list(sources.values()), batch_bytes or DEFAULT_BATCH_BYTES)
+    exact0 = xs.dtype == np.float64 or input_kind == "probs"
+    state = {"pass": 0, "validated": False}
+    digest = DataDigest(3)  # as Calibrator.fit: logits, labels, domains
+    counts: dict = {}
+
+    def batches(desc):
+        validate = not state["validated"]
+        unit = True
+        state["pass"] += 1
+        with progress_bar(n, f"{desc} {state['pass']}", progress) as bar:
+            for first, b in iter_aligned(sources, rows):
+                x = b["logits"]
+                if validate or input_kind == "probs" or x.dtype not in (np.float32, np.float64):
+                    x = check_logits(x, input_kind=input_kind, first_row=first, whole=False)
+                    unit = unit and bool(np.min(x) >= 0) and bool(np.max(x) <= 1)
+                y = check_labels(b["labels"], x.shape[0], k, first_row=first)
+                d = check_domains(b["domains"], x.shape[0]) if validate else b["domains"]
+                ids, codes = np.unique(d, return_inverse=True)
+                ids = [_plain_id(v) for v in ids]
+                order = np.argsort(codes, kind="stable")
+                bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(ids)))])
+                if validate:
+                    digest.update(0, x)
+                    digest.update(1, y)
+                    digest.update(2, d)
+                    for g, key in enumerate(ids):
+                        counts[key] = counts.get(key, 0) + int(bounds[g + 1] - bounds[g])
+                yield x, y, ids, order, bounds
+                bar.update(x.shape[0])
+        if validate:
+            state["validated"] = True
+            if unit and input_kind == "logits":
+                _refuse_probabilities(xs, rows)
+
+    def newton_pass(requests):
+        """``{group: (t, exact)}`` -> ``{group: TSPassStats}`` (group None: the pooled fit)."""
+        totals = {g: TSPassStats(t=t) for g, (t, _) in requests.items()}
+        for x, y, ids, order, bounds in batches("grouped temperature pass"):
+            if None in requests:
+                t, exact = requests[None]
+                totals[None].merge(ts_batch_stats(x, y, t, exact=exact, check_unit=False))
+            xo, yo = None, None
+            for g, key in enumerate(ids):
+                if key not in requests and state["validated"]:
+                    continue
+                if xo is None:
+                    xo, yo = x[order], y[order]
+                lo, hi = bounds[g], bounds[g + 1]
+                t, exact = requests.get(key, requests.get(None))  # a group first seen starts at the pooled t
+                st = ts_batch_stats(xo[lo:hi], yo[lo:hi], t, exact=exact, check_unit=False)
+                totals.setdefault(key, TSPassStats(t=t)).merge(st)
+        return totals
+
+    # every group and the pooled fit start from the same point (a fit on spread-out row blocks)
+    t0 = min(max(0.0, math.log(t_min)), math.log(t_max))
+    if n > _WARM_START_ROWS:
+        per = _WARM_START_ROWS // 8
+        starts = np.linspace(0, n - per, 8).astype(np.int64)
+        sub_x = np.concatenate([check_logits(xs.read(a, a + per), input_kind=input_kind, first_row=int(a),
+                                             whole=False) for a in starts])
+        sub_y = np.concatenate([check_labels(ys.read(a, a + per), per, k, first_row=int(a)) for a in starts])
+        t0 = math.log(fit_temperature(sub_x, sub_y, t_bounds=(t_min, t_max), warn=False).temperature)
+    steps = {None: _newton_steps(t0, t_min, t_max, tol, max_iter, exact0)}
+    pending = {None: next(steps[None])}
+    done = {}
+    small = set()
+    with _one_thread(n * k <= _SMALL_ELEMS):
+        while pending:
+            stats = newton_pass(pending)
+            if len(steps) == 1:  # the first pass found the groups: each starts where the pooled fit did
+                small = {g for g, c in counts.items() if c < min_samples}
+                for g in counts:
+                    if g not in small:
+                        steps[g] = _newton_steps(t0, t_min, t_max, tol, max_iter, exact0)
+                        pending[g] = next(steps[g])
+            moving = {}
+            for g, request in pending.items():
+                try:
+                    moving[g] = steps[g].send(stats[g].means())
+                except StopIteration as stop:
+                    done[g] = stop.value
+            pending = moving
+    fits = {}
+    for g, (t, loss, n_iter, _) in done.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", CalibrationWarning)
+            fits[g] = _result(t, loss, n_iter, t_min, t_max, True)
+        for w in caught:
+            prefix = "" if g is None else f"domain {g!r}: "
+            warnings.warn(f"{prefix}{w.message}", CalibrationWarning, stacklevel=3)
+    pooled = fits.pop(None)
+    counts = {key: counts[key] for key in _sorted_ids(counts)}
+    fits = {key: fits[key] for key in counts if key in fits}
+    fallback = {g: f"fewer than min_samples={min_samples} calibration samples" for g in counts if g in small}
+    before = after = None
+    if metrics:
+        before, after = _metric_pair(n_bins), _metric_pair(n_bins)
+        for x, y, ids, order, bounds in batches("grouped temperature metrics pass"):
+            xo, yo = x[order], y[order]
+            for g, key in enumerate(ids):
+                lo, hi = bounds[g], bounds[g + 1]
+                t = math.log(fits.get(key, pooled).temperature)
+                st = ts_batch_stats(xo[lo:hi], yo[lo:hi], t, metrics=True, before=True, n_bins=n_bins,
+                                    check_unit=False)
+                for mine, theirs in ((before, st.before), (after, st.after)):
+                    mine[0].merge(theirs[0])
+                    mine[1].merge(theirs[1])
+    return StreamedGroupedFit(pooled=pooled, groups=fits, counts=counts, fallback=fallback, n_samples=int(n),
+                              n_classes=int(k), data_sha256=digest.hexdigest(),
+                              metrics_before=_summary(before) if metrics else None,
+                              metrics_after=_summary(after) if metrics else None, n_passes=state["pass"])
+
+
+def _sorted_ids(keys) -> list:
+    try:
+        return sorted(keys)
+    except TypeError:  # mixed types: a stable order all the same
+        return sorted(keys, key=repr)

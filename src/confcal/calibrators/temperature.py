@@ -16,6 +16,7 @@ from confcal._numeric import softmax
 from confcal.calibrators._constraints import NLL, N_ITER, T_BOUNDS, T_RULE, TEMPERATURE, Bool, Fields, Int, Opt
 from confcal.calibrators._tsfit import (
     DEFAULT_T_BOUNDS,
+    CalibrationWarning,
     fit_temperature,
     fit_temperature_stream,
 )
@@ -283,6 +284,41 @@ class GroupedTemperatureScaling(GroupedCalibrator):
 
     def _make_base(self):
         return TemperatureScaling(t_min=self.t_min, t_max=self.t_max)
+
+    def _fit_source(self, logits, labels, *, sample_weight, progress, **side):
+        # every domain's Newton shares the passes over the source (fit_grouped_temperature_stream)
+        from confcal.calibrators._tsfit import fit_grouped_temperature_stream
+        from confcal.sources import open_source
+
+        xs = open_source(logits, name="logits")
+        if sample_weight is not None or xs.ndim != 2 or xs.shape[1] < 2 or side.get("domains") is None:
+            return NotImplemented  # weights, a one-logit head or missing domains: the in-memory path
+        self._check_side({**side, "domains": np.empty(0)}, 0)  # unknown side inputs: the usual message
+        kind = self._input_kind()
+        res = fit_grouped_temperature_stream(xs, labels, side["domains"], t_bounds=(self.t_min, self.t_max),
+                                             min_samples=self.min_samples, input_kind=kind, progress=progress)
+
+        def base(fit):
+            cal = self._make_base()
+            cal.temperature_, cal.nll_, cal.n_iter_, cal.at_bound_ = (fit.temperature, fit.nll, fit.n_iter,
+                                                                      fit.at_bound)
+            cal.n_classes_ = res.n_classes
+            return cal
+
+        if res.fallback:
+            sizes = [res.counts[g] for g in res.fallback]
+            reason = next(iter(res.fallback.values()))
+            warnings.warn(f"{self._what}s {list(res.fallback)} have {reason} (sizes {sizes}); they use "
+                          f"the pooled {self._what} fit", CalibrationWarning, stacklevel=3)
+        self.pooled_ = base(res.pooled)
+        self.groups_ = {key: base(fit) for key, fit in res.groups.items()}
+        self.group_counts_ = dict(res.counts)
+        self.fallback_groups_ = list(res.fallback)
+        self.n_classes_ = res.n_classes
+        self.fit_record_ = self._fit_record(n_samples=res.n_samples, data_sha256=res.data_sha256,
+                                            input_kind=kind, metrics_before=res.metrics_before,
+                                            metrics_after=res.metrics_after)
+        return self
 
     @property
     def temperature_(self) -> float:
