@@ -8,10 +8,10 @@ import numpy as np
 
 
 def format_table(rows: list[dict], columns: list[str], *, floatfmt: str = ".4f") -> str:
-    """Plain aligned text table."""
+    """Plain aligned text table; NaN cells (e.g. the confidence of an empty bin) print as ``-``."""
     def fmt(v):
-        if isinstance(v, float):
-            return "nan" if math.isnan(v) else format(v, floatfmt)
+        if isinstance(v, (float, np.floating)):
+            return "-" if math.isnan(v) else format(float(v), floatfmt)
         if isinstance(v, (np.integer,)):
             return str(int(v))
         return str(v)

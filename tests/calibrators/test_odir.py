@@ -129,6 +129,27 @@ def test_x_plus_pb_uses_the_same_cv_choice_and_nests():
         assert pb.map_.reg_lambda == x.reg_lambda_
         assert pb.base_nll_ == pytest.approx(x.nll_, abs=1e-12)
         assert pb.nll_ <= pb.base_nll_
+        # the cross-validated (early-stopped) map is held fixed: only the bounds are fitted on it
+        for name, tensor in x.map_.state_dict().items():
+            torch.testing.assert_close(pb.map_.state_dict()[name], tensor, rtol=0, atol=0)
+
+
+def test_x_plus_pb_on_an_over_confident_cv_fit_gains_by_its_bounds_only():
+    # 5x over-confident logits whose true class sometimes has probability ~0: a lower bound helps
+    z, y = _data(7, n=300, k=5)
+    z = 5 * z
+    z[np.arange(0, 300, 10), y[::10]] -= 40.0
+    x = METHODS["ms"](reg_grid=list(GRID)).fit(z, y)
+    pb = METHODS["ms+pb"](base_params={"reg_grid": list(GRID)}).fit(z, y)
+    assert not pb.fallback_ and pb.lower_ > 0
+    assert pb.nll_ < x.nll_ - 1e-3
+    p = pb.predict_proba(z)
+    assert p.min() >= pb.lower_ - 1e-12
+    # the same bounds on the fixed MS map: the gain is the bounds' own
+    for name, tensor in x.map_.state_dict().items():
+        torch.testing.assert_close(pb.map_.state_dict()[name], tensor, rtol=0, atol=0)
+    # nll_ is the objective (NLL + the fixed map's ODIR penalty): its drop is the plain NLL's drop
+    assert nll(p, y) - nll(x.predict_proba(z), y) == pytest.approx(pb.nll_ - x.nll_, rel=1e-6)
 
 
 def test_bad_settings_raise_one_clear_error():

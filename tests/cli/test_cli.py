@@ -138,9 +138,18 @@ def test_demo_runs_and_writes_outputs(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "temperature scaling" in proc.stdout and "reliability table" in proc.stdout
+    assert "nan" not in proc.stdout  # empty bins print "-", not nan
     assert (tmp_path / "demo" / "reliability.png").stat().st_size > 10_000
     manifest = json.loads((tmp_path / "demo" / "calibrator.json").read_text())
     assert manifest["parameters"]["temperature"] > 1.5  # the classifier is over-confident
+
+
+def test_format_table_shows_missing_values_as_dash():
+    from confcal._tables import format_table
+
+    text = format_table([{"a": float("nan"), "b": np.float32(0.25)}, {"a": 1.0, "b": np.nan}], ["a", "b"],
+                        floatfmt=".2f")
+    assert text.splitlines()[2:] == ["   -  0.25", "1.00     -"]
 
 
 def test_demo_improves_calibration(tmp_path):

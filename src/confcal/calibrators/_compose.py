@@ -118,8 +118,15 @@ def fit_composite(model: Composite, prep: Prepared, y, *, trainer: str, params=N
     params = [p for p in (params if params is not None else model.parameters()) if p.requires_grad]
     with single_thread():
         if trainer == "lbfgs":
-            return lbfgs(params, lambda: model.nll(prep, y), max_iter=max_iter, tol_grad=tol,
-                         tol_change=tol * 1e-3)
+            try:
+                return lbfgs(params, lambda: model.nll(prep, y), max_iter=max_iter, tol_grad=tol,
+                             tol_change=tol * 1e-3)
+            except FloatingPointError as exc:
+                # bad input, not a solver failure: say which input and how to fix it
+                finite = prep.z[torch.isfinite(prep.z)]
+                big = float(finite.abs().max()) if finite.numel() else float("nan")
+                raise ValueError(f"logits: {exc} (largest |logit| = {big:.3g}): logits of this magnitude "
+                                 "overflow this method in float64; rescale them, or use 'ts'") from exc
         if trainer == "adam":
             return adam(params, lambda idx: model.nll(prep, y, idx), y.shape[0], epochs=epochs,
                         batch_size=batch_size, lr=lr, seed=seed, progress=progress, desc=desc)

@@ -22,6 +22,7 @@ maps overflow float64 and return NaN.
 from __future__ import annotations
 
 import abc
+import math
 import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -107,7 +108,7 @@ class Real(Spec):
     """A finite real number (int or float, never bool) within the given bounds.
 
     ``log=True`` marks a log-scale parameter (magnitude <= :data:`MAX_LOG`);
-    otherwise the magnitude is at most :data:`MAX_ABS`. Bounds may be a number or a
+    otherwise the magnitude is at most ``max_abs`` (default :data:`MAX_ABS`). Bounds may be a number or a
     callable of the context's symbols (e.g. ``lambda env: 1 / env["n_classes"]``).
     """
 
@@ -116,6 +117,7 @@ class Real(Spec):
     lt: Any = None
     le: Any = None
     log: bool = False
+    max_abs: float | None = None
 
     def _bounds(self, ctx):
         ev = lambda b: b(ctx.env) if callable(b) else b  # noqa: E731
@@ -133,7 +135,7 @@ class Real(Spec):
 
     def check_array(self, a: np.ndarray, path: str, ctx: _Ctx, *, scalar: bool = False, raw=None) -> None:
         gt, ge, lt, le = self._bounds(ctx)
-        cap = MAX_LOG if self.log else MAX_ABS
+        cap = MAX_LOG if self.log else (MAX_ABS if self.max_abs is None else self.max_abs)
         with np.errstate(invalid="ignore"):
             ok = np.isfinite(a) & (np.abs(a) <= cap)
             if gt is not None:
@@ -149,7 +151,8 @@ class Real(Spec):
         i = np.unravel_index(int(np.flatnonzero(~ok.ravel())[0]), a.shape)
         where = path if scalar else path + "".join(f"[{j}]" for j in i)
         what = self.describe(ctx)
-        if not (gt is not None or ge is not None or lt is not None or le is not None) or abs(a[i]) > cap:
+        if math.isfinite(cap) and (not (gt is not None or ge is not None or lt is not None or le is not None)
+                                   or abs(a[i]) > cap):
             what += f" of magnitude <= {cap:g}"
         ctx.fail(where, what, raw if scalar else a[i].item())
 
@@ -437,7 +440,9 @@ class Fields(Spec):
 TEMPERATURE = Real(gt=0)
 T_BOUNDS = {"t_min": Real(gt=0), "t_max": Real(gt=0)}
 T_RULE = Rule(("t_min", "t_max"), lambda lo, hi: lo < hi, "t_min < t_max")
-NLL = Opt(Real())
+#: a fitted objective kept for the record (never used to predict): any finite value, however large
+#: (logits of magnitude 1e150 give one of 1e150 and must still load)
+NLL = Opt(Real(max_abs=math.inf))
 N_ITER = Opt(Int(ge=0))
 SEED = Nullable(Int(ge=0, le=2 ** 32 - 1))
 #: hyper-parameters every calibrator may have (added by the base class)

@@ -23,7 +23,9 @@ bounds (``a ~ 0``, ``b ~ 1``) stays there and returns plain X. Here
    top-label probability for ``b``, of the true-class probability for ``a``,
    "no bound" included) with X's map fixed;
 3. X's parameters and the bounds are refined jointly from there (LBFGS with
-   strong-Wolfe line search; Adam when X or the bounds are networks);
+   strong-Wolfe line search; Adam when X or the bounds are networks). An
+   ODIR-cross-validated MS / Dirichlet X is an early-stopped fit: its map stays
+   fixed and only the bounds are refined, so a gain is the bounds' own;
 4. if the result's calibration NLL is above X's, X is kept with ``a = 0``,
    ``b = 1`` (``fallback_ = True``). X+PB contains X, so its fitted NLL is never
    worse than X's.
@@ -42,6 +44,7 @@ import warnings
 import numpy as np
 import torch
 
+from confcal.calibrators import _odir
 from confcal.calibrators._compose import (
     OPTIM_CONSTRAINTS, Composite, MapCalibrator, Prepared, _two_layer_state, check_labels_not_masked,
     fit_composite, map_parameters, to_torch, weighted_quantiles,
@@ -239,7 +242,9 @@ class ProbabilityBounding(Calibrator):
     bounds : ``"both"``, ``"lower"`` or ``"upper"`` (fixed by the preset)
     bound_model : ``"uniform"`` (scalars ``a``, ``b``) or ``"mlp"`` (per sample; fixed by the preset)
     base_params : dict of hyper-parameters for X (e.g. ``{"reg_lambda": 0.1}`` for Dirichlet)
-    max_iter, tol : LBFGS iterations and gradient tolerance
+    max_iter, tol : LBFGS iterations and gradient tolerance of each joint refinement (an
+        ODIR-cross-validated ``ms`` / ``dirichlet`` base, an early-stopped fit, is held fixed and
+        only the bounds are fitted on it, so that X+PB cannot win by fitting X longer)
     epochs, batch_size, lr : Adam schedule for network maps / bounds (paper: 500, 256, 1e-3)
     hidden, top_k : width and input size of the bound network (``bound_model="mlp"``)
     random_state : seed; the fit is deterministic per seed
@@ -338,13 +343,24 @@ class ProbabilityBounding(Calibrator):
         m, _ = base_cal._fit_map(z, y, sample_weight=sample_weight)
         return m
 
+    def _base_is_frozen(self) -> bool:
+        """Whether the refinement fits the bounds only, with X's map held fixed.
+
+        An ODIR-cross-validated X (``ms``/``dirichlet`` with ``reg="cv"``) is an early-stopped fit
+        (``PATH_MAX_ITER`` L-BFGS steps per grid point, the procedure its folds validated).
+        Refining its ``K^2 + K`` parameters further would let X+PB win by fitting X longer, not by
+        its bounds (and costs minutes at 100 classes), so only the bounds are fitted on top of it.
+        """
+        return self.base in ("ms", "dirichlet") and (self.base_params or {}).get("reg", "cv") == "cv"
+
     def _fit(self, logits, labels, sample_weight=None):
         check_labels_not_masked(logits, labels, sample_weight)
         z = to_torch(logits)
         y = torch.as_tensor(labels, dtype=torch.long)
         k = z.shape[1]
         m = self._fit_base(z, y, sample_weight)
-        m.requires_grad_(True)
+        frozen = self._base_is_frozen()
+        m.requires_grad_(not frozen)
         base_model = Composite(m, SoftmaxLink())
         prep = base_model.prepare(z, sample_weight=sample_weight)
         self.base_nll_ = _nll_now(base_model, prep, y)
@@ -352,8 +368,10 @@ class ProbabilityBounding(Calibrator):
 
         link = BoxLink(k, self.bounds)
         model = Composite(m, link)
-        optim = dict(max_iter=self.max_iter, tol=self.tol, epochs=self.epochs, batch_size=self.batch_size,
-                     lr=self.lr, seed=self.random_state, progress=self.progress, desc=self.method)
+        optim = dict(max_iter=self.max_iter, tol=self.tol, epochs=self.epochs,
+                     batch_size=self.batch_size, lr=self.lr, seed=self.random_state, progress=self.progress,
+                     desc=self.method)
+        refined = list(link.parameters()) if frozen else None  # None: X's and the bounds'
         best = None
         n_iter = 0
         for lo_raw, up_raw in _scan_box(model, prep, y, self.bounds):
@@ -362,7 +380,7 @@ class ProbabilityBounding(Calibrator):
             with torch.no_grad():
                 link.lower_raw.fill_(lo_raw)
                 link.upper_raw.fill_(up_raw)
-            res = fit_composite(model, prep, y, trainer=m.trainer, **optim)
+            res = fit_composite(model, prep, y, trainer=m.trainer, params=refined, **optim)
             n_iter += res.n_iter
             nll = _nll_now(model, prep, y)
             if best is None or nll < best[0]:
