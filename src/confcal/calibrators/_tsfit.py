@@ -473,8 +473,8 @@ class NearMetrics:
         from confcal.metrics._binning import equal_width_bins
 
         d = s_final - self.s
-        if abs(d) > self.dmax or abs(d) * self.a_max > 1e-5 or self.n_kept > self._MAX_KEPT:
-            return None
+        if not (abs(d) <= self.dmax and abs(d) * self.a_max <= 1e-5 and self.n_kept <= self._MAX_KEPT):
+            return None  # (a NaN anywhere refuses too)
         powers = np.array([1.0, d, d * d])
         nll = float(powers @ self.nll) - self.n_clipped * self.log_eps
         for log_py, a, var in self.kept_nll:
@@ -692,7 +692,8 @@ def fit_temperature_stream(logits, labels, *, sample_weight=None, t_bounds=DEFAU
     sources = {"logits": xs, "labels": ys, "sample_weight": ws}
     rows = batch_rows or batch_rows_for([xs, ys], batch_bytes or DEFAULT_BATCH_BYTES)
     work_dtype = np.float64 if xs.dtype == np.float64 or input_kind == "probs" else np.float32
-    state = {"pass": 0, "validated": False, "before": None, "after": None, "after_t": None, "near": None}
+    state = {"pass": 0, "validated": False, "before": None, "after": None, "after_t": None, "near": None,
+             "prev_exact_t": None}
     digest = DataDigest(2 if ws is None else 3)  # as Calibrator.fit: logits, labels[, weights]
 
     def batches():
@@ -749,12 +750,16 @@ def fit_temperature_stream(logits, labels, *, sample_weight=None, t_bounds=DEFAU
         return total
 
     def dt_stats(t, exact):
-        # a float64 pass is usually the last (the float32 passes ran until the step was below
-        # 1e-5): it also gathers the metrics before (T = 1) and near its T, resolved at the final T
-        near = _NEAR_DMAX * math.exp(-t) if metrics and exact else None
+        # the first float64 pass after float32 ones (which ran until the step was below 1e-5) is
+        # usually the last, as is a float64 pass close to the previous one (Newton converges
+        # quadratically): such a pass also gathers the metrics before (T = 1) and near its T,
+        # resolved at the final T
+        prev, state["prev_exact_t"] = state["prev_exact_t"], t if exact else state["prev_exact_t"]
+        likely_last = exact and (not exact_input or (prev is not None and abs(t - prev) < 1e-3))
+        near = _NEAR_DMAX * math.exp(-t) if metrics and likely_last else None
         return one_pass(t, exact, False, near).means()
 
-    exact = work_dtype == np.float64
+    exact = exact_input = work_dtype == np.float64
     t = min(max(0.0, math.log(t_min)), math.log(t_max))
     if n > _WARM_START_ROWS and sample_weight is None:
         # a fit on spread-out row blocks lands near the optimum and saves full passes
