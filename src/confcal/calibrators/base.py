@@ -287,7 +287,32 @@ class Calibrator(ClassifierMixin, BaseEstimator, abc.ABC):
         logits, labels = _materialise(logits, "logits"), _materialise(labels, "labels")
         sample_weight = None if sample_weight is None else _materialise(sample_weight, "sample_weight")
         side = {k: _materialise(v, k) for k, v in side.items()}
-        input_kind = self._input_kind()
+        x, y, w, side, record = self._fit_inputs(logits, labels, sample_weight, side)
+        if w is None:
+            self._fit(x, y, **side)
+        else:
+            self._fit(x, y, sample_weight=w, **side)
+        self.n_classes_ = int(x.shape[1])
+        before, after = self._fit_metrics(x, self._predict_proba(x, **side), y)
+        self.fit_record_ = {
+            "n_samples": int(x.shape[0]),
+            "data_sha256": _sha256(x, y, *[side[k] for k in sorted(side)],
+                                   *([] if w is None else [w])),
+            "input_kind": self._input_kind(),
+            "metrics_before": before,
+            "metrics_after": after,
+            "library_version": _library_version(),
+            "utc_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+        self.fit_record_.update(record)
+        if w is not None:
+            self.fit_record_["sample_weight"] = True
+        return self
+
+    def _fit_inputs(self, logits, labels, sample_weight, side):
+        """Validated ``(x, y, sample_weight, side, record)`` for :meth:`_fit`: float ``(n, K)`` logits,
+        int64 labels, float64 weights or None, checked side inputs, and entries that replace or add
+        to the fit record's defaults (subclasses that read other inputs, e.g. box scores, override it)."""
         x = self._validate_logits(logits)
         try:
             y = check_labels(labels, x.shape[0], x.shape[1])
@@ -297,26 +322,11 @@ class Calibrator(ClassifierMixin, BaseEstimator, abc.ABC):
             raise ValueError(f"{exc} (logits of shape {np.shape(logits)} are read as a binary model with one "
                              "logit, a sigmoid head: labels must be 0 or 1)") from None
         w = self._check_sample_weight(sample_weight, x.shape[0])
-        side = self._check_side(side, x.shape[0])
-        if w is None:
-            self._fit(x, y, **side)
-        else:
-            self._fit(x, y, sample_weight=w, **side)
-        self.n_classes_ = int(x.shape[1])
-        after = self._predict_proba(x, **side)
-        self.fit_record_ = {
-            "n_samples": int(x.shape[0]),
-            "data_sha256": _sha256(x, y, *[side[k] for k in sorted(side)],
-                                   *([] if w is None else [w])),
-            "input_kind": input_kind,
-            "metrics_before": summary_metrics(softmax(x), y),
-            "metrics_after": summary_metrics(after, y),
-            "library_version": _library_version(),
-            "utc_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        }
-        if w is not None:
-            self.fit_record_["sample_weight"] = True
-        return self
+        return x, y, w, self._check_side(side, x.shape[0]), {}
+
+    def _fit_metrics(self, logits, probs, labels) -> tuple[dict, dict]:
+        """The fit record's metrics ``(before, after)`` on the calibration set."""
+        return summary_metrics(softmax(logits), labels), summary_metrics(probs, labels)
 
     def _fit_source(self, logits, labels, *, sample_weight, progress, **side):
         """Hook for fits that are sums over row batches: stream ``logits``/``labels`` (arrays,

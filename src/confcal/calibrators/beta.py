@@ -28,7 +28,7 @@ from confcal.calibrators._constrained_logistic import fit_constrained_logistic
 from confcal.calibrators._constraints import NLL, Bool, Fields, Int, ListOf, Real
 from confcal.calibrators._reduce import OneVsRestCalibrator
 from confcal.calibrators.base import register
-from confcal.calibrators.detection import _BoxScoreCalibrator, _grouped_fields, score_logit
+from confcal.calibrators.detection import _BoxScoreMaps, _grouped_fields, score_logit
 
 __all__ = ["BetaCalibration", "DetectionBetaCalibration", "beta_features", "fit_beta", "apply_beta"]
 
@@ -113,7 +113,7 @@ class BetaCalibration(OneVsRestCalibrator):
 
 
 @register
-class DetectionBetaCalibration(_BoxScoreCalibrator):
+class DetectionBetaCalibration(_BoxScoreMaps):
     """Beta calibration of box scores, per class and/or per domain (``det-beta``).
 
     For 1-D box scores ``s`` in [0, 1] against "this box is a true positive":
@@ -160,8 +160,8 @@ class DetectionBetaCalibration(_BoxScoreCalibrator):
         self.min_samples = min_samples
         self.input_kind = input_kind
 
-    def _features(self, arr, input_kind=None):
-        return score_logit(arr, clip_scores=self.clip_scores)
+    def _features(self, arr, input_kind=None, first_row: int = 0):
+        return score_logit(arr, clip_scores=self.clip_scores, first_row=first_row)
 
     def _score_kind(self, input_kind) -> str:
         return "probs"  # box scores in [0, 1], whatever input_kind says
@@ -170,7 +170,7 @@ class DetectionBetaCalibration(_BoxScoreCalibrator):
         p = expit(x)
         return np.stack([1.0 - p, p], axis=1)
 
-    def _fit_group(self, x, y, key, sample_weight=None):
+    def _fit_group(self, x, y, sample_weight=None):
         params = fit_beta(x, y.astype(np.float64), sample_weight=sample_weight)
         return {**params, "nll": float(_beta_nll(params, x, y, sample_weight))}
 

@@ -33,11 +33,19 @@ positive), or class vectors ``(n_boxes, n_classes)`` with integer class labels
 ``category_ids`` int ``(n_boxes,)`` are needed with ``per_class=True``;
 passing ``domains`` ``(n_boxes,)`` at fit time makes the fit per domain, and
 then ``domains`` are required at predict time.
+
+These are ordinary calibrators: 1-D scores are the one-logit binary head ``[0, u]``
+of :class:`~confcal.calibrators.base.Calibrator` (``u`` the score's logit, or the raw
+score for ``det-platt``) and the public ``fit`` / ``predict_proba`` are the base
+class's. Every 1-D map is a logistic model fitted by the sufficient-statistics Newton
+of :mod:`confcal.calibrators._logistic`; given sources or specs instead of arrays,
+``det-ts`` / ``det-platt`` stream them (each Newton pass reads row batches,
+:mod:`confcal.calibrators._boxfit`), and :mod:`confcal.dask._fit_box` runs the same
+passes on a Dask cluster.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import math
 import warnings
 
@@ -45,12 +53,13 @@ import numpy as np
 from scipy.special import expit
 
 from confcal._numeric import softmax
-from confcal._validation import as_numpy, check_domains, check_labels, check_logits
+from confcal._validation import as_numpy, check_labels, check_logits
 from confcal.calibrators._constraints import NLL, T_BOUNDS, T_RULE, TEMPERATURE, Bool, Choice, Fields, GroupKey, \
     Int, ListOf, Nullable, Opt, Pairs, Real
 from confcal.calibrators._logistic import LogisticFit, fit_logistic
 from confcal.calibrators._tsfit import DEFAULT_T_BOUNDS, CalibrationWarning, fit_temperature
-from confcal.calibrators.base import Calibrator, _library_version, _sha256, register, summary_metrics
+from confcal.calibrators._tsfit import _result as _ts_result
+from confcal.calibrators.base import Calibrator, _sha256, register, summary_metrics
 from confcal.calibrators.grouping import fit_groups, route_groups
 from confcal.metrics.detection import binary_brier, binary_nll, detection_ece
 
@@ -59,7 +68,7 @@ __all__ = ["DetectionTemperatureScaling", "DetectionPlattScaling", "score_logit"
 
 
 # --------------------------------------------------------------------------- inputs
-def _check_scores(scores, name: str = "scores") -> np.ndarray:
+def _check_scores(scores, name: str = "scores", first_row: int = 0) -> np.ndarray:
     s = as_numpy(scores, name)
     if s.ndim != 1:
         raise ValueError(f"{name}: expected shape (n_boxes,), got {s.shape}")
@@ -72,12 +81,12 @@ def _check_scores(scores, name: str = "scores") -> np.ndarray:
     bad = ~np.isfinite(s)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{name}: expected finite scores, got {s[i]!r} at index {i}")
+        raise ValueError(f"{name}: expected finite scores, got {float(s[i])!r} at index {first_row + i}")
     return s
 
 
-def score_logit(scores, *, clip_scores: bool = False, name: str = "scores", warn_saturated: bool = False
-                ) -> np.ndarray:
+def score_logit(scores, *, clip_scores: bool = False, name: str = "scores", warn_saturated: bool = False,
+                first_row: int = 0) -> np.ndarray:
     """``log(s / (1 - s))`` in float64 after a dtype-aware clip to ``(eps, 1 - eps)``.
 
     ``eps = np.finfo(scores.dtype).eps`` (float64 for integer input), so ``1 - eps``
@@ -86,14 +95,15 @@ def score_logit(scores, *, clip_scores: bool = False, name: str = "scores", warn
     ``clip_scores=True``, which clips them into [0, 1] first. With
     ``warn_saturated``, scores that are exactly 0 or 1 in their dtype (a sigmoid
     output that lost its logit: float32 ``sigmoid(20) == 1``) give one
-    :class:`CalibrationWarning` with their count.
+    :class:`CalibrationWarning` with their count. ``first_row``: index of the first score in
+    the whole data (for messages about one batch).
     """
-    s = _check_scores(scores, name)
+    s = _check_scores(scores, name, first_row)
     out = (s < 0) | (s > 1)
     if out.any() and not clip_scores:
         i = int(np.flatnonzero(out)[0])
         raise ValueError(f"{name}: det-ts expects probability scores in [0, 1], got {float(s[i])!r} at index "
-                         f"{i} ({int(out.sum())} of {s.size} outside); use det-platt for raw scores, "
+                         f"{first_row + i} ({int(out.sum())} of {s.size} outside); use det-platt for raw scores, "
                          "or clip_scores=True")
     if warn_saturated:
         sat = int(np.count_nonzero((s == 0) | (s == 1)))
@@ -101,14 +111,23 @@ def score_logit(scores, *, clip_scores: bool = False, name: str = "scores", warn
             warnings.warn(f"{name}: {sat} of {s.size} probability scores are exactly 0 or 1 in {s.dtype} "
                           "(saturated: their logit is lost and clipped to the dtype's epsilon); pass the "
                           "detector's raw logits with input_kind='logits' if you have them",
-                          CalibrationWarning, stacklevel=5)
+                          CalibrationWarning, stacklevel=6)
     eps = float(np.finfo(s.dtype).eps)
     p = np.clip(s.astype(np.float64), eps, 1.0 - eps)
     return np.log(p) - np.log1p(-p)
 
 
-def _check_binary_labels(labels, n: int) -> np.ndarray:
-    return check_labels(labels, n, 2)
+def _check_weight_batch(w, first_row: int) -> np.ndarray:
+    w = np.asarray(w)
+    if w.ndim != 1 or w.dtype == bool or w.dtype.kind not in "fiu":
+        raise ValueError(f"sample_weight: expected float weights of shape (n_samples,), got dtype {w.dtype} "
+                         f"and row shape {w.shape[1:]}")
+    w = w.astype(np.float64)
+    bad = ~np.isfinite(w) | (w < 0)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"sample_weight: expected finite weights >= 0, got {w[i]!r} at index {first_row + i}")
+    return w
 
 
 def _check_category_ids(category_ids, n: int) -> np.ndarray:
@@ -136,15 +155,21 @@ def _grouped_fields(group: Fields) -> Fields:
                    "fallback_groups": Opt(ListOf(GroupKey()))})
 
 
-class _BoxScoreCalibrator(Calibrator):
-    """Shared machinery: 1-D score validation, groups, pooled fallback, fit record."""
+class _BoxScoreMaps(Calibrator):
+    """The calibrator hooks shared by the box-score methods (no public method overridden).
+
+    Inputs: 1-D box scores ``(n_boxes,)`` become the one-logit binary head ``[0, u]``
+    ``(n_boxes, 2)``, ``u = self._features(scores)`` (the score's logit, or the raw score
+    for ``det-platt``); class vectors ``(n_boxes, n_classes)`` (``det-ts`` only) are
+    logits. Groups (``category_ids`` with ``per_class``, crossed with ``domains`` when
+    given at fit time) go through :func:`~confcal.calibrators.grouping.fit_groups` /
+    :func:`~confcal.calibrators.grouping.route_groups`; each group's map is a dict of
+    parameters from ``_fit_group`` and applied by ``_binary_logit``.
+    """
 
     optional_side_inputs = ("domains", "category_ids")
-    #: tells ``confcal fit`` to hand over 1-D box scores unvalidated (validated here)
+    #: tells ``confcal fit`` / ``apply`` to hand over 1-D box scores unvalidated (validated here)
     takes_box_scores = True
-
-    # subclasses: _features(scores) -> float64 (n,), _fit_binary(x, y) -> dict,
-    # _binary_logit(x, params) -> (n,), and optionally multiclass support.
     supports_multiclass = False
 
     # -------------------------------------------------------------- validation
@@ -155,168 +180,217 @@ class _BoxScoreCalibrator(Calibrator):
             raise ValueError(f"input_kind: expected 'logits', 'probs' or None, got {kind!r}")
         return kind
 
-    def _inputs(self, scores, labels, input_kind):
-        arr = as_numpy(scores, "scores")
+    def _score_kind(self, input_kind) -> str:
+        """What 1-D scores are (the fit record's ``input_kind``): ``"probs"`` unless ``"logits"``."""
+        return "logits" if input_kind == "logits" else "probs"
+
+    def _scores(self, scores, name: str = "scores"):
+        """``(kind, x)``: ``("binary", [0, u])`` for 1-D scores, ``("multiclass", logits)``."""
+        arr = as_numpy(scores, name)
         if arr.ndim == 1:
-            x = self._features(arr, input_kind)
-            y = None if labels is None else _check_binary_labels(labels, x.shape[0])
-            return "binary", x, y, None
+            u = self._features(arr, self._input_kind())
+            return "binary", np.stack([np.zeros_like(u), u], axis=1)
         if not self.supports_multiclass:
-            raise ValueError(f"scores: {self.method} takes 1-D box scores (n_boxes,), got shape {arr.shape}; "
+            raise ValueError(f"{name}: {self.method} takes 1-D box scores (n_boxes,), got shape {arr.shape}; "
                              "use det-ts for class vectors")
-        x = check_logits(arr, name="scores", input_kind=input_kind or "logits")
+        return "multiclass", check_logits(arr, name=name, input_kind=self._input_kind() or "logits")
+
+    def _validate_logits(self, logits, name: str = "scores"):
+        """Predict-time inputs (fit reads them in :meth:`_fit_inputs`): of the kind seen at fit time."""
+        kind, x = self._scores(logits, name)
+        if kind != self.kind_:
+            raise ValueError(f"{name}: calibrator was fitted on {self.kind_} inputs, got shape {np.shape(logits)}")
+        if kind == "multiclass" and x.shape[1] != self.n_classes_:
+            raise ValueError(f"{name}: calibrator was fitted on {self.n_classes_} classes, got shape {x.shape}")
+        return x
+
+    def _fit_inputs(self, scores, labels, sample_weight, side):
+        kind, x = self._scores(scores)
         keep = None
-        y = None
-        if labels is not None:
+        if kind == "binary":
+            y = check_labels(labels, x.shape[0], 2)
+        else:
             lab = as_numpy(labels, "labels")
             if lab.ndim == 1 and lab.shape[0] == x.shape[0] and np.issubdtype(lab.dtype, np.integer):
                 keep = lab >= 0  # -1: detection without a class target (no GT, no background column)
-            y = check_labels(lab[keep] if keep is not None else lab, int(keep.sum()) if keep is not None
-                             else x.shape[0], x.shape[1])
-        return "multiclass", x, y, keep
-
-    def _side(self, n, domains, category_ids, *, fitting: bool):
-        d = None if domains is None else check_domains(domains, n)
-        c = None if category_ids is None else _check_category_ids(category_ids, n)
-        if self.per_class and c is None:
+                lab = lab[keep]
+            y = check_labels(lab, x.shape[0] if keep is None else int(keep.sum()), x.shape[1])
+        w = self._check_sample_weight(sample_weight, x.shape[0])
+        side = self._check_side(side, x.shape[0])
+        if "category_ids" in side:
+            side["category_ids"] = _check_category_ids(side["category_ids"], x.shape[0])
+        if self.per_class and "category_ids" not in side:
             raise ValueError(f"category_ids: {type(self).__name__}(per_class=True) needs category_ids= "
                              "(n_boxes,) at fit and predict time")
-        if not fitting and self.by_domain_ and d is None:
-            raise ValueError(f"domains: this {self.method} calibrator was fitted per domain; pass domains= "
-                             "(n_boxes,) (ids unseen at fit time use the pooled map)")
-        return d, c
+        record = {"n_left_out": 0 if keep is None else int((~keep).sum()),
+                  "data_sha256": _sha256(as_numpy(scores, "scores"), as_numpy(labels, "labels"),
+                                         *[side[k] for k in sorted(side)], *([] if w is None else [w])),
+                  "input_kind": self._score_kind(self._input_kind()) if kind == "binary"
+                  else (self._input_kind() or "logits")}
+        if keep is not None:
+            x = x[keep]
+            side = {k: v[keep] for k, v in side.items()}
+            w = None if w is None else w[keep]
+            if x.shape[0] == 0:
+                raise ValueError("labels: no box has a class target (all labels are -1)")
+            if w is not None and not w.sum() > 0:
+                raise ValueError("sample_weight: every box with a class target has weight 0")
+        self.kind_ = kind
+        return x, y, w, side, record
 
-    def _group_keys(self, n, d, c, by_domain):
+    def _group_keys(self, n, domains, category_ids):
         parts = []
         if self.per_class:
-            parts.append(c)
-        if by_domain:
-            parts.append(d)
+            if category_ids is None:
+                raise ValueError(f"category_ids: {type(self).__name__}(per_class=True) needs category_ids= "
+                                 "(n_boxes,) at fit and predict time")
+            parts.append(_check_category_ids(category_ids, n))
+        if self.by_domain_:
+            if domains is None:
+                raise ValueError(f"domains: this {self.method} calibrator was fitted per domain; pass "
+                                 "domains= (n_boxes,) (ids unseen at fit time use the pooled map)")
+            parts.append(domains)
         if not parts:
             return None
         return [tuple(_key_part(p[i]) for p in parts) for i in range(n)]
 
     # --------------------------------------------------------------------- fit
-    def fit(self, scores, labels, *, sample_weight=None, domains=None, category_ids=None):
-        """Fit on matched detections.
+    def _features_of(self, x):
+        return x[:, 1] if self.kind_ == "binary" else x
 
-        Parameters
-        ----------
-        scores : float ``(n_boxes,)`` box scores, or ``(n_boxes, n_classes)`` class
-            logits/probabilities (``det-ts`` only)
-        labels : 0/1 ``(n_boxes,)`` (1 = true positive) for 1-D scores; class
-            indices (``-1`` = no target, left out) for class vectors
-        domains : optional ``(n_boxes,)`` ids; given at fit time, the fit is per domain
-        category_ids : int ``(n_boxes,)``, required with ``per_class=True``
-
-        Raises ``ValueError``/``TypeError`` naming the bad argument.
-        """
-        self._check_hyperparameters()
-        input_kind = self._input_kind()
-        kind, x, y, keep = self._inputs(scores, labels, input_kind)
-        if y is None:
-            raise ValueError("labels: required for fit")
-        w = self._check_sample_weight(sample_weight, x.shape[0])
-        d, c = self._side(x.shape[0], domains, category_ids, fitting=True)
-        if keep is not None:
-            x = x[keep]
-            d = None if d is None else d[keep]
-            c = None if c is None else c[keep]
-            w = None if w is None else w[keep]
-        if w is not None and not w.sum() > 0:
-            raise ValueError("sample_weight: every box with a class target has weight 0")
-        if x.shape[0] == 0:
-            raise ValueError("labels: no box has a class target (all labels are -1)")
-        self.kind_ = kind
-        self.by_domain_ = d is not None
-        self.n_classes_ = 2 if kind == "binary" else int(x.shape[1])
-        self._fit(x, y, domains=d, category_ids=c, sample_weight=w)
-        after = self._proba(x, d, c, warn_unseen=False)
-        before = self._raw_proba(x)
-        self.fit_record_ = {
-            "n_samples": int(x.shape[0]),
-            "n_left_out": int((~keep).sum()) if keep is not None else 0,
-            "data_sha256": _sha256(x, y, *[a for a in (d, c, w) if a is not None]),
-            "input_kind": self._score_kind(input_kind) if kind == "binary" else (input_kind or "logits"),
-            "metrics_before": self._metrics(before, y),
-            "metrics_after": self._metrics(after, y),
-            "library_version": _library_version(),
-            "utc_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        }
-        return self
-
-    def _score_kind(self, input_kind) -> str:
-        """What 1-D scores are (the fit record's ``input_kind``): ``"probs"`` unless ``"logits"``."""
-        return "logits" if input_kind == "logits" else "probs"
-
-    def _metrics(self, probs, y):
-        if self.kind_ == "multiclass":
-            return summary_metrics(probs, y)
-        p = probs[:, 1]
-        return {"precision": float(y.mean()), "mean_confidence": float(p.mean()),
-                "d_ece": detection_ece(p, y, 15), "nll": binary_nll(p, y), "brier": binary_brier(p, y)}
-
-    def _fit(self, x, y, domains=None, category_ids=None, sample_weight=None):
+    def _fit(self, x, y, sample_weight=None, domains=None, category_ids=None):
         w = sample_weight
-        keys = self._group_keys(x.shape[0], domains, category_ids, self.by_domain_)
+        self.by_domain_ = domains is not None
+        f = self._features_of(x)
+        keys = self._group_keys(x.shape[0], domains, category_ids)
+        pooled = self._fit_group(f, y, w)  # here, so its warnings point at the caller of fit
         if keys is None:
-            self.pooled_ = self._fit_group(x, y, "pooled", w)
+            self.pooled_ = pooled
             self.groups_, self.group_counts_, self.fallback_groups_ = {}, {}, []
             return
 
         def fit_one(rows):
-            if rows is None:
-                return self._fit_group(x, y, "pooled", w)
-            return self._fit_group(x[rows], y[rows], rows, None if w is None else w[rows])
+            return self._fit_group(f[rows], y[rows], None if w is None else w[rows])
 
         # a box of weight 0 counts as absent; an integer weight as that many repeated boxes
-        fits = fit_groups(fit_one, keys, min_samples=self.min_samples, sample_weight=w,
+        fits = fit_groups(fit_one, keys, pooled=pooled, min_samples=self.min_samples, sample_weight=w,
                           labels=y if self.kind_ == "binary" else None, what="group",
-                          pooled_name="the pooled map", stacklevel=5)
+                          pooled_name="the pooled map", stacklevel=4)
         self.pooled_, self.groups_ = fits.pooled, fits.fits
         self.group_counts_, self.fallback_groups_ = fits.counts, list(fits.fallback)
 
+    #: 1-D fits that are sums over rows: ``fit`` on sources streams them in row batches
+    streams_box_scores = False
+
+    def _fit_source(self, scores, labels, *, sample_weight, progress, **side):
+        """Sources or specs of 1-D scores (``det-ts`` / ``det-platt``): every pass reads them in row
+        batches (:func:`confcal.calibrators._boxfit.fit_box_passes`), never the whole set at once.
+        Arrays, and class vectors, take the in-memory path (same parameters to rounding)."""
+        import os
+
+        from confcal.sources import Source
+
+        if not self.streams_box_scores or not isinstance(scores, (Source, str, os.PathLike)):
+            return NotImplemented
+        from confcal._digest import DataDigest
+        from confcal._progress import progress_bar
+        from confcal._validation import check_domains
+        from confcal.calibrators._boxfit import BoxChunk, fit_box_passes
+        from confcal.sources import DEFAULT_BATCH_BYTES, batch_rows_for, check_aligned, iter_aligned, open_source
+
+        xs = open_source(scores, name="scores")
+        if xs.ndim != 1:
+            return NotImplemented
+        allowed = set(self.optional_side_inputs)
+        unknown = sorted(set(k for k, v in side.items() if v is not None) - allowed)
+        if unknown:
+            raise TypeError(f"{type(self).__name__} does not take {unknown}; it takes {sorted(allowed)}")
+        srcs = {"scores": xs, "labels": open_source(labels, name="labels"),
+                **{k: open_source(v, name=k) for k, v in sorted(side.items()) if v is not None},
+                "sample_weight": None if sample_weight is None else open_source(sample_weight, name="sample_weight")}
+        n = check_aligned(srcs, reference="scores")
+        if self.per_class and "category_ids" not in srcs:
+            raise ValueError(f"category_ids: {type(self).__name__}(per_class=True) needs category_ids= "
+                             "(n_boxes,) at fit and predict time")
+        by_domain = "domains" in srcs
+        self.by_domain_ = by_domain  # read by the group keys below
+        names = [k for k in ("category_ids", "domains") if k in srcs]
+        rows = batch_rows_for([s for s in srcs.values() if s is not None], DEFAULT_BATCH_BYTES)
+        order = ["scores", "labels", *sorted(names), *(["sample_weight"] if sample_weight is not None else [])]
+        state = {"digest": DataDigest(len(order)), "pass": 0}
+
+        def chunks():
+            state["pass"] += 1
+            first_pass = state["pass"] == 1
+            with progress_bar(n, f"{self.method} pass {state['pass']}", progress) as bar:
+                for first, b in iter_aligned(srcs, rows):
+                    k = b["scores"].shape[0]
+                    sat = 0
+                    s = b["scores"]
+                    if self.method == "det-ts" and self._input_kind() != "logits":
+                        sat = int(np.count_nonzero((s == 0) | (s == 1)))
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore", CalibrationWarning)  # counted: the driver warns once
+                        u = self._features(s, self._input_kind(), first_row=first)
+                    y = check_labels(b["labels"], k, 2, first_row=first)
+                    cols = {}
+                    if "domains" in b:
+                        cols["domains"] = check_domains(b["domains"], k)
+                    if "category_ids" in b:
+                        cols["category_ids"] = _check_category_ids(b["category_ids"], k)
+                    w = b.get("sample_weight")
+                    if w is not None:
+                        w = _check_weight_batch(w, first)
+                    if first_pass:
+                        for i, a in enumerate([b["scores"], b["labels"], *[cols[c] for c in sorted(cols)],
+                                               *([] if w is None else [w])]):
+                            state["digest"].update(i, a)
+                    keys = self._group_keys(k, cols.get("domains"), cols.get("category_ids"))
+                    bar.update(k)
+                    yield BoxChunk(u=u, y=y, w=w, keys=keys, saturated=sat)
+
+        def run(fn, merge):
+            out = None
+            for chunk in chunks():
+                r = fn(chunk)
+                out = r if out is None else merge(out, r)
+            return out
+
+        n_passes = fit_box_passes(self, run, grouped=bool(names), by_domain=by_domain, stacklevel=4)
+        self.fit_record_ = {**self.fit_record_, **self._fit_record(
+            n_samples=n, data_sha256=state["digest"].hexdigest(), input_kind=self._score_kind(self._input_kind()),
+            metrics_before=self.fit_record_["metrics_before"], metrics_after=self.fit_record_["metrics_after"],
+            sample_weight=sample_weight is not None), "n_passes": n_passes}
+        return self
+
+    def _fit_metrics(self, x, probs, y):
+        before = self._raw_proba(self._features_of(x))
+        if self.kind_ == "multiclass":
+            return summary_metrics(before, y), summary_metrics(probs, y)
+        return _binary_metrics(before[:, 1], y), _binary_metrics(probs[:, 1], y)
+
     # ----------------------------------------------------------------- predict
-    def predict_proba(self, scores, *, domains=None, category_ids=None):
-        """Calibrated probabilities, float64: ``(n_boxes, 2)`` (columns: false, true
-        positive) for 1-D scores, ``(n_boxes, n_classes)`` for class vectors.
-
-        Groups unseen at fit time use the pooled map (one ``CalibrationWarning`` per call).
-        """
-        self._check_fitted()
-        kind, x, _, _ = self._inputs(scores, None, self._input_kind())
-        if kind != self.kind_:
-            raise ValueError(f"scores: calibrator was fitted on {self.kind_} inputs, got shape {x.shape}")
-        if kind == "multiclass" and x.shape[1] != self.n_classes_:
-            raise ValueError(f"scores: calibrator was fitted on {self.n_classes_} classes, got shape {x.shape}")
-        d, c = self._side(x.shape[0], domains, category_ids, fitting=False)
-        return self._proba(x, d, c, warn_unseen=True)
-
-    def predict_score(self, scores, **kw) -> np.ndarray:
+    def predict_score(self, scores, **side) -> np.ndarray:
         """Calibrated box confidence ``(n_boxes,)``: P(true positive) for 1-D scores,
         the top-class probability for class vectors."""
-        p = self.predict_proba(scores, **kw)
+        p = self.predict_proba(scores, **side)
         return p[:, 1] if self.kind_ == "binary" else p.max(axis=1)
 
-    def _predict_proba(self, x, **side):  # protocol hook; public predict_proba does the work
-        return self._proba(x, side.get("domains"), side.get("category_ids"), warn_unseen=True)
-
-    def _proba(self, x, d, c, *, warn_unseen: bool):
-        keys = self._group_keys(x.shape[0], d, c, self.by_domain_)
+    def _predict_proba(self, x, domains=None, category_ids=None):
+        f = self._features_of(x)
+        keys = self._group_keys(x.shape[0], domains, category_ids)
         if keys is None:
-            return self._apply_one(x, self.pooled_)
+            return self._apply_one(f, self.pooled_)
         out = np.empty((x.shape[0], self.n_classes_), dtype=np.float64)
-        known = self.group_counts_ if warn_unseen else None
-        rows = route_groups(keys, known if known is not None else set(keys), what="group",
-                            pooled_name="the pooled map", stacklevel=5)
+        rows = route_groups(keys, self.group_counts_, what="group", pooled_name="the pooled map", stacklevel=4)
         for key, idx in rows.items():
-            out[idx] = self._apply_one(x[idx], self.groups_.get(key, self.pooled_))
+            out[idx] = self._apply_one(f[idx], self.groups_.get(key, self.pooled_))
         return out
 
-    def _apply_one(self, x, p):
+    def _apply_one(self, f, p):
         if self.kind_ == "multiclass":
-            return softmax(x / p["temperature"])
-        u = self._binary_logit(x, p)
+            return softmax(f / p["temperature"])
+        u = self._binary_logit(f, p)
         return np.stack([expit(-u), expit(u)], axis=1)
 
     # --------------------------------------------------------------- manifests
@@ -335,11 +409,36 @@ class _BoxScoreCalibrator(Calibrator):
         self.pooled_ = dict(params["pooled"])
         self.groups_ = {tuple(k): dict(v) for k, v in params["groups"]}
         self.group_counts_ = {tuple(k): int(v) for k, v in params.get("group_counts", [])}
+        self.group_counts_.update({k: self.group_counts_.get(k, 0) for k in self.groups_})
         self.fallback_groups_ = [tuple(k) for k in params.get("fallback_groups", [])]
+        for k in self.fallback_groups_:
+            self.group_counts_.setdefault(k, 0)
+
+
+def binary_ts_params(res: LogisticFit, t_min: float, t_max: float, *, warn: bool = True,
+                     stacklevel: int = 6) -> dict:
+    """det-ts parameters ``{temperature, bias, nll, at_bound}`` from a logistic fit with slope ``1/T``
+    (warns, as ``ts`` does, when ``T`` ends on a bound of ``[t_min, t_max]``)."""
+    fit = _ts_result(-math.log(res.slope), res.nll, res.n_iter, t_min, t_max, warn, stacklevel=stacklevel)
+    return {"temperature": fit.temperature, "bias": res.bias, "nll": res.nll, "at_bound": fit.at_bound}
+
+
+def platt_params(res: LogisticFit, increasing: bool, *, warn: bool = True, stacklevel: int = 5) -> dict:
+    """det-platt parameters ``{a, b, nll, at_bound}`` from a logistic fit (warns on a flat map)."""
+    at_bound = bool(increasing and res.at_bound)
+    if warn and at_bound and res.slope == 0.0:
+        warnings.warn("Platt slope a = 0: the scores carry no increasing signal on this set, so every box "
+                      f"gets the base rate {expit(res.bias):.4g}", CalibrationWarning, stacklevel=stacklevel)
+    return {"a": res.slope, "b": res.bias, "nll": res.nll, "at_bound": at_bound}
+
+
+def _binary_metrics(p, y) -> dict:
+    return {"precision": float(y.mean()), "mean_confidence": float(p.mean()),
+            "d_ece": detection_ece(p, y, 15), "nll": binary_nll(p, y), "brier": binary_brier(p, y)}
 
 
 @register
-class DetectionTemperatureScaling(_BoxScoreCalibrator):
+class DetectionTemperatureScaling(_BoxScoreMaps):
     """Temperature scaling of box scores, per class and/or per domain (``det-ts``).
 
     Binary (1-D probability scores): ``p = sigmoid(logit(clip(s)) / T [+ b])``;
@@ -382,6 +481,7 @@ class DetectionTemperatureScaling(_BoxScoreCalibrator):
 
     method = "det-ts"
     supports_multiclass = True
+    streams_box_scores = True
     hyper_constraints = {"per_class": Bool(), "bias": Bool(), "clip_scores": Bool(), "min_samples": Int(ge=1),
                          **T_BOUNDS, "input_kind": Nullable(Choice("logits", "probs"))}
     hyper_rules = (T_RULE,)
@@ -404,10 +504,10 @@ class DetectionTemperatureScaling(_BoxScoreCalibrator):
         """Pooled temperature."""
         return self.pooled_["temperature"]
 
-    def _features(self, arr, input_kind=None):
+    def _features(self, arr, input_kind=None, first_row: int = 0):
         if input_kind == "logits":  # raw detector logits: no clip, no saturation
-            return _check_scores(arr).astype(np.float64)
-        return score_logit(arr, clip_scores=self.clip_scores, warn_saturated=True)
+            return _check_scores(arr, first_row=first_row).astype(np.float64)
+        return score_logit(arr, clip_scores=self.clip_scores, warn_saturated=True, first_row=first_row)
 
     def _raw_proba(self, x):
         if self.kind_ == "multiclass":
@@ -415,24 +515,20 @@ class DetectionTemperatureScaling(_BoxScoreCalibrator):
         p = expit(x)
         return np.stack([1.0 - p, p], axis=1)
 
-    def _fit_group(self, x, y, key, sample_weight=None):
-        if self.kind_ == "multiclass" or not self.bias:
-            z = x if self.kind_ == "multiclass" else np.stack([np.zeros_like(x), x], axis=1)
-            res = fit_temperature(z, y, sample_weight=sample_weight, t_bounds=(self.t_min, self.t_max))
+    def _fit_group(self, x, y, sample_weight=None):
+        if self.kind_ == "multiclass":
+            res = fit_temperature(x, y, sample_weight=sample_weight, t_bounds=(self.t_min, self.t_max))
             return {"temperature": res.temperature, "bias": 0.0, "nll": res.nll, "at_bound": res.at_bound}
-        res = fit_logistic(x, y, slope_bounds=(1.0 / self.t_max, 1.0 / self.t_min), fit_bias=True,
+        res = fit_logistic(x, y, slope_bounds=(1.0 / self.t_max, 1.0 / self.t_min), fit_bias=self.bias,
                            sample_weight=sample_weight)
-        if res.at_bound:
-            warnings.warn(f"temperature fit stopped at the search bound T = {1.0 / res.slope:g}",
-                          CalibrationWarning, stacklevel=4)
-        return {"temperature": 1.0 / res.slope, "bias": res.bias, "nll": res.nll, "at_bound": res.at_bound}
+        return binary_ts_params(res, self.t_min, self.t_max)
 
     def _binary_logit(self, x, p):
         return x / p["temperature"] + p["bias"]
 
 
 @register
-class DetectionPlattScaling(_BoxScoreCalibrator):
+class DetectionPlattScaling(_BoxScoreMaps):
     """Platt scaling of raw box scores, ``p = sigmoid(a * s + b)``, per class and/or domain (``det-platt``).
 
     For detectors whose scores are not probabilities (any finite real). 1-D scores only.
@@ -468,6 +564,7 @@ class DetectionPlattScaling(_BoxScoreCalibrator):
     """
 
     method = "det-platt"
+    streams_box_scores = True
     hyper_constraints = {"per_class": Bool(), "increasing": Bool(), "platt_targets": Bool(),
                          "min_samples": Int(ge=1)}
     fitted_constraints = _grouped_fields(Fields({"a": Real(), "b": Real(), "nll": NLL, "at_bound": Opt(Bool())}))
@@ -480,8 +577,8 @@ class DetectionPlattScaling(_BoxScoreCalibrator):
         self.platt_targets = platt_targets
         self.min_samples = min_samples
 
-    def _features(self, arr, input_kind=None):
-        return _check_scores(arr).astype(np.float64)
+    def _features(self, arr, input_kind=None, first_row: int = 0):
+        return _check_scores(arr, first_row=first_row).astype(np.float64)
 
     def _score_kind(self, input_kind) -> str:
         return "scores"  # raw scores, whatever input_kind says
@@ -490,18 +587,10 @@ class DetectionPlattScaling(_BoxScoreCalibrator):
         p = np.clip(x, 0.0, 1.0)  # raw scores as if probabilities, for the "before" metrics
         return np.stack([1.0 - p, p], axis=1)
 
-    def _fit_group(self, x, y, key, sample_weight=None):
-        targets = "platt" if self.platt_targets else "hard"
-        if self.increasing:
-            res = fit_logistic(x, y, slope_bounds=(0.0, math.inf), targets=targets, sample_weight=sample_weight)
-        else:  # unconstrained slope: fit on -x and x and keep the better (both convex, slope >= 0)
-            pos = fit_logistic(x, y, targets=targets, sample_weight=sample_weight)
-            neg = fit_logistic(-x, y, targets=targets, sample_weight=sample_weight)
-            res = pos if pos.nll <= neg.nll else LogisticFit(-neg.slope, neg.bias, neg.nll, neg.n_iter, False)
-        if self.increasing and res.at_bound and res.slope == 0.0:
-            warnings.warn("Platt slope a = 0: the scores carry no increasing signal on this set, so every box "
-                          f"gets the base rate {expit(res.bias):.4g}", CalibrationWarning, stacklevel=4)
-        return {"a": res.slope, "b": res.bias, "nll": res.nll, "at_bound": res.at_bound}
+    def _fit_group(self, x, y, sample_weight=None):
+        res = fit_logistic(x, y, slope_bounds=(0.0, math.inf) if self.increasing else (-math.inf, math.inf),
+                           targets="platt" if self.platt_targets else "hard", sample_weight=sample_weight)
+        return platt_params(res, self.increasing)
 
     def _binary_logit(self, x, p):
         return p["a"] * x + p["b"]

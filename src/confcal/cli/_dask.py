@@ -168,7 +168,7 @@ def run_fit(args, params: dict):
     with _client(args):
         cal, how = fit(args.method, _open(path), logits=cols["--logits"], labels=cols["--labels"],
                        domains=cols.get("--domains"), features=cols.get("--features"), params=params,
-                       input_kind=args.input_kind or "logits", sample_rows=args.sample_rows, seed=args.seed,
+                       input_kind=args.input_kind, sample_rows=args.sample_rows, seed=args.seed,
                        return_how=True)
     print(f"dask engine: {how}", file=sys.stderr)
     return cal

@@ -9,8 +9,6 @@ from confcal.calibrators import METHODS
 from confcal.cli._common import (
     SPEC_HELP,
     add_logits_args,
-    load_repeated,
-    load_side,
     metrics_rows,
     parse_params,
     progress_of,
@@ -65,12 +63,13 @@ def run(args) -> int:
         cal = run_fit(args, params)
         x = side = None  # the Dask fit keeps no in-memory rows for a drift summary
     elif getattr(cal, "takes_box_scores", False):
-        side = load_side(args)
-        # detection calibrators take 1-D box scores (e.g. matched.npz:score) and validate them themselves
-        x, y = load_repeated(args, "logits", "scores"), load_repeated(args, "labels")
+        # detection calibrators take 1-D box scores (e.g. matched.npz:score) and validate them themselves;
+        # det-ts/det-platt stream them in row batches, det-beta (and class vectors) load them whole
+        xs, side = source(args, "logits", "scores"), side_sources(args)
         if args.category_ids:
-            side["category_ids"] = load_repeated(args, "category_ids")
-        cal.fit(x, y, **side)
+            side["category_ids"] = source(args, "category_ids")
+        cal.fit(xs, source(args, "labels"), progress=progress_of(args), **side)
+        x, side = spread_rows(xs), {k: spread_rows(v) for k, v in side.items()}
     else:
         if args.per_class or args.category_ids:
             raise ValueError(f"--per-class/--category-ids: only for det-ts, det-platt and det-beta, not {args.method}")

@@ -21,11 +21,12 @@ import numpy as np
 
 from confcal.dask._data import column_matrix, resolve_columns
 from confcal.dask._evaluate import OVERALL, _tree_reduce
+from confcal.dask._fit_box import BOX_METHODS, fit_box
 
 __all__ = ["fit", "FULL_DATA_METHODS"]
 
 #: methods whose distributed fit makes full-data passes (the others fit on a sample)
-FULL_DATA_METHODS = ("ts", "grouped-ts")
+FULL_DATA_METHODS = ("ts", "grouped-ts", *BOX_METHODS)
 
 _WARM_START_ROWS = 50_000
 
@@ -261,7 +262,7 @@ def _metrics_after(data, specs, input_kind, manifest) -> dict:
 
 
 def fit(method: str, data, *, logits: str = "logits", labels: str = "label", domains: str | None = None,
-        features: str | None = None, params: dict | None = None, input_kind: str = "logits",
+        features: str | None = None, params: dict | None = None, input_kind: str | None = None,
         sample_rows: int = 200_000, seed: int = 0, return_how: bool = False):
     """Fit a calibrator on a Dask DataFrame.
 
@@ -281,9 +282,9 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
         Column specs (see :func:`confcal.dask.apply`).
     params : dict, optional
         Hyper-parameters of the method.
-    input_kind : {"logits", "probs"}
+    input_kind : {"logits", "probs"} or None
         What the ``logits`` column holds (a hyper-parameter, recorded in the manifest;
-        ``params["input_kind"]`` wins when both are given).
+        ``params["input_kind"]`` wins when both are given); None: the method's default.
     sample_rows : int
         Size of the in-memory sample for methods that are not full-data sums.
     seed : int
@@ -305,15 +306,19 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
     """
     from confcal.calibrators.base import make_calibrator
 
-    if input_kind not in ("logits", "probs"):
+    if input_kind not in (None, "logits", "probs"):
         raise ValueError(f"input_kind: expected 'logits' or 'probs', got {input_kind!r}")
-    cal = make_calibrator(method, {"input_kind": input_kind, **(params or {})})
+    # None: the method's own default (det-ts: probability scores, like its single-process fit)
+    cal = make_calibrator(method, {**({} if input_kind is None else {"input_kind": input_kind}), **(params or {})})
     input_kind = cal.input_kind
     lspec = resolve_columns(data, logits, name="logits")
     yspec = resolve_columns(data, labels, name="labels")
     dspec = resolve_columns(data, domains, name="domains") if domains else None
     fspec = resolve_columns(data, features, name="features") if features else None
-    if method in FULL_DATA_METHODS:
+    if method in BOX_METHODS and fspec is None and not cal.per_class:  # det-ts / det-platt: confcal.dask._fit_box
+        fitted, n_passes = fit_box(method, cal, data, (lspec, yspec, dspec))
+        how = f"{method} fitted on all rows in {n_passes} passes over the data"
+    elif method in ("ts", "grouped-ts"):
         if method == "grouped-ts" and dspec is None:
             raise ValueError("--domains: grouped-ts needs a domain column")
         if fspec is not None or (method == "ts" and dspec is not None):
