@@ -11,10 +11,12 @@ in the same run are quoted). Sections:
 3. CLI ``fit --method ts``, ``evaluate --calibrator``, ``apply`` on 10M x 10 float32, as
    subprocesses, from ``.npy`` and from Parquet, with peak RSS from the OS (the child's ``VmHWM``),
    against the library calls on the same file;
-4. (``--big``) the same CLI commands on 100M x 10 Parquet (4 GB), generated in chunks in
-   ``--tmp`` and deleted afterwards: the peak RSS must not grow with N.
+4. (``--big``) the same CLI commands on 100M x 10 Parquet (4 GB): the peak RSS must not grow
+   with N. ``--data DIR`` keeps the set in ``DIR/v.parquet`` and reuses it on later runs (the
+   same file as ``benchmarks/dask_scale.py --data DIR``); without it the set is generated in
+   ``--tmp`` and deleted.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/end_to_end.py [--big] [--tmp /tmp/confcal-e2e]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/end_to_end.py [--big --data /work/bigdata/e2e-100M]
 
 Targets (issue 10): TS fit <= 1.5x fit_temperature and >= 5x faster than scikit-learn;
 predict_proba <= 4 logsumexp passes; CLI peak RSS <= 1.5x input + 300 MB (fit, evaluate),
@@ -190,7 +192,7 @@ def run_cli_rss(args):
 def library_cli_equivalents(d: Path):
     """Wall of the library calls the CLI commands stand for, on the same .npy files."""
     from confcal.calibrators import TemperatureScaling
-    from confcal.cli.evaluate import evaluate_sources
+    from confcal.evaluation import evaluate_sources
     from confcal.sources import open_source
 
     out = {}
@@ -211,7 +213,37 @@ def library_cli_equivalents(d: Path):
     return {**out, "fit": t_fit, "evaluate": t_eval, "apply": t_apply}
 
 
-def cli_section(d: Path, n, k, *, npy=True, lib=None):
+def dataset_ready(d: Path, n, k) -> bool:
+    """``d/v.parquet`` is complete (its footer reads) with ``n`` rows of ``label`` and ``logit_0..k-1``."""
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.ParquetFile(d / "v.parquet").metadata
+    except Exception:  # absent, or cut short
+        return False
+    return meta.num_rows == n and set(meta.schema.to_arrow_schema().names) == {"label", *(f"logit_{j}" for j in
+                                                                                          range(k))}
+
+
+def big_dataset(d: Path, n, k) -> Path:
+    """The ``--big`` Parquet set in ``d``: reused when ready, else written next to it and renamed
+    into place when complete (an interrupted run leaves no half file that looks ready)."""
+    if dataset_ready(d, n, k):
+        print(f"(reusing {d / 'v.parquet'})\n", flush=True)
+        return d
+    part = d.parent / f".{d.name}.partial"
+    shutil.rmtree(part, ignore_errors=True)
+    write_inputs(part, n, k, npy=False)
+    d.mkdir(parents=True, exist_ok=True)
+    os.replace(part / "v.parquet", d / "v.parquet")
+    shutil.rmtree(part, ignore_errors=True)
+    return d
+
+
+def cli_section(d: Path, n, k, *, npy=True, lib=None, work: Path | None = None):
+    """CLI rows on the inputs in ``d``; manifests and outputs go to ``work`` (default ``d``)."""
+    work = work or d
+    work.mkdir(parents=True, exist_ok=True)
     rows = []
     inputs = []
     if npy:
@@ -219,7 +251,7 @@ def cli_section(d: Path, n, k, *, npy=True, lib=None):
     inputs.append(("parquet", f"{d}/v.parquet:logit_*", f"{d}/v.parquet:label", (d / "v.parquet").stat().st_size))
     for fmt, xs, ys, in_bytes in inputs:
         in_mb = in_bytes / MB
-        man = d / f"cal_{fmt}.json"
+        man = work / f"cal_{fmt}.json"
         w, rss = run_cli_rss(["fit", "--logits", xs, "--labels", ys, "--method", "ts", "-o", man])
         lib_fit = None if not lib else lib["fit"] if fmt == "npy" else lib["fit parquet"]
         rows.append({"command": "fit --method ts", "input": fmt, "input MB": f"{in_mb:.0f}", "wall s": f"{w:.1f}",
@@ -230,7 +262,7 @@ def cli_section(d: Path, n, k, *, npy=True, lib=None):
                      "peak RSS MB": f"{rss:.0f}", "RSS limit MB": f"{1.5 * in_mb + 300:.0f}",
                      "library s": f"{lib['evaluate']:.1f}" if lib else "",
                      "wall / library": f"{w / lib['evaluate']:.2f}" if lib else ""})
-        out = d / ("probs.npy" if fmt == "npy" else "probs.parquet")
+        out = work / ("probs.npy" if fmt == "npy" else "probs.parquet")
         dtype = "float64" if n * k * 8 <= 2 << 30 else "float32"
         w, rss = run_cli_rss(["apply", "--calibrator", man, "--logits", xs, "-o", out, "--dtype", dtype])
         out_mb = out.stat().st_size / MB
@@ -256,6 +288,9 @@ def main():
     ap.add_argument("--big", action="store_true", help="also the 100M x 10 Parquet run (4 GB in --tmp)")
     ap.add_argument("--skip", default="", help="comma list of sections to skip: lib,ece,cli")
     ap.add_argument("--tmp", default="/tmp/confcal-e2e")
+    ap.add_argument("--data", help="folder of the --big Parquet set (DIR/v.parquet, the layout of "
+                    "benchmarks/dask_scale.py): reused when it holds --n-big rows, else written there once "
+                    "and kept; default: written in --tmp and deleted")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     print(f"# confcal end to end ({time.strftime('%Y-%m-%d %H:%M')} UTC, torch threads "
@@ -273,10 +308,12 @@ def main():
             print(cli_section(d, args.n_cli, 10, lib=lib) + "\n", flush=True)
             shutil.rmtree(d)
         if args.big:
-            d = tmp / "big"
-            write_inputs(d, args.n_big, 10, npy=False)
-            print(cli_section(d, args.n_big, 10, npy=False) + "\n", flush=True)
-            shutil.rmtree(d)
+            if args.data:
+                d = big_dataset(Path(args.data), args.n_big, 10)
+            else:
+                d = tmp / "big"
+                write_inputs(d, args.n_big, 10, npy=False)
+            print(cli_section(d, args.n_big, 10, npy=False, work=tmp / "big-out") + "\n", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

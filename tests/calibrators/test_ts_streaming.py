@@ -105,3 +105,92 @@ def test_streamed_validation_names_whole_data_rows():
     masked[5, y[5]] = -np.inf
     with pytest.raises(ValueError, match="sample 5 has label"):
         fit_temperature_stream(masked, y, batch_rows=3)
+
+
+def test_predict_proba_writes_rows_in_place_and_matches_the_oracle():
+    """predict_proba writes each batch into its rows of the output: same bits as the generic
+    batch path, softmax(z / T) in float64 to rounding, and the same messages."""
+    rng = np.random.default_rng(5)
+    x = (rng.normal(size=(3000, 7)) * 3).astype(np.float32)
+    y = np.argmax(x / 2 + rng.gumbel(size=x.shape), axis=1)
+    cal = TemperatureScaling().fit(x, y)
+    assert 1.5 < cal.temperature_ < 3
+    p = cal.predict_proba(x)
+    assert p.dtype == np.float64 and p.flags.c_contiguous
+    assert np.array_equal(p, predict_into(cal, open_source(x), batch_rows=7))
+    z = x.astype(np.float64) / cal.temperature_
+    ref = np.exp(z - z.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(p, ref / ref.sum(axis=1, keepdims=True), rtol=1e-14, atol=1e-16)
+    with pytest.raises(ValueError, match=r"fitted on 7 classes, got shape \(4, 3\)"):
+        cal.predict_proba(x[:4, :3])
+    bad = x[:5].copy()
+    bad[3, 2] = np.nan
+    with pytest.raises(ValueError, match="logits"):
+        cal.predict_proba(bad)
+
+
+@settings(max_examples=25)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 300), k=st.integers(2, 8), cuts=st.integers(1, 5),
+       scale=st.floats(0.1, 30), rel=st.floats(-1e-6, 1e-6))
+def test_near_metrics_resolve_to_the_metrics_at_the_new_temperature(seed, n, k, cuts, scale, rel):
+    """NearMetrics gathered at s and resolved at s (1 + rel) equal the exact metrics gathered in a
+    pass at that point (merged over any batch split), or ask for that pass (None)."""
+    rng = np.random.default_rng(seed)
+    z = rng.normal(size=(n, k)) * scale
+    y = rng.integers(0, k, size=n)
+    t = float(rng.uniform(-1, 1))
+    s = math.exp(-t)
+    on_edge = rng.random(n) < 0.3
+    if k == 2:  # top probability j / 15 at s (an ECE edge): these rows are kept and placed at the new s
+        j = rng.integers(8, 15, size=n)
+        z[on_edge, 1] = 0.0
+        z[on_edge, 0] = np.log(j[on_edge] / (15 - j[on_edge])) / s
+    edges = np.sort(rng.choice(np.arange(1, n), size=min(cuts, n - 1), replace=False)) if n > 1 else []
+    parts = np.split(np.arange(n), edges)
+    near = None
+    for idx in parts:
+        st_ = ts_batch_stats(z[idx], y[idx], t, near=1e-6 * s)
+        near = st_.near if near is None else near.merge(st_.near)
+    s_new = s * (1 + rel)
+    got = near.resolve(s_new)
+    ref = ts_batch_stats(z, y, -math.log(s_new), metrics=True).after
+    if got is None:
+        assert abs(s_new - s) * near.a_max > 1e-5
+        return
+    if k == 2 and on_edge.any():
+        assert near.n_kept > 0
+    assert got[0].n == ref[0].n and got[0].correct == ref[0].correct
+    np.testing.assert_array_equal(got[1].count, ref[1].count)
+    np.testing.assert_array_equal(got[1].corr_sum, ref[1].corr_sum)
+    np.testing.assert_allclose(got[1].conf_sum, ref[1].conf_sum, rtol=1e-12, atol=1e-13)
+    for key in ("nll", "brier"):
+        assert got[0].result()[key] == pytest.approx(ref[0].result()[key], rel=1e-12, abs=1e-14), key
+    assert got[1].ece() == pytest.approx(ref[1].ece(), rel=1e-10, abs=1e-13)
+
+
+def test_near_metrics_refuse_a_far_temperature():
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(50, 4)) * 3
+    y = rng.integers(0, 4, size=50)
+    near = ts_batch_stats(z, y, 0.0, near=1e-6).near
+    assert near.resolve(1.0 + 1e-7) is not None
+    assert near.resolve(1.0 + 1e-5) is None  # beyond dmax: a pass at the final T is needed
+    assert ts_batch_stats(z, y, 0.0, exact=False, near=1e-6).near is None  # only float64 passes
+
+
+def test_streamed_fit_takes_after_metrics_from_its_newton_passes(monkeypatch):
+    """The fit needs no pass at the final T (same passes as fit_temperature, plus none), and the
+    fallback pass (when the expansion is refused) gives the same record."""
+    from confcal.calibrators import _tsfit
+
+    x, y = cifar(n=4000)
+    core = fit_temperature(x, y)
+    res = fit_temperature_stream(x, y, batch_rows=999)
+    assert res.fit.temperature == core.temperature
+    assert res.n_passes == core.n_iter
+    monkeypatch.setattr(_tsfit.NearMetrics, "resolve", lambda self, s_final: None)
+    slow = fit_temperature_stream(x, y, batch_rows=999)
+    assert slow.n_passes == core.n_iter + 1 and slow.fit.temperature == core.temperature
+    for key in res.metrics_after:
+        assert res.metrics_after[key] == pytest.approx(slow.metrics_after[key], rel=1e-12, abs=1e-15), key
+        assert res.metrics_before[key] == slow.metrics_before[key]

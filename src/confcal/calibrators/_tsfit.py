@@ -27,6 +27,8 @@ _CHUNK_ELEMS = 1 << 18  # ~1 MB of float32 per chunk: stays in L2
 _SMALL_ELEMS = 1 << 23  # up to this many logits the fit runs on one thread (see _one_thread)
 _ACCEPT = 1e-7  # a float64 Newton step below this (in log T) ends the fit
 _WARM_START_ROWS = 50_000  # above this, start from a fit on a strided subsample
+_NEAR_BLOCK = 1 << 15  # rows per NearMetrics.add call
+_NEAR_DMAX = 1e-6  # relative reach in 1/T of the metrics gathered in a float64 pass (NearMetrics)
 
 
 class CalibrationWarning(UserWarning):
@@ -313,6 +315,7 @@ class TSPassStats:
     unit_rows: bool = True  # every row so far lies in [0, 1] (probabilities given as logits?)
     before: tuple | None = None
     after: tuple | None = None
+    near: "NearMetrics | None" = None  # the summary metrics near this t, resolved after the pass
 
     def merge(self, other: "TSPassStats") -> "TSPassStats":
         if other.t != self.t:
@@ -331,6 +334,8 @@ class TSPassStats:
                 else:
                     mine[0].merge(theirs[0])
                     mine[1].merge(theirs[1])
+        if other.near is not None:
+            self.near = other.near if self.near is None else self.near.merge(other.near)
         return self
 
     def means(self):
@@ -359,9 +364,138 @@ def _add_metrics(pair, e, s0, zy, s, correct):
     bins.update_pairs((1.0 / s0).numpy(), correct.numpy())
 
 
+class NearMetrics:
+    """Summary metrics at ``s + delta`` for a small ``delta`` known only after the pass.
+
+    A Newton pass at inverse temperature ``s`` already has each row's ``log s0`` and the
+    mean and variance of the centred logits under ``softmax(s z)``, which are the first two
+    derivatives of ``log s0`` in ``s``. Every per-row quantity of the summary (``log p_y``,
+    the top probability ``1 / s0``, ``sum_k p_k^2``) is ``exp`` of a function of ``s`` with known
+    first and second derivatives, so its sum at ``s + delta`` is ``S0 + delta S1 + delta^2 S2``
+    up to ``O((delta a)^3)`` per row (``a`` the row's first derivative): below float64 rounding
+    when ``|delta| * max|a| <= 1e-5``, which :meth:`resolve` checks. Rows that ``delta`` could
+    move across an ECE bin edge or the NLL clip (``|delta| <= dmax``) are kept one by one and
+    placed exactly. So the fit record's "after" metrics come from the last Newton pass itself,
+    with no pass at the final temperature. Mergeable (any batch order, several workers).
+    """
+
+    _MAX_KEPT = 1 << 20  # rows kept one by one; beyond this resolve() asks for a real pass
+
+    def __init__(self, s: float, n_bins: int, dmax: float):
+        from confcal.metrics.scores import NLL_EPS
+
+        self.s, self.n_bins, self.dmax = float(s), int(n_bins), float(dmax)
+        self.log_eps = math.log(NLL_EPS)
+        self.n = self.correct = self.n_clipped = 0
+        self.nll = np.zeros(3)  # sums of the coefficients of 1, delta, delta^2 (unclipped rows)
+        self.brier = np.zeros(3)
+        self.count = np.zeros(self.n_bins)
+        self.corr = np.zeros(self.n_bins)
+        self.conf = np.zeros((3, self.n_bins))
+        self.a_max = 0.0
+        self.kept_bins: list = []  # (conf, d1, d2, correct) of rows near an inner bin edge
+        self.kept_nll: list = []  # (log p_y, d1, d2) of rows near the clip
+        self.n_kept = 0
+
+    def add(self, log_s0, m1, var, zy, q0, q1, q2, correct):
+        """One chunk's rows (float64 tensors ``(rows,)``): ``log s0``, ``m1`` and ``var`` (mean and
+        variance of the centred logits), ``zy`` (label logit minus the row max), ``q0..q2``
+        (``sum e^2``, ``sum e^2 zc``, ``sum e^2 zc^2``) and ``correct`` (bool)."""
+        from confcal.metrics._binning import _bounds, equal_width_bins
+
+        s, dmax = self.s, self.dmax
+        log_s0, m1, var, zy = (t.numpy() for t in (log_s0, m1, var, zy))
+        q0, q1, q2, correct = q0.numpy(), q1.numpy(), q2.numpy(), correct.numpy()
+        self.n += log_s0.shape[0]
+        self.correct += int(np.count_nonzero(correct))
+        # log p_y(s + d) = log p_y + d a - d^2 var / 2
+        log_py = s * zy - log_s0
+        a = zy - m1
+        # sum p^2 = q(2s) / s0^2: d/ds log = b, d2/ds2 log = c
+        w1 = q1 / q0
+        b = 2.0 * (w1 - m1)
+        c = 4.0 * np.maximum(q2 / q0 - w1 * w1, 0.0) - 2.0 * var
+        self.a_max = max(self.a_max, float(np.max(np.abs(a))), float(np.max(np.abs(b))),
+                         float(np.max(np.abs(m1))))
+        # NLL: rows whose clip state delta cannot change are sums; the others are kept
+        reach = 2.0 * (dmax * np.abs(a) + dmax * dmax * var) + 1e-12
+        above = log_py - self.log_eps
+        free = above > reach
+        clipped = above < -reach
+        self.n_clipped += int(np.count_nonzero(clipped))
+        self.nll += [-np.sum(log_py[free]), -np.sum(a[free]), 0.5 * np.sum(var[free])]
+        near = ~(free | clipped)
+        if near.any():
+            self._keep(self.kept_nll, (log_py[near], a[near], var[near]))
+        # Brier = sum p^2 - 2 p_y + 1, each factor exp(d f' + d^2 f'' / 2) ~ 1 + d f' + d^2 (f'^2 + f'') / 2
+        p2 = q0 / np.exp(2.0 * log_s0)
+        py = np.exp(log_py)
+        self.brier += [np.sum(p2 - 2.0 * py + 1.0), np.sum(p2 * b - 2.0 * py * a),
+                       0.5 * np.sum(p2 * (b * b + c) - 2.0 * py * (a * a - var))]
+        # ECE: top probability 1 / s0, d log / ds = -m1, d2 = -var
+        conf = np.exp(-log_s0)
+        idx = equal_width_bins(conf, self.n_bins)
+        lower, upper = _bounds(self.n_bins)
+        reach_c = conf * (2.0 * (dmax * np.abs(m1) + dmax * dmax * var) + 1e-12)
+        near = (conf - lower[idx] <= reach_c) | (upper[idx] - conf < reach_c)  # NaN edges: never near
+        far = ~near
+        i = idx[far]
+        cf, m1f, vf = conf[far], m1[far], var[far]
+        self.count += np.bincount(i, minlength=self.n_bins)
+        self.corr += np.bincount(i, weights=correct[far], minlength=self.n_bins)
+        self.conf[0] += np.bincount(i, weights=cf, minlength=self.n_bins)
+        self.conf[1] -= np.bincount(i, weights=cf * m1f, minlength=self.n_bins)
+        self.conf[2] += np.bincount(i, weights=0.5 * cf * (m1f * m1f - vf), minlength=self.n_bins)
+        if near.any():
+            self._keep(self.kept_bins, (conf[near], m1[near], var[near], correct[near]))
+
+    def _keep(self, into, arrays):
+        self.n_kept += arrays[0].shape[0]
+        if self.n_kept <= self._MAX_KEPT:
+            into.append(tuple(np.array(x) for x in arrays))
+
+    def merge(self, other: "NearMetrics") -> "NearMetrics":
+        if (other.s, other.n_bins, other.dmax) != (self.s, self.n_bins, self.dmax):
+            raise ValueError("merge: near-metrics of different passes")
+        for key in ("n", "correct", "n_clipped", "n_kept"):
+            setattr(self, key, getattr(self, key) + getattr(other, key))
+        for key in ("nll", "brier", "count", "corr", "conf"):
+            getattr(self, key).__iadd__(getattr(other, key))
+        self.a_max = max(self.a_max, other.a_max)
+        self.kept_bins += other.kept_bins
+        self.kept_nll += other.kept_nll
+        return self
+
+    def resolve(self, s_final: float):
+        """``(ScoresAccumulator, BinnedAccumulator)`` at ``s_final``, or None when ``s_final`` is
+        too far from this pass's ``s`` for the expansion (then a pass at ``s_final`` is needed)."""
+        from confcal.metrics import BinnedAccumulator, ScoresAccumulator
+        from confcal.metrics._binning import equal_width_bins
+
+        d = s_final - self.s
+        if not (abs(d) <= self.dmax and abs(d) * self.a_max <= 1e-5 and self.n_kept <= self._MAX_KEPT):
+            return None  # (a NaN anywhere refuses too)
+        powers = np.array([1.0, d, d * d])
+        nll = float(powers @ self.nll) - self.n_clipped * self.log_eps
+        for log_py, a, var in self.kept_nll:
+            nll -= float(np.sum(np.maximum(log_py + d * a - 0.5 * d * d * var, self.log_eps)))
+        scores = ScoresAccumulator().update_sums(self.n, self.correct, nll, float(powers @ self.brier))
+        bins = BinnedAccumulator(self.n_bins)
+        bins.count += self.count
+        bins.corr_sum += self.corr
+        bins.conf_sum += powers @ self.conf
+        for conf, m1, var, correct in self.kept_bins:
+            c = conf * np.exp(-d * m1 - 0.5 * d * d * var)
+            i = equal_width_bins(c, self.n_bins)
+            bins.count += np.bincount(i, minlength=self.n_bins)
+            bins.conf_sum += np.bincount(i, weights=c, minlength=self.n_bins)
+            bins.corr_sum += np.bincount(i, weights=correct, minlength=self.n_bins)
+        return scores, bins
+
+
 def ts_batch_stats(logits, labels, t: float, *, sample_weight=None, exact: bool = True, metrics: bool = False,
                    before: bool = False, n_bins: int = 15, first_row: int = 0,
-                   check_unit: bool = True) -> TSPassStats:
+                   check_unit: bool = True, near: float | None = None) -> TSPassStats:
     """Sufficient statistics of one batch for a Newton step on ``t = log T``.
 
     Parameters
@@ -375,6 +509,8 @@ def ts_batch_stats(logits, labels, t: float, *, sample_weight=None, exact: bool 
     first_row : index of the batch's first row in the whole data (for messages)
     check_unit : record whether every row lies in [0, 1] (``unit_rows``; the probabilities
         check, needed on the first pass only)
+    near : with ``exact``, also gather :class:`NearMetrics` (``out.near``): the summary metrics at
+        any inverse temperature within ``near`` of ``exp(-t)``, resolved once the pass is summed
 
     Returns a :class:`TSPassStats` whose sums add up over batches: with ``s = exp(-t)``
     and ``nll_i = log sum_k exp(s z_ik) - s z_iy``, ``loss = sum_i w_i nll_i``,
@@ -407,7 +543,11 @@ def ts_batch_stats(logits, labels, t: float, *, sample_weight=None, exact: bool 
         out.after = _metric_pair(n_bins)
     if before:
         out.before = _metric_pair(n_bins)
+    near = near if exact else None
+    if near is not None:
+        out.near = NearMetrics(s, n_bins, near)
     loss = grad_s = hess_s = 0.0
+    near_rows, n_near = [], 0
     rows = max(1, _CHUNK_ELEMS // max(1, z.shape[1]))
     zero = torch.zeros((), dtype=dtype)
     for i in range(0, z.shape[0], rows):
@@ -415,8 +555,13 @@ def ts_batch_stats(logits, labels, t: float, *, sample_weight=None, exact: bool 
         hi_ = raw.amax(dim=1)  # amax is much faster than aminmax/max(dim) on CPU
         if check_unit and out.unit_rows:
             out.unit_rows = bool((hi_ <= 1).all()) and bool((raw.amin() >= 0))
-        zc = raw - hi_.to(dtype)[:, None]  # promoted to dtype by the subtraction itself
-        e = torch.exp(zc * s)
+        if raw.dtype == dtype:
+            zc = raw - hi_[:, None]
+        else:  # cast first: a mixed float32 - float64 subtraction runs several times slower
+            zc = raw.to(dtype)
+            zc -= hi_.to(dtype)[:, None]
+        e = zc * s
+        e.exp_()
         ez = e * zc
         s1 = ez.sum(1)
         if bool(torch.isnan(s1).any()):  # 0 * -inf of a masked class (or bad input, caught by the caller)
@@ -443,7 +588,7 @@ def ts_batch_stats(logits, labels, t: float, *, sample_weight=None, exact: bool 
             loss += float((li * wi).sum())
             grad_s += float((gi * wi).sum())
             hess_s += float((hi * wi).sum())
-        if metrics or before:
+        if metrics or before or near is not None:
             # first maximum wins ties, as numpy.argmax (which is also faster than torch's here)
             correct = torch.from_numpy(np.argmax(raw.numpy(), axis=1)) == yi
             if metrics:
@@ -455,6 +600,15 @@ def ts_batch_stats(logits, labels, t: float, *, sample_weight=None, exact: bool 
             if before:
                 e1 = torch.exp(zc.double())
                 _add_metrics(out.before, e1, e1.sum(1), zy, 1.0, correct)
+            if near is not None:
+                near_rows.append((torch.log(s0), mean_z, hi, zy, torch.linalg.vecdot(e, e),
+                                  torch.linalg.vecdot(e, ez), torch.linalg.vecdot(ez, ez), correct))
+                n_near += s0.shape[0]
+                if n_near >= _NEAR_BLOCK:  # numpy work per block of rows, not per cache-sized chunk
+                    out.near.add(*(torch.cat(cols) for cols in zip(*near_rows)))
+                    near_rows, n_near = [], 0
+    if near_rows:
+        out.near.add(*(torch.cat(cols) for cols in zip(*near_rows)))
     out.weight = float(z.shape[0]) if w is None else float(w.sum())
     out.loss, out.grad, out.hess = loss, -s * grad_s, s * s * hess_s + s * grad_s
     return out
@@ -538,7 +692,8 @@ def fit_temperature_stream(logits, labels, *, sample_weight=None, t_bounds=DEFAU
     sources = {"logits": xs, "labels": ys, "sample_weight": ws}
     rows = batch_rows or batch_rows_for([xs, ys], batch_bytes or DEFAULT_BATCH_BYTES)
     work_dtype = np.float64 if xs.dtype == np.float64 or input_kind == "probs" else np.float32
-    state = {"pass": 0, "validated": False, "before": None, "after": None, "after_t": None, "prev_exact_t": None}
+    state = {"pass": 0, "validated": False, "before": None, "after": None, "after_t": None, "near": None,
+             "prev_exact_t": None}
     digest = DataDigest(2 if ws is None else 3)  # as Calibrator.fit: logits, labels[, weights]
 
     def batches():
@@ -567,15 +722,16 @@ def fit_temperature_stream(logits, labels, *, sample_weight=None, t_bounds=DEFAU
                     digest.update(2, w)
             yield first, x, y, w
 
-    def one_pass(t, exact, with_metrics):
+    def one_pass(t, exact, with_metrics, near=None):
         state["pass"] += 1
-        want_before = with_metrics and exact and state["before"] is None
+        want_before = (with_metrics or near is not None) and exact and state["before"] is None
         check_unit = not state["validated"]
         total = TSPassStats(t=t)
         with progress_bar(n, f"temperature pass {state['pass']}", progress) as bar:
             for first, x, y, w in batches():
                 st = ts_batch_stats(x, y, t, sample_weight=w, exact=exact, metrics=with_metrics and exact,
-                                    before=want_before, n_bins=n_bins, first_row=first, check_unit=check_unit)
+                                    before=want_before, n_bins=n_bins, first_row=first, check_unit=check_unit,
+                                    near=near)
                 if not all(math.isfinite(v) for v in (st.loss, st.grad, st.hess)):
                     check_logits(x, first_row=first, whole=False)  # names the bad row, if any
                 total.merge(st)
@@ -590,17 +746,20 @@ def fit_temperature_stream(logits, labels, *, sample_weight=None, t_bounds=DEFAU
             state["before"] = total.before
         if total.after is not None:
             state["after"], state["after_t"] = total.after, t
+        state["near"] = total.near
         return total
 
     def dt_stats(t, exact):
-        # gather the metrics only in a pass that is likely the last: a float64 pass close to the
-        # previous float64 one (Newton converges quadratically from there); else one more pass
-        likely_last = exact and state["prev_exact_t"] is not None and abs(t - state["prev_exact_t"]) < 1e-4
-        if exact:
-            state["prev_exact_t"] = t
-        return one_pass(t, exact, metrics and likely_last).means()
+        # the first float64 pass after float32 ones (which ran until the step was below 1e-5) is
+        # usually the last, as is a float64 pass close to the previous one (Newton converges
+        # quadratically): such a pass also gathers the metrics before (T = 1) and near its T,
+        # resolved at the final T
+        prev, state["prev_exact_t"] = state["prev_exact_t"], t if exact else state["prev_exact_t"]
+        likely_last = exact and (not exact_input or (prev is not None and abs(t - prev) < 1e-3))
+        near = _NEAR_DMAX * math.exp(-t) if metrics and likely_last else None
+        return one_pass(t, exact, False, near).means()
 
-    exact = work_dtype == np.float64
+    exact = exact_input = work_dtype == np.float64
     t = min(max(0.0, math.log(t_min)), math.log(t_max))
     if n > _WARM_START_ROWS and sample_weight is None:
         # a fit on spread-out row blocks lands near the optimum and saves full passes
@@ -612,13 +771,17 @@ def fit_temperature_stream(logits, labels, *, sample_weight=None, t_bounds=DEFAU
         sub = fit_temperature(sub_x, sub_y, t_bounds=(t_min, t_max), warn=False)
         t = math.log(sub.temperature)
     with _one_thread(n * k <= _SMALL_ELEMS):
-        t, loss, n_iter, evaluated = _newton(dt_stats, t, t_min, t_max, tol, max_iter, exact,
-                                             accept_evaluated=1e-10)
+        # the same iteration as fit_temperature, so the same T (no verifying pass at the end)
+        t, loss, n_iter, evaluated = _newton(dt_stats, t, t_min, t_max, tol, max_iter, exact)
         fit = _result(t, loss, n_iter, t_min, t_max, warn, stacklevel=3)
         t_final = t if not fit.at_bound else math.log(fit.temperature)
-        if metrics and (state["after_t"] != t_final or state["before"] is None):
-            st = one_pass(t_final, True, True)
-            fit = TemperatureFit(fit.temperature, st.means()[0], fit.n_iter, fit.at_bound)
+        if metrics:
+            near = state["near"]
+            after = near.resolve(math.exp(-t_final)) if near is not None else None
+            if after is None or state["before"] is None:  # T moved too far after the last float64 pass
+                one_pass(t_final, True, True)
+            else:
+                state["after"], state["after_t"] = after, t_final
     return StreamedTemperatureFit(
         fit=fit, n_samples=int(n), n_classes=int(k), data_sha256=digest.hexdigest(),
         metrics_before=_summary(state["before"]) if metrics else None,
@@ -639,3 +802,197 @@ def _refuse_probabilities(xs, rows) -> None:
         raise ValueError("logits: every row is in [0, 1] and sums to 1, so these look like "
                          "probabilities, not logits; pass input_kind='probs' (CLI: --input-kind probs) "
                          "to use their log as logits")
+
+
+# ----------------------------------------------------------------------------- grouped, streamed
+
+@dataclass(frozen=True)
+class StreamedGroupedFit:
+    """Result of :func:`fit_grouped_temperature_stream`."""
+
+    pooled: TemperatureFit
+    groups: dict  # {domain id: TemperatureFit} for the domains with their own fit
+    counts: dict  # {domain id: n calibration samples}, ids sorted
+    fallback: dict  # {domain id: reason} for the domains that use the pooled fit
+    n_samples: int
+    n_classes: int
+    data_sha256: str
+    metrics_before: dict | None
+    metrics_after: dict | None
+    n_passes: int
+
+
+def _plain_id(v):
+    return v.item() if hasattr(v, "item") else v
+
+
+def fit_grouped_temperature_stream(logits, labels, domains, *, t_bounds=DEFAULT_T_BOUNDS, min_samples: int = 1,
+                                   tol: float = 1e-12, max_iter: int = 100, input_kind: str = "logits",
+                                   metrics: bool = True, n_bins: int = 15, batch_rows: int | None = None,
+                                   batch_bytes: int | None = None, progress=False) -> StreamedGroupedFit:
+    """A pooled temperature and one per domain, every Newton iteration sharing the passes over a source.
+
+    The multiclass analogue of :func:`ts_batch_stats` per group: each pass reads a batch once,
+    sorts its rows by domain and sums each group's statistics at that group's current ``log T``
+    (and the pooled ones at the pooled ``log T``); each group runs the Newton iteration of
+    :func:`fit_temperature` (:func:`_newton_steps`), so the temperatures equal the in-memory
+    per-domain fits. Domains with fewer than ``min_samples`` rows use the pooled fit. With
+    ``metrics``, one more pass gathers the summary metrics at ``T = 1`` and with each row at its
+    domain's temperature (the fit record of ``grouped-ts``).
+
+    Parameters
+    ----------
+    logits, labels, domains : aligned sources, specs or arrays; ``domains`` holds str or int ids
+    t_bounds, tol, max_iter : as :func:`fit_temperature` (every group)
+    min_samples : domains with fewer rows fall back to the pooled temperature
+    input_kind, n_bins, batch_rows, batch_bytes, progress : as :func:`fit_temperature_stream`
+
+    Returns a :class:`StreamedGroupedFit`; raises ``ValueError`` on invalid inputs (rows named
+    by their index in the whole data).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> y = rng.integers(0, 3, size=600); d = rng.integers(0, 2, size=600)
+    >>> z = (1 + 3 * d)[:, None] * (rng.normal(size=(600, 3)) + np.eye(3)[y])
+    >>> res = fit_grouped_temperature_stream(z, y, d, batch_rows=50)
+    >>> {k: round(f.temperature, 3) for k, f in res.groups.items()}, res.counts
+    ({0: 1.09, 1: 3.981}, {0: 290, 1: 310})
+    >>> bool(abs(res.groups[1].temperature / fit_temperature(z[d == 1], y[d == 1]).temperature - 1) < 1e-9)
+    True
+    """
+    from confcal._digest import DataDigest
+    from confcal._progress import progress_bar
+    from confcal._validation import check_domains, check_labels, check_logits
+    from confcal.sources import DEFAULT_BATCH_BYTES, batch_rows_for, iter_aligned, open_source
+
+    t_min, t_max = (float(b) for b in t_bounds)
+    if not (0 < t_min < t_max and math.isfinite(t_max)):
+        raise ValueError(f"t_bounds: expected 0 < T_min < T_max < inf, got {t_bounds!r}")
+    xs, ys = open_source(logits, name="logits"), open_source(labels, name="labels")
+    ds = open_source(domains, name="domains")
+    if xs.ndim != 2 or xs.shape[0] == 0 or xs.shape[1] < 2:
+        raise ValueError(f"logits: expected shape (n_samples, n_classes) with n_samples >= 1 and "
+                         f"n_classes >= 2, got {xs.shape}")
+    n, k = xs.shape
+    sources = {"logits": xs, "labels": ys, "domains": ds}
+    rows = batch_rows or batch_rows_for(list(sources.values()), batch_bytes or DEFAULT_BATCH_BYTES)
+    exact0 = xs.dtype == np.float64 or input_kind == "probs"
+    state = {"pass": 0, "validated": False}
+    digest = DataDigest(3)  # as Calibrator.fit: logits, labels, domains
+    counts: dict = {}
+
+    def batches(desc):
+        validate = not state["validated"]
+        unit = True
+        state["pass"] += 1
+        with progress_bar(n, f"{desc} {state['pass']}", progress) as bar:
+            for first, b in iter_aligned(sources, rows):
+                x = b["logits"]
+                if validate or input_kind == "probs" or x.dtype not in (np.float32, np.float64):
+                    x = check_logits(x, input_kind=input_kind, first_row=first, whole=False)
+                    unit = unit and bool(np.min(x) >= 0) and bool(np.max(x) <= 1)
+                y = check_labels(b["labels"], x.shape[0], k, first_row=first)
+                d = check_domains(b["domains"], x.shape[0]) if validate else b["domains"]
+                ids, codes = np.unique(d, return_inverse=True)
+                ids = [_plain_id(v) for v in ids]
+                order = np.argsort(codes, kind="stable")
+                bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(ids)))])
+                if validate:
+                    digest.update(0, x)
+                    digest.update(1, y)
+                    digest.update(2, d)
+                    for g, key in enumerate(ids):
+                        counts[key] = counts.get(key, 0) + int(bounds[g + 1] - bounds[g])
+                yield x, y, ids, order, bounds
+                bar.update(x.shape[0])
+        if validate:
+            state["validated"] = True
+            if unit and input_kind == "logits":
+                _refuse_probabilities(xs, rows)
+
+    def newton_pass(requests):
+        """``{group: (t, exact)}`` -> ``{group: TSPassStats}`` (group None: the pooled fit)."""
+        totals = {g: TSPassStats(t=t) for g, (t, _) in requests.items()}
+        for x, y, ids, order, bounds in batches("grouped temperature pass"):
+            if None in requests:
+                t, exact = requests[None]
+                totals[None].merge(ts_batch_stats(x, y, t, exact=exact, check_unit=False))
+            xo, yo = None, None
+            for g, key in enumerate(ids):
+                if key not in requests and state["validated"]:
+                    continue
+                if xo is None:
+                    xo, yo = x[order], y[order]
+                lo, hi = bounds[g], bounds[g + 1]
+                t, exact = requests.get(key, requests.get(None))  # a group first seen starts at the pooled t
+                st = ts_batch_stats(xo[lo:hi], yo[lo:hi], t, exact=exact, check_unit=False)
+                totals.setdefault(key, TSPassStats(t=t)).merge(st)
+        return totals
+
+    # every group and the pooled fit start from the same point (a fit on spread-out row blocks)
+    t0 = min(max(0.0, math.log(t_min)), math.log(t_max))
+    if n > _WARM_START_ROWS:
+        per = _WARM_START_ROWS // 8
+        starts = np.linspace(0, n - per, 8).astype(np.int64)
+        sub_x = np.concatenate([check_logits(xs.read(a, a + per), input_kind=input_kind, first_row=int(a),
+                                             whole=False) for a in starts])
+        sub_y = np.concatenate([check_labels(ys.read(a, a + per), per, k, first_row=int(a)) for a in starts])
+        t0 = math.log(fit_temperature(sub_x, sub_y, t_bounds=(t_min, t_max), warn=False).temperature)
+    steps = {None: _newton_steps(t0, t_min, t_max, tol, max_iter, exact0)}
+    pending = {None: next(steps[None])}
+    done = {}
+    small = set()
+    with _one_thread(n * k <= _SMALL_ELEMS):
+        while pending:
+            stats = newton_pass(pending)
+            if len(steps) == 1:  # the first pass found the groups: each starts where the pooled fit did
+                small = {g for g, c in counts.items() if c < min_samples}
+                for g in counts:
+                    if g not in small:
+                        steps[g] = _newton_steps(t0, t_min, t_max, tol, max_iter, exact0)
+                        pending[g] = next(steps[g])
+            moving = {}
+            for g, request in pending.items():
+                try:
+                    moving[g] = steps[g].send(stats[g].means())
+                except StopIteration as stop:
+                    done[g] = stop.value
+            pending = moving
+    fits = {}
+    for g, (t, loss, n_iter, _) in done.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", CalibrationWarning)
+            fits[g] = _result(t, loss, n_iter, t_min, t_max, True)
+        for w in caught:
+            prefix = "" if g is None else f"domain {g!r}: "
+            warnings.warn(f"{prefix}{w.message}", CalibrationWarning, stacklevel=3)
+    pooled = fits.pop(None)
+    counts = {key: counts[key] for key in _sorted_ids(counts)}
+    fits = {key: fits[key] for key in counts if key in fits}
+    fallback = {g: f"fewer than min_samples={min_samples} calibration samples" for g in counts if g in small}
+    before = after = None
+    if metrics:
+        before, after = _metric_pair(n_bins), _metric_pair(n_bins)
+        for x, y, ids, order, bounds in batches("grouped temperature metrics pass"):
+            xo, yo = x[order], y[order]
+            for g, key in enumerate(ids):
+                lo, hi = bounds[g], bounds[g + 1]
+                t = math.log(fits.get(key, pooled).temperature)
+                st = ts_batch_stats(xo[lo:hi], yo[lo:hi], t, metrics=True, before=True, n_bins=n_bins,
+                                    check_unit=False)
+                for mine, theirs in ((before, st.before), (after, st.after)):
+                    mine[0].merge(theirs[0])
+                    mine[1].merge(theirs[1])
+    return StreamedGroupedFit(pooled=pooled, groups=fits, counts=counts, fallback=fallback, n_samples=int(n),
+                              n_classes=int(k), data_sha256=digest.hexdigest(),
+                              metrics_before=_summary(before) if metrics else None,
+                              metrics_after=_summary(after) if metrics else None, n_passes=state["pass"])
+
+
+def _sorted_ids(keys) -> list:
+    try:
+        return sorted(keys)
+    except TypeError:  # mixed types: a stable order all the same
+        return sorted(keys, key=repr)

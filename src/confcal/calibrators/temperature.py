@@ -16,6 +16,7 @@ from confcal._numeric import softmax
 from confcal.calibrators._constraints import NLL, N_ITER, T_BOUNDS, T_RULE, TEMPERATURE, Bool, Fields, Int, Opt
 from confcal.calibrators._tsfit import (
     DEFAULT_T_BOUNDS,
+    CalibrationWarning,
     fit_temperature,
     fit_temperature_stream,
 )
@@ -159,7 +160,31 @@ class TemperatureScaling(Calibrator):
         if xs.ndim != 2 or xs.shape[1] < 2:
             return NotImplemented
         self._check_side(side, 0)
-        return predict_into(self, xs, progress=progress)
+        if self._input_kind() != "logits" or xs.dtype.kind != "f" or xs.dtype == np.float16:
+            return predict_into(self, xs, progress=progress)
+        return self._predict_rows(xs, progress)
+
+    def _predict_rows(self, xs, progress):
+        """Each batch's softmax is written straight into its rows of the output (no per-batch
+        float64 temporary to copy: the first write to fresh memory is a large part of the cost)."""
+        from confcal._progress import progress_bar
+        from confcal.calibrators._stream import refuse_probabilities
+        from confcal.sources import batch_rows_for
+
+        if xs.shape[1] != self.n_classes_:
+            raise ValueError(f"logits: calibrator was fitted on {self.n_classes_} classes, got shape {xs.shape}")
+        out = np.empty(xs.shape, dtype=np.float64)
+        rows = batch_rows_for([xs])
+        unit = True
+        with progress_bar(xs.n_rows, "predict", progress) as bar:
+            for first in range(0, xs.n_rows, rows):
+                x = xs.read(first, first + rows)
+                unit = scaled_softmax_rows(x, self.temperature_, out[first:first + x.shape[0]],
+                                           first_row=first)[1] and unit
+                bar.update(x.shape[0])
+        if unit:
+            refuse_probabilities(xs, rows)
+        return out
 
     def _predict_batch(self, logits, *, input_kind, first_row, **side):
         x = np.asarray(logits)
@@ -259,6 +284,41 @@ class GroupedTemperatureScaling(GroupedCalibrator):
 
     def _make_base(self):
         return TemperatureScaling(t_min=self.t_min, t_max=self.t_max)
+
+    def _fit_source(self, logits, labels, *, sample_weight, progress, **side):
+        # every domain's Newton shares the passes over the source (fit_grouped_temperature_stream)
+        from confcal.calibrators._tsfit import fit_grouped_temperature_stream
+        from confcal.sources import open_source
+
+        xs = open_source(logits, name="logits")
+        if sample_weight is not None or xs.ndim != 2 or xs.shape[1] < 2 or side.get("domains") is None:
+            return NotImplemented  # weights, a one-logit head or missing domains: the in-memory path
+        self._check_side({**side, "domains": np.empty(0)}, 0)  # unknown side inputs: the usual message
+        kind = self._input_kind()
+        res = fit_grouped_temperature_stream(xs, labels, side["domains"], t_bounds=(self.t_min, self.t_max),
+                                             min_samples=self.min_samples, input_kind=kind, progress=progress)
+
+        def base(fit):
+            cal = self._make_base()
+            cal.temperature_, cal.nll_, cal.n_iter_, cal.at_bound_ = (fit.temperature, fit.nll, fit.n_iter,
+                                                                      fit.at_bound)
+            cal.n_classes_ = res.n_classes
+            return cal
+
+        if res.fallback:
+            sizes = [res.counts[g] for g in res.fallback]
+            reason = next(iter(res.fallback.values()))
+            warnings.warn(f"{self._what}s {list(res.fallback)} have {reason} (sizes {sizes}); they use "
+                          f"the pooled {self._what} fit", CalibrationWarning, stacklevel=3)
+        self.pooled_ = base(res.pooled)
+        self.groups_ = {key: base(fit) for key, fit in res.groups.items()}
+        self.group_counts_ = dict(res.counts)
+        self.fallback_groups_ = list(res.fallback)
+        self.n_classes_ = res.n_classes
+        self.fit_record_ = self._fit_record(n_samples=res.n_samples, data_sha256=res.data_sha256,
+                                            input_kind=kind, metrics_before=res.metrics_before,
+                                            metrics_after=res.metrics_after)
+        return self
 
     @property
     def temperature_(self) -> float:

@@ -1,7 +1,7 @@
 """``confcal evaluate``: calibration metrics, optionally after a saved calibrator, in bounded memory.
 
-The logits are read in batches; every metric is a mergeable accumulator. The equal-mass ECE
-needs its bin edges first, so the data is read twice (exact, not estimated).
+The protocol (batches, accumulators, two passes for the exact equal-mass bins) is
+:func:`confcal.evaluation.evaluate_sources`; this module parses, gates and prints.
 """
 
 from __future__ import annotations
@@ -9,17 +9,13 @@ from __future__ import annotations
 import json
 import warnings
 
-import numpy as np
-
-from confcal._digest import DataDigest
-from confcal._progress import progress_bar
-from confcal._validation import check_domains, check_features, check_labels, check_logits
 from confcal.cli import _audit
 from confcal.cli._common import add_logits_args, metrics_rows, progress_of, side_sources, source
 from confcal.cli._dask import add_engine_args, run_evaluate, wants_dask
+from confcal.evaluation.streamed import evaluate_sources
 from confcal.io import load_calibrator
-from confcal.metrics import SummaryAccumulator
-from confcal.sources import DEFAULT_BATCH_BYTES, batch_rows_for, iter_aligned
+
+__all__ = ["register", "run", "evaluate_sources"]  # evaluate_sources lives in confcal.evaluation
 
 
 def register(sub):
@@ -39,62 +35,6 @@ def register(sub):
                         "predictions without one) exceeds X overall or in any domain")
     add_engine_args(p)
     p.set_defaults(func=run)
-
-
-def _uncalibrated(x: np.ndarray) -> np.ndarray:
-    from confcal.calibrators.temperature import scaled_softmax_rows
-
-    return scaled_softmax_rows(x, 1.0)[0]
-
-
-def evaluate_sources(xs, ys, *, cal=None, side=None, input_kind="logits", n_bins=15, progress=False):
-    """``({name: metrics}, data digest)`` over aligned sources, two passes, bounded memory."""
-    side = side or {}
-    if xs.ndim != 2:
-        raise ValueError(f"logits: expected shape (n_samples, n_classes), got {xs.shape}")
-    n, k = xs.shape
-    if cal is not None:
-        cal = load_calibrator(cal, n_classes=k) if not hasattr(cal, "_predict_batch") else cal
-    accs = {"uncalibrated": SummaryAccumulator(n_bins)}
-    if cal is not None:
-        accs[cal.method] = SummaryAccumulator(n_bins)
-    digest = DataDigest(2 + len(side))
-    # a quarter of the default batch: each batch of logits becomes two float64 probability arrays
-    # plus the metric temporaries, several times its own size
-    rows = batch_rows_for([xs, ys, *side.values()], DEFAULT_BATCH_BYTES // 4)
-    unit = input_kind == "logits"
-    seen = {}
-    for pass_no in (1, 2):
-        with progress_bar(n, f"evaluate pass {pass_no}/2", progress) as bar:
-            for first, b in iter_aligned({"logits": xs, "labels": ys, **side}, rows):
-                raw = b.pop("logits")
-                x = check_logits(raw, input_kind=input_kind, first_row=first, whole=False)
-                y = check_labels(b.pop("labels"), x.shape[0], k, first_row=first)
-                if pass_no == 1:
-                    unit = unit and bool(np.min(x) >= 0) and bool(np.max(x) <= 1)
-                    digest.update(0, x)
-                    digest.update(1, y)
-                    for i, key in enumerate(sorted(b)):
-                        digest.update(2 + i, check_domains(b[key], x.shape[0]) if key == "domains"
-                                      else check_features(b[key], x.shape[0]))
-                accs["uncalibrated"].update(_uncalibrated(x), y)
-                if cal is not None:
-                    with warnings.catch_warnings(record=True) as caught:
-                        warnings.simplefilter("always")
-                        probs, _ = cal._predict_batch(raw, input_kind=input_kind, first_row=first, **b)
-                    for w in caught:
-                        seen.setdefault(str(w.message), w)
-                    accs[cal.method].update(probs, y)
-                bar.update(x.shape[0])
-        if pass_no == 1 and unit:
-            from confcal.calibrators._stream import refuse_probabilities
-
-            refuse_probabilities(xs, rows)
-        for acc in accs.values():
-            acc.start_second_pass()
-    for w in seen.values():
-        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    return {name: acc.result() for name, acc in accs.items()}, digest.hexdigest()
 
 
 def run(args) -> int:

@@ -1,10 +1,13 @@
 """Evaluation protocols built on calibrators and metrics (above them in the layering).
 
 * :mod:`confcal.evaluation.domain`: calibration under domain shift (Gong et al., ICCV 2021).
+* :mod:`confcal.evaluation.streamed`: summary metrics of a whole data set in bounded memory
+  (``confcal evaluate``).
 * :mod:`confcal.evaluation.compare`: several calibrators on repeated calibration/test splits
   (``confcal compare``, the paper tables of Atarashi et al.).
 """
 
 from confcal.evaluation.compare import ComparisonResult, MethodResult, compare_methods
+from confcal.evaluation.streamed import evaluate_sources
 
-__all__ = ["compare_methods", "ComparisonResult", "MethodResult"]
+__all__ = ["compare_methods", "ComparisonResult", "MethodResult", "evaluate_sources"]

@@ -7,6 +7,8 @@ bin, exactly 1.0 in the last, and an edge value belongs to the lower bin.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 BINNINGS = ("equal_width", "equal_mass")
@@ -36,9 +38,61 @@ def bin_edges(confidence: np.ndarray, n_bins: int, binning: str) -> np.ndarray:
 
 
 def assign_bins(confidence: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """Bin index in ``[0, len(edges) - 2]`` for each confidence under the ``(lo, hi]`` rule."""
+    """Bin index in ``[0, len(edges) - 2]`` for each confidence under the ``(lo, hi]`` rule.
+
+    Equal-width edges (``linspace(0, 1, n_bins + 1)``) take the arithmetic path of
+    :func:`equal_width_bins`; other edges a binary search. Both give the same index."""
+    if is_equal_width(edges):
+        return equal_width_bins(confidence, len(edges) - 1)
     idx = np.searchsorted(edges[1:-1], confidence, side="left")
     return idx.astype(np.intp)
+
+
+_ARITHMETIC_MAX_BINS = 1 << 20  # c * n_bins stays within one bin of the truth far beyond this
+
+
+@functools.lru_cache(maxsize=64)
+def _linspace(n_bins: int) -> np.ndarray:
+    edges = np.linspace(0.0, 1.0, n_bins + 1)
+    edges.flags.writeable = False  # shared by every caller
+    return edges
+
+
+@functools.lru_cache(maxsize=64)
+def _bounds(n_bins: int):
+    """Lower and upper edge of each equal-width bin; NaN where no move is allowed
+    (nothing goes below the closed first bin, the last bin takes everything above)."""
+    edges = _linspace(n_bins)
+    lower, upper = edges[:-1].copy(), edges[1:].copy()
+    lower[0] = upper[-1] = np.nan
+    lower.flags.writeable = upper.flags.writeable = False
+    return lower, upper
+
+
+def equal_width_bins(confidence, n_bins: int) -> np.ndarray:
+    """Bin index of each confidence on the edges ``linspace(0, 1, n_bins + 1)`` under the
+    ``(lo, hi]`` rule, identical to the binary search of :func:`assign_bins`.
+
+    ``floor(c * n_bins)`` is the bin up to one rounding of the product (and of the edge,
+    which ``linspace`` rounds too), so it is off by at most one; one comparison with
+    each edge of that bin moves it to the exact rule. NaN lands in the last bin, as in
+    the binary search (which sorts NaN last).
+    """
+    c = np.asarray(confidence)
+    f = np.multiply(c, float(n_bins), dtype=np.float64)
+    np.fmin(f, n_bins - 1, out=f)  # fmin maps NaN to the last bin
+    np.maximum(f, 0.0, out=f)
+    idx = f.astype(np.intp)
+    lower, upper = _bounds(n_bins)
+    idx -= c <= lower[idx]
+    idx += c > upper[idx]
+    return idx
+
+
+def is_equal_width(edges: np.ndarray) -> bool:
+    """Whether ``edges`` are ``linspace(0, 1, n_bins + 1)`` (the arithmetic bin index applies)."""
+    n_bins = len(edges) - 1
+    return 1 <= n_bins <= _ARITHMETIC_MAX_BINS and np.array_equal(edges, _linspace(n_bins))
 
 
 def bin_sums(confidence: np.ndarray, correct: np.ndarray, n_bins: int, binning: str):

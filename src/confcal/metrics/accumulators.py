@@ -31,10 +31,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from confcal.metrics._binning import assign_bins, binned_gap, check_n_bins
+from confcal.metrics._binning import assign_bins, binned_gap, check_n_bins, equal_width_bins, is_equal_width
 
 __all__ = ["ScoresAccumulator", "BinnedAccumulator", "ClasswiseAccumulator", "SmoothECEAccumulator",
            "EqualMassAccumulator", "SummaryAccumulator", "confidence_correct"]
+
+
+_BLOCK = 1 << 14  # rows per block of update_pairs (measured: 16K beats 64K and 256K)
 
 
 def confidence_correct(probs, labels):
@@ -143,11 +146,22 @@ class BinnedAccumulator(_Mergeable):
 
     def update_pairs(self, confidence, correct):
         conf = np.asarray(confidence, dtype=np.float64)
-        idx = assign_bins(conf, self.edges)
+        correct = np.asarray(correct)
+        if correct.dtype != bool:
+            correct = correct.astype(np.float64)
+        if conf.ndim != 1 or not is_equal_width(self.edges):
+            self._add(assign_bins(conf, self.edges), conf, correct)
+            return self
+        # equal-width bins: arithmetic index, in blocks that stay in cache with their bincounts
+        for a in range(0, conf.shape[0], _BLOCK):
+            c = conf[a:a + _BLOCK]
+            self._add(equal_width_bins(c, self.n_bins), c, correct[a:a + _BLOCK])
+        return self
+
+    def _add(self, idx, conf, correct):
         self.count += np.bincount(idx, minlength=self.n_bins)
         self.conf_sum += np.bincount(idx, weights=conf, minlength=self.n_bins)
-        self.corr_sum += np.bincount(idx, weights=np.asarray(correct, dtype=np.float64), minlength=self.n_bins)
-        return self
+        self.corr_sum += np.bincount(idx, weights=correct, minlength=self.n_bins)
 
     def _merge(self, o):
         if not np.array_equal(o.edges, self.edges):

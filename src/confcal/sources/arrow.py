@@ -155,6 +155,7 @@ class ArrowSource(Source):
 
     def _chunk_array(self, k):
         if self._cache is None or self._cache[0] != k:
+            self._cache = None  # free the previous chunk before decoding the next: one chunk alive, not two
             self._cache = (k, self._to_numpy(self._read_chunk_table(k), self._chunks[k][2]))
         return self._cache[1]
 
