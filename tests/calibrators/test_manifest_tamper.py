@@ -463,5 +463,11 @@ def test_any_json_value_at_any_path_is_refused_in_one_line_or_sound(method, pick
     except ValueError as exc:
         assert "\n" not in str(exc)
         return
-    p = _predict(cal, data, side)
+    try:
+        p = _predict(cal, data, side)
+    except ValueError as exc:
+        # a switched-on option (det-ts per_class=True) may ask for a side input these data lack:
+        # then predict refuses in one line naming that input, which is sound too
+        assert "\n" not in str(exc) and str(exc).split(":")[0] in ("category_ids", "domains", "features"), exc
+        return
     assert np.all(np.isfinite(p)) and np.allclose(p.sum(axis=1), 1.0)

@@ -56,7 +56,14 @@ def test_oracle_property(seed, k, scale, noise):
         fit = fit_temperature(z, y)
     t_star = oracle_log_t(z, y)
     if not fit.at_bound:
-        assert abs(np.log(fit.temperature) - t_star) < 1e-6
+        # near-uniform data (T ~ 70) make the NLL flat in log T: there the two optima may differ by
+        # more than 1e-6 in log T while their NLL agrees to the last bit; ours must not be worse
+        def mean_nll(log_t):
+            return -np.mean(log_softmax(z / np.exp(log_t), axis=1)[np.arange(len(y)), y])
+
+        close = abs(np.log(fit.temperature) - t_star) < 1e-6
+        assert close or mean_nll(np.log(fit.temperature)) <= mean_nll(t_star) + 1e-15
+        assert abs(np.log(fit.temperature) - t_star) < 1e-4
     assert 1e-2 <= fit.temperature <= 1e2 and np.isfinite(fit.nll)
 
 

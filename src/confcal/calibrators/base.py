@@ -585,7 +585,7 @@ def calibrator_from_dict(manifest: dict[str, Any], *, n_classes: int | None = No
     cal = make_calibrator(method, hyper)
     try:
         cal._set_fitted(parameters)
-    except (KeyError, TypeError, ValueError, IndexError) as exc:  # a relation the table does not state
+    except (KeyError, TypeError, ValueError, IndexError, OverflowError) as exc:  # a relation the table does not state
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         head = text.split(":", 1)[0]
         if isinstance(exc, ValueError) and head.replace(".", "").replace("_", "").isalnum():
