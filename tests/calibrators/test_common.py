@@ -126,9 +126,9 @@ def test_sklearn_checks_without_data(name):
 @pytest.mark.parametrize("name", NO_SIDE)
 def test_sklearn_checks_with_their_data(name):
     """Their 20 x 3 data are valid 3-class logits with labels in {0, 1, 2} (check_fit_idempotent's:
-    2-class logits around 100 with 0/1 labels). check_estimators_pickle's data (3 classes, 2 columns)
-    are not logits: the pickle check below is the equivalent."""
+    2-class logits around 100 with 0/1 labels; check_estimators_pickle's: 30 x 3 blobs, labels 0/1)."""
     est = make(name)
+    ec.check_estimators_pickle(name, est)
     ec.check_fit_idempotent(name, est)
     ec.check_dont_overwrite_parameters(name, est)
     ec.check_methods_subset_invariance(name, est)

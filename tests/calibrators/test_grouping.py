@@ -189,3 +189,34 @@ def test_grouped_ts_manifest_of_the_previous_release_loads():
     old["parameters"]["temperatures"][0][1] = -1.0
     with pytest.raises(ValueError, match=r"parameters\.groups.*temperature"):
         calibrator_from_dict(old)
+
+
+@pytest.mark.parametrize("base,by", [("ts", "domains"), ("vs", "domains"), ("ts+pb", "domains"),
+                                     ("ts", "category_ids"), ("dirichlet", ("category_ids", "domains"))])
+def test_any_grouped_calibrator_round_trips_through_its_manifest(base, by):
+    rng = np.random.default_rng(3)
+    z = rng.normal(size=(400, 4)) * 3
+    y = (z + rng.gumbel(size=z.shape)).argmax(axis=1)
+    side = {"domains": np.where(np.arange(400) < 200, "cam", "lidar"), "category_ids": np.arange(400) % 3}
+    kw = {k: side[k] for k in ((by,) if isinstance(by, str) else by)}
+    params = {"reg": "fixed"} if base == "dirichlet" else None
+    cal = GroupedCalibrator(base, base_params=params, by=by, min_samples=50).fit(z, y, **kw)
+    manifest = json.loads(json.dumps(cal.to_dict()))
+    assert manifest["method"] == "grouped" and manifest["hyperparameters"]["base"] == base
+    back = load_calibrator(manifest)
+    np.testing.assert_array_equal(back.predict_proba(z, **kw), cal.predict_proba(z, **kw))
+
+
+def test_grouped_manifest_is_checked_with_the_base_methods_table():
+    rng = np.random.default_rng(4)
+    z = rng.normal(size=(300, 3)) * 2
+    y = (z + rng.gumbel(size=z.shape)).argmax(axis=1)
+    d = np.where(np.arange(300) < 150, "a", "b")
+    manifest = GroupedCalibrator("ts").fit(z, y, domains=d).to_dict()
+    bad = {**manifest, "parameters": {**manifest["parameters"], "pooled": {"temperature": -1.0}}}
+    with pytest.raises(ValueError, match=r"^manifest: parameters\.pooled\.temperature: "):
+        load_calibrator(bad)
+    for base in ("nope", "grouped"):
+        bad = {**manifest, "hyperparameters": {**manifest["hyperparameters"], "base": base}}
+        with pytest.raises(ValueError, match=r"^manifest: hyperparameters\.base: "):
+            load_calibrator(bad)

@@ -161,3 +161,18 @@ def test_demo_improves_calibration(tmp_path):
     assert res["after"]["accuracy"] == res["before"]["accuracy"]
     # seeded and deterministic
     assert run_demo(tmp_path, plot=False, echo=lambda *a: None)["temperature"] == res["temperature"]
+
+
+def test_grouped_method_with_any_base_fits_and_applies(data):
+    from confcal import load_calibrator
+
+    d, z, y = data
+    domains = np.where(np.arange(len(y)) < len(y) // 2, "cam", "lidar")
+    np.save(d / "domains.npy", domains)
+    assert run("fit", "--logits", d / "logits.npy", "--labels", d / "labels.npy", "--domains", d / "domains.npy",
+               "--method", "grouped", "--param", "base=vs", "--param", "min_samples=50", "-o", d / "g.json") == 0
+    assert run("apply", "--calibrator", d / "g.json", "--logits", d / "logits.npy", "--domains",
+               d / "domains.npy", "-o", d / "pg.npy") == 0
+    cal = load_calibrator(json.loads((d / "g.json").read_text()))
+    assert cal.base == "vs" and sorted(cal.groups_) == ["cam", "lidar"]
+    np.testing.assert_array_equal(np.load(d / "pg.npy"), cal.predict_proba(z, domains=domains))

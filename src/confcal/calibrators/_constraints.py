@@ -130,7 +130,11 @@ class Real(Spec):
     def check(self, value, path, ctx):
         if not _is_real(value):
             ctx.fail(path, self.describe(ctx), value)
-        self.check_array(np.asarray([value], dtype=np.float64), path, ctx, scalar=True, raw=value)
+        try:
+            as_float = np.asarray([value], dtype=np.float64)
+        except OverflowError:  # a JSON integer beyond float64 (10**400)
+            as_float = np.asarray([math.inf if value > 0 else -math.inf])
+        self.check_array(as_float, path, ctx, scalar=True, raw=value)
         return value
 
     def check_array(self, a: np.ndarray, path: str, ctx: _Ctx, *, scalar: bool = False, raw=None) -> None:
@@ -473,9 +477,16 @@ def check_hyperparameters(cls, params: dict, *, where: str | None = None, env: d
     return ctx.env
 
 
-def check_parameters(cls, params, *, env: dict, where: str = "manifest", path: str = "parameters") -> None:
-    """Check a manifest's fitted ``parameters`` block against ``cls.fitted_constraints``."""
+def check_parameters(cls, params, *, env: dict, where: str = "manifest", path: str = "parameters",
+                     hyper: dict | None = None) -> None:
+    """Check a manifest's fitted ``parameters`` block against ``cls.fitted_constraints``.
+
+    A class whose parameter layout depends on its hyper-parameters (a composition such as
+    ``GroupedCalibrator(base=...)``) gives its table by ``cls.fitted_spec(hyper)`` instead.
+    """
     spec = getattr(cls, "fitted_constraints", None)
+    if spec is None and hyper is not None and hasattr(cls, "fitted_spec"):
+        spec = cls.fitted_spec(hyper, where=where)
     if spec is None:
         raise ValueError(f"{where}: method {cls.method!r} declares no fitted_constraints; it cannot be "
                          "loaded safely")

@@ -621,7 +621,7 @@ def calibrator_from_dict(manifest: dict[str, Any], *, n_classes: int | None = No
         hyper = {**hyper, "input_kind": kind} if kind in INPUT_KINDS else hyper
     env = check_hyperparameters(target, hyper, where="manifest", env={"n_classes": k}, path="hyperparameters")
     parameters = target._upgrade_parameters(manifest["parameters"])
-    check_parameters(target, parameters, env=env)
+    check_parameters(target, parameters, env=env, hyper=hyper)
     cal = make_calibrator(method, hyper)
     try:
         cal._set_fitted(parameters)

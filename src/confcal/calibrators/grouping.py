@@ -30,7 +30,7 @@ import numpy as np
 
 from confcal.calibrators._constraints import Choice, Fields, GroupKey, Int, ListOf, Nullable, Opt, Pairs, Text
 from confcal.calibrators._tsfit import CalibrationWarning
-from confcal.calibrators.base import METHODS, Calibrator
+from confcal.calibrators.base import METHODS, Calibrator, register
 
 __all__ = ["GroupFits", "fit_groups", "group_rows", "route_groups", "GroupedCalibrator", "grouped_fields"]
 
@@ -187,6 +187,15 @@ def grouped_fields(group: Fields) -> Fields:
                    "group_counts": Opt(Pairs(GroupKey(), Int(ge=0))), "fallback_groups": Opt(ListOf(GroupKey()))})
 
 
+class _GroupingColumns:
+    """``side_inputs`` of a grouped calibrator: its ``by`` columns on an instance; on the class (the
+    method registry, ``confcal compare``) those of the default ``by="domains"``."""
+
+    def __get__(self, obj, owner):
+        return ("domains",) if obj is None else obj._by()
+
+
+@register
 class GroupedCalibrator(Calibrator):
     """One ``base`` calibrator per group of rows, with the pooled fit as fallback.
 
@@ -231,6 +240,7 @@ class GroupedCalibrator(Calibrator):
     array([1., 1.])
     """
 
+    method = "grouped"
     hyper_constraints = {"base": Text(), "base_params": Nullable(Fields({}, extra_ok=True)),
                          "by": Choice("domains", "category_ids", ("category_ids", "domains"),
                                       ["category_ids", "domains"]),
@@ -244,13 +254,26 @@ class GroupedCalibrator(Calibrator):
         self.min_samples = min_samples
         self.input_kind = input_kind
 
+    @classmethod
+    def fitted_spec(cls, hyper: dict, *, where: str = "manifest"):
+        """The ``parameters`` table of a manifest: the base method's own table, per group and pooled."""
+        base = hyper.get("base", "ts")
+        if not isinstance(base, str) or base not in METHODS or base == cls.method:
+            raise ValueError(f"{where}: hyperparameters.base: expected a registered method other than "
+                             f"{cls.method!r}, got {base!r}")
+        entry = METHODS[base]
+        base_cls = getattr(entry, "cls", entry)  # a Preset names its class
+        spec = getattr(base_cls, "fitted_constraints", None)
+        if spec is None:
+            raise ValueError(f"{where}: hyperparameters.base: method {base!r} cannot be loaded from a manifest "
+                             "inside a grouped calibrator (its parameter table depends on more than its name)")
+        return grouped_fields(spec)
+
     # ----------------------------------------------------------- for subclasses
     def _by(self) -> tuple[str, ...]:
         return (self.by,) if isinstance(self.by, str) else tuple(self.by)
 
-    @property
-    def side_inputs(self):  # the grouping columns are required at fit and predict time
-        return self._by()
+    side_inputs = _GroupingColumns()  # the grouping columns are required at fit and predict time
 
     def _make_base(self) -> Calibrator:
         if self.base not in METHODS:
