@@ -117,3 +117,39 @@ def test_labels_property(labels, k):
     else:
         with pytest.raises(ValueError, match="labels"):
             check_labels(y, len(y), k)
+
+
+def test_boolean_labels_are_refused_naming_the_dtype():
+    msg = r"^labels: expected integer class indices, got dtype bool$"
+    with pytest.raises(TypeError, match=msg):
+        check_labels(np.array([True, False]), 2, 2)
+    with pytest.raises(TypeError, match=msg):
+        check_labels(torch.tensor([True, False]), 2, 2)
+    with pytest.raises(TypeError, match=msg):
+        TemperatureScaling().fit(np.array([[1.0, 0.0], [0.0, 1.0]]), np.array([True, False]))
+    # one-hot rows stored as bool are still one-hot rows
+    np.testing.assert_array_equal(check_labels(np.eye(3, dtype=bool)[[2, 0]], 2, 3), [2, 0])
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("method", ["ts", "vs"])
+def test_posinf_logit_is_bad_logits_not_a_masked_label(method, weighted):
+    from confcal.calibrators import METHODS
+
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(10, 100))
+    z[7, 5] = np.inf
+    w = np.ones(10) if weighted else None
+    with pytest.raises(ValueError, match=r"^logits: .*found NaN/\+inf in row 7"):
+        METHODS[method]().fit(z, np.full(10, 49), sample_weight=w)
+
+
+@given(st.integers(2, 6), st.integers(1, 30), st.data())
+def test_one_posinf_anywhere_names_its_row_in_the_streamed_fit(k, n, data):
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    z = rng.normal(size=(n, k)) * 5
+    row, col = data.draw(st.integers(0, n - 1)), data.draw(st.integers(0, k - 1))
+    z[row, col] = np.inf
+    labels = rng.integers(0, k, n)
+    with pytest.raises(ValueError, match=rf"^logits: .*found NaN/\+inf in row {row}:"):
+        TemperatureScaling().fit(z, labels)

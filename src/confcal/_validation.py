@@ -171,6 +171,8 @@ def check_labels(labels, n_samples: int, n_classes: int, *, name: str = "labels"
     ValueError
         Length mismatch, non-integer values, values outside ``[0, n_classes)``,
         or a 2-D array that is not one-hot.
+    TypeError
+        A dtype that is neither integer nor float (bool included: True/False are not class indices).
     """
     y = as_numpy(labels, name)
     if y.ndim == 2:
@@ -186,8 +188,8 @@ def check_labels(labels, n_samples: int, n_classes: int, *, name: str = "labels"
         raise ValueError(f"{name}: expected shape ({n_samples},), got {y.shape}")
     if y.shape[0] != n_samples:
         raise ValueError(f"{name}: expected {n_samples} labels (one per sample), got {y.shape[0]}")
-    if y.dtype == bool:
-        y = y.astype(np.int64)
+    if y.dtype == bool:  # True/False are not class indices: refuse rather than guess 1/0
+        raise TypeError(f"{name}: expected integer class indices, got dtype bool")
     if np.issubdtype(y.dtype, np.floating):
         if not np.all(np.isfinite(y)) or not np.all(y == np.round(y)):
             idx = int(np.flatnonzero(~np.isfinite(y) | (y != np.round(y)))[0])

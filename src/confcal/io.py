@@ -160,6 +160,8 @@ class _Writer:
         self.dtype, self.key, self.keep = np.dtype(dtype), key, keep
         self.next_row = 0
         self.suffix = path.suffix.lower()
+        if keep and self.suffix in (".npy", ".npz"):  # refused before a zip writer exists
+            raise ValueError(f"--keep-columns: only for .parquet or .csv outputs, not {self.suffix}")
         if self.suffix == ".npy":
             self._npy_header(fh)
         elif self.suffix == ".npz":
@@ -182,8 +184,6 @@ class _Writer:
         else:
             raise ValueError(f"--output: unsupported file type {self.suffix!r} for {str(path)!r}; "
                              f"use {', '.join(OUTPUT_SUFFIXES)}")
-        if keep and self.suffix not in (".parquet", ".csv"):
-            raise ValueError(f"--keep-columns: only for .parquet or .csv outputs, not {self.suffix}")
 
     def _npy_header(self, fh):
         header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
@@ -224,6 +224,15 @@ class _Writer:
             self._pq.close()
 
 
+    def abort(self):
+        """Release the zip / Parquet writer of an unfinished file (it is deleted next); without
+        this their finalisers run after the file is closed and print 'seek of closed file'."""
+        for close in ((self._member.close, self._zip.close) if self.suffix == ".npz" else
+                      (self._pq.close,) if self.suffix == ".parquet" else ()):
+            with contextlib.suppress(Exception):
+                close()
+
+
 def _arrow_type(src):
     import pyarrow as pa
 
@@ -244,5 +253,9 @@ def open_array_writer(path, n_rows: int, n_cols: int, *, dtype=np.float64, key: 
     path = Path(path)
     with atomic_write(path, "w" if path.suffix.lower() == ".csv" else "wb") as fh:
         w = _Writer(fh, path, int(n_rows), int(n_cols), dtype, key, dict(keep or {}))
-        yield w
+        try:
+            yield w
+        except BaseException:
+            w.abort()  # before atomic_write closes fh: no writer left to flush into a closed file
+            raise
         w.close()

@@ -21,7 +21,7 @@ from confcal.calibrators._tsfit import check_labels_not_masked
 from confcal.calibrators.base import Calibrator
 
 __all__ = ["Composite", "Prepared", "MapCalibrator", "to_torch", "fit_composite", "OPTIM_PARAMS", "MAP_VARIANTS",
-           "map_parameters", "OPTIM_CONSTRAINTS"]
+           "map_parameters", "OPTIM_CONSTRAINTS", "logits_scale_error"]
 
 
 def to_torch(x) -> torch.Tensor | None:
@@ -111,25 +111,30 @@ class Composite(nn.Module):
         return out + self.map.penalty() if with_penalty else out
 
 
+def logits_scale_error(z: torch.Tensor, exc: Exception) -> ValueError:
+    """A non-finite objective on finite logits is bad input, not a solver failure: say which
+    input, its scale and how to fix it."""
+    finite = z[torch.isfinite(z)]
+    big = float(finite.abs().max()) if finite.numel() else float("nan")
+    return ValueError(f"logits: {exc} (largest |logit| = {big:.3g}): logits of this magnitude "
+                      "overflow this method in float64; rescale them, or use 'ts'")
+
+
 def fit_composite(model: Composite, prep: Prepared, y, *, trainer: str, params=None,
                   max_iter: int = 500, tol: float = 1e-7, epochs: int = 500, batch_size: int = 256,
                   lr: float = 1e-3, seed: int = 0, progress: bool = False, desc: str = "fit") -> OptimResult:
     """Minimise ``model.nll`` over ``params`` (default: all trainable parameters)."""
     params = [p for p in (params if params is not None else model.parameters()) if p.requires_grad]
     with single_thread():
-        if trainer == "lbfgs":
-            try:
+        try:
+            if trainer == "lbfgs":
                 return lbfgs(params, lambda: model.nll(prep, y), max_iter=max_iter, tol_grad=tol,
                              tol_change=tol * 1e-3)
-            except FloatingPointError as exc:
-                # bad input, not a solver failure: say which input and how to fix it
-                finite = prep.z[torch.isfinite(prep.z)]
-                big = float(finite.abs().max()) if finite.numel() else float("nan")
-                raise ValueError(f"logits: {exc} (largest |logit| = {big:.3g}): logits of this magnitude "
-                                 "overflow this method in float64; rescale them, or use 'ts'") from exc
-        if trainer == "adam":
-            return adam(params, lambda idx: model.nll(prep, y, idx), y.shape[0], epochs=epochs,
-                        batch_size=batch_size, lr=lr, seed=seed, progress=progress, desc=desc)
+            if trainer == "adam":
+                return adam(params, lambda idx: model.nll(prep, y, idx), y.shape[0], epochs=epochs,
+                            batch_size=batch_size, lr=lr, seed=seed, progress=progress, desc=desc)
+        except FloatingPointError as exc:
+            raise logits_scale_error(prep.z, exc) from exc
     raise ValueError(f"trainer: expected 'lbfgs' or 'adam', got {trainer!r}")
 
 

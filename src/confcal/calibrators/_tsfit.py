@@ -575,7 +575,10 @@ def ts_batch_stats(logits, labels, t: float, *, sample_weight=None, exact: bool 
         zy = raw.gather(1, yi[:, None])[:, 0].double() - hi_.double()
         wi = None if w is None else w[i:i + rows]
         if bool(torch.isneginf(zy).any()):
-            bad = torch.isneginf(zy) if wi is None else torch.isneginf(zy) & (wi > 0)
+            # a +inf elsewhere in the row also makes zy -inf: that is bad logits, which the
+            # caller names (NaN/+inf in row ...), not a label on a masked class
+            bad = torch.isneginf(zy) & torch.isfinite(hi_)
+            bad = bad if wi is None else bad & (wi > 0)
             if bool(bad.any()):
                 r = int(torch.nonzero(bad)[0])
                 raise ValueError(f"labels: sample {first_row + i + r} has label {int(yi[r])}, whose logit is -inf "

@@ -203,6 +203,28 @@ def summary_metrics(probs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
     }
 
 
+def _first_non_finite(value, path: str = "") -> str | None:
+    """``"name = value"`` of the first non-finite float inside nested fitted parameters, else None."""
+    if isinstance(value, dict):
+        items = ((f"{path}.{k}" if path else str(k), v) for k, v in value.items())
+    elif isinstance(value, (list, tuple, np.ndarray)):
+        try:  # fast path for numeric arrays, e.g. a big weight matrix
+            if np.isfinite(np.asarray(value, dtype=np.float64)).all():
+                return None
+        except (TypeError, ValueError):
+            pass
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
+    elif isinstance(value, (float, np.floating)) and not np.isfinite(value):
+        return f"{path} = {float(value)}"
+    else:
+        return None
+    for p, v in items:
+        found = _first_non_finite(v, p)
+        if found is not None:
+            return found
+    return None
+
+
 class Calibrator(ClassifierMixin, BaseEstimator, abc.ABC):
     """Base class of all calibrators. See the module docstring for the protocol.
 
@@ -283,6 +305,7 @@ class Calibrator(ClassifierMixin, BaseEstimator, abc.ABC):
         self._check_hyperparameters()
         if self._fit_source(logits, labels, sample_weight=sample_weight, progress=progress,
                             **side) is not NotImplemented:
+            self._check_fitted_finite(None)
             return self
         logits, labels = _materialise(logits, "logits"), _materialise(labels, "labels")
         sample_weight = None if sample_weight is None else _materialise(sample_weight, "sample_weight")
@@ -293,6 +316,7 @@ class Calibrator(ClassifierMixin, BaseEstimator, abc.ABC):
         else:
             self._fit(x, y, sample_weight=w, **side)
         self.n_classes_ = int(x.shape[1])
+        self._check_fitted_finite(x)
         before, after = self._fit_metrics(x, self._predict_proba(x, **side), y)
         self.fit_record_ = {
             "n_samples": int(x.shape[0]),
@@ -486,6 +510,22 @@ class Calibrator(ClassifierMixin, BaseEstimator, abc.ABC):
         return params
 
     # ------------------------------------------------------------------ helpers
+    def _check_fitted_finite(self, x) -> None:
+        """A fit never keeps non-finite parameters (they would make a manifest that cannot be
+        written or that predicts NaN): raise ``ValueError`` naming the logits' scale instead."""
+        bad = _first_non_finite(self._get_fitted())
+        if bad is None:
+            return
+        scale = ""
+        if x is not None:
+            finite = np.abs(np.asarray(x, dtype=np.float64)[np.isfinite(x)])
+            scale = f" (largest |logit| = {finite.max() if finite.size else float('nan'):.3g})"
+        for name in list(vars(self)):  # leave the estimator unfitted, not half-fitted
+            if name.endswith("_") and not name.startswith("_"):
+                delattr(self, name)
+        raise ValueError(f"logits: the fit of {self.method!r} ended with a non-finite parameter {bad}{scale}; "
+                         "logits of this magnitude overflow this method in float64: rescale them, or use 'ts'")
+
     def _check_hyperparameters(self) -> None:
         """The class's ``hyper_constraints`` table applied to ``get_params()`` (called by ``fit``)."""
         check_hyperparameters(type(self), self.get_params(deep=False), where=type(self).__name__)

@@ -47,7 +47,7 @@ import torch
 from confcal.calibrators import _odir
 from confcal.calibrators._compose import (
     OPTIM_CONSTRAINTS, Composite, MapCalibrator, Prepared, _two_layer_state, check_labels_not_masked,
-    fit_composite, map_parameters, to_torch, weighted_quantiles,
+    fit_composite, logits_scale_error, map_parameters, to_torch, weighted_quantiles,
 )
 from confcal.calibrators._constraints import (
     NLL, N_ITER, T_BOUNDS, Bool, Choice, Fields, Int, Nullable, Opt, Real, check_hyperparameters,
@@ -354,6 +354,16 @@ class ProbabilityBounding(Calibrator):
         return self.base in ("ms", "dirichlet") and (self.base_params or {}).get("reg", "cv") == "cv"
 
     def _fit(self, logits, labels, sample_weight=None):
+        try:
+            self._fit_box(logits, labels, sample_weight)
+        except ValueError as exc:
+            if not str(exc).startswith("bcsoftmax: no exact solution"):
+                raise
+            # validated finite logits too far apart for exp: the user's scale, not a bug
+            raise logits_scale_error(to_torch(logits), FloatingPointError(
+                "the box-constrained softmax has no exact solution in float64")) from exc
+
+    def _fit_box(self, logits, labels, sample_weight):
         check_labels_not_masked(logits, labels, sample_weight)
         z = to_torch(logits)
         y = torch.as_tensor(labels, dtype=torch.long)
@@ -508,6 +518,8 @@ def _scan_map_params(model: Composite, prep: Prepared, y: torch.Tensor, candidat
         v = _nll_now(model, prep, y)
         if math.isfinite(v) and v < best_nll:
             best, best_nll = cand, v
+    if best is None:
+        raise logits_scale_error(prep.z, FloatingPointError("the NLL is not finite at any scanned start"))
     with torch.no_grad():
         for name, v in best.items():
             params[name].fill_(v)

@@ -71,6 +71,12 @@ def main(argv=None) -> int:
     previous = install_signal_handlers()
     try:
         return _main(argv)
+    except KeyboardInterrupt:
+        # Ctrl-C: partial outputs are already removed on the way up; one line, the shell's status
+        if "--debug" in (sys.argv[1:] if argv is None else argv):
+            raise
+        print("confcal: interrupted", file=sys.stderr)
+        return 130
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

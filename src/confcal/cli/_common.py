@@ -120,15 +120,38 @@ def load_logits_labels(args):
     return x, y
 
 
-def parse_params(items) -> dict:
-    """``["t_min=0.05", "n_clusters=8"]`` -> ``{"t_min": 0.05, "n_clusters": 8}`` (JSON values, else str)."""
+#: spellings of a boolean --param value (JSON's true/false, Python's True/False, 1/0)
+_BOOL_WORDS = {"true": True, "false": False, "1": True, "0": False}
+
+
+def parse_params(items, method: str | None = None) -> dict:
+    """``["t_min=0.05", "n_clusters=8"]`` -> ``{"t_min": 0.05, "n_clusters": 8}`` (JSON values, else str).
+
+    With ``method``, its boolean hyper-parameters also take True/False/true/false/1/0; other
+    values are left for the method's own check (which names the parameter)."""
+    flags = _bool_hyperparameters(method) if method else set()
     out = {}
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ValueError(f"--param: expected KEY=VALUE, got {item!r}")
+        if key in flags and value.strip().lower() in _BOOL_WORDS:
+            out[key] = _BOOL_WORDS[value.strip().lower()]
+            continue
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
             out[key] = value
     return out
+
+
+def _bool_hyperparameters(method: str) -> set[str]:
+    """Names of ``method``'s hyper-parameters declared true/false (empty for an unknown method)."""
+    from confcal.calibrators._constraints import Bool, Nullable
+    from confcal.calibrators.base import METHODS, Preset
+
+    cls = METHODS.get(method)
+    cls = cls.cls if isinstance(cls, Preset) else cls
+    table = getattr(cls, "hyper_constraints", {}) or {}
+    return {k for k, spec in table.items()
+            if isinstance(spec, Bool) or (isinstance(spec, Nullable) and isinstance(spec.inner, Bool))}

@@ -45,7 +45,7 @@ def register(sub):
 
 
 def run(args) -> int:
-    params = parse_params(args.param)
+    params = parse_params(args.param, args.method)
     if args.per_class:
         params["per_class"] = True
     if args.input_kind is not None:

@@ -22,15 +22,15 @@ def cluster_client(scheduler: str | None = None, *, workers: int | None = None, 
         The scheduler cannot be reached within ``timeout`` seconds.
     ValueError
         Both, a bad number of ``workers``, or a ``scheduler`` that is not an address with a
-        host and a port.
+        host and a port in 1..65535 (an empty string included).
     """
     import logging
 
     from distributed import Client, LocalCluster
 
-    if scheduler and workers:
+    if scheduler is not None and workers:
         raise ValueError("--scheduler/--workers: give one, not both (workers belong to the scheduler's cluster)")
-    if scheduler:
+    if scheduler is not None:  # '' is a bad address, not "no scheduler"
         _check_address(scheduler)
         try:
             client = Client(scheduler, timeout=timeout)
@@ -78,10 +78,13 @@ def _check_address(scheduler) -> None:
     if not isinstance(scheduler, str):
         raise ValueError(f"--scheduler: expected a scheduler address such as tcp://HOST:PORT, got {scheduler!r}")
     try:
-        get_address_host_port(scheduler)
+        port = get_address_host_port(scheduler)[1]
     except (ValueError, TypeError) as exc:
         raise ValueError(f"--scheduler: expected a scheduler address such as tcp://HOST:PORT, got {scheduler!r} "
                          f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+    if not 1 <= int(port) <= 65535:  # else the connect waits out its timeout before failing
+        raise ValueError(f"--scheduler: expected a scheduler address such as tcp://HOST:PORT with PORT in "
+                         f"1..65535, got {scheduler!r} (port {port})")
 
 
 def write_parquet(frame, path: str, *, storage_options: dict | None = None) -> str:
