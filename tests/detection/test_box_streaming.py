@@ -153,3 +153,16 @@ def test_cli_fit_streams_parquet_box_scores(tmp_path, monkeypatch):
     _same(man["parameters"]["pooled"], ref.pooled_, "det-ts")
     for key, params in man["parameters"]["groups"]:
         _same(params, ref.groups_[tuple(key)], "det-ts")
+
+
+@pytest.mark.parametrize("method", ["det-ts", "det-platt"])
+def test_bool_true_positive_flags_read_as_one_and_zero(method, tmp_path):
+    rng = np.random.default_rng(5)
+    s = rng.uniform(0.01, 0.99, 600)
+    flags = rng.random(600) < s
+    ref = METHODS[method](input_kind="probs").fit(s, flags.astype(np.int64))
+    np.save(tmp_path / "s.npy", s)
+    np.save(tmp_path / "y.npy", flags)
+    for cal in (METHODS[method](input_kind="probs").fit(s, flags),
+                METHODS[method](input_kind="probs").fit(str(tmp_path / "s.npy"), str(tmp_path / "y.npy"))):
+        np.testing.assert_array_equal(cal.predict_proba(s), ref.predict_proba(s))

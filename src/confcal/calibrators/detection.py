@@ -117,6 +117,13 @@ def score_logit(scores, *, clip_scores: bool = False, name: str = "scores", warn
     return np.log(p) - np.log1p(-p)
 
 
+def _flags(labels):
+    """Box labels of 1-D scores are true-positive flags: a bool column (``matched``) reads as 1/0.
+    (Class labels stay strict: True/False are not class indices.)"""
+    arr = labels if isinstance(labels, np.ndarray) else None
+    return arr.astype(np.int8) if arr is not None and arr.dtype == bool else labels
+
+
 def _check_weight_batch(w, first_row: int) -> np.ndarray:
     w = np.asarray(w)
     if w.ndim != 1 or w.dtype == bool or w.dtype.kind not in "fiu":
@@ -208,7 +215,7 @@ class _BoxScoreMaps(Calibrator):
         kind, x = self._scores(scores)
         keep = None
         if kind == "binary":
-            y = check_labels(labels, x.shape[0], 2)
+            y = check_labels(_flags(labels), x.shape[0], 2)
         else:
             lab = as_numpy(labels, "labels")
             if lab.ndim == 1 and lab.shape[0] == x.shape[0] and np.issubdtype(lab.dtype, np.integer):
@@ -332,7 +339,7 @@ class _BoxScoreMaps(Calibrator):
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore", CalibrationWarning)  # counted: the driver warns once
                         u = self._features(s, self._input_kind(), first_row=first)
-                    y = check_labels(b["labels"], k, 2, first_row=first)
+                    y = check_labels(_flags(b["labels"]), k, 2, first_row=first)
                     cols = {}
                     if "domains" in b:
                         cols["domains"] = check_domains(b["domains"], k)
