@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import require_shared_data
+from tests.calibrators.test_extreme_logits import _extreme_rows  # the same 4 x 100 rows
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,13 +49,6 @@ def _assert_sound_fit_or_scale_error(proc, manifest: Path, logits: np.ndarray):
         assert not manifest.exists()
 
 
-def _extreme_rows():
-    z = np.zeros((4, 100))
-    z[0, :50], z[0, 50:] = 1e308, -1e308
-    z[1, ::2] = 1e308
-    z[2, 0], z[2, 1::3] = 1e308, -1e308
-    z[3] = 1e300
-    return z, np.array([0, 1, 2, 99])
 
 
 @pytest.mark.parametrize("method", ["pts", "lb", "pb"])
