@@ -211,7 +211,7 @@ def _first_non_finite(value, path: str = "") -> str | None:
         try:  # fast path for numeric arrays, e.g. a big weight matrix
             if np.isfinite(np.asarray(value, dtype=np.float64)).all():
                 return None
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # ragged, non-numeric or beyond float64: walk the items
             pass
         items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
     elif isinstance(value, (float, np.floating)) and not np.isfinite(value):
