@@ -161,3 +161,87 @@ def test_empty_accumulators_and_mismatched_merges_raise():
         ScoresAccumulator().merge(BinnedAccumulator())
     with pytest.raises(ValueError, match="edges"):
         BinnedAccumulator(5).merge(BinnedAccumulator(5, edges=np.array([0, .1, .2, .3, .4, 1.])))
+
+
+def _equal_mass_all_passes(n_bins, parts, conf, correct, rng):
+    """Every pass an EqualMassAccumulator asks for, over shuffled parts, half of them merged in
+    from separate (pickled) accumulators; returns the last pass and the number of passes."""
+    acc = EqualMassAccumulator(n_bins)
+    for a, b in parts:
+        acc.update_pairs(conf[a:b])
+    n_passes = 1
+    while acc.needs_another_pass:
+        start, acc = acc, acc.next_pass()
+        n_passes += 1
+        for i, j in enumerate(rng.permutation(len(parts))):
+            a, b = parts[j]
+            if i % 2:
+                other = pickle.loads(pickle.dumps(start)).next_pass().update_pairs(conf[a:b], correct[a:b])
+                acc.merge(pickle.loads(pickle.dumps(other)))
+            else:
+                acc.update_pairs(conf[a:b], correct[a:b])
+    return acc, n_passes
+
+
+@settings(max_examples=30)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 3000), n_parts=st.integers(1, 15),
+       n_bins=st.integers(1, 20), keep=st.sampled_from([1, 4, 60, 1 << 20]),
+       spread=st.sampled_from([1.0, 1e-3, 1e-9, 1e-13]), dup=st.booleans())
+def test_equal_mass_is_exact_when_the_edge_cells_overflow(seed, n, n_parts, n_bins, keep, spread, dup):
+    """With few values allowed per pass the edge cells are refined on finer sub-cells in extra
+    passes (down to the value itself); the result is still numpy's inverted-cdf quantile bins."""
+    import confcal.metrics.accumulators as acc_mod
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(acc_mod, "_KEEP_MAX", keep)
+        _check_overflow_case(seed, n, n_parts, n_bins, keep, spread, dup)
+
+
+def _check_overflow_case(seed, n, n_parts, n_bins, keep, spread, dup):
+    rng = np.random.default_rng(seed)
+    conf = 1.0 - rng.uniform(0, spread, size=n)
+    if dup:  # repeated values: several ranks in one cell, ties on the edges
+        conf = rng.choice(conf[: max(1, n // 10)], size=n)
+    correct = rng.random(n) < conf
+    em, n_passes = _equal_mass_all_passes(n_bins, splits(rng, n, n_parts), conf, correct, rng)
+    # the oracle: numpy's inverted-cdf quantiles as edges, rows placed by the (lo, hi] rule
+    edges = np.concatenate([[0.0], np.quantile(conf, np.arange(1, n_bins) / n_bins, method="inverted_cdf"), [1.0]])
+    count, conf_sum, corr_sum, got_edges = em.bin_sums()
+    np.testing.assert_array_equal(got_edges, edges)
+    idx = np.searchsorted(edges[1:-1], conf, side="left")
+    np.testing.assert_array_equal(count, np.bincount(idx, minlength=n_bins))
+    np.testing.assert_array_equal(corr_sum, np.bincount(idx, weights=correct, minlength=n_bins))
+    # sums of values near 1 whose gap to the accuracy is tiny: compare on the scale of the sums
+    assert np.isclose(em.ece(), detection_ece(conf, correct, n_bins, binning="equal_mass"), rtol=1e-12, atol=1e-13)
+    assert n_passes <= 5
+    if keep == 1 << 20:
+        assert n_passes == 2
+
+
+def test_a_third_pass_only_when_needed_and_bounded(monkeypatch):
+    import confcal.metrics.accumulators as acc_mod
+
+    rng = np.random.default_rng(3)
+    conf = rng.uniform(0.3, 1.0, size=200_000)
+    correct = rng.random(conf.size) < conf
+    parts = [(a, min(a + 7000, conf.size)) for a in range(0, conf.size, 7000)]
+    ref = detection_ece(conf, correct, 15, binning="equal_mass")
+    em, n_passes = _equal_mass_all_passes(15, parts, conf, correct, rng)
+    assert n_passes == 2 and close(em.ece(), ref)
+    monkeypatch.setattr(acc_mod, "_KEEP_MAX", 1000)  # ~14 * 200k / 1.5k rows lie in the edge cells
+    em, n_passes = _equal_mass_all_passes(15, parts, conf, correct, rng)
+    assert n_passes == 3 and close(em.ece(), ref)
+    assert em.n_kept <= 1000 + 7000  # at most the cap plus one batch's values before compaction
+    with pytest.raises(ValueError, match="no further pass"):
+        em.next_pass()
+
+
+def test_later_pass_on_other_data_is_refused(monkeypatch):
+    import confcal.metrics.accumulators as acc_mod
+
+    monkeypatch.setattr(acc_mod, "_KEEP_MAX", 10)
+    conf = np.random.default_rng(2).uniform(0.5, 1.0, size=5000)
+    second = EqualMassAccumulator(5).update_pairs(conf).next_pass().update_pairs(conf[:4000], conf[:4000] > 0.7)
+    assert second.needs_another_pass
+    with pytest.raises(ValueError, match="other data"):
+        second.next_pass()

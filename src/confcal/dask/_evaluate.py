@@ -1,7 +1,7 @@
 """Distributed ``evaluate``: the metric accumulators of each partition, merged by a tree reduction.
 
 Pass 1 sums everything that needs one pass and the equal-mass edge histogram; pass 2
-(only for equal-mass ECE) finds the exact quantile edges. Partitions are merged pairwise
+(only for equal-mass ECE) finds the exact quantile edges (a third pass past ~1.5e8 rows). Partitions are merged pairwise
 in a binary tree, so no single task holds more than two partial results.
 """
 
@@ -30,14 +30,26 @@ def _uncalibrated(x: np.ndarray, input_kind: str) -> np.ndarray:
         with np.errstate(over="ignore"):
             s = x.astype(np.float64) if input_kind == "probs" else 1.0 / (1.0 + np.exp(-x.astype(np.float64)))
         return check_probs(s, name="scores")
-    return softmax(check_logits(x, input_kind=input_kind))
+    z = check_logits(x, input_kind=input_kind)
+    if z.ndim == 2 and z.dtype in (np.float32, np.float64):
+        from confcal.calibrators.temperature import scaled_softmax_rows
+
+        return scaled_softmax_rows(z, 1.0)[0]  # the single-process kernel (3.4x numpy softmax here)
+    return softmax(z)
+
+
+def _calibrated(cal, x, first_row, side):
+    if x.ndim == 2:  # the batch kernel of the single-process evaluate (validation included)
+        return cal._predict_batch(x, input_kind=cal._input_kind(), first_row=first_row, **side)[0]
+    return cal.predict_proba(x, **side)
 
 
 def _partition_accumulators(part, specs, text, input_kind, n_bins, start, groups: bool = True):
     """Accumulators ``{(group, which): SummaryAccumulator}`` of one partition (a Parquet piece or a
     pandas partition).
 
-    ``start`` is None in pass 1, else the merged pass-1 dict turned to pass 2 (copied here)."""
+    ``start`` is None in pass 1, else ``(accumulators, keys of pass 1)``: the merged previous pass
+    turned to the next one (copied here), only for the keys that need another pass."""
     from confcal.metrics.accumulators import SummaryAccumulator
 
     lspec, yspec, dspec, fspec = specs
@@ -52,11 +64,15 @@ def _partition_accumulators(part, specs, text, input_kind, n_bins, start, groups
     d = arrays["domains"] if dspec is not None and groups else None
     side = {k: arrays[k] for k, s in (("domains", dspec_cal), ("features", fspec_cal)) if s is not None}
     out = {}
+    start, known = start if start is not None else (None, None)
+    wanted = {"uncalibrated", "calibrated"} if start is None else {w for _, w in start}
     for b in row_batches(len(y)):
         xb, yb = x[b], y[b]
-        probs = {"uncalibrated": _uncalibrated(xb, input_kind)}
-        if text is not None:
-            probs["calibrated"] = cal.predict_proba(xb, **{k: v[b] for k, v in side.items()})
+        probs = {}
+        if "uncalibrated" in wanted:
+            probs["uncalibrated"] = _uncalibrated(xb, input_kind)
+        if text is not None and "calibrated" in wanted:
+            probs["calibrated"] = _calibrated(cal, xb, b.start, {k: v[b] for k, v in side.items()})
         rows_of = {OVERALL: slice(None)}
         if d is not None:
             db = d[b]
@@ -70,7 +86,9 @@ def _partition_accumulators(part, specs, text, input_kind, n_bins, start, groups
                         out[key] = SummaryAccumulator(n_bins)
                     elif key in start:
                         out[key] = copy.deepcopy(start[key])
-                    else:  # pragma: no cover - pass 2 reads the same rows as pass 1
+                    elif key in known:
+                        continue  # resolved in an earlier pass
+                    else:  # pragma: no cover - later passes read the same rows as pass 1
                         raise ValueError(f"domains: group {g!r} was not seen in the first pass")
                 out[key].update(p[rows], yb[rows])
     return out
@@ -100,8 +118,8 @@ def _tree_reduce(parts: list, merge=_merge):
     return parts[0]
 
 
-def _second_pass_start(acc: dict) -> dict:
-    return {key: copy.deepcopy(a).start_second_pass() for key, a in acc.items()}
+def _next_pass_start(acc: dict) -> dict:
+    return {key: copy.deepcopy(a).start_next_pass() for key, a in acc.items() if a.needs_another_pass}
 
 
 def evaluate(data, *, logits: str = "logits", labels: str = "label", calibrator=None,
@@ -113,7 +131,8 @@ def evaluate(data, *, logits: str = "logits", labels: str = "label", calibrator=
     (:class:`confcal.metrics.accumulators.SummaryAccumulator`) are filled per partition and
     merged by a tree reduction, so every value equals :func:`confcal.metrics.calibration_summary`
     on the whole data up to float64 summation order (~1e-15 relative). Two passes over the
-    data (the second finds the exact equal-mass bin edges).
+    data (the second finds the exact equal-mass bin edges; a third past ~1.5e8 rows, see
+    :class:`confcal.metrics.EqualMassAccumulator`).
 
     Parameters
     ----------
@@ -154,11 +173,14 @@ def evaluate(data, *, logits: str = "logits", labels: str = "label", calibrator=
     parts = data.to_delayed()
     first = _tree_reduce([dask.delayed(_partition_accumulators)(p, specs, text, input_kind, n_bins, None)
                           for p in parts]).compute()
-    start = _second_pass_start(first)
-    start_ref = _scatter(start)
-    second = _tree_reduce([dask.delayed(_partition_accumulators)(p, specs, text, input_kind, n_bins, start_ref)
-                           for p in parts]).compute()
-    return _report(first, second, text)
+    last, start = dict(first), _next_pass_start(first)
+    while start:  # pass 2 (equal-mass bins), and a third past ~1.5e8 rows
+        start_ref = _scatter((start, set(first)))
+        done = _tree_reduce([dask.delayed(_partition_accumulators)(p, specs, text, input_kind, n_bins, start_ref)
+                             for p in parts]).compute()
+        last.update(done)
+        start = _next_pass_start(done)
+    return _report(first, last, text)
 
 
 def _scatter(obj):

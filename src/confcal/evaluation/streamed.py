@@ -2,7 +2,8 @@
 
 The protocol behind ``confcal evaluate``: the logits are read in row batches from sources
 (arrays, ``.npy``, Parquet, ...) and every metric is a mergeable accumulator. The
-equal-mass ECE needs its bin edges first, so the data is read twice (exact, not estimated).
+equal-mass ECE needs its bin edges first, so the data is read twice (three times past
+~1.5e8 rows), exact, not estimated.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ def evaluate_sources(logits, labels, *, cal=None, side=None, input_kind: str = "
                      batch_rows: int | None = None, progress=False):
     """Summary metrics of ``softmax(logits)`` and, with ``cal``, of its calibrated probabilities.
 
-    Two passes over the rows in batches (the second for the exact equal-mass bins); memory
-    is one batch plus the accumulators, whatever the number of rows. The values equal
+    Two passes over the rows in batches (the second for the exact equal-mass bins; a third
+    past ~1.5e8 rows, see :class:`confcal.metrics.EqualMassAccumulator`); memory is one batch
+    plus the accumulators, whatever the number of rows. The values equal
     :func:`confcal.metrics.calibration_summary` on the whole arrays up to summation order.
 
     Parameters
@@ -94,8 +96,11 @@ def evaluate_sources(logits, labels, *, cal=None, side=None, input_kind: str = "
     rows = batch_rows or batch_rows_for([xs, ys, *side.values()], DEFAULT_BATCH_BYTES // 4)
     unit = input_kind == "logits"
     seen = {}
-    for pass_no in (1, 2):
-        with progress_bar(n, f"evaluate pass {pass_no}/2", progress) as bar:
+    pass_no, active = 0, set(accs)
+    while active:
+        pass_no += 1
+        # a third pass only past ~1.5e8 rows (EqualMassAccumulator)
+        with progress_bar(n, f"evaluate pass {pass_no}/{max(2, pass_no)}", progress) as bar:
             for first, b in iter_aligned({"logits": xs, "labels": ys, **side}, rows):
                 raw = b.pop("logits")
                 x = check_logits(raw, input_kind=input_kind, first_row=first, whole=False)
@@ -107,8 +112,9 @@ def evaluate_sources(logits, labels, *, cal=None, side=None, input_kind: str = "
                     for i, key in enumerate(sorted(b)):
                         digest.update(2 + i, check_domains(b[key], x.shape[0]) if key == "domains"
                                       else check_features(b[key], x.shape[0]))
-                accs["uncalibrated"].update(_uncalibrated(x), y)
-                if cal is not None:
+                if "uncalibrated" in active:
+                    accs["uncalibrated"].update(_uncalibrated(x), y)
+                if cal is not None and cal.method in active:
                     with warnings.catch_warnings(record=True) as caught:
                         warnings.simplefilter("always")
                         probs, _ = cal._predict_batch(raw, input_kind=input_kind, first_row=first, **b)
@@ -120,8 +126,9 @@ def evaluate_sources(logits, labels, *, cal=None, side=None, input_kind: str = "
             from confcal.calibrators._stream import refuse_probabilities
 
             refuse_probabilities(xs, rows)
-        for acc in accs.values():
-            acc.start_second_pass()
+        active = {name for name in active if accs[name].needs_another_pass}
+        for name in active:
+            accs[name].start_next_pass()
     for w in seen.values():
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return {name: acc.result() for name, acc in accs.items()}, digest.hexdigest()
