@@ -184,3 +184,21 @@ def test_reading_an_array_does_not_import_torch(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "x.npy")], env=env, capture_output=True)
     assert proc.returncode == 0, proc.stderr.decode()
+
+
+def test_npy_source_unmaps_read_batches_and_rereads_them_intact(tmp_path, monkeypatch):
+    """Each large batch is unmapped when the next one is read (bounded resident set); reading it
+    again, or using the old batch array, still gives the file's values."""
+    import confcal.sources.arrays as arrays
+
+    monkeypatch.setattr(arrays, "_RELEASE_BYTES", 1)
+    released = []
+    real = arrays._release_rows
+    monkeypatch.setattr(arrays, "_release_rows", lambda mm, a, b, nb: (released.append((a, b)), real(mm, a, b, nb)))
+    x = np.random.default_rng(0).normal(size=(50_000, 7)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    src = arrays.NpySource(tmp_path / "x.npy")
+    batches = [src.read(a, a + 12_345) for a in range(0, 50_000, 12_345)]
+    assert released == [(a, a + 12_345) for a in range(0, 49_380, 12_345)]  # all but the last
+    np.testing.assert_array_equal(np.concatenate(batches), x)  # old batch arrays map their pages again
+    np.testing.assert_array_equal(src.read(0, 50_000), x)
