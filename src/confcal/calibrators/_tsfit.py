@@ -681,7 +681,7 @@ def fit_temperature_stream(logits, labels, *, sample_weight=None, t_bounds=DEFAU
     from confcal._digest import DataDigest
     from confcal._progress import progress_bar
     from confcal._validation import check_labels, check_logits
-    from confcal.sources import DEFAULT_BATCH_BYTES, batch_rows_for, iter_aligned, open_source
+    from confcal.sources import DEFAULT_BATCH_BYTES, batch_rows_for, check_aligned, iter_aligned, open_source
 
     t_min, t_max = (float(b) for b in t_bounds)
     if not (0 < t_min < t_max and math.isfinite(t_max)):
@@ -700,6 +700,7 @@ def fit_temperature_stream(logits, labels, *, sample_weight=None, t_bounds=DEFAU
     if ws is not None and (ws.dtype == bool or ws.dtype.kind not in "fiu"):
         raise TypeError(f"sample_weight: expected a float array of shape ({n},), got dtype {ws.dtype}")
     sources = {"logits": xs, "labels": ys, "sample_weight": ws}
+    check_aligned(sources)  # before the warm start reads row blocks: the message counts whole sources
     rows = batch_rows or batch_rows_for([xs, ys], batch_bytes or DEFAULT_BATCH_BYTES)
     work_dtype = np.float64 if xs.dtype == np.float64 or input_kind == "probs" else np.float32
     state = {"pass": 0, "validated": False, "before": None, "after": None, "after_t": None, "near": None,
@@ -875,7 +876,7 @@ def fit_grouped_temperature_stream(logits, labels, domains, *, t_bounds=DEFAULT_
     from confcal._digest import DataDigest
     from confcal._progress import progress_bar
     from confcal._validation import check_domains, check_labels, check_logits
-    from confcal.sources import DEFAULT_BATCH_BYTES, batch_rows_for, iter_aligned, open_source
+    from confcal.sources import DEFAULT_BATCH_BYTES, batch_rows_for, check_aligned, iter_aligned, open_source
 
     t_min, t_max = (float(b) for b in t_bounds)
     if not (0 < t_min < t_max and math.isfinite(t_max)):
@@ -887,6 +888,7 @@ def fit_grouped_temperature_stream(logits, labels, domains, *, t_bounds=DEFAULT_
                          f"n_classes >= 2, got {xs.shape}")
     n, k = xs.shape
     sources = {"logits": xs, "labels": ys, "domains": ds}
+    check_aligned(sources)  # before the warm start reads row blocks: the message counts whole sources
     rows = batch_rows or batch_rows_for(list(sources.values()), batch_bytes or DEFAULT_BATCH_BYTES)
     exact0 = xs.dtype == np.float64 or input_kind == "probs"
     state = {"pass": 0, "validated": False}

@@ -51,7 +51,7 @@ def install_signal_handlers():
 
 
 #: library argument names that are CLI options of the same meaning (``category_ids`` -> ``--category-ids``)
-_OPTION_NAMES = ("logits", "labels", "domains", "features", "category_ids", "box_format")
+_OPTION_NAMES = ("logits", "labels", "domains", "features", "category_ids", "box_format", "n_bins")
 
 
 def cli_message(msg: str, args) -> str:

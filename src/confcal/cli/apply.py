@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from confcal.cli._common import add_logits_args, load_side, progress_of, side_sources, source, spread_rows
@@ -72,12 +74,18 @@ def run(args) -> int:
     from confcal.calibrators._stream import iter_predict
 
     side = side_sources(args)
-    warn_if_drift(cal, spread_rows(xs), input_kind=args.input_kind,
-                  domains=spread_rows(side["domains"]) if "domains" in side else None)
+    # the drift warning is said after the output is written: bad input (e.g. probabilities passed
+    # as logits, found after the last batch) gets its one-line error, not a drift warning first
+    with warnings.catch_warnings(record=True) as drift:
+        warnings.simplefilter("always")
+        warn_if_drift(cal, spread_rows(xs), input_kind=args.input_kind,
+                      domains=spread_rows(side["domains"]) if "domains" in side else None)
     with open_array_writer(args.output, xs.n_rows, cal.n_classes_, dtype=dtype, keep=keep) as out:
         for _, probs in iter_predict(cal, xs, input_kind=args.input_kind, side=side,
                                      progress=progress_of(args), desc="apply"):
             out.write(probs)
+    for w in drift:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     print(f"wrote {xs.n_rows} x {cal.n_classes_} calibrated probabilities ({cal.method}, {dtype.name}) "
           f"-> {args.output}")
     return 0

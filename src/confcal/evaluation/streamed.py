@@ -87,6 +87,8 @@ def evaluate_sources(logits, labels, *, cal=None, side=None, input_kind: str = "
     if xs.ndim != 2:
         raise ValueError(f"logits: expected shape (n_samples, n_classes), got {xs.shape}")
     n, k = xs.shape
+    if n == 0:
+        raise ValueError(f"logits: expected at least 1 sample, got shape {xs.shape}")
     if cal is not None:
         cal = load_calibrator(cal, n_classes=k) if not hasattr(cal, "_predict_batch") else cal
     accs = {"uncalibrated": SummaryAccumulator(n_bins)}

@@ -14,9 +14,15 @@ import numpy as np
 BINNINGS = ("equal_width", "equal_mass")
 
 
+#: more bins than any reliability diagram resolves; every accumulator holds a few arrays of this size
+MAX_BINS = 100_000
+
+
 def check_n_bins(n_bins) -> int:
     if isinstance(n_bins, bool) or not isinstance(n_bins, (int, np.integer)) or n_bins < 1:
         raise ValueError(f"n_bins: expected a positive integer, got {n_bins!r}")
+    if n_bins > MAX_BINS:
+        raise ValueError(f"n_bins: expected at most {MAX_BINS:,} bins, got {n_bins:,} (the usual choice is 10-20)")
     return int(n_bins)
 
 

@@ -95,9 +95,15 @@ class NpySource(Source):
         self.path, self.name, self.label = Path(path), name, str(path)
         with open(self.path, "rb") as fh:
             shape, fortran, dtype = _read_header(fh)
+            data_offset = fh.tell()
         _refuse_object(dtype, name, self.label)
         if len(shape) == 0:
             raise ValueError(f"{name}: {self.label} holds a scalar, expected one row per sample")
+        need = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        have = self.path.stat().st_size - data_offset
+        if have < need:
+            raise ValueError(f"{name}: {self.label} is truncated: its header says shape {tuple(shape)} "
+                             f"{np.dtype(dtype)} ({need} bytes of data), the file holds {have}")
         self.n_rows, self.row_shape, self.dtype = shape[0], tuple(shape[1:]), np.dtype(dtype)
         self._fortran = fortran
         self._mm = None
