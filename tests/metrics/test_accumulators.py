@@ -163,6 +163,19 @@ def test_empty_accumulators_and_mismatched_merges_raise():
         BinnedAccumulator(5).merge(BinnedAccumulator(5, edges=np.array([0, .1, .2, .3, .4, 1.])))
 
 
+def _assert_exact(em, conf, correct, n_bins):
+    """The oracle: numpy's inverted-cdf quantiles as edges, rows placed by the (lo, hi] rule."""
+    edges = np.concatenate([[0.0], np.quantile(conf, np.arange(1, n_bins) / n_bins, method="inverted_cdf"), [1.0]])
+    count, conf_sum, corr_sum, got_edges = em.bin_sums()
+    np.testing.assert_array_equal(got_edges, edges)
+    idx = np.searchsorted(edges[1:-1], conf, side="left")
+    np.testing.assert_array_equal(count, np.bincount(idx, minlength=n_bins))
+    np.testing.assert_array_equal(corr_sum, np.bincount(idx, weights=correct, minlength=n_bins))
+    assert np.allclose(conf_sum, np.bincount(idx, weights=conf, minlength=n_bins), rtol=1e-12, atol=1e-12)
+    # sums of values near 1 whose gap to the accuracy is tiny: compare on the scale of the sums
+    assert np.isclose(em.ece(), detection_ece(conf, correct, n_bins, binning="equal_mass"), rtol=1e-12, atol=1e-13)
+
+
 def _equal_mass_all_passes(n_bins, parts, conf, correct, rng):
     """Every pass an EqualMassAccumulator asks for, over shuffled parts, half of them merged in
     from separate (pickled) accumulators; returns the last pass and the number of passes."""
@@ -204,15 +217,7 @@ def _check_overflow_case(seed, n, n_parts, n_bins, keep, spread, dup):
         conf = rng.choice(conf[: max(1, n // 10)], size=n)
     correct = rng.random(n) < conf
     em, n_passes = _equal_mass_all_passes(n_bins, splits(rng, n, n_parts), conf, correct, rng)
-    # the oracle: numpy's inverted-cdf quantiles as edges, rows placed by the (lo, hi] rule
-    edges = np.concatenate([[0.0], np.quantile(conf, np.arange(1, n_bins) / n_bins, method="inverted_cdf"), [1.0]])
-    count, conf_sum, corr_sum, got_edges = em.bin_sums()
-    np.testing.assert_array_equal(got_edges, edges)
-    idx = np.searchsorted(edges[1:-1], conf, side="left")
-    np.testing.assert_array_equal(count, np.bincount(idx, minlength=n_bins))
-    np.testing.assert_array_equal(corr_sum, np.bincount(idx, weights=correct, minlength=n_bins))
-    # sums of values near 1 whose gap to the accuracy is tiny: compare on the scale of the sums
-    assert np.isclose(em.ece(), detection_ece(conf, correct, n_bins, binning="equal_mass"), rtol=1e-12, atol=1e-13)
+    _assert_exact(em, conf, correct, n_bins)
     assert n_passes <= 5
     if keep == 1 << 20:
         assert n_passes == 2
@@ -245,3 +250,46 @@ def test_later_pass_on_other_data_is_refused(monkeypatch):
     assert second.needs_another_pass
     with pytest.raises(ValueError, match="other data"):
         second.next_pass()
+
+
+def test_windows_resolve_an_overflow_in_two_passes_unless_the_rows_are_sorted(monkeypatch):
+    """Past the cap the second pass guesses each edge's window of sub-cells from the values seen so
+    far: on shuffled rows that is enough (two passes, far fewer values kept); rows sorted by
+    confidence defeat the guess and a third pass resolves the edges. Exact either way."""
+    import confcal.metrics.accumulators as acc_mod
+
+    rng = np.random.default_rng(3)
+    conf = rng.uniform(0.3, 1.0, size=400_000)
+    correct = rng.random(conf.size) < conf
+    parts = [(a, min(a + 20_000, conf.size)) for a in range(0, conf.size, 20_000)]
+    monkeypatch.setattr(acc_mod, "_KEEP_MAX", 5_000)  # ~17k values lie in the 14 edge cells
+    em, n_passes = _equal_mass_all_passes(15, parts, conf, correct, rng)
+    assert n_passes == 2 and em.sub is not None and em.n_kept < 5_000
+    _assert_exact(em, conf, correct, 15)
+    order = np.argsort(conf)
+    em, n_passes = _equal_mass_all_passes(15, parts, conf[order], correct[order], rng)
+    assert n_passes == 3
+    _assert_exact(em, conf, correct, 15)
+
+
+def test_merging_passes_whose_windows_differ(monkeypatch):
+    """Two workers each overflow and guess their own windows; the merge keeps their intersection
+    (rows outside a larger window lie on the same side of the edge) and stays exact."""
+    import confcal.metrics.accumulators as acc_mod
+
+    rng = np.random.default_rng(5)
+    conf = rng.uniform(0.2, 1.0, size=300_000)
+    correct = rng.random(conf.size) < conf
+    monkeypatch.setattr(acc_mod, "_KEEP_MAX", 3_000)
+    first = EqualMassAccumulator(10).update_pairs(conf)
+    halves = []
+    for lo in (0, 1):
+        part = first.next_pass()
+        for a in range(lo * 150_000, (lo + 1) * 150_000, 10_000):
+            part.update_pairs(conf[a:a + 10_000], correct[a:a + 10_000])
+        assert part.sub is not None
+        halves.append(pickle.loads(pickle.dumps(part)))
+    assert not np.array_equal(halves[0].win, halves[1].win)
+    merged = halves[0].merge(halves[1])
+    assert not merged.needs_another_pass  # (an intersection could miss an edge: then one more pass)
+    _assert_exact(merged, conf, correct, 10)

@@ -107,7 +107,7 @@ class _Stats:
             ez = e * zc
             s0[i:i + self.rows] = e.sum(1)
             s1[i:i + self.rows] = ez.sum(1)
-            s2[i:i + self.rows] = torch.linalg.vecdot(ez, zc)
+            s2[i:i + self.rows] = _rowdot(ez, zc)
         mean_z = s1 / s0
         loss = self._mean(torch.log(s0) - s * self.zy_c)
         grad = self._mean(mean_z - self.zy_c)
@@ -351,6 +351,12 @@ def _exp_(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Row-wise dot products of two contiguous CPU ``(rows, k)`` tensors, by numpy's stacked
+    ``matmul``: 21 ms against 42 for ``torch.linalg.vecdot`` per 1e8 float64 elements here."""
+    return torch.from_numpy(np.matmul(a.numpy()[:, None, :], b.numpy()[:, :, None]).reshape(-1))
+
+
 def _metric_pair(n_bins):
     from confcal.metrics import BinnedAccumulator, ScoresAccumulator
 
@@ -367,7 +373,7 @@ def _add_metrics(pair, e, s0, zy, s, correct):
     log_py = s * zy - torch.log(s0)
     nll = -torch.clamp(log_py, min=math.log(NLL_EPS))
     e64 = e.double()
-    brier = torch.linalg.vecdot(e64, e64) / (s0 * s0) - 2.0 * torch.exp(log_py) + 1.0
+    brier = _rowdot(e64, e64) / (s0 * s0) - 2.0 * torch.exp(log_py) + 1.0
     scores.update_sums(s0.shape[0], int(correct.sum()), float(nll.sum()), float(brier.sum()))
     bins.update_pairs((1.0 / s0).numpy(), correct.numpy())
 
@@ -577,7 +583,7 @@ def ts_batch_stats(logits, labels, t: float, *, sample_weight=None, exact: bool 
             s1 = ez.sum(1)
         else:
             zc0 = zc
-        s0, s1, s2 = e.sum(1).double(), s1.double(), torch.linalg.vecdot(ez, zc0).double()
+        s0, s1, s2 = e.sum(1).double(), s1.double(), _rowdot(ez, zc0).double()
         yi = y[i:i + rows]
         zy = raw.gather(1, yi[:, None])[:, 0].double() - hi_.double()
         wi = None if w is None else w[i:i + rows]
@@ -611,8 +617,8 @@ def ts_batch_stats(logits, labels, t: float, *, sample_weight=None, exact: bool 
                 e1 = _exp_(zc.to(torch.float64, copy=True))
                 _add_metrics(out.before, e1, e1.sum(1), zy, 1.0, correct)
             if near is not None:
-                near_rows.append((torch.log(s0), mean_z, hi, zy, torch.linalg.vecdot(e, e),
-                                  torch.linalg.vecdot(e, ez), torch.linalg.vecdot(ez, ez), correct))
+                near_rows.append((torch.log(s0), mean_z, hi, zy, _rowdot(e, e), _rowdot(e, ez), _rowdot(ez, ez),
+                                  correct))
                 n_near += s0.shape[0]
                 if n_near >= _NEAR_BLOCK:  # numpy work per block of rows, not per cache-sized chunk
                     out.near.add(*(torch.cat(cols) for cols in zip(*near_rows)))

@@ -387,7 +387,17 @@ class EqualMassAccumulator(_Mergeable):
 
 class _EqualMassPass(_Mergeable):
     """A pass that knows, at ``level``, the cell holding each quantile rank (``rank_keys``), the
-    rank within it (``rank_in``) and the cell's row count (``cell_count``, to detect other data)."""
+    rank within it (``rank_in``) and the cell's row count (``cell_count``, to detect other data).
+
+    It keeps the distinct confidences of those cells (values mode). Past ``_KEEP_MAX`` values it
+    counts the cells' rows on the next level's sub-cells instead (``sub``) and, from the values
+    seen so far, guesses for each rank a window of sub-cells that should hold it (``win``,
+    inclusive sub-cell indices, larger index = lower confidence): values inside a window are
+    still kept, rows outside it go to the bin sums (their side of every edge is known if the
+    edge lies in its window). At the end the exact sub-cell of each rank is known from ``sub``:
+    if every one lies in its window, the edges are exact from the kept values and this pass is
+    the last; otherwise (data ordered by confidence, say) ``next_pass()`` refines.
+    """
 
     def __init__(self, n_bins, n, level, rank_keys, rank_in, cell_count):
         self.n_bins, self.n, self.level = n_bins, n, level
@@ -395,16 +405,20 @@ class _EqualMassPass(_Mergeable):
         self.shift = np.uint64(_SHIFTS[level])
         self.cells = np.unique(rank_keys)  # ascending key = decreasing confidence
         self.sorted_rank_keys = np.sort(rank_keys)
+        self.rank_cell = np.searchsorted(self.cells, rank_keys)
+        # bins below a cell: the ranks in cells of lower confidence (larger key)
+        self.base_bin = rank_keys.size - np.searchsorted(self.sorted_rank_keys, self.cells, side="right")
         self.count, self.conf_sum, self.corr_sum = np.zeros(n_bins), np.zeros(n_bins), np.zeros(n_bins)
-        self.kept = []  # [(values, counts, correct sums)] of rows in the edge cells
+        self.kept = []  # [(values, counts, correct sums)] of rows in the edge cells (or windows)
         self.n_kept = 0  # values in self.kept (an upper bound on the distinct ones)
-        self.sub = None  # (cells, 2**sub_bits) counts at the next level, once kept values overflow
+        self.sub = None  # (cells, 2**sub_bits) row counts at the next level, once kept values overflow
+        self.win = None  # (ranks, 2) sub-cell window of each rank, with self.sub
         last = level + 1 >= len(_SHIFTS)
         self.sub_bits = 0 if last else _SHIFTS[level] - _SHIFTS[level + 1]
 
     @property
     def needs_another_pass(self) -> bool:
-        return self.sub is not None
+        return self.sub is not None and self._rank_subs() is None
 
     def update(self, probs, labels):
         return self.update_pairs(*confidence_correct(probs, labels))
@@ -420,16 +434,19 @@ class _EqualMassPass(_Mergeable):
             if self.sub is None:
                 self._keep(conf[edge], corr[edge])
             else:
-                self._count_sub(pos[edge], bits[edge])
+                self._fold(conf[edge], np.ones(int(edge.sum())), corr[edge], pos[edge])
             keep = ~edge
             conf, corr, key = conf[keep], corr[keep], key[keep]
         # a row outside the edge cells lies strictly between two edges: its bin is the number of
         # edges of lower confidence (= larger key)
-        b = self.sorted_rank_keys.size - np.searchsorted(self.sorted_rank_keys, key, side="right")
-        self.count += np.bincount(b, minlength=self.n_bins)
-        self.conf_sum += np.bincount(b, weights=conf, minlength=self.n_bins)
-        self.corr_sum += np.bincount(b, weights=corr, minlength=self.n_bins)
+        self._add_sums(self.sorted_rank_keys.size - np.searchsorted(self.sorted_rank_keys, key, side="right"),
+                       conf, np.ones(conf.size), corr)
         return self
+
+    def _add_sums(self, b, conf, counts, corr):
+        self.count += np.bincount(b, weights=counts, minlength=self.n_bins)
+        self.conf_sum += np.bincount(b, weights=conf * counts, minlength=self.n_bins)
+        self.corr_sum += np.bincount(b, weights=corr, minlength=self.n_bins)
 
     def _keep(self, conf, corr):
         v, inv = np.unique(conf, return_inverse=True)
@@ -440,26 +457,89 @@ class _EqualMassPass(_Mergeable):
             self.kept = [self._compact()]
             self.n_kept = self.kept[0][0].size
             if self.n_kept > _KEEP_MAX and self.sub_bits:
-                self._to_sub()
+                if self.sub is None:
+                    self._to_sub()
+                else:  # the windows hold too many values: count only, the next pass resolves
+                    self.win[:, 0], self.win[:, 1] = 1, 0
+                    self.kept, self.n_kept = [], 0
 
-    def _to_sub(self):
-        """Too many distinct values: count the kept ones on the next level's sub-cells and drop them."""
-        vals, counts, _ = self._compact()
-        self.sub = np.zeros((self.cells.size, 1 << self.sub_bits))
+    def _sub_of(self, vals):
         bits = _bits(vals)
-        self._count_sub(np.searchsorted(self.cells, bits >> self.shift), bits, counts)
-        self.kept, self.n_kept = [], 0
-
-    def _count_sub(self, cell, bits, weights=None):
         mask = np.uint64((1 << self.sub_bits) - 1)
-        flat = cell.astype(np.intp) * (1 << self.sub_bits) + ((bits >> np.uint64(_SHIFTS[self.level + 1])) & mask)
-        self.sub += np.bincount(flat.astype(np.intp), weights=weights, minlength=self.sub.size).reshape(self.sub.shape)
+        return (np.searchsorted(self.cells, bits >> self.shift),
+                ((bits >> np.uint64(_SHIFTS[self.level + 1])) & mask).astype(np.intp))
+
+    def _to_sub(self, win=None):
+        """Too many distinct values: count them on the next level's sub-cells, guess each rank's
+        window from them (or take ``win``) and keep only the values inside the windows."""
+        vals, counts, corr = self._compact()
+        self.kept, self.n_kept = [], 0
+        self.sub = np.zeros((self.cells.size, 1 << self.sub_bits))
+        self.win = self._guess_windows(vals, counts) if win is None else win.copy()
+        self._fold(vals, counts, corr)
+
+    def _guess_windows(self, vals, counts):
+        """For each rank, the sub-cells of the values around its quantile among the values seen
+        (+-6 standard deviations of a sample quantile, in rows), open-ended at the sample's ends."""
+        cell, sub = self._sub_of(vals)
+        win = np.empty((self.rank_keys.size, 2), np.intp)
+        top = (1 << self.sub_bits) - 1
+        for r, (c, r_in, n_cell) in enumerate(zip(self.rank_cell, self.rank_in, self.cell_count)):
+            in_cell = cell == c
+            v_sub, cum = sub[in_cell], np.cumsum(counts[in_cell])  # values ascending = confidence ascending
+            m = cum[-1] if cum.size else 0.0
+            f = min(1.0, r_in / max(1.0, float(n_cell)))
+            p, d = f * m, 6.0 * np.sqrt(m * f * (1.0 - f)) + 8.0
+            lo, hi = p - d, p + d
+            # sub-cell of lower confidence = larger index: the window runs from hi's to lo's
+            win[r, 0] = 0 if hi >= m - 1 else v_sub[np.searchsorted(cum, hi, side="right")]
+            win[r, 1] = top if lo <= 0 else v_sub[np.searchsorted(cum, lo, side="right")]
+        return win
+
+    def _fold(self, vals, counts, corr, cell=None):
+        """Rows (or distinct values with counts) of the edge cells, in window mode: counted on the
+        sub-cells; kept if inside a window of their cell, else summed into their bin."""
+        if cell is None:
+            cell, sub = self._sub_of(vals)
+        else:
+            sub = self._sub_of(vals)[1]
+        self.sub += np.bincount(cell * self.sub.shape[1] + sub, weights=counts,
+                                minlength=self.sub.size).reshape(self.sub.shape)
+        above = np.zeros(vals.size, np.intp)  # ranks of the same cell whose window is all below
+        inside = np.zeros(vals.size, bool)
+        order = np.argsort(cell, kind="stable")
+        bounds = np.searchsorted(cell[order], np.arange(self.cells.size + 1))
+        for r, (c, (a, b)) in enumerate(zip(self.rank_cell, self.win)):
+            rows = order[bounds[c]:bounds[c + 1]]
+            s_r = sub[rows]
+            above[rows] += a > s_r
+            inside[rows] |= (a <= s_r) & (s_r <= b)
+        if inside.any():
+            self.kept.append((vals[inside], counts[inside], corr[inside]))
+            self.n_kept += int(inside.sum())
+        out = ~inside
+        self._add_sums(self.base_bin[cell[out]] + above[out], vals[out], counts[out], corr[out])
+        if len(self.kept) > 64 or self.n_kept > _KEEP_MAX:
+            self._keep(np.empty(0), np.empty(0))  # compacts (and gives up the windows if still too many)
+
+    def _rank_subs(self):
+        """The exact sub-cell of each rank and its rank within that sub-cell, if every one lies
+        in its window; else None."""
+        subs = []
+        top = self.sub.shape[1] - 1
+        for r, (c, r_in) in enumerate(zip(self.rank_cell, self.rank_in)):
+            pos, _ = _locate(self.sub[c][::-1], np.array([r_in]))
+            s_r = top - int(pos[0])
+            a, b = self.win[r]
+            if not a <= s_r <= b:
+                return None
+            subs.append(s_r)
+        return subs
 
     def _compact(self):
+        """The kept values, distinct and ascending, with their row counts and correct sums."""
         if not self.kept:
             return np.empty(0), np.empty(0), np.empty(0)
-        if len(self.kept) == 1:
-            return self.kept[0]
         v = np.concatenate([k[0] for k in self.kept])
         u, inv = np.unique(v, return_inverse=True)
         c = np.bincount(inv, weights=np.concatenate([k[1] for k in self.kept]), minlength=u.size)
@@ -473,26 +553,38 @@ class _EqualMassPass(_Mergeable):
         self.count += o.count
         self.conf_sum += o.conf_sum
         self.corr_sum += o.corr_sum
-        if o.sub is not None and self.sub is None:
-            self._to_sub()
-        if self.sub is not None:
-            if o.sub is not None:
-                self.sub += o.sub
-            else:
-                vals, counts, _ = o._compact()
-                bits = _bits(vals)
-                self._count_sub(np.searchsorted(self.cells, bits >> self.shift), bits, counts)
-        else:
+        if self.sub is None and o.sub is not None:
+            self._to_sub(win=o.win)
+        if self.sub is None:
             self.kept = [self._compact(), o._compact()]
             self.n_kept = self.kept[0][0].size + self.kept[1][0].size
             if self.n_kept > _KEEP_MAX:
-                self._keep(np.empty(0), np.empty(0))  # compacts, and counts on sub-cells if still too many
+                self._keep(np.empty(0), np.empty(0))  # compacts, and goes to sub-cells if still too many
+            return
+        if o.sub is not None:
+            # windows shrink to their intersection; kept values now outside go to the bin sums
+            # (a row outside the larger window lies on the same side of the edge)
+            win = np.stack([np.maximum(self.win[:, 0], o.win[:, 0]), np.minimum(self.win[:, 1], o.win[:, 1])], 1)
+            if not np.array_equal(win, self.win):
+                vals, counts, corr = self._compact()
+                self.kept, self.n_kept, self.win = [], 0, win
+                self.sub -= np.bincount(np.ravel_multi_index(self._sub_of(vals), self.sub.shape), weights=counts,
+                                        minlength=self.sub.size).reshape(self.sub.shape)
+                self._fold(vals, counts, corr)
+            self.sub += o.sub
+            vals, counts, corr = o._compact()
+            o_sub = np.bincount(np.ravel_multi_index(self._sub_of(vals), self.sub.shape), weights=counts,
+                                minlength=self.sub.size).reshape(self.sub.shape)
+            self.sub -= o_sub  # _fold counts them again
+            self._fold(vals, counts, corr)
+        else:
+            self._fold(*o._compact())
 
     def next_pass(self) -> "_EqualMassPass":
         """The pass on the sub-cells holding the edges (only when ``needs_another_pass``)."""
-        if self.sub is None:
+        if not self.needs_another_pass:
             raise ValueError("equal-mass: this pass already resolved the edges; no further pass is needed")
-        cell = np.searchsorted(self.cells, self.rank_keys)
+        cell = self.rank_cell
         in_cell = self.sub[cell]  # (ranks, 2**sub_bits), sub-cells in decreasing confidence
         if not np.array_equal(in_cell.sum(axis=1), self.cell_count):
             raise ValueError("equal-mass pass saw other data than the previous pass")
@@ -510,17 +602,29 @@ class _EqualMassPass(_Mergeable):
     second_pass = next_pass
 
     def edges(self) -> np.ndarray:
-        if self.sub is not None:
+        if self.needs_another_pass:
             raise ValueError("equal-mass: the edges need another pass (needs_another_pass is True)")
         vals, counts, _ = self._compact()
-        vkeys = _bits(vals) >> self.shift
         inner = []
-        for key, r, n_cell in zip(self.rank_keys, self.rank_in, self.cell_count):
-            in_cell = vkeys == key
-            v, c = vals[in_cell], counts[in_cell]
-            if c.sum() != n_cell:
-                raise ValueError("equal-mass second pass saw other data than the first pass")
-            inner.append(v[np.searchsorted(np.cumsum(c), r, side="right")])
+        if self.sub is None:
+            vkeys = _bits(vals) >> self.shift
+            for key, r, n_cell in zip(self.rank_keys, self.rank_in, self.cell_count):
+                in_cell = vkeys == key
+                v, c = vals[in_cell], counts[in_cell]
+                if c.sum() != n_cell:
+                    raise ValueError("equal-mass second pass saw other data than the first pass")
+                inner.append(v[np.searchsorted(np.cumsum(c), r, side="right")])
+        else:
+            cell, sub = self._sub_of(vals)
+            if not np.array_equal(self.sub[self.rank_cell].sum(axis=1), self.cell_count):
+                raise ValueError("equal-mass pass saw other data than the previous pass")
+            for c, r_in, (a, b) in zip(self.rank_cell, self.rank_in, self.win):
+                below = self.sub[c, b + 1:].sum()  # rows of this cell at lower confidence than the window
+                in_win = (cell == c) & (sub >= a) & (sub <= b)
+                v, k = vals[in_win], counts[in_win]
+                if k.sum() != self.sub[c, a:b + 1].sum():
+                    raise ValueError("equal-mass pass saw other data than the previous pass")
+                inner.append(v[np.searchsorted(np.cumsum(k), r_in - below, side="right")])
         return np.concatenate([[0.0], np.asarray(inner, np.float64), [1.0]])
 
     def bin_sums(self):
