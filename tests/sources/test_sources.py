@@ -202,3 +202,19 @@ def test_npy_source_unmaps_read_batches_and_rereads_them_intact(tmp_path, monkey
     assert released == [(a, a + 12_345) for a in range(0, 49_380, 12_345)]  # all but the last
     np.testing.assert_array_equal(np.concatenate(batches), x)  # old batch arrays map their pages again
     np.testing.assert_array_equal(src.read(0, 50_000), x)
+
+
+def test_small_parquet_reads_do_not_pin_their_row_group(tmp_path):
+    """A slice under a quarter of its row group is a copy (20 spread 10k-row blocks of 1M-row
+    groups kept 800 MB of decoded groups alive as views); a large one stays a view (no copy)."""
+    from confcal.sources import open_source
+
+    x = np.arange(40_000 * 3, dtype=np.float32).reshape(40_000, 3)
+    pq.write_table(pa.table({f"c{j}": x[:, j] for j in range(3)}), tmp_path / "t.parquet", row_group_size=10_000)
+    src = open_source(f"{tmp_path}/t.parquet:c*", name="logits")
+    small = src.read(12_000, 14_000)
+    assert small.base is None and small.flags.owndata
+    np.testing.assert_array_equal(small, x[12_000:14_000])
+    large = src.read(20_000, 29_000)
+    assert not large.flags.owndata  # a view of the decoded group
+    np.testing.assert_array_equal(large, x[20_000:29_000])
