@@ -22,10 +22,11 @@ def test_ts_matches_single_process(dask_client, cifar_dataset):
     for key in ("accuracy", "ece", "nll", "brier"):
         assert cal.fit_record_["metrics_before"][key] == pytest.approx(single.fit_record_["metrics_before"][key],
                                                                        rel=1e-12)
+        # the same float64 pass and NearMetrics expansion as the single-process fit
         assert cal.fit_record_["metrics_after"][key] == pytest.approx(single.fit_record_["metrics_after"][key],
-                                                                      rel=1e-9)
+                                                                      rel=1e-12)
     assert cal.fit_record_["engine"] == "dask"
-    assert cal.fit_record_["n_passes"] <= 10
+    assert cal.fit_record_["n_passes"] <= 5
     assert "passes" in how
 
 

@@ -55,7 +55,7 @@ def _checked(part, specs, input_kind, first_row, validate: bool):
 
 
 def _partition_pass(part, specs, input_kind, first_row, validate, requests, summary=None):
-    """``{group: TSPassStats}`` of one partition for every requested ``(t, exact, after, before)``,
+    """``{group: TSPassStats}`` of one partition for every requested ``(t, exact, after, before[, near])``,
     and the drift summary's pass-1 (``summary="first"``) or pass-2 (a ``SummaryPass2``) accumulator."""
     from confcal.dask._summary import SummaryPass1
     from confcal.calibrators._tsfit import ts_batch_stats
@@ -75,11 +75,12 @@ def _partition_pass(part, specs, input_kind, first_row, validate, requests, summ
         summary = summary.fresh()
     for b in row_batches(len(y)):
         xb, yb, db = x[b], y[b], (d[b] if d is not None else None)
-        for g, (t, exact, after, before) in requests.items():
+        for g, (t, exact, after, before, *near) in requests.items():
             rows = slice(None) if g == OVERALL else db == g
             if g != OVERALL and not rows.any():
                 continue
-            st = ts_batch_stats(xb[rows], yb[rows], t, exact=exact, metrics=after, before=before)
+            st = ts_batch_stats(xb[rows], yb[rows], t, exact=exact, metrics=after, before=before,
+                                near=near[0] if near else None)
             out[g] = out[g].merge(st) if g in out else st
         if summary is not None:
             summary = summary.update(xb, db)
@@ -119,6 +120,7 @@ class _Passes:
         self.digest = None
         self.before = None  # (ScoresAccumulator, BinnedAccumulator) at T = 1, pooled
         self.after, self.after_t = None, None
+        self.near = None  # NearMetrics of the pooled fit's last float64 pass
         self.k = None
         # the drift summary rides along: pass 1 with the first Newton pass, pass 2 with the next
         self.summary_start = None  # the scattered SummaryPass2 after pass 1
@@ -151,22 +153,33 @@ class _Passes:
                 self.before = pooled.before
             if pooled.after is not None:
                 self.after, self.after_t = pooled.after, pooled.t
+            if pooled.near is not None:
+                self.near = pooled.near
         return res["stats"]
 
 
 def _lockstep_newton(start: dict, passes: _Passes, t_bounds, tol, max_iter, exact):
     """One safeguarded Newton per group (the single-process iteration), all groups evaluated in
     the same passes. Returns ``{group: (t, loss, n_iter)}``."""
-    from confcal.calibrators._tsfit import _newton_steps
+    from confcal.calibrators._tsfit import _NEAR_DMAX, _newton_steps
 
     t_min, t_max = t_bounds
-    steps = {g: _newton_steps(t0, t_min, t_max, tol, max_iter, exact, accept_evaluated=1e-10)
-             for g, t0 in start.items()}
+    # the pooled fit runs the single-process iteration exactly (same T, no acceptance at an
+    # evaluated point): its likely-last float64 pass gathers the metrics near its T (NearMetrics),
+    # resolved at the final T without a pass of their own
+    steps = {g: _newton_steps(t0, t_min, t_max, tol, max_iter, exact,
+                              accept_evaluated=0.0 if g == OVERALL else 1e-10) for g, t0 in start.items()}
     pending = {g: next(gen) for g, gen in steps.items()}
     done = {}
+    prev_exact = None
     while pending:
-        requests = {g: (t, ex, ex and g == OVERALL, ex and g == OVERALL and passes.before is None)
-                    for g, (t, ex) in pending.items()}
+        requests = {g: (t, ex, False, False) for g, (t, ex) in pending.items() if g != OVERALL}
+        if OVERALL in pending:
+            t, ex = pending[OVERALL]
+            likely_last = ex and (not exact or (prev_exact is not None and abs(t - prev_exact) < 1e-3))
+            prev_exact = t if ex else prev_exact
+            requests[OVERALL] = (t, ex, False, ex and passes.before is None,
+                                 _NEAR_DMAX * math.exp(-t) if likely_last else None)
         stats = passes.run(requests)
         moving = {}
         for g, gen in steps.items():
@@ -259,7 +272,10 @@ def _fit_temperatures(method, cal, data, specs, input_kind, *, tol=1e-12, max_it
             fits[g] = _result(t, loss, n_iter, t_bounds[0], t_bounds[1], True, stacklevel=4)
     pooled = fits[OVERALL]
     t_final = math.log(pooled.temperature)
-    if passes.after_t != t_final or passes.before is None:
+    after = passes.near.resolve(math.exp(-t_final)) if passes.near is not None else None
+    if after is not None and passes.before is not None:
+        passes.after, passes.after_t = after, t_final
+    if passes.after_t != t_final or passes.before is None:  # T moved too far after the last float64 pass
         st = passes.run({OVERALL: (t_final, True, True, passes.before is None)})[OVERALL]
         pooled = type(pooled)(pooled.temperature, st.means()[0], pooled.n_iter, pooled.at_bound)
     while passes.data_summary is None:  # the fit converged before the summary's second pass
