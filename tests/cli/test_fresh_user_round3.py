@@ -81,7 +81,8 @@ def test_probabilities_to_apply_give_one_line_and_no_drift_warning_first(tmp_pat
     np.save(tmp_path / "p.npy", (e / e.sum(1, keepdims=True)).astype(np.float32))
     assert confcal("fit", "--method", "ts", "--logits", tmp_path / "x.npy", "--labels", tmp_path / "y.npy",
                    "-o", tmp_path / "m.json").returncode == 0
-    proc = confcal("apply", "--calibrator", tmp_path / "m.json", "--logits", tmp_path / "p.npy", "-o", tmp_path / "o.npy")
+    proc = confcal("apply", "--calibrator", tmp_path / "m.json", "--logits", tmp_path / "p.npy",
+                   "-o", tmp_path / "o.npy")
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "look like probabilities" in proc.stderr, proc.stderr
     assert not (tmp_path / "o.npy").exists()

@@ -1,8 +1,9 @@
 """Distributed ``evaluate``: the metric accumulators of each partition, merged by a tree reduction.
 
 Pass 1 sums everything that needs one pass and the equal-mass edge histogram; pass 2
-(only for equal-mass ECE) finds the exact quantile edges (a third pass past ~1.5e8 rows). Partitions are merged pairwise
-in a binary tree, so no single task holds more than two partial results.
+(only for equal-mass ECE) finds the exact quantile edges (a third pass when the edge windows
+miss). Partitions are merged pairwise in a binary tree, so no single task holds more than two
+partial results.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ def evaluate(data, *, logits: str = "logits", labels: str = "label", calibrator=
     (:class:`confcal.metrics.accumulators.SummaryAccumulator`) are filled per partition and
     merged by a tree reduction, so every value equals :func:`confcal.metrics.calibration_summary`
     on the whole data up to float64 summation order (~1e-15 relative). Two passes over the
-    data (the second finds the exact equal-mass bin edges; a third past ~1.5e8 rows, see
+    data (the second finds the exact equal-mass bin edges; a third when its edge windows miss, see
     :class:`confcal.metrics.EqualMassAccumulator`).
 
     Parameters
@@ -174,7 +175,7 @@ def evaluate(data, *, logits: str = "logits", labels: str = "label", calibrator=
     first = _tree_reduce([dask.delayed(_partition_accumulators)(p, specs, text, input_kind, n_bins, None)
                           for p in parts]).compute()
     last, start = dict(first), _next_pass_start(first)
-    while start:  # pass 2 (equal-mass bins), and a third past ~1.5e8 rows
+    while start:  # pass 2 (equal-mass bins), and a third when the edge windows miss
         start_ref = _scatter((start, set(first)))
         done = _tree_reduce([dask.delayed(_partition_accumulators)(p, specs, text, input_kind, n_bins, start_ref)
                              for p in parts]).compute()

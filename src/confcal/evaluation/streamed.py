@@ -2,8 +2,8 @@
 
 The protocol behind ``confcal evaluate``: the logits are read in row batches from sources
 (arrays, ``.npy``, Parquet, ...) and every metric is a mergeable accumulator. The
-equal-mass ECE needs its bin edges first, so the data is read twice (three times past
-~1.5e8 rows), exact, not estimated.
+equal-mass ECE needs its bin edges first, so the data is read twice (three times when the
+edge windows of :class:`confcal.metrics.EqualMassAccumulator` miss), exact, not estimated.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def evaluate_sources(logits, labels, *, cal=None, side=None, input_kind: str = "
     """Summary metrics of ``softmax(logits)`` and, with ``cal``, of its calibrated probabilities.
 
     Two passes over the rows in batches (the second for the exact equal-mass bins; a third
-    past ~1.5e8 rows, see :class:`confcal.metrics.EqualMassAccumulator`); memory is one batch
+    only when its edge windows miss, see :class:`confcal.metrics.EqualMassAccumulator`); memory is one batch
     plus the accumulators, whatever the number of rows. The values equal
     :func:`confcal.metrics.calibration_summary` on the whole arrays up to summation order.
 
@@ -101,7 +101,7 @@ def evaluate_sources(logits, labels, *, cal=None, side=None, input_kind: str = "
     pass_no, active = 0, set(accs)
     while active:
         pass_no += 1
-        # a third pass only past ~1.5e8 rows (EqualMassAccumulator)
+        # a third pass only when the equal-mass edge windows miss (EqualMassAccumulator)
         with progress_bar(n, f"evaluate pass {pass_no}/{max(2, pass_no)}", progress) as bar:
             for first, b in iter_aligned({"logits": xs, "labels": ys, **side}, rows):
                 raw = b.pop("logits")

@@ -334,10 +334,12 @@ class EqualMassAccumulator(_Mergeable):
     order) sums the bins and keeps the distinct confidences of the few cells that hold a
     quantile edge, so the edges are the exact order statistics of :func:`numpy.quantile`
     (``inverted_cdf``), as in :func:`confcal.metrics.ece` with ``binning="equal_mass"``.
-    When those cells hold more than ``_KEEP_MAX`` distinct values (about 1.5e8 rows of
-    softmax confidences), they are counted on 2**16 finer sub-cells instead and
-    ``needs_another_pass`` is True: ``next_pass()`` then gives a pass on the sub-cells that
-    hold the edges. Memory is bounded by the cells, not by the number of rows.
+    When those cells hold more than ``_KEEP_MAX`` distinct values (past ~1.5e7 rows of
+    softmax confidences), they are counted on 2**16 finer sub-cells and only the values in a
+    window of sub-cells around each edge, guessed from the values seen so far, are kept; if
+    an edge falls outside its window (rows ordered by confidence, say), ``needs_another_pass``
+    is True and ``next_pass()`` gives a pass on the sub-cells that hold the edges. Memory is
+    bounded by the cells and the cap, not by the number of rows.
 
     Examples
     --------
@@ -657,8 +659,8 @@ class SummaryAccumulator(_Mergeable):
 
     With ``equal_mass=True`` feed the same batches again while :attr:`needs_another_pass`:
     after :meth:`start_next_pass` (alias ``start_second_pass``), to :meth:`update` again (only
-    the equal-mass bins use it; the rows were validated in pass 1). That is two passes up to
-    ~1.5e8 rows and three beyond (see :class:`EqualMassAccumulator`).
+    the equal-mass bins use it; the rows were validated in pass 1). That is two passes, three
+    when the edge windows miss (see :class:`EqualMassAccumulator`).
 
     Examples
     --------
