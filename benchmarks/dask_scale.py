@@ -121,6 +121,8 @@ def main() -> None:
     ap.add_argument("--data", help="dataset folder to reuse or create (kept); default: a temporary one, deleted")
     ap.add_argument("--out", default="/tmp/confcal-dask-bench-out", help="folder for manifests and outputs")
     ap.add_argument("--engines", default="single,single-1t,dask", help="comma list of single, single-1t, dask")
+    ap.add_argument("--jobs", default="fit ts,evaluate,apply", help="comma list of 'fit ts', evaluate, apply")
+    ap.add_argument("--calibrator", help="manifest for evaluate/apply when 'fit ts' is not run")
     args = ap.parse_args()
 
     data = Path(args.data) if args.data else Path(f"/tmp/confcal-dask-bench/{args.rows}x{args.classes}")
@@ -143,6 +145,9 @@ def main() -> None:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     cal = out / "cal.json"
+    if args.calibrator:
+        shutil.copy(args.calibrator, cal)
+    wanted = set(args.jobs.split(","))
     base = [py, "-m", "confcal"]
     src = data / "v.parquet"
     all_engines = {"single": ([], None), "single-1t": ([], 1),
@@ -159,7 +164,7 @@ def main() -> None:
                              "-o", str(out / f"probs-{engine}.parquet")] + extra,
         }
         for job, cmd in jobs.items():
-            if job != "fit ts" and not cal.exists():
+            if job not in wanted or (job != "fit ts" and not cal.exists()):
                 continue
             r = run(cmd, child_env(threads))
             if r["rc"] != 0:
