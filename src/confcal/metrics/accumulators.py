@@ -511,7 +511,7 @@ class _EqualMassPass(_Mergeable):
         inside = np.zeros(vals.size, bool)
         order = np.argsort(cell, kind="stable")
         bounds = np.searchsorted(cell[order], np.arange(self.cells.size + 1))
-        for r, (c, (a, b)) in enumerate(zip(self.rank_cell, self.win)):
+        for c, (a, b) in zip(self.rank_cell, self.win):
             rows = order[bounds[c]:bounds[c + 1]]
             s_r = sub[rows]
             above[rows] += a > s_r
