@@ -498,15 +498,17 @@ class _EqualMassPass(_Mergeable):
             win[r, 1] = top if lo <= 0 else v_sub[np.searchsorted(cum, lo, side="right")]
         return win
 
-    def _fold(self, vals, counts, corr, cell=None):
+    def _fold(self, vals, counts, corr, cell=None, *, counted=False):
         """Rows (or distinct values with counts) of the edge cells, in window mode: counted on the
-        sub-cells; kept if inside a window of their cell, else summed into their bin."""
+        sub-cells (unless ``counted`` already); kept if inside a window of their cell, else summed
+        into their bin."""
         if cell is None:
             cell, sub = self._sub_of(vals)
         else:
             sub = self._sub_of(vals)[1]
-        self.sub += np.bincount(cell * self.sub.shape[1] + sub, weights=counts,
-                                minlength=self.sub.size).reshape(self.sub.shape)
+        if not counted:
+            self.sub += np.bincount(cell * self.sub.shape[1] + sub, weights=counts,
+                                    minlength=self.sub.size).reshape(self.sub.shape)
         above = np.zeros(vals.size, np.intp)  # ranks of the same cell whose window is all below
         inside = np.zeros(vals.size, bool)
         order = np.argsort(cell, kind="stable")
@@ -570,15 +572,9 @@ class _EqualMassPass(_Mergeable):
             if not np.array_equal(win, self.win):
                 vals, counts, corr = self._compact()
                 self.kept, self.n_kept, self.win = [], 0, win
-                self.sub -= np.bincount(np.ravel_multi_index(self._sub_of(vals), self.sub.shape), weights=counts,
-                                        minlength=self.sub.size).reshape(self.sub.shape)
-                self._fold(vals, counts, corr)
+                self._fold(vals, counts, corr, counted=True)
             self.sub += o.sub
-            vals, counts, corr = o._compact()
-            o_sub = np.bincount(np.ravel_multi_index(self._sub_of(vals), self.sub.shape), weights=counts,
-                                minlength=self.sub.size).reshape(self.sub.shape)
-            self.sub -= o_sub  # _fold counts them again
-            self._fold(vals, counts, corr)
+            self._fold(*o._compact(), counted=True)
         else:
             self._fold(*o._compact())
 
