@@ -35,9 +35,22 @@ def test_evaluate_matches_single_process(dask_client, cifar_dataset):
 
 
 def test_evaluate_box_scores(dask_client, kitti_dataset):
+    """1-D box scores get the audit's metrics: D-ECE and the binary Brier score, with or without
+    --input-kind (box scores are probabilities of a true positive, never read as logits)."""
+    from confcal.evaluation.audit import calibration_audit
+
     folder, scores, correct, domains = kitti_dataset
-    res = evaluate(read_parquet(str(folder)), logits="score", labels="correct", input_kind="probs")
-    _close(res["metrics"]["uncalibrated"], calibration_summary(scores, correct))
+    for kind in ("probs", None):
+        res = evaluate(read_parquet(str(folder)), logits="score", labels="correct", input_kind=kind,
+                       domains="domain")
+        audit = calibration_audit(scores, correct, domains=domains)
+        # the audit's metrics (binary Brier, half the two-column one), equal-mass ECE and MCE as there
+        want = {**calibration_summary(scores, correct), **{k: audit["groups"]["(all)"][k] for k in
+                                                            ("accuracy", "ece", "d_ece", "nll", "brier")}}
+        _close(res["metrics"]["uncalibrated"], want)
+        for g in ("even", "odd"):
+            assert res["per_domain"][g]["uncalibrated"]["d_ece"] == pytest.approx(audit["groups"][g]["d_ece"],
+                                                                                  rel=1e-12)
 
 
 def test_evaluate_reports_bad_values(dask_client, tmp_path):
@@ -56,12 +69,10 @@ def test_equal_mass_windows_merge_through_the_tree(monkeypatch, cifar_dataset):
     still equal the one-shot values. Run in-process (synchronous scheduler) so the cap applies."""
     import dask
 
-    import confcal.dask._evaluate as ev
     import confcal.metrics.accumulators as acc_mod
 
     folder, logits, labels, domains = cifar_dataset
     monkeypatch.setattr(acc_mod, "_KEEP_MAX", 40)
-    monkeypatch.setattr(ev, "_scatter", lambda obj: obj)
     windows = []
     real_to_sub = acc_mod._EqualMassPass._to_sub
     monkeypatch.setattr(acc_mod._EqualMassPass, "_to_sub", lambda self, win=None: (windows.append(win is None),

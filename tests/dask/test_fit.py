@@ -77,19 +77,19 @@ def test_other_methods_fit_on_a_seeded_sample(dask_client, cifar_dataset):
 
 def test_worker_killed_between_fit_passes(dask_client, cifar_dataset, monkeypatch):
     """A worker lost during the fit: Dask recomputes its tasks and the temperature is unchanged."""
-    from confcal.dask import _fit
+    from confcal.dask._engine import DaskEngine
 
     folder, logits, labels, _ = cifar_dataset
-    original = _fit._Passes.run
+    original = DaskEngine.run
     calls = []
 
-    def run_and_kill(self, requests):
+    def run_and_kill(self, request):
         calls.append(1)
-        if len(calls) == 2:
+        if len(calls) == 3:  # after the warm start and the first pass
             kill_one_worker(dask_client)
-        return original(self, requests)
+        return original(self, request)
 
-    monkeypatch.setattr(_fit._Passes, "run", run_and_kill)
+    monkeypatch.setattr(DaskEngine, "run", run_and_kill)
     cal = fit("ts", read_parquet(str(folder)))
     ref = fit_temperature(logits, labels)
     assert len(calls) >= 3
@@ -99,7 +99,7 @@ def test_worker_killed_between_fit_passes(dask_client, cifar_dataset, monkeypatc
 def test_fit_bad_input(dask_client, cifar_dataset):
     folder, *_ = cifar_dataset
     frame = read_parquet(str(folder))
-    with pytest.raises(ValueError, match="grouped-ts needs a domain column"):
+    with pytest.raises((TypeError, ValueError), match="domains"):
         fit("grouped-ts", frame)
     with pytest.raises(ValueError, match="no column"):
         fit("ts", frame, labels="nope")
@@ -126,25 +126,24 @@ def test_fit_records_the_exact_drift_summary(dask_client, cifar_dataset):
 
 @pytest.mark.parametrize("as_dask_frame", [False, True])
 def test_warm_start_then_exact_newton(dask_client, cifar_dataset, monkeypatch, as_dask_frame):
-    """Above the warm-start size the fit starts from a subsample's T (Parquet: the first rows of 8
-    spread pieces, no full pass; a Dask DataFrame: strided rows, one full pass) and still lands on
-    the single-process T."""
-    from confcal.dask import _fit
+    """The fit starts from a subsample's T (the first rows of 8 spread partitions: no full pass, for
+    a Parquet dataset or a Dask DataFrame) and still lands on the single-process T."""
+    from confcal.calibrators import _ts_job
 
     folder, logits, labels, _ = cifar_dataset
-    monkeypatch.setattr(_fit, "_WARM_START_ROWS", 700)
+    monkeypatch.setattr(_ts_job, "_WARM_START_ROWS", 700)
     data = read_parquet(str(folder))  # 7 files of one row group each
     calls = []
-    original = _fit._warm_start
+    original = _ts_job._warm_start
 
-    def spy(*args, **kwargs):
-        calls.append(original(*args, **kwargs))
-        return calls[-1]
+    def spy(blocks, *args, **kwargs):
+        calls.append((len(blocks["logits"]), original(blocks, *args, **kwargs)))
+        return calls[-1][1]
 
-    monkeypatch.setattr(_fit, "_warm_start", spy)
+    monkeypatch.setattr(_ts_job, "_warm_start", spy)
     cal = fit("ts", data.to_dask() if as_dask_frame else data)
     ref = fit_temperature(logits, labels)
     assert abs(math.log(cal.temperature_) - math.log(ref.temperature)) < 1e-9
-    (t0, full_pass), = calls
-    assert full_pass == as_dask_frame and abs(t0 - math.log(ref.temperature)) < 0.2
+    (rows, (t0, _)), = calls
+    assert 700 <= rows < 1400 and abs(t0 - math.log(ref.temperature)) < 0.2
     assert cal.fit_record_["n_passes"] <= 10

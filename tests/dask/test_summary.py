@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from confcal.dask._summary import SummaryPass1, inverted_cdf_ranks
+from confcal.metrics.drift_passes import SummaryPass1, inverted_cdf_ranks
 from confcal.metrics.drift import data_summary
 
 
@@ -52,3 +52,31 @@ def test_real_cifar_outputs():
     d = np.load(require_shared_data("cifar", "densenet-bc-100-cifar-100.npz"))
     x = np.log(d["predictions"]).astype(np.float32)
     assert _two_pass(x, None, [1234, 5000, 9999]) == data_summary(x)
+
+
+def _run_summary(columns, batch_rows, **kw):
+    from confcal.metrics.drift_passes import summary_job
+    from confcal.passes import LocalEngine, run_job
+    from confcal.sources import open_source
+
+    engine = LocalEngine({k: open_source(v, name=k) for k, v in columns.items()}, batch_rows=batch_rows)
+    return run_job(summary_job(**kw), engine)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 3000), rows=st.integers(1, 700), seed=st.integers(0, 10**6), scale=st.sampled_from([0.3, 5.0, 300.0]))
+def test_summary_job_of_box_scores_is_data_summary(n, rows, seed, scale):
+    """1-D box scores of any real range (raw logits of a detector too), with ties: the streamed summary
+    is the one-shot data_summary exactly, pooled and per domain."""
+    rng = np.random.default_rng(seed)
+    s = np.round(rng.normal(size=n) * scale, 2)  # ties
+    d = np.array(["a", "b", "c"])[rng.integers(0, 3, n)]
+    got = _run_summary({"logits": s, "domains": d}, rows, by_domain=True)
+    assert got == data_summary(s, domains=d)
+
+
+def test_summary_job_of_probabilities_is_data_summary():
+    rng = np.random.default_rng(3)
+    p = rng.dirichlet(np.ones(5), size=2000)
+    got = _run_summary({"logits": p}, 333, input_kind="probs")
+    assert got == data_summary(p, input_kind="probs")

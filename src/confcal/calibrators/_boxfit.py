@@ -1,16 +1,16 @@
-"""Box-score fits (``det-ts`` / ``det-platt``) as passes over chunks of rows.
+"""Box-score fits (``det-ts`` / ``det-platt``) as a streamed job of :mod:`confcal.passes`.
 
-The driver shared by the streamed fit (row batches of sources, in this process) and the
-distributed one (Dask partitions, :mod:`confcal.dask._fit_box`). A *chunk* is a
-:class:`BoxChunk`: the map's 1-D feature ``u`` (what the calibrator's ``_features`` gives:
-the clipped logit of a probability score, or the raw score), 0/1 labels, optional
-weights and a group key per row. The caller supplies ``run(fn, merge)``, which applies
-``fn`` to every chunk and merges the results; the driver makes these passes:
+One job for every engine (the row batches of sources in this process, the partitions of a
+Dask cluster): each batch of raw columns (``"logits"`` holds the 1-D scores, ``"labels"``,
+optionally ``"domains"``, ``"category_ids"``, ``"sample_weight"``) becomes a
+:class:`BoxChunk` (the calibrator validates it and computes the map's 1-D feature ``u``:
+the clipped logit of a probability score, or the raw score); the job makes these passes:
 
-1. counts: rows, weight and positives per group (fallback rules, Platt targets, start);
+1. counts: rows, weight and positives per group (fallback rules, Platt targets, start),
+   and the data digest;
 2. one per Newton iteration: the per-group sums of
    :func:`~confcal.calibrators._logistic.binary_batch_stats` for the pooled fit and every
-   group in lockstep, fed to :func:`~confcal.calibrators._logistic.newton_fit`;
+   group in lockstep, fed to :func:`~confcal.calibrators._logistic.newton_steps`;
 3. the fit record's metrics before and after (pooled).
 
 The grouping rules are those of :func:`confcal.calibrators.grouping.fit_groups` (small or
@@ -24,12 +24,14 @@ import math
 import warnings
 from dataclasses import dataclass
 from functools import partial
+import hashlib
 
 import numpy as np
 
 from confcal.calibrators._tsfit import CalibrationWarning
+from confcal.passes import Pass
 
-__all__ = ["BoxChunk", "fit_box_passes"]
+__all__ = ["BoxChunk", "box_fit_job"]
 
 
 @dataclass
@@ -43,6 +45,7 @@ class BoxChunk:
     w: np.ndarray | None = None
     keys: list | None = None
     saturated: int = 0
+    digest_arrays: list | None = None  # the validated columns, in digest order (pass 1)
 
 
 def chunk_info(chunk: BoxChunk) -> dict:
@@ -135,22 +138,57 @@ def _sorted(keys) -> list:
         return sorted(keys, key=repr)
 
 
-def fit_box_passes(cal, run, *, grouped: bool, by_domain: bool, max_iter: int = 200, stacklevel: int = 2) -> int:
-    """Fit ``cal`` (``det-ts`` or ``det-platt`` on 1-D scores) by passes ``run(fn, merge)`` over its chunks.
+def _on_batch(batch: dict, first: int, *, cal, fn):
+    return fn(cal._box_chunk(batch, first))
 
-    Sets the fitted attributes (as :meth:`_set_fitted` does) and ``fit_record_`` (counts and
-    metrics; the caller adds the digest and its own entries). ``grouped``: the chunks carry
-    group keys (``per_class`` and/or ``by_domain``). ``stacklevel`` of a warning raised here
-    that should point at the caller's caller. Returns the number of passes made.
+
+def _info_batch(batch: dict, first: int, *, cal, digest=None):
+    """Pass 1: the counts of :func:`chunk_info` and the digest (``digest``: a
+    :class:`confcal._digest.DataDigest` updated in row order, for in-order engines; else this
+    batch's sha256, merged in row order)."""
+    chunk = cal._box_chunk(batch, first)
+    info = chunk_info(chunk)
+    arrays = chunk.digest_arrays
+    if digest is not None:
+        for i, a in enumerate(arrays):
+            digest.update(i, a)
+        info["digest"] = []
+    else:
+        h = hashlib.sha256()
+        for a in arrays:
+            a = np.asarray(a)
+            h.update(str(a.dtype).encode() + str(a.shape[1:]).encode())
+            h.update(repr(a.tolist()).encode() if a.dtype == object else np.ascontiguousarray(a).data)
+        info["digest"] = [(first, h.hexdigest())]
+    return info
+
+
+def _merge_info_digest(a: dict, b: dict) -> dict:
+    out = merge_info(a, b)
+    out["digest"] = a["digest"] + b["digest"]
+    return out
+
+
+def box_fit_job(cal, *, by_domain: bool, grouped: bool, digest=None, max_iter: int = 200, stacklevel: int = 2):
+    """Fit ``cal`` (``det-ts`` or ``det-platt`` on 1-D scores) by passes over its batches; a job of
+    :mod:`confcal.passes` (engines send back the merged results).
+
+    Sets the fitted attributes (as :meth:`_set_fitted` does) and ``fit_record_`` (counts, metrics
+    and ``data_sha256``; the caller adds its own entries). ``grouped``: the batches carry group keys
+    (``per_class`` and/or ``by_domain``). ``digest``: a :class:`confcal._digest.DataDigest` for an
+    in-order engine (the digest of the whole arrays), else the digest of the batches' digests.
+    Returns the number of passes made.
 
     Raises ``ValueError`` when there are no rows or every weight is 0.
     """
-    from confcal.calibrators._logistic import newton_fit
+    from confcal.calibrators._logistic import newton_steps
     from confcal.calibrators.detection import binary_ts_params, platt_params
 
-    n_passes = [1]
-    info = run(chunk_info, merge_info)
-    if info["n"] == 0:
+    desc = f"{cal.method} pass"
+    cal.by_domain_ = bool(by_domain)  # read by the group keys of every batch
+    n_passes = 1
+    info = yield Pass(partial(_info_batch, cal=cal, digest=digest), _merge_info_digest, desc=desc)
+    if info is None or info["n"] == 0:
         raise ValueError("scores: expected at least one box, got 0")
     if not info["mass"] > 0:
         raise ValueError("sample_weight: every weight is 0; at least one sample must count")
@@ -159,6 +197,8 @@ def fit_box_passes(cal, run, *, grouped: bool, by_domain: bool, max_iter: int = 
                       "(saturated: their logit is lost and clipped to the dtype's epsilon); pass the detector's "
                       "raw logits with input_kind='logits' if you have them", CalibrationWarning,
                       stacklevel=stacklevel + 1)
+    data_sha256 = (digest.hexdigest() if digest is not None else
+                   hashlib.sha256("".join(h for _, h in sorted(info["digest"])).encode()).hexdigest())
     groups = info["groups"]
     weighted = any(e[1] != e[0] for e in groups.values())
     min_samples = cal.min_samples
@@ -173,17 +213,24 @@ def fit_box_passes(cal, run, *, grouped: bool, by_domain: bool, max_iter: int = 
     total = np.array([info["mass"]] + [groups[k][1] for k in keys])
     pos = np.array([info["pos"]] + [groups[k][2] for k in keys])
 
-    def pass_fn(slope, bias, t_pos, t_neg):
-        n_passes[0] += 1
-        return run(partial(chunk_stats, keys=keys, slope=slope, bias=bias, t_pos=t_pos, t_neg=t_neg), add)
-
     if cal.method == "det-ts":
         bounds, fit_bias, targets = (1.0 / cal.t_max, 1.0 / cal.t_min), bool(cal.bias), "hard"
     else:
         bounds = (0.0, math.inf) if cal.increasing else (-math.inf, math.inf)
         fit_bias, targets = True, "platt" if cal.platt_targets else "hard"
-    fits = newton_fit(pass_fn, total, pos, slope_bounds=bounds, fit_bias=fit_bias, targets=targets,
-                      max_iter=max_iter, stacklevel=stacklevel + 1)
+    steps = newton_steps(total, pos, slope_bounds=bounds, fit_bias=fit_bias, targets=targets, max_iter=max_iter,
+                         stacklevel=stacklevel + 1)
+    request = next(steps)
+    while True:
+        slope, bias, t_pos, t_neg = (np.array(v, dtype=np.float64) for v in request)
+        fn = partial(chunk_stats, keys=keys, slope=slope, bias=bias, t_pos=t_pos, t_neg=t_neg)
+        sums = yield Pass(partial(_on_batch, cal=cal, fn=fn), add, desc=desc)
+        n_passes += 1
+        try:
+            request = steps.send(sums)
+        except StopIteration as stop:
+            fits = stop.value
+            break
 
     def params(res, level):
         if cal.method == "det-ts":
@@ -213,13 +260,13 @@ def fit_box_passes(cal, run, *, grouped: bool, by_domain: bool, max_iter: int = 
     cal.group_counts_ = {k: int(groups[k][0]) for k in _sorted(groups)} if grouped else {}
     cal.fallback_groups_ = list(fallback) if grouped else []
     cal.n_classes_ = 2
-    acc = run(partial(chunk_metrics, cal=cal), merge_metrics)
-    n_passes[0] += 1
-    record = {"n_samples": info["n"], "n_left_out": 0}
+    acc = yield Pass(partial(_on_batch, cal=cal, fn=partial(chunk_metrics, cal=cal)), merge_metrics, desc=desc)
+    n_passes += 1
+    record = {"n_samples": info["n"], "n_left_out": 0, "data_sha256": data_sha256}
     for which, (sums, bins) in acc.items():
         m, n_pos, p_sum, nll_sum, brier_sum = sums
         record[f"metrics_{which}"] = {"precision": float(n_pos / m), "mean_confidence": float(p_sum / m),
                                       "d_ece": bins.ece(), "nll": float(nll_sum / m) + 0.0,
                                       "brier": float(brier_sum / m)}
     cal.fit_record_ = record
-    return n_passes[0]
+    return n_passes

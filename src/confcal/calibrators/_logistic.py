@@ -15,7 +15,7 @@ the current parameters of every group, the per-group sums of ``L``, its gradient
 and its Hessian; :func:`newton_fit` is the driver. Because a pass only needs those
 sums, the same driver (same iterates, same stopping rule) runs in memory
 (:func:`fit_logistic`), over row batches of a source (:func:`fit_logistic_batches`)
-and on a Dask cluster (``confcal.dask._fit_box``): results agree to rounding.
+and on a Dask cluster (the same job, ``confcal.calibrators._boxfit``): results agree to rounding.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import numpy as np
 from confcal.calibrators._tsfit import CalibrationWarning
 
 __all__ = ["LogisticFit", "fit_logistic", "fit_logistic_batches", "binary_batch_stats", "binary_counts",
-           "newton_fit", "platt_targets"]
+           "newton_fit", "newton_steps", "platt_targets"]
 
 #: a group stops when its mean gradient (free coordinates) is below this
 GRAD_TOL = 1e-12
@@ -131,7 +131,22 @@ def binary_batch_stats(x, y, slope, bias, t_pos, t_neg, *, group=None, sample_we
 def newton_fit(pass_fn: Callable, total, pos, *, slope_bounds=(0.0, math.inf), fit_bias: bool = True,
                targets: str = "hard", max_iter: int = 200, warn: bool = True, stacklevel: int = 3
                ) -> list[LogisticFit]:
-    """Projected Newton with a backtracking line search, every group in lockstep.
+    """:func:`newton_steps` driven by ``pass_fn(slope, bias, t_pos, t_neg) -> (loss, grad, hess)``."""
+    steps = newton_steps(total, pos, slope_bounds=slope_bounds, fit_bias=fit_bias, targets=targets,
+                         max_iter=max_iter, warn=warn, stacklevel=stacklevel + 1)
+    request = next(steps)
+    while True:
+        try:
+            request = steps.send(pass_fn(*request))
+        except StopIteration as stop:
+            return stop.value
+
+
+def newton_steps(total, pos, *, slope_bounds=(0.0, math.inf), fit_bias: bool = True, targets: str = "hard",
+                 max_iter: int = 200, warn: bool = True, stacklevel: int = 3):
+    """Projected Newton with a backtracking line search, every group in lockstep, as a generator:
+    it yields ``(slope, bias, t_pos, t_neg)`` (one pass over the data each) and is sent back the
+    summed ``(loss, grad, hess)`` there, so any engine can run the passes.
 
     ``pass_fn(slope, bias, t_pos, t_neg)`` returns the summed ``(loss, grad, hess)`` of all
     groups (:func:`binary_batch_stats` over every row); each call is one pass over the data.
@@ -154,7 +169,7 @@ def newton_fit(pass_fn: Callable, total, pos, *, slope_bounds=(0.0, math.inf), f
     tbar = np.clip((pos * t_pos + (total - pos) * t_neg) / np.maximum(total, 1e-300), 1e-12, 1 - 1e-12)
     w = np.full(n_groups, min(max(1.0, lo), hi))
     b = np.log(tbar / (1.0 - tbar)) if fit_bias else np.zeros(n_groups)
-    loss, grad, hess = pass_fn(w, b, t_pos, t_neg)
+    loss, grad, hess = yield w, b, t_pos, t_neg
     active = np.ones(n_groups, dtype=bool)
     n_iter = np.zeros(n_groups, dtype=np.int64)
     alpha = np.ones(n_groups)
@@ -201,7 +216,7 @@ def newton_fit(pass_fn: Callable, total, pos, *, slope_bounds=(0.0, math.inf), f
             break
         w_try = np.where(searching, np.clip(w + alpha * step[:, 0], lo, hi), w)
         b_try = np.where(searching, b + alpha * step[:, 1], b)
-        loss_t, grad_t, hess_t = pass_fn(w_try, b_try, t_pos, t_neg)
+        loss_t, grad_t, hess_t = yield w_try, b_try, t_pos, t_neg
         for k in np.flatnonzero(searching):
             mask = np.array([step[k, 0] != 0.0 or w_try[k] != w[k], fit_bias], dtype=float)
             moved = np.array([w_try[k] - w[k], b_try[k] - b[k]])

@@ -40,7 +40,7 @@ score for ``det-platt``) and the public ``fit`` / ``predict_proba`` are the base
 class's. Every 1-D map is a logistic model fitted by the sufficient-statistics Newton
 of :mod:`confcal.calibrators._logistic`; given sources or specs instead of arrays,
 ``det-ts`` / ``det-platt`` stream them (each Newton pass reads row batches,
-:mod:`confcal.calibrators._boxfit`), and :mod:`confcal.dask._fit_box` runs the same
+:mod:`confcal.calibrators._boxfit`), and the Dask engine runs the same job
 passes on a Dask cluster.
 """
 
@@ -291,8 +291,9 @@ class _BoxScoreMaps(Calibrator):
 
     def _fit_source(self, scores, labels, *, sample_weight, progress, **side):
         """Sources or specs of 1-D scores (``det-ts`` / ``det-platt``): every pass reads them in row
-        batches (:func:`confcal.calibrators._boxfit.fit_box_passes`), never the whole set at once.
-        Arrays, and class vectors, take the in-memory path (same parameters to rounding)."""
+        batches (the job :func:`confcal.calibrators._boxfit.box_fit_job` on a
+        :class:`confcal.passes.LocalEngine`), never the whole set at once. Arrays, and class
+        vectors, take the in-memory path (same parameters to rounding)."""
         import os
 
         from confcal.sources import Source
@@ -300,10 +301,9 @@ class _BoxScoreMaps(Calibrator):
         if not self.streams_box_scores or not isinstance(scores, (Source, str, os.PathLike)):
             return NotImplemented
         from confcal._digest import DataDigest
-        from confcal._progress import progress_bar
-        from confcal._validation import check_domains
-        from confcal.calibrators._boxfit import BoxChunk, fit_box_passes
-        from confcal.sources import DEFAULT_BATCH_BYTES, batch_rows_for, check_aligned, iter_aligned, open_source
+        from confcal.calibrators._boxfit import box_fit_job
+        from confcal.passes import LocalEngine, run_job
+        from confcal.sources import open_source
 
         xs = open_source(scores, name="scores")
         if xs.ndim != 1:
@@ -312,63 +312,74 @@ class _BoxScoreMaps(Calibrator):
         unknown = sorted(set(k for k, v in side.items() if v is not None) - allowed)
         if unknown:
             raise TypeError(f"{type(self).__name__} does not take {unknown}; it takes {sorted(allowed)}")
-        srcs = {"scores": xs, "labels": open_source(labels, name="labels"),
+        srcs = {"logits": xs, "labels": open_source(labels, name="labels"),
                 **{k: open_source(v, name=k) for k, v in sorted(side.items()) if v is not None},
                 "sample_weight": None if sample_weight is None else open_source(sample_weight, name="sample_weight")}
-        n = check_aligned(srcs, reference="scores")
         if self.per_class and "category_ids" not in srcs:
             raise ValueError(f"category_ids: {type(self).__name__}(per_class=True) needs category_ids= "
                              "(n_boxes,) at fit and predict time")
-        by_domain = "domains" in srcs
-        self.by_domain_ = by_domain  # read by the group keys below
-        names = [k for k in ("category_ids", "domains") if k in srcs]
-        rows = batch_rows_for([s for s in srcs.values() if s is not None], DEFAULT_BATCH_BYTES)
-        order = ["scores", "labels", *sorted(names), *(["sample_weight"] if sample_weight is not None else [])]
-        state = {"digest": DataDigest(len(order)), "pass": 0}
-
-        def chunks():
-            state["pass"] += 1
-            first_pass = state["pass"] == 1
-            with progress_bar(n, f"{self.method} pass {state['pass']}", progress) as bar:
-                for first, b in iter_aligned(srcs, rows):
-                    k = b["scores"].shape[0]
-                    sat = 0
-                    s = b["scores"]
-                    if self.method == "det-ts" and self._input_kind() != "logits":
-                        sat = int(np.count_nonzero((s == 0) | (s == 1)))
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore", CalibrationWarning)  # counted: the driver warns once
-                        u = self._features(s, self._input_kind(), first_row=first)
-                    y = check_labels(_flags(b["labels"]), k, 2, first_row=first)
-                    cols = {}
-                    if "domains" in b:
-                        cols["domains"] = check_domains(b["domains"], k)
-                    if "category_ids" in b:
-                        cols["category_ids"] = _check_category_ids(b["category_ids"], k)
-                    w = b.get("sample_weight")
-                    if w is not None:
-                        w = _check_weight_batch(w, first)
-                    if first_pass:
-                        for i, a in enumerate([b["scores"], b["labels"], *[cols[c] for c in sorted(cols)],
-                                               *([] if w is None else [w])]):
-                            state["digest"].update(i, a)
-                    keys = self._group_keys(k, cols.get("domains"), cols.get("category_ids"))
-                    bar.update(k)
-                    yield BoxChunk(u=u, y=y, w=w, keys=keys, saturated=sat)
-
-        def run(fn, merge):
-            out = None
-            for chunk in chunks():
-                r = fn(chunk)
-                out = r if out is None else merge(out, r)
-            return out
-
-        n_passes = fit_box_passes(self, run, grouped=bool(names), by_domain=by_domain, stacklevel=4)
+        engine = LocalEngine(srcs, progress=progress, reference="logits")
+        names = [k for k in ("category_ids", "domains") if k in engine.sources]
+        n_passes = run_job(box_fit_job(self, by_domain="domains" in engine.sources, grouped=bool(names),
+                                       digest=DataDigest(2 + len(names) + int(sample_weight is not None)),
+                                       stacklevel=4), engine)
         self.fit_record_ = {**self.fit_record_, **self._fit_record(
-            n_samples=n, data_sha256=state["digest"].hexdigest(), input_kind=self._score_kind(self._input_kind()),
+            n_samples=engine.n_rows, data_sha256=self.fit_record_["data_sha256"],
+            input_kind=self._score_kind(self._input_kind()),
             metrics_before=self.fit_record_["metrics_before"], metrics_after=self.fit_record_["metrics_after"],
             sample_weight=sample_weight is not None), "n_passes": n_passes}
         return self
+
+    def fit_job(self, inputs):
+        """The full-data fit as a job of :mod:`confcal.passes` over batches of ``inputs`` (``"logits"``:
+        1-D scores, ``"labels"``, optionally ``"domains"`` / ``"category_ids"``), or None when this
+        method or these inputs need another path. Sets the fitted state and the fit record."""
+        inputs = set(inputs)
+        if not self.streams_box_scores or not {"logits", "labels"} <= inputs \
+                or inputs - {"logits", "labels", "domains", "category_ids"} \
+                or (self.per_class and "category_ids" not in inputs):
+            return None
+        return self._run_box_job("domains" in inputs, bool(inputs & {"domains", "category_ids"}))
+
+    def _run_box_job(self, by_domain: bool, grouped: bool):
+        from confcal.calibrators._boxfit import box_fit_job
+
+        self._check_hyperparameters()
+        n_passes = yield from box_fit_job(self, by_domain=by_domain, grouped=grouped, stacklevel=3)
+        self.fit_record_ = {**self.fit_record_, **self._fit_record(
+            n_samples=self.fit_record_["n_samples"], data_sha256=self.fit_record_["data_sha256"],
+            input_kind=self._score_kind(self._input_kind()), metrics_before=self.fit_record_["metrics_before"],
+            metrics_after=self.fit_record_["metrics_after"]), "n_passes": n_passes}
+        return n_passes
+
+    def _box_chunk(self, batch: dict, first: int):
+        """One batch of raw columns as a validated :class:`confcal.calibrators._boxfit.BoxChunk`
+        (``"logits"``: the 1-D scores; rows named by their index ``first + i`` in the whole data)."""
+        from confcal._validation import check_domains
+        from confcal.calibrators._boxfit import BoxChunk
+
+        s = np.asarray(batch["logits"])
+        if s.ndim != 1:
+            raise ValueError(f"scores: {self.method} takes one score column (n_boxes,), got shape {s.shape}")
+        k = s.shape[0]
+        sat = 0
+        if self.method == "det-ts" and self._input_kind() != "logits" and s.dtype.kind == "f":
+            sat = int(np.count_nonzero((s == 0) | (s == 1)))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CalibrationWarning)  # counted: the job warns once
+            u = self._features(s, self._input_kind(), first_row=first)
+        y = check_labels(_flags(batch["labels"]), k, 2, first_row=first)
+        cols = {}
+        if "domains" in batch:
+            cols["domains"] = check_domains(batch["domains"], k)
+        if "category_ids" in batch:
+            cols["category_ids"] = _check_category_ids(batch["category_ids"], k)
+        w = batch.get("sample_weight")
+        if w is not None:
+            w = _check_weight_batch(w, first)
+        keys = self._group_keys(k, cols.get("domains"), cols.get("category_ids"))
+        digest = [batch["logits"], batch["labels"], *[cols[c] for c in sorted(cols)], *([] if w is None else [w])]
+        return BoxChunk(u=u, y=y, w=w, keys=keys, saturated=sat, digest_arrays=digest)
 
     def _fit_metrics(self, x, probs, y):
         before = self._raw_proba(self._features_of(x))

@@ -152,6 +152,27 @@ class TemperatureScaling(Calibrator):
                                             sample_weight=sample_weight is not None)
         return self
 
+    def fit_job(self, inputs):
+        """The full-data fit as a job of :mod:`confcal.passes` over batches of ``inputs`` (column
+        names), or None when these inputs need another path; sets the fitted state and the fit
+        record when it ends (:func:`confcal.calibrators._ts_job.temperature_job`)."""
+        if set(inputs) != {"logits", "labels"}:
+            return None
+        return self._run_ts_job(by_domain=False)
+
+    def _run_ts_job(self, by_domain: bool, min_samples: int = 1):
+        from confcal.calibrators._ts_job import temperature_job
+
+        kind = self._input_kind()
+        res = yield from temperature_job(t_bounds=(self.t_min, self.t_max), input_kind=kind, by_domain=by_domain,
+                                         min_samples=min_samples)
+        self._set_fitted({"temperature": res.pooled.temperature, "nll": res.pooled.nll,
+                          "n_iter": res.pooled.n_iter, "at_bound": res.pooled.at_bound})
+        self.n_classes_ = res.n_classes
+        self.fit_record_ = self._fit_record(n_samples=res.n_samples, data_sha256=res.data_sha256, input_kind=kind,
+                                            metrics_before=res.metrics_before, metrics_after=res.metrics_after)
+        return res
+
     def _predict_source(self, logits, *, progress, **side):
         from confcal.calibrators._stream import predict_into
         from confcal.sources import open_source
@@ -319,6 +340,39 @@ class GroupedTemperatureScaling(GroupedCalibrator):
                                             input_kind=kind, metrics_before=res.metrics_before,
                                             metrics_after=res.metrics_after)
         return self
+
+    def fit_job(self, inputs):
+        """The full-data fit, every domain's Newton in lockstep, as a job of :mod:`confcal.passes`
+        (batches of ``"logits"``, ``"labels"``, ``"domains"``), or None for other inputs."""
+        if set(inputs) != {"logits", "labels", "domains"}:
+            return None
+        return self._run_job()
+
+    def _run_job(self):
+        base = self._make_base()
+        res = yield from base._run_ts_job(by_domain=True, min_samples=self.min_samples)
+        kind = self._input_kind()
+
+        def one(fit):
+            cal = self._make_base()
+            cal._set_fitted({"temperature": fit.temperature, "nll": fit.nll, "n_iter": fit.n_iter,
+                             "at_bound": fit.at_bound})
+            cal.n_classes_ = res.n_classes
+            return cal
+
+        if res.fallback:
+            sizes = [res.counts[g] for g in res.fallback]
+            reason = next(iter(res.fallback.values()))
+            warnings.warn(f"{self._what}s {list(res.fallback)} have {reason} (sizes {sizes}); they use "
+                          f"the pooled {self._what} fit", CalibrationWarning, stacklevel=2)
+        self.pooled_ = one(res.pooled)
+        self.groups_ = {key: one(fit) for key, fit in res.groups.items()}
+        self.group_counts_ = dict(res.counts)
+        self.fallback_groups_ = list(res.fallback)
+        self.n_classes_ = res.n_classes
+        self.fit_record_ = self._fit_record(n_samples=res.n_samples, data_sha256=res.data_sha256, input_kind=kind,
+                                            metrics_before=res.metrics_before, metrics_after=res.metrics_after)
+        return res
 
     @property
     def temperature_(self) -> float:

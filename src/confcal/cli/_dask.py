@@ -129,30 +129,35 @@ def run_evaluate(args) -> int:
     if "--labels" not in cols:
         raise ValueError("--labels: required")
     with _client(args):
+        # --input-kind default: the calibrator's (its manifest), else logits, as in one process
         res = evaluate(_open(path), logits=cols["--logits"], labels=cols["--labels"],
                        domains=cols.get("--domains"), features=cols.get("--features"),
-                       calibrator=_calibrator(args), input_kind=args.input_kind or "logits", n_bins=args.n_bins)
+                       calibrator=_calibrator(args), input_kind=args.input_kind, n_bins=args.n_bins)
+    if res.get("n_outside"):
+        print(f"note: {res['n_outside']} of {res['n_samples']} box scores lie outside [0, 1]; the uncalibrated "
+              "metrics use them clipped to [0, 1]", file=sys.stderr)
     gated = list(res["metrics"])[-1]  # after the calibrator, else the raw predictions
+    metric = "d_ece" if res.get("kind") == "binary" else "ece"  # the gate of the in-process audit
     over = [] if limit is None else (
-        [("all", res["metrics"][gated]["ece"])] * (res["metrics"][gated]["ece"] > limit)
-        + [(g, r[gated]["ece"]) for g, r in res.get("per_domain", {}).items() if r[gated]["ece"] > limit])
+        [("(all)", res["metrics"][gated][metric])] * (res["metrics"][gated][metric] > limit)
+        + [(g, r[gated][metric]) for g, r in res.get("per_domain", {}).items() if r[gated][metric] > limit])
     if args.json:
         print(json.dumps(res, indent=2, default=str))
     else:
         _print_evaluation(res)
     if over:
-        print(f"confcal: ECE above --max-ece {limit:g}: " + ", ".join(f"{g} {v:.4f}" for g, v in over),
-              file=sys.stderr)
+        print(f"confcal: {metric} above --max-ece {limit:g} ({gated}): "
+              + ", ".join(f"{g} {v:.4f}" for g, v in over), file=sys.stderr)
         return 3
     return 0
 
 
 def _print_evaluation(res) -> None:
-    print(f"{res['n_samples']} samples (dask engine)")
+    print(f"{res['n_samples']} samples (dask engine)" + (" (box scores)" if res.get("kind") == "binary" else ""))
     print(metrics_rows(res["metrics"]))
     if "per_domain" in res:
         rows = [{"domain": g, "n": r["n_samples"], **{f"{m} ({w[:5]})": r[w][m] for w in r if w != "n_samples"
-                                                       for m in ("accuracy", "ece", "nll")}}
+                                                       for m in ("accuracy", "ece", "d_ece", "nll") if m in r[w]}}
                 for g, r in res["per_domain"].items()]
         print("per domain:")
         print(format_table(rows, list(rows[0])))
@@ -162,13 +167,13 @@ def run_fit(args, params: dict):
     """Fit on the cluster; returns the fitted calibrator (the caller writes and prints it)."""
     from confcal.dask import fit
 
-    path, cols = _dataset(args, ["--logits", "--labels", "--domains", "--features"])
+    path, cols = _dataset(args, ["--logits", "--labels", "--domains", "--features", "--category-ids"])
     if "--labels" not in cols:
         raise ValueError("--labels: required")
     with _client(args):
         cal, how = fit(args.method, _open(path), logits=cols["--logits"], labels=cols["--labels"],
                        domains=cols.get("--domains"), features=cols.get("--features"), params=params,
                        input_kind=args.input_kind, sample_rows=args.sample_rows, seed=args.seed,
-                       return_how=True)
+                       return_how=True, category_ids=cols.get("--category-ids"))
     print(f"dask engine: {how}", file=sys.stderr)
     return cal

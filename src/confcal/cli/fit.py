@@ -61,7 +61,7 @@ def run(args) -> int:
                          f"part), got {counts}")
     if wants_dask(args):
         cal = run_fit(args, params)
-        # the Dask fit records its own drift summary (ts, grouped-ts, sample fits; not det-ts/det-platt yet)
+        # the Dask fit records its own drift summary (of all rows for full-data fits, else of the sample)
         x = side = None
     elif getattr(cal, "takes_box_scores", False):
         # detection calibrators take 1-D box scores (e.g. matched.npz:score) and validate them themselves;

@@ -252,7 +252,10 @@ def resolve_columns(frame, spec: str, *, name: str) -> ColumnSpec:
     ValueError
         No column matches (the message lists the columns there are).
     """
-    from confcal.sources.arrow import _is_list
+    import pyarrow as pa
+
+    def _is_list(t) -> bool:  # the rule of confcal.sources.arrow's decoder: a row is a vector
+        return pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t)
 
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"{name}: expected a column name, a glob such as 'logit_*' or 'a,b,c', got {spec!r}")

@@ -1,31 +1,270 @@
 """Calibration metrics of a whole data set, optionally after a calibrator, in bounded memory.
 
-The protocol behind ``confcal evaluate``: the logits are read in row batches from sources
-(arrays, ``.npy``, Parquet, ...) and every metric is a mergeable accumulator. The
-equal-mass ECE needs its bin edges first, so the data is read twice (three times when the
-edge windows of :class:`confcal.metrics.EqualMassAccumulator` miss), exact, not estimated.
+The protocol behind ``confcal evaluate``, declared once as a job of :mod:`confcal.passes`
+(:func:`evaluate_job`) and run by any engine: the rows in batches of a source in this
+process (:func:`evaluate_sources`), or the partitions of a Dask cluster
+(:func:`confcal.dask.evaluate`). Every metric is a mergeable accumulator, overall and per
+domain; the equal-mass ECE needs its bin edges first, so the data is read twice (three times
+when the edge windows of :class:`confcal.metrics.EqualMassAccumulator` miss), exact, not
+estimated. 1-D box scores (probability of a true positive, 0/1 labels) get the metrics of
+the audit (:mod:`confcal.evaluation.audit`): D-ECE and the binary Brier score.
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import json
+import threading
 import warnings
+from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
-from confcal._digest import DataDigest
-from confcal._progress import progress_bar
-from confcal._validation import check_domains, check_features, check_labels, check_logits
-from confcal.io import load_calibrator
-from confcal.metrics import SummaryAccumulator
-from confcal.sources import DEFAULT_BATCH_BYTES, batch_rows_for, iter_aligned, open_source
+from confcal.passes import LocalEngine, Pass, run_job
 
-__all__ = ["evaluate_sources"]
+__all__ = ["evaluate_sources", "evaluate_job", "ShippedCalibrator", "OVERALL"]
+
+#: key of the all-rows group
+OVERALL = "__all__"
+
+_CACHE: dict = {}
+_CACHE_LOCK = threading.Lock()
 
 
-def _uncalibrated(x: np.ndarray) -> np.ndarray:
-    from confcal.calibrators.temperature import scaled_softmax_rows
+class ShippedCalibrator:
+    """A fitted calibrator that travels to other processes as its JSON manifest (never a pickle of
+    fitted state) and is rebuilt once per process (cached by the manifest's sha256)."""
 
-    return scaled_softmax_rows(x, 1.0)[0]
+    def __init__(self, cal=None, text: str | None = None):
+        self._cal, self._text = cal, text
+
+    @property
+    def text(self) -> str:
+        if self._text is None:
+            self._text = json.dumps(self._cal.to_dict(), sort_keys=True, allow_nan=False)
+        return self._text
+
+    @property
+    def method(self) -> str:
+        return self._cal.method if self._cal is not None else json.loads(self._text)["method"]
+
+    def get(self):
+        if self._cal is None:
+            from confcal.io import load_calibrator
+
+            key = hashlib.sha256(self._text.encode()).hexdigest()
+            with _CACHE_LOCK:
+                cal = _CACHE.get(key)
+                if cal is None:
+                    cal = _CACHE[key] = load_calibrator(json.loads(self._text))
+            self._cal = cal
+        return self._cal
+
+    def __reduce__(self):
+        return (ShippedCalibrator, (None, self.text))
+
+
+@dataclass(frozen=True)
+class _Context:
+    box: bool  # 1-D box scores
+    k: int | None  # classes of class vectors
+    cal: ShippedCalibrator | None
+    input_kind: str
+    n_bins: int
+    side: tuple  # side inputs handed to the calibrator
+    per_domain: bool
+
+
+def _accumulator(ctx: _Context):
+    from confcal.metrics.accumulators import BoxSummaryAccumulator, SummaryAccumulator
+
+    return (BoxSummaryAccumulator if ctx.box else SummaryAccumulator)(ctx.n_bins)
+
+
+def _probabilities(ctx: _Context, batch: dict, first: int, wanted, stats: dict):
+    """``({stage: probs}, labels, domains, rows as read)`` of one batch, validated."""
+    from confcal._validation import check_domains, check_features, check_labels, check_logits
+
+    raw = batch["logits"]
+    side = {k: batch[k] for k in ("domains", "features", "category_ids") if k in batch}
+    if ctx.box:
+        s = np.asarray(raw)
+        if s.dtype == bool or s.dtype.kind not in "fiu" or s.ndim != 1:
+            raise ValueError(f"scores: expected 1-D numeric box scores (n_boxes,), got {s.dtype} {s.shape}")
+        s = s.astype(np.float64)
+        bad = ~np.isfinite(s)
+        if bad.any():
+            raise ValueError(f"scores: box scores must be finite, got {s[bad][0]!r} at row {first + int(np.flatnonzero(bad)[0])}")
+        y = check_labels(batch["labels"], s.shape[0], 2, first_row=first)
+        stats["outside"] += int(np.count_nonzero((s < 0) | (s > 1)))
+        probs = {}
+        if "uncalibrated" in wanted:
+            probs["uncalibrated"] = np.clip(s, 0.0, 1.0)  # as the audit: raw scores clipped to [0, 1]
+        if ctx.cal is not None and "calibrated" in wanted:
+            cal = ctx.cal.get()
+            probs["calibrated"] = cal.predict_proba(s, **{k: v for k, v in side.items() if k in ctx.side})[:, 1]
+    else:
+        x = check_logits(raw, input_kind=ctx.input_kind, first_row=first, whole=False)
+        if stats["unit"] is not None:  # pass 1: the probabilities-as-logits rule needs every row
+            _unit_flags(np.asarray(raw), stats)
+        y = check_labels(batch["labels"], x.shape[0], ctx.k, first_row=first)
+        probs = {}
+        if "uncalibrated" in wanted:
+            from confcal.calibrators.temperature import scaled_softmax_rows
+
+            probs["uncalibrated"] = scaled_softmax_rows(x, 1.0)[0]
+        if ctx.cal is not None and "calibrated" in wanted:
+            cal = ctx.cal.get()
+            probs["calibrated"] = cal._predict_batch(raw, input_kind=ctx.input_kind, first_row=first,
+                                                     **{k: v for k, v in side.items() if k in ctx.side})[0]
+    d = None
+    if "domains" in batch:
+        d = check_domains(batch["domains"], y.shape[0])
+    if "features" in batch and stats["unit"] is not None:
+        check_features(batch["features"], y.shape[0])
+    return probs, y, d, (s if ctx.box else x)
+
+
+def _unit_flags(x: np.ndarray, stats: dict) -> None:
+    """Mergeable facts for the probabilities-as-logits refusal (``check_logits``' rule on all rows):
+    every row in [0, 1], every row summing to 1, some entry strictly inside (0, 1)."""
+    if not stats["unit"] or x.ndim != 2 or x.dtype.kind != "f":
+        stats["unit"] = False
+        return
+    if not (x.size == 0 or (float(np.min(x)) >= 0 and float(np.max(x)) <= 1)):
+        stats["unit"] = False
+        return
+    tol = 1e-3 if x.dtype == np.float16 else 1e-4
+    stats["sums_to_one"] = stats["sums_to_one"] and bool(np.all(np.abs(x.sum(axis=1, dtype=np.float64) - 1.0) <= tol))
+    stats["inside"] = stats["inside"] or not bool(np.all((x == 0) | (x == 1)))
+
+
+def _eval_batch(batch: dict, first: int, *, ctx: _Context, start, digest=None):
+    """Accumulators ``{(group, stage): accumulator}`` of one batch (and the pass-1 facts).
+
+    ``start`` is None in pass 1, else ``{key: accumulator}`` of the merged previous pass turned to
+    the next one (only the keys that need another pass); each batch fills a copy."""
+    pass1 = start is None
+    stats = {"accs": {}, "outside": 0, "warnings": {}, "n": 0,
+             "unit": (not ctx.box and ctx.input_kind == "logits") if pass1 else None,
+             "sums_to_one": True, "inside": False}
+    if not pass1:
+        stats["unit"] = None
+    wanted = {"uncalibrated", "calibrated"} if pass1 else {w for _, w in start}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        probs, y, d, x = _probabilities(ctx, batch, first, wanted, stats)
+    for w in caught:
+        stats["warnings"].setdefault((w.category, str(w.message)), None)
+    if digest is not None and pass1:  # an in-order engine's digest of the rows as read (LocalEngine)
+        _update_digest(digest, batch, x, y)
+    stats["n"] = int(y.shape[0])
+    rows_of = {OVERALL: slice(None)}
+    if d is not None and ctx.per_domain:
+        for g in np.unique(d):
+            rows_of[g.item() if hasattr(g, "item") else g] = d == g
+    for g, rows in rows_of.items():
+        for which, p in probs.items():
+            key = (g, which)
+            if pass1:
+                acc = _accumulator(ctx)
+            elif key in start:
+                acc = copy.deepcopy(start[key])
+            else:
+                continue  # resolved in an earlier pass
+            stats["accs"][key] = acc.update(p[rows], y[rows])
+    return stats
+
+
+def _update_digest(digest, batch, x, y):
+    from confcal._validation import check_domains, check_features
+
+    digest.update(0, x)
+    digest.update(1, y)
+    side = sorted(k for k in batch if k not in ("logits", "labels"))
+    for i, key in enumerate(side):
+        digest.update(2 + i, check_domains(batch[key], y.shape[0]) if key == "domains"
+                      else check_features(batch[key], y.shape[0]))
+
+
+def _merge_eval(a: dict, b: dict) -> dict:
+    accs = dict(a["accs"])
+    for key, acc in b["accs"].items():
+        accs[key] = accs[key].merge(acc) if key in accs else acc
+    unit = None if a["unit"] is None else (a["unit"] and b["unit"])
+    return {"accs": accs, "outside": a["outside"] + b["outside"], "warnings": {**a["warnings"], **b["warnings"]},
+            "n": a["n"] + b["n"], "unit": unit, "sums_to_one": a["sums_to_one"] and b["sums_to_one"],
+            "inside": a["inside"] or b["inside"]}
+
+
+def _metrics(first_acc, last_acc) -> dict:
+    """Scores and equal-width bins from pass 1, equal-mass bins from the last pass."""
+    s = first_acc.scores.result()
+    out = {"accuracy": s["accuracy"], "ece": first_acc.bins.ece(), "ece_equal_mass": last_acc.equal_mass.ece(),
+           "mce": first_acc.bins.mce(), "nll": s["nll"], "brier": s["brier"]}
+    if hasattr(first_acc, "d_bins"):
+        out["d_ece"] = first_acc.d_bins.ece()
+    return out
+
+
+def evaluate_job(*, n_classes: int | None, cal=None, input_kind: str = "logits", n_bins: int = 15,
+                 side: tuple = (), per_domain: bool = False, digest=None):
+    """The evaluate job (a generator of :class:`confcal.passes.Pass`; run it with
+    :func:`confcal.passes.run_job` on an engine).
+
+    Batches hold ``"logits"`` (class vectors ``(rows, n_classes)``, or 1-D box scores when
+    ``n_classes`` is None), ``"labels"`` and optionally ``"domains"`` / ``"features"`` /
+    ``"category_ids"``. ``cal``: a fitted calibrator (or :class:`ShippedCalibrator`) whose stage is
+    measured too, taking the ``side`` inputs; ``per_domain``: metrics per ``"domains"`` value as well;
+    ``digest``: a :class:`confcal._digest.DataDigest` updated in row order (in-order engines only).
+
+    Returns ``{"n_samples", "kind", "metrics": {"uncalibrated": m, METHOD: m}, "reliability": {...},
+    "per_domain": {id: {"n_samples", "uncalibrated": m, METHOD: m}}, "n_outside", "n_passes"}``
+    where each ``m`` has ``accuracy, ece, ece_equal_mass, mce, nll, brier`` (box scores:
+    ``d_ece`` too, Brier binary). Warnings of the calibrator are re-issued once each.
+
+    Raises ``ValueError`` on invalid rows (named by their index in the whole data), no rows, or
+    probabilities passed as logits.
+    """
+    if input_kind not in ("logits", "probs"):
+        raise ValueError(f"input_kind: expected 'logits' or 'probs', got {input_kind!r}")
+    shipped = None if cal is None else (cal if isinstance(cal, ShippedCalibrator) else ShippedCalibrator(cal))
+    ctx = _Context(box=n_classes is None, k=n_classes, cal=shipped, input_kind=input_kind, n_bins=int(n_bins),
+                   side=tuple(side), per_domain=bool(per_domain))
+    first = yield Pass(partial(_eval_batch, ctx=ctx, start=None, digest=digest), _merge_eval, desc="evaluate pass")
+    if first is None or first["n"] == 0:
+        raise ValueError("logits: expected at least 1 sample, the data has no rows")
+    if first["unit"] and first["sums_to_one"] and first["inside"]:
+        raise ValueError("logits: every row is in [0, 1] and sums to 1, so these look like "
+                         "probabilities, not logits; pass input_kind='probs' (CLI: --input-kind probs) "
+                         "to use their log as logits")
+    last, n_passes = dict(first["accs"]), 1
+    start = {key: copy.deepcopy(a).start_next_pass() for key, a in first["accs"].items() if a.needs_another_pass}
+    while start:  # pass 2 (equal-mass bins), and a third when the edge windows miss
+        done = yield Pass(partial(_eval_batch, ctx=ctx, start=start), _merge_eval, desc="evaluate pass")
+        n_passes += 1
+        last.update(done["accs"])
+        start = {key: copy.deepcopy(a).start_next_pass() for key, a in done["accs"].items() if a.needs_another_pass}
+    for category, message in first["warnings"]:
+        warnings.warn(message, category, stacklevel=2)
+    accs = first["accs"]
+    stages = ["uncalibrated"] + (["calibrated"] if shipped is not None else [])
+    name = {"uncalibrated": "uncalibrated", "calibrated": shipped.method if shipped is not None else None}
+    groups = sorted({g for g, _ in accs if g != OVERALL}, key=str)
+    out = {"n_samples": int(first["n"]), "kind": "binary" if ctx.box else "multiclass",
+           "metrics": {name[w]: _metrics(accs[(OVERALL, w)], last[(OVERALL, w)]) for w in stages},
+           "reliability": {name[w]: {k: v.tolist() for k, v in
+                                     (accs[(OVERALL, w)].d_bins if ctx.box else accs[(OVERALL, w)].bins)
+                                     .reliability_table().items()} for w in stages}}
+    if groups:
+        out["per_domain"] = {g: {"n_samples": int(accs[(g, "uncalibrated")].scores.n),
+                                 **{name[w]: _metrics(accs[(g, w)], last[(g, w)]) for w in stages}}
+                             for g in groups}
+    out["n_outside"] = int(first["outside"])
+    out["n_passes"] = n_passes
+    return out
 
 
 def evaluate_sources(logits, labels, *, cal=None, side=None, input_kind: str = "logits", n_bins: int = 15,
@@ -36,6 +275,7 @@ def evaluate_sources(logits, labels, *, cal=None, side=None, input_kind: str = "
     only when its edge windows miss, see :class:`confcal.metrics.EqualMassAccumulator`); memory is one batch
     plus the accumulators, whatever the number of rows. The values equal
     :func:`confcal.metrics.calibration_summary` on the whole arrays up to summation order.
+    This is :func:`evaluate_job` on a :class:`confcal.passes.LocalEngine`.
 
     Parameters
     ----------
@@ -82,6 +322,10 @@ def evaluate_sources(logits, labels, *, cal=None, side=None, input_kind: str = "
     >>> all(np.isclose(metrics["ts"][key], ref[key], rtol=1e-12) for key in ref)
     True
     """
+    from confcal._digest import DataDigest
+    from confcal.io import load_calibrator
+    from confcal.sources import DEFAULT_BATCH_BYTES, batch_rows_for, open_source
+
     xs, ys = open_source(logits, name="logits"), open_source(labels, name="labels")
     side = {key: open_source(value, name=key) for key, value in (side or {}).items()}
     if xs.ndim != 2:
@@ -91,46 +335,9 @@ def evaluate_sources(logits, labels, *, cal=None, side=None, input_kind: str = "
         raise ValueError(f"logits: expected at least 1 sample, got shape {xs.shape}")
     if cal is not None:
         cal = load_calibrator(cal, n_classes=k) if not hasattr(cal, "_predict_batch") else cal
-    accs = {"uncalibrated": SummaryAccumulator(n_bins)}
-    if cal is not None:
-        accs[cal.method] = SummaryAccumulator(n_bins)
     digest = DataDigest(2 + len(side))
     rows = batch_rows or batch_rows_for([xs, ys, *side.values()], DEFAULT_BATCH_BYTES // 4)
-    unit = input_kind == "logits"
-    seen = {}
-    pass_no, active = 0, set(accs)
-    while active:
-        pass_no += 1
-        # a third pass only when the equal-mass edge windows miss (EqualMassAccumulator)
-        with progress_bar(n, f"evaluate pass {pass_no}/{max(2, pass_no)}", progress) as bar:
-            for first, b in iter_aligned({"logits": xs, "labels": ys, **side}, rows):
-                raw = b.pop("logits")
-                x = check_logits(raw, input_kind=input_kind, first_row=first, whole=False)
-                y = check_labels(b.pop("labels"), x.shape[0], k, first_row=first)
-                if pass_no == 1:
-                    unit = unit and bool(np.min(x) >= 0) and bool(np.max(x) <= 1)
-                    digest.update(0, x)
-                    digest.update(1, y)
-                    for i, key in enumerate(sorted(b)):
-                        digest.update(2 + i, check_domains(b[key], x.shape[0]) if key == "domains"
-                                      else check_features(b[key], x.shape[0]))
-                if "uncalibrated" in active:
-                    accs["uncalibrated"].update(_uncalibrated(x), y)
-                if cal is not None and cal.method in active:
-                    with warnings.catch_warnings(record=True) as caught:
-                        warnings.simplefilter("always")
-                        probs, _ = cal._predict_batch(raw, input_kind=input_kind, first_row=first, **b)
-                    for w in caught:
-                        seen.setdefault(str(w.message), w)
-                    accs[cal.method].update(probs, y)
-                bar.update(x.shape[0])
-        if pass_no == 1 and unit:
-            from confcal.calibrators._stream import refuse_probabilities
-
-            refuse_probabilities(xs, rows)
-        active = {name for name in active if accs[name].needs_another_pass}
-        for name in active:
-            accs[name].start_next_pass()
-    for w in seen.values():
-        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    return {name: acc.result() for name, acc in accs.items()}, digest.hexdigest()
+    engine = LocalEngine({"logits": xs, "labels": ys, **side}, batch_rows=rows, progress=progress)
+    res = run_job(evaluate_job(n_classes=k, cal=cal, input_kind=input_kind, n_bins=n_bins, side=tuple(side),
+                               digest=digest), engine)
+    return res["metrics"], digest.hexdigest()

@@ -34,7 +34,7 @@ import numpy as np
 from confcal.metrics._binning import assign_bins, binned_gap, check_n_bins, equal_width_bins, is_equal_width
 
 __all__ = ["ScoresAccumulator", "BinnedAccumulator", "ClasswiseAccumulator", "SmoothECEAccumulator",
-           "EqualMassAccumulator", "SummaryAccumulator", "confidence_correct"]
+           "EqualMassAccumulator", "SummaryAccumulator", "BoxSummaryAccumulator", "confidence_correct"]
 
 
 _BLOCK = 1 << 14  # rows per block of update_pairs (measured: 16K beats 64K and 256K)
@@ -728,4 +728,47 @@ class SummaryAccumulator(_Mergeable):
                                  "start_next_pass() and feed the batches again")
             out["ece_equal_mass"] = self.equal_mass.ece()
         out.update({"mce": self.bins.mce(), "nll": s["nll"], "brier": s["brier"]})
+        return out
+
+
+class BoxSummaryAccumulator(SummaryAccumulator):
+    """:class:`SummaryAccumulator` of 1-D box scores (probability of a true positive, 0/1 labels)
+    plus the detection ECE ``d_ece`` (Kueppers et al., CVPR-W 2020, eq. 3 on the confidence:
+    :func:`confcal.metrics.detection_ece`), the metrics of ``confcal evaluate`` on box scores.
+
+    The Brier score is then the binary ``mean (p - y)^2`` and ``ece`` the top-label ECE of
+    ``[1 - p, p]`` (:mod:`confcal.evaluation.audit`).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from confcal.metrics import detection_ece
+    >>> p = np.array([0.9, 0.2, 0.6, 0.7]); y = np.array([1, 0, 0, 1])
+    >>> acc = BoxSummaryAccumulator(5).update(p[:2], y[:2]).merge(BoxSummaryAccumulator(5).update(p[2:], y[2:]))
+    >>> acc = acc.start_next_pass().update(p, y)
+    >>> bool(np.isclose(acc.result()["d_ece"], detection_ece(p, y, 5)))
+    True
+    """
+
+    def __init__(self, n_bins: int = 15, *, equal_mass: bool = True):
+        super().__init__(n_bins, equal_mass=equal_mass)
+        self.d_bins = BinnedAccumulator(self.n_bins)
+
+    def update(self, probs, labels):
+        p = np.asarray(probs, dtype=np.float64)
+        if p.ndim != 1:
+            raise ValueError(f"probs: expected box scores of shape (n_boxes,), got shape {p.shape}")
+        first = self.pass_no == 1
+        super().update(p, labels)  # validates (check_probs / check_labels) in pass 1
+        if first:
+            self.d_bins.update_pairs(p, np.asarray(labels))
+        return self
+
+    def _merge(self, o):
+        super()._merge(o)
+        self.d_bins.merge(o.d_bins)
+
+    def result(self) -> dict:
+        out = super().result()
+        out["d_ece"] = self.d_bins.ece()
         return out

@@ -1,20 +1,25 @@
-"""The drift summary (:func:`confcal.metrics.drift.data_summary`) of a distributed dataset, exact,
-from two passes of mergeable accumulators.
+"""The drift summary (:func:`confcal.metrics.drift.data_summary`) as a streamed job, exact, from two
+passes of mergeable accumulators (:func:`summary_job`, any engine of :mod:`confcal.passes`).
 
 The summary's confidence quantiles are order statistics (``numpy.quantile``,
-``method="inverted_cdf"``) of the uncalibrated top-label confidence. Pass 1 counts the
-confidences in ``2**18`` equal-width buckets of [0, 1] (and the predicted classes); pass 2
-keeps the distinct confidences of only the buckets that hold a wanted order statistic, so
-each quantile is the exact value the single-process summary finds, whatever the
-partitioning. Both passes ride along with the fit's Newton passes (no pass of their own
-unless the fit converges in one).
+``method="inverted_cdf"``) of the uncalibrated top-label confidence (the raw score for 1-D
+box scores). Pass 1 counts the confidences in ``2**18`` buckets (equal-width on [0, 1] for
+class vectors; for box scores, which may be any real number, equal-width in the monotone
+map ``x -> (1 + x / (1 + |x|)) / 2``) and the predicted classes; pass 2 keeps the distinct
+confidences of only the buckets that hold a wanted order statistic, so each quantile is the
+exact value the single-process summary finds, whatever the partitioning. Run
+:func:`confcal.passes.together` with a fit's job, both passes ride along with its passes.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["SummaryPass1", "SummaryPass2", "inverted_cdf_ranks"]
+from functools import partial
+
+from confcal.passes import Pass
+
+__all__ = ["SummaryPass1", "SummaryPass2", "inverted_cdf_ranks", "summary_job"]
 
 _BUCKETS = 1 << 18
 
@@ -33,16 +38,22 @@ def inverted_cdf_ranks(n: int, probs: np.ndarray) -> np.ndarray:
     return np.clip(np.where(v - prev == 0, prev, prev + 1), 0, n - 1).astype(np.int64)
 
 
-def _confidence(x: np.ndarray):
+def _confidence(x: np.ndarray, input_kind: str = "logits"):
     from confcal.metrics.drift import top_confidence
 
-    conf, pred = top_confidence(x, input_kind="logits")
-    if conf.size and not (conf.min() >= 0.0 and conf.max() <= 1.0):  # pragma: no cover - softmax output
+    conf, pred = top_confidence(x, input_kind=input_kind)
+    if pred is not None and conf.size and not (conf.min() >= 0.0 and conf.max() <= 1.0):  # pragma: no cover
         raise ValueError("data_summary: top-label confidences outside [0, 1]")
     return conf, pred
 
 
-def _buckets(conf: np.ndarray) -> np.ndarray:
+def _buckets(conf: np.ndarray, box: bool = False) -> np.ndarray:
+    if box:
+        # each step (1 + a, 1 / a, 1 - a, halving) is correctly rounded, so monotone: equal values
+        # share a bucket and a larger value never lands in a lower bucket
+        with np.errstate(divide="ignore", invalid="ignore"):
+            pos = 1.0 - 1.0 / (1.0 + np.abs(conf))
+        conf = (1.0 + np.where(conf >= 0, pos, -pos)) * 0.5
     return np.minimum((conf * _BUCKETS).astype(np.int64), _BUCKETS - 1)
 
 
@@ -74,17 +85,22 @@ class SummaryPass1:
     ``groups`` maps a group key (``None`` = all rows, else a domain) to sparse bucket counts
     ``(bucket ids, counts)``."""
 
-    def __init__(self, n_classes: int):
-        self.n_classes = int(n_classes)
-        self.class_counts = np.zeros(self.n_classes, dtype=np.int64)
+    def __init__(self, n_classes: int | None, input_kind: str = "logits"):
+        self.box = n_classes is None  # 1-D box scores: no classes
+        self.n_classes = None if self.box else int(n_classes)
+        self.input_kind = input_kind
+        self.class_counts = np.zeros(0 if self.box else self.n_classes, dtype=np.int64)
+        self.n = 0
         self.groups: dict = {}
 
     def update(self, x: np.ndarray, domains=None) -> "SummaryPass1":
         if len(x) == 0:
             return self
-        conf, pred = _confidence(x)
-        self.class_counts += np.bincount(pred, minlength=self.n_classes)
-        keys = _buckets(conf)
+        conf, pred = _confidence(x, self.input_kind)
+        self.n += conf.size
+        if pred is not None:
+            self.class_counts += np.bincount(pred, minlength=self.n_classes)
+        keys = _buckets(conf, self.box)
         self._add(None, keys)
         if domains is not None:
             for g in np.unique(domains):
@@ -97,8 +113,9 @@ class SummaryPass1:
 
     def merge(self, other: "SummaryPass1") -> "SummaryPass1":
         """A new accumulator of both (the inputs stay as they were: a retried task may reuse them)."""
-        out = SummaryPass1(self.n_classes)
+        out = SummaryPass1(self.n_classes, self.input_kind)
         out.class_counts = self.class_counts + other.class_counts
+        out.n = self.n + other.n
         out.groups = dict(self.groups)
         for g, counts in other.groups.items():
             out.groups[g] = _merge_sparse(out.groups[g], counts) if g in out.groups else counts
@@ -127,8 +144,8 @@ class SummaryPass2:
     def update(self, x: np.ndarray, domains=None) -> "SummaryPass2":
         if len(x) == 0:
             return self
-        conf, _ = _confidence(x)
-        keys = _buckets(conf)
+        conf, _ = _confidence(x, self.first.input_kind)
+        keys = _buckets(conf, self.first.box)
         self._keep(None, conf, keys)
         if domains is not None:
             for g in np.unique(domains):
@@ -160,7 +177,7 @@ class SummaryPass2:
     def quantiles(self, group=None) -> list[float]:
         buckets, in_bucket = self.plan[group]
         values, counts = self.kept.get(group, (np.empty(0), np.empty(0, np.int64)))
-        keys = _buckets(values)
+        keys = _buckets(values, self.first.box)
         out = []
         for b, r in zip(buckets, in_bucket):
             rows = keys == b
@@ -170,9 +187,10 @@ class SummaryPass2:
 
     def result(self) -> dict:
         """The ``data_summary`` dict (pooled quantiles, class frequencies, per-domain quantiles)."""
-        n = int(self.first.class_counts.sum())
-        out = {"statistic": "ks_top_confidence", "n": n, "confidence_quantiles": self.quantiles(None),
-               "class_frequencies": (self.first.class_counts / n).tolist()}
+        n = int(self.first.n)
+        out = {"statistic": "ks_top_confidence", "n": n, "confidence_quantiles": self.quantiles(None)}
+        if not self.first.box:
+            out["class_frequencies"] = (self.first.class_counts / n).tolist()
         domains = [g for g in self.first.groups if g is not None]
         if domains:
             out["domains"] = {str(g): {"n": int(self.first.groups[g][1].sum()),
@@ -185,3 +203,32 @@ def _merge_values(a, b):
     v = np.concatenate([a[0], b[0]])
     u, inv = np.unique(v, return_inverse=True)
     return u, np.bincount(inv, weights=np.concatenate([a[1], b[1]]), minlength=u.size).astype(np.int64)
+
+
+def _pass1(batch: dict, first: int, *, input_kind: str, by_domain: bool):
+    x = np.asarray(batch["logits"])
+    acc = SummaryPass1(None if x.ndim == 1 else x.shape[1], input_kind)
+    return acc.update(x, np.asarray(batch["domains"]) if by_domain else None)
+
+
+def _pass2(batch: dict, first: int, *, start: SummaryPass2, by_domain: bool):
+    return start.fresh().update(np.asarray(batch["logits"]), np.asarray(batch["domains"]) if by_domain else None)
+
+
+def _merge(a, b):
+    return a.merge(b)
+
+
+def summary_job(*, input_kind: str = "logits", by_domain: bool = False, n_quantiles: int | None = None):
+    """The drift summary of the ``"logits"`` column (class vectors, or 1-D box scores) as a job of
+    :mod:`confcal.passes`: two passes, the result :func:`confcal.metrics.drift.data_summary` gives
+    on all rows at once (pooled, and per ``"domains"`` value with ``by_domain``). ``input_kind``
+    as there (``"probs"``: class-vector rows are probabilities). Rows are those validated by the
+    job it runs with (:func:`confcal.passes.together`)."""
+    from confcal.metrics.drift import N_QUANTILES
+
+    cols = ("logits", "domains") if by_domain else ("logits",)
+    first = yield Pass(partial(_pass1, input_kind=input_kind, by_domain=by_domain), _merge, columns=cols, desc="drift summary pass")
+    start = first.second_pass(N_QUANTILES if n_quantiles is None else n_quantiles)
+    second = yield Pass(partial(_pass2, start=start, by_domain=by_domain), _merge, columns=cols, desc="drift summary pass")
+    return second.result()
