@@ -69,7 +69,7 @@ def test_equal_mass_windows_merge_through_the_tree(monkeypatch, cifar_dataset):
     still equal the one-shot values. Run in-process (synchronous scheduler) so the cap applies."""
     import dask
 
-    import confcal.metrics.accumulators as acc_mod
+    import confcal.metrics.equal_mass as acc_mod
 
     folder, logits, labels, domains = cifar_dataset
     monkeypatch.setattr(acc_mod, "_KEEP_MAX", 40)

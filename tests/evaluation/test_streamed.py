@@ -66,7 +66,7 @@ def test_bad_rows_are_named_in_whole_data_terms():
 def test_a_third_pass_when_the_equal_mass_cells_overflow(monkeypatch):
     """Past the kept-values cap the evaluate reads the data a third time and the metrics are unchanged."""
     import confcal._progress as progress_mod
-    import confcal.metrics.accumulators as acc_mod
+    import confcal.metrics.equal_mass as acc_mod
 
     x, y = cifar(4000)
     cal = TemperatureScaling().fit(x[::2], y[::2])

@@ -203,7 +203,7 @@ def _equal_mass_all_passes(n_bins, parts, conf, correct, rng):
 def test_equal_mass_is_exact_when_the_edge_cells_overflow(seed, n, n_parts, n_bins, keep, spread, dup):
     """With few values allowed per pass the edge cells are refined on finer sub-cells in extra
     passes (down to the value itself); the result is still numpy's inverted-cdf quantile bins."""
-    import confcal.metrics.accumulators as acc_mod
+    import confcal.metrics.equal_mass as acc_mod
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(acc_mod, "_KEEP_MAX", keep)
@@ -224,7 +224,7 @@ def _check_overflow_case(seed, n, n_parts, n_bins, keep, spread, dup):
 
 
 def test_a_third_pass_only_when_needed_and_bounded(monkeypatch):
-    import confcal.metrics.accumulators as acc_mod
+    import confcal.metrics.equal_mass as acc_mod
 
     rng = np.random.default_rng(3)
     conf = rng.uniform(0.3, 1.0, size=200_000)
@@ -242,7 +242,7 @@ def test_a_third_pass_only_when_needed_and_bounded(monkeypatch):
 
 
 def test_later_pass_on_other_data_is_refused(monkeypatch):
-    import confcal.metrics.accumulators as acc_mod
+    import confcal.metrics.equal_mass as acc_mod
 
     monkeypatch.setattr(acc_mod, "_KEEP_MAX", 10)
     conf = np.random.default_rng(2).uniform(0.5, 1.0, size=5000)
@@ -256,7 +256,7 @@ def test_windows_resolve_an_overflow_in_two_passes_unless_the_rows_are_sorted(mo
     """Past the cap the second pass guesses each edge's window of sub-cells from the values seen so
     far: on shuffled rows that is enough (two passes, far fewer values kept); rows sorted by
     confidence defeat the guess and a third pass resolves the edges. Exact either way."""
-    import confcal.metrics.accumulators as acc_mod
+    import confcal.metrics.equal_mass as acc_mod
 
     rng = np.random.default_rng(3)
     conf = rng.uniform(0.3, 1.0, size=400_000)
@@ -275,7 +275,7 @@ def test_windows_resolve_an_overflow_in_two_passes_unless_the_rows_are_sorted(mo
 def test_merging_passes_whose_windows_differ(monkeypatch):
     """Two workers each overflow and guess their own windows; the merge keeps their intersection
     (rows outside a larger window lie on the same side of the edge) and stays exact."""
-    import confcal.metrics.accumulators as acc_mod
+    import confcal.metrics.equal_mass as acc_mod
 
     rng = np.random.default_rng(5)
     conf = rng.uniform(0.2, 1.0, size=300_000)

@@ -22,18 +22,9 @@ from functools import partial
 
 import numpy as np
 
-from confcal.calibrators._tsfit import (
-    _NEAR_DMAX,
-    _WARM_START_ROWS,
-    CalibrationWarning,
-    TSPassStats,
-    _newton_steps,
-    _result,
-    _sorted_ids,
-    _summary,
-    fit_temperature,
-    ts_batch_stats,
-)
+from confcal.calibrators._ts_batch import _summary, ts_batch_stats
+from confcal.calibrators._ts_stream import _sorted_ids
+from confcal.calibrators._tsfit import _NEAR_DMAX, _WARM_START_ROWS, CalibrationWarning, _newton_steps, _result, fit_temperature
 from confcal.passes import Pass, SpreadBlocks
 
 __all__ = ["temperature_job", "TemperatureJobResult"]
