@@ -119,3 +119,11 @@ def test_box_scores_evaluate_gate_and_drift_agree_across_engines(dask_client, ki
     r = confcal("drift", "--calibrator", dask_man, "--logits", f"{npz}:score", "--domains", f"{npz}:domain",
                 "--fail-on-drift")
     assert r.returncode == 0, r.stderr + r.stdout
+
+
+def test_readme_lists_the_full_data_methods_of_the_registry():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    line = "full data: " + ", ".join(f"`{m}`" for m in FULL_DATA_METHODS) + "; every other method: seeded sample."
+    assert line in readme, f"README.md should say: {line}"
