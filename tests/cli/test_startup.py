@@ -15,6 +15,8 @@ import sys
 import numpy as np
 import pytest
 
+from confcal.catalog import MissingExtraError
+
 #: never imported by building the parser
 PARSER_FORBIDDEN = {"torch", "sklearn", "scipy", "matplotlib", "numba", "pycocotools", "shapely", "numpy",
                     "pandas", "dask", "pyarrow", "confcal.calibrators", "confcal.metrics", "confcal.io"}
@@ -123,12 +125,38 @@ def manifests(tmp_path_factory):
         box = name in BOX_METHODS
         side = {"domains": dom} if name == "grouped-ts" else {}
         data = (s, c) if box else (x, y)
-        cal = METHODS[name]().fit(*data, **side)
+        try:
+            cal = METHODS[name]().fit(*data, **side)
+        except MissingExtraError:  # the TS fit's Newton passes still need torch: a manifest by hand
+            if name not in ("ts", "grouped-ts"):
+                continue
+            cal = _hand_fitted_ts(name, x, y, dom)
         m = cal.to_dict()
         m["fit"]["data_summary"] = data_summary(data[0], input_kind="logits", domains=side.get("domains"))
         paths[name] = d / f"{name}.json"
         paths[name].write_text(json.dumps(m))
     return d, paths
+
+
+def _hand_fitted_ts(name, x, y, dom):
+    """A TS / grouped-TS calibrator with set temperatures (for environments without torch)."""
+    from confcal.calibrators import GroupedTemperatureScaling, TemperatureScaling
+    from confcal.calibrators.manifest import fit_record
+
+    def ts(t):
+        cal = TemperatureScaling()
+        cal.temperature_, cal.nll_, cal.n_iter_, cal.at_bound_, cal.n_classes_ = t, 0.5, 3, False, x.shape[1]
+        return cal
+
+    cal = ts(1.7)
+    if name == "grouped-ts":
+        cal = GroupedTemperatureScaling()
+        cal.pooled_, cal.groups_ = ts(1.7), {"a": ts(1.5), "b": ts(1.9)}
+        cal.group_counts_ = {"a": int(np.sum(dom == "a")), "b": int(np.sum(dom == "b"))}
+        cal.fallback_groups_, cal.n_classes_ = [], x.shape[1]
+    cal.fit_record_ = fit_record(n_samples=len(y), data_sha256="0" * 64, input_kind="logits",
+                                 metrics_before={}, metrics_after={})
+    return cal
 
 
 def _commands(d, path, name):
@@ -147,6 +175,8 @@ def _commands(d, path, name):
 @pytest.mark.parametrize("name", CLASS_METHODS + BOX_METHODS)
 def test_apply_evaluate_drift_of_core_manifests_import_no_torch_or_sklearn(manifests, name):
     d, paths = manifests
+    if name not in paths:
+        pytest.skip(f"fitting {name} needs torch here")
     for command, argv in _commands(d, paths[name], name).items():
         rc, mods, err = run_cli(*argv)
         assert rc == 0, (command, err)

@@ -44,9 +44,9 @@ _LAZY = {
     "MarginalScalingBinning": "binning", "ScalingBinning": "binning", "TopLabelBBQ": "binning",
     "TopLabelHistogramBinning": "binning", "TopLabelIsotonicCalibration": "binning",
     "BetaCalibration": "beta", "DetectionBetaCalibration": "beta", "PlattOneVsRest": "platt",
-    "SourceGatedTemperatureScaling": "source_gated",
+    "SourceGatedTemperatureScaling": "source_gated", "reuse_fits": "_odir",
 }
-_TORCH_MODULES = {"scaling", "ensemble", "parametric", "bounding"}
+_TORCH_MODULES = {"scaling", "ensemble", "parametric", "bounding", "_odir"}
 
 
 def __getattr__(name):
@@ -80,4 +80,5 @@ __all__ = [
     "DualProbabilityBounding", "SourceGatedTemperatureScaling", "IsotonicCalibration",
     "TopLabelIsotonicCalibration", "HistogramBinning", "TopLabelHistogramBinning", "BBQ", "TopLabelBBQ",
     "ScalingBinning", "MarginalScalingBinning", "BetaCalibration", "DetectionBetaCalibration", "PlattOneVsRest",
+    "reuse_fits",
 ]

@@ -249,20 +249,24 @@ class Calibrator(Estimator, abc.ABC):
         return fit_record(n_samples=n_samples, data_sha256=data_sha256, input_kind=input_kind,
                           metrics_before=metrics_before, metrics_after=metrics_after, sample_weight=sample_weight)
 
-    def predict_proba(self, logits, progress=False, **side) -> np.ndarray:
-        """Calibrated probabilities, float64 ``(n_samples, n_classes)``, rows summing to 1.
+    def predict_proba(self, logits, progress=False, *, dtype=None, **side) -> np.ndarray:
+        """Calibrated probabilities ``(n_samples, n_classes)``, rows summing to 1.
 
         ``logits`` as at fit time (``input_kind`` is a hyper-parameter); a one-logit
         binary head ``(n_samples,)`` gives ``(n_samples, 2)``. ``logits`` may also be a
         :class:`confcal.sources.Source` or a spec; ``progress`` as for :meth:`fit`.
+        ``dtype``: float64 (default) or float32. Temperature scaling computes in that dtype,
+        chunk by chunk in cache, so the output is written to memory once (float32 logits in,
+        float32 out: 2 x 4 bytes per element); the other methods compute in float64 and cast.
 
         Raises :class:`NotFittedError` before ``fit`` and ``ValueError`` when the
-        number of classes differs from the one seen at fit time.
+        number of classes differs from the one seen at fit time, or for another ``dtype``.
         """
         self._check_fitted()
-        out = self._predict_source(logits, progress=progress, **side)
+        want = _result_dtype(dtype)
+        out = self._predict_source(logits, progress=progress, dtype=want, **side)
         if out is not NotImplemented:
-            return out
+            return out if out.dtype == want else out.astype(want)
         logits = _materialise(logits, "logits")
         side = {k: _materialise(v, k) for k, v in side.items()}
         x = self._validate_logits(logits)
@@ -270,9 +274,10 @@ class Calibrator(Estimator, abc.ABC):
             raise ValueError(f"logits: calibrator was fitted on {self.n_classes_} classes, "
                              f"got shape {x.shape}")
         side = self._check_side(side, x.shape[0])
-        return self._predict_proba(x, **side)
+        p = self._predict_proba(x, **side)
+        return p if p.dtype == want else p.astype(want)
 
-    def _predict_source(self, logits, *, progress, **side):
+    def _predict_source(self, logits, *, progress, dtype=None, **side):
         """Hook for maps that predict batch by batch (:func:`confcal.calibrators._stream.predict_into`);
         the default returns ``NotImplemented`` and :meth:`predict_proba` loads the arrays."""
         return NotImplemented
@@ -422,6 +427,20 @@ class Calibrator(Estimator, abc.ABC):
             else:
                 out[key] = value
         return out
+
+
+def _result_dtype(dtype) -> np.dtype:
+    """The dtype ``predict_proba`` returns: float64 by default, or ``dtype`` (float32 or float64).
+
+    The default stays float64 for every input while the distributed engine (``confcal.dask``)
+    compares its metrics with the single-process ones computed from float64 probabilities;
+    pass ``dtype=np.float32`` for float32 output computed in float32 (temperature scaling)."""
+    if dtype is None:
+        return np.dtype(np.float64)
+    want = np.dtype(dtype)
+    if want not in (np.float32, np.float64):
+        raise ValueError(f"dtype: expected float32 or float64, got {want}")
+    return want
 
 
 def _one_logit_as_two(z: np.ndarray, input_kind: str, name: str) -> np.ndarray:

@@ -153,7 +153,7 @@ class TemperatureScaling(Calibrator):
                                             sample_weight=sample_weight is not None)
         return self
 
-    def _predict_source(self, logits, *, progress, **side):
+    def _predict_source(self, logits, *, progress, dtype=None, **side):
         from confcal.calibrators._stream import predict_into
         from confcal.sources import open_source
 
@@ -163,9 +163,9 @@ class TemperatureScaling(Calibrator):
         self._check_side(side, 0)
         if self._input_kind() != "logits" or xs.dtype.kind != "f" or xs.dtype == np.float16:
             return predict_into(self, xs, progress=progress)
-        return self._predict_rows(xs, progress)
+        return self._predict_rows(xs, progress, np.float64 if dtype is None else dtype)
 
-    def _predict_rows(self, xs, progress):
+    def _predict_rows(self, xs, progress, dtype=np.float64):
         """Each batch's softmax is written straight into its rows of the output (no per-batch
         float64 temporary to copy: the first write to fresh memory is a large part of the cost)."""
         from confcal._progress import progress_bar
@@ -174,7 +174,7 @@ class TemperatureScaling(Calibrator):
 
         if xs.shape[1] != self.n_classes_:
             raise ValueError(f"logits: calibrator was fitted on {self.n_classes_} classes, got shape {xs.shape}")
-        out = np.empty(xs.shape, dtype=np.float64)
+        out = np.empty(xs.shape, dtype=dtype)  # softmax computed in this dtype, chunk by chunk
         rows = batch_rows_for([xs])
         unit = True
         with progress_bar(xs.n_rows, "predict", progress) as bar:
