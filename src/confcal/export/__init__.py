@@ -39,8 +39,8 @@ def _calibrator(calibrator):
     from confcal.io import load_calibrator, load_manifest
 
     if isinstance(calibrator, (str, os.PathLike)):
-        sha = hashlib.sha256(Path(calibrator).read_bytes()).hexdigest()
-        return load_calibrator(load_manifest(calibrator)), sha
+        manifest = load_manifest(calibrator)  # a missing or damaged file: its one-line error first
+        return load_calibrator(manifest), hashlib.sha256(Path(calibrator).read_bytes()).hexdigest()
     if isinstance(calibrator, dict):
         return load_calibrator(calibrator), manifest_sha256(calibrator)
     calibrator._check_fitted()
