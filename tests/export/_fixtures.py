@@ -26,12 +26,21 @@ CLASSIFIERS = {
     "ets": ({"max_iter": 50}, None),
     "pts": ({"epochs": 2, "progress": False}, None),
     "grouped": ({"base": "vs", "base_params": {"max_iter": 30}, "min_samples": 400}, "domains"),
+    "isotonic": ({}, None),
+    "histogram-binning": ({}, None),
+    "bbq": ({}, None),
+    "scaling-binning-marginal": ({"scaler": "ts"}, None),
+    "scaling-binning-marginal-platt": ({"scaler": "platt"}, None),
+    "platt-ovr": ({}, None),
+    "beta": ({}, None),
 }
 BOXES = {
     "det-ts": {"clip_scores": True, "min_samples": 20},
     "det-ts-bias-domains": {"clip_scores": True, "bias": True, "min_samples": 20},
     "det-platt": {"min_samples": 20},
     "det-platt-class-domains": {"per_class": True, "min_samples": 20},
+    "det-beta": {"clip_scores": True, "min_samples": 20},
+    "det-beta-class": {"clip_scores": True, "per_class": True, "min_samples": 20},
 }
 
 
@@ -61,7 +70,7 @@ def fitted_classifier(method):
     x, y, dom, _, _ = cifar()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return METHODS[method](**params).fit(x, y, **({"domains": dom} if side else {}))
+        return METHODS[method.removesuffix("-platt")](**params).fit(x, y, **({"domains": dom} if side else {}))
 
 
 @functools.lru_cache(maxsize=None)

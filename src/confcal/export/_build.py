@@ -12,7 +12,8 @@ from typing import Any, Callable
 import numpy as np
 
 from confcal.export._heads import (EPS32, EPS64, AffineCore, BoxCore, ETSCore, GroupedCore,
-                                   GroupedTemperatureCore, Head, PTSCore, TemperatureCore)
+                                   GroupedTemperatureCore, Head, IsotonicMap, LogisticMap, OneVsRestCore,
+                                   PTSCore, StepMap, TemperatureCore)
 
 __all__ = ["build_head", "REFUSALS", "BUILDERS", "ExportError", "exportable"]
 
@@ -101,15 +102,35 @@ def _box(cal):
         head = Head(core, input_probs=kind == "probs", compute64=False, grouped=grouped,
                     n_classes=cal.n_classes_, box=False)
         return head, (_table(own, fallback) if grouped else None)
-    platt = cal.method == "det-platt"
-    keys = ("a", "b") if platt else ("temperature", "bias")
-    params = [[cal.groups_[k][keys[0]], cal.groups_[k][keys[1]]] for k in own]
-    params.append([cal.pooled_[keys[0]], cal.pooled_[keys[1]]])
-    logit = (not platt) and kind != "logits"
-    cores = {np.dtype(dt): BoxCore(params, platt=platt, logit_of_score=logit, grouped=grouped, eps=eps)
+    kind = {"det-ts": "ts", "det-platt": "platt", "det-beta": "beta"}[cal.method]
+    keys = {"ts": ("temperature", "bias"), "platt": ("a", "b"), "beta": ("a", "b", "c")}[kind]
+    params = [[cal.groups_[k][key] for key in keys] for k in own]
+    params.append([cal.pooled_[key] for key in keys])
+    logit = kind == "beta" or (kind == "ts" and cal.input_kind != "logits")
+    cores = {np.dtype(dt): BoxCore(params, kind=kind, logit_of_score=logit, grouped=grouped, eps=eps)
              for dt, eps in ((np.float32, EPS32), (np.float64, EPS64))}
     head = _BoxHeads(cores, grouped=grouped)
     return head, (_table(own, fallback) if grouped else None)
+
+
+def _one_vs_rest(cal):
+    maps = cal.maps_
+    method = cal.method
+    space = cal.space
+    temperature = 1.0
+    if method == "isotonic":
+        cmap = IsotonicMap(maps)
+    elif method in ("histogram-binning", "bbq"):
+        cmap = StepMap(maps)
+    elif method == "scaling-binning-marginal":
+        cmap = StepMap(maps, platt=cal.scaler_ == "platt")
+        space, temperature = ("ts", cal.temperature_) if cal.scaler_ == "ts" else ("logit", 1.0)
+    else:  # platt-ovr, beta
+        cmap = LogisticMap(maps, beta=method == "beta")
+    core = OneVsRestCore(cmap, space=space, binary=len(maps) == 1, n_classes=cal.n_classes_,
+                         temperature=temperature)
+    return Head(core, input_probs=_input_probs(cal), compute64=True, grouped=False, n_classes=cal.n_classes_,
+                box=False), None
 
 
 class _BoxHeads:
@@ -130,7 +151,9 @@ def _simple(cal):
 BUILDERS: dict[str, Callable] = {
     **{m: _simple for m in CORES},
     "grouped-ts": _grouped, "grouped": _grouped,
-    "det-ts": _box, "det-platt": _box,
+    "det-ts": _box, "det-platt": _box, "det-beta": _box,
+    **{m: _one_vs_rest for m in ("isotonic", "histogram-binning", "bbq", "scaling-binning-marginal", "platt-ovr",
+                                 "beta")},
 }
 
 
