@@ -357,6 +357,13 @@ class Calibrator(Estimator, abc.ABC):
         ``n_classes`` and the fit record. Round-trips through :func:`calibrator_from_dict`."""
         return to_manifest(self)
 
+    def to_torch(self, dtype: str = "float64"):
+        """The fitted map as a TorchScript-able ``nn.Module`` equal to ``predict_proba``
+        (:func:`confcal.export.to_torch`; raises ``confcal.export.ExportError`` naming why not)."""
+        from confcal.export import to_torch  # the torch/onnx layer, imported only when asked for
+
+        return to_torch(self, dtype=dtype)
+
     # ---------------------------------------------------------- for subclasses
     @abc.abstractmethod
     def _fit(self, logits: np.ndarray, labels: np.ndarray, **side) -> None:

@@ -13,7 +13,7 @@ import warnings
 from confcal import __version__
 
 #: subcommand modules, in the order ``confcal --help`` lists them
-SUBCOMMANDS = ["fit", "apply", "evaluate", "compare", "domain_eval", "demo", "detections", "rank", "drift", "report"]
+SUBCOMMANDS = ["fit", "apply", "evaluate", "compare", "domain_eval", "demo", "detections", "rank", "drift", "report", "export"]
 
 
 def build_parser() -> argparse.ArgumentParser:
