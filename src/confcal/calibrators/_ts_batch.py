@@ -9,7 +9,8 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-import torch
+
+from confcal._lazy import torch  # imported on first use: importing this module needs no torch
 
 from confcal.calibrators._tsfit import _CHUNK_ELEMS, _NEAR_BLOCK, TemperatureFit
 
