@@ -27,7 +27,7 @@ def full_data_methods() -> dict:
     for name in sorted(METHODS):
         try:
             cal = make_calibrator(name, {})
-        except (TypeError, ValueError):  # a method needing a parameter (e.g. source-gated-ts)
+        except Exception:  # a method needing a parameter (source-gated-ts) or a missing extra (torch)
             out[name] = False
             continue
         job_of = getattr(cal, "fit_job", None)
