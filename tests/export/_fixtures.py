@@ -33,6 +33,11 @@ CLASSIFIERS = {
     "scaling-binning-marginal-platt": ({"scaler": "platt"}, None),
     "platt-ovr": ({}, None),
     "beta": ({}, None),
+    "isotonic-top": ({}, None),
+    "histogram-binning-top": ({}, None),
+    "bbq-top": ({}, None),
+    "scaling-binning": ({"scaler": "ts"}, None),
+    "scaling-binning-platt": ({"scaler": "platt"}, None),
 }
 BOXES = {
     "det-ts": {"clip_scores": True, "min_samples": 20},

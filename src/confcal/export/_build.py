@@ -13,7 +13,7 @@ import numpy as np
 
 from confcal.export._heads import (EPS32, EPS64, AffineCore, BoxCore, ETSCore, GroupedCore,
                                    GroupedTemperatureCore, Head, IsotonicMap, LogisticMap, OneVsRestCore,
-                                   PTSCore, StepMap, TemperatureCore)
+                                   PTSCore, StepMap, TemperatureCore, TopLabelCore)
 
 __all__ = ["build_head", "REFUSALS", "BUILDERS", "ExportError", "exportable"]
 
@@ -148,12 +148,29 @@ def _simple(cal):
     return head, None
 
 
+def _top_label(cal):
+    method = cal.method
+    space, temperature = cal.space, 1.0
+    maps = [cal.map_]
+    if method == "isotonic-top":
+        cmap = IsotonicMap(maps)
+    elif method in ("histogram-binning-top", "bbq-top"):
+        cmap = StepMap(maps)
+    else:  # scaling-binning: TS confidence, or Platt on its log-odds, then the bins
+        cmap = StepMap(maps, platt=cal.scaler_ == "platt")
+        space, temperature = ("ts", cal.temperature_) if cal.scaler_ == "ts" else ("logit", 1.0)
+    core = TopLabelCore(cmap, space=space, n_classes=cal.n_classes_, temperature=temperature)
+    return Head(core, input_probs=_input_probs(cal), compute64=True, grouped=False, n_classes=cal.n_classes_,
+                box=False), None
+
+
 BUILDERS: dict[str, Callable] = {
     **{m: _simple for m in CORES},
     "grouped-ts": _grouped, "grouped": _grouped,
     "det-ts": _box, "det-platt": _box, "det-beta": _box,
     **{m: _one_vs_rest for m in ("isotonic", "histogram-binning", "bbq", "scaling-binning-marginal", "platt-ovr",
                                  "beta")},
+    **{m: _top_label for m in ("isotonic-top", "histogram-binning-top", "bbq-top", "scaling-binning")},
 }
 
 
