@@ -26,6 +26,9 @@ CLASSIFIERS = {
     "ets": ({"max_iter": 50}, None),
     "pts": ({"epochs": 2, "progress": False}, None),
     "grouped": ({"base": "vs", "base_params": {"max_iter": 30}, "min_samples": 400}, "domains"),
+    "set-ts": ({}, "fit-domains"),  # one T over the calibration domains; none needed to apply it
+    "lb": ({"max_iter": 50}, None),
+    "dpb": ({"max_iter": 50}, None),
     "isotonic": ({}, None),
     "histogram-binning": ({}, None),
     "bbq": ({}, None),

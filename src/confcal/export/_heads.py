@@ -247,6 +247,50 @@ class PTSCore(_MapCore):
         return g.op("Div", z, t)
 
 
+class LogitBoundingCore(_MapCore):
+    """Logit bounding (LB, eq. 29 of Atarashi et al.): ``clip(z, c, C)`` per row with
+    ``c = ||z|| tanh(c')``, ``C = ||z|| tanh(c' + softplus(C'))`` (masked entries at their stand-in)."""
+
+    def __init__(self, c_raw: float, cc_raw: float):
+        super().__init__(False)
+        self.register_buffer("c_raw", _buf(c_raw))
+        self.register_buffer("cc_raw", _buf(cc_raw))
+
+    def logit_map(self, z: Tensor) -> Tensor:
+        norm = torch.linalg.vector_norm(z, dim=1, keepdim=True)
+        c_raw, cc_raw = _like(self.c_raw, z), _like(self.cc_raw, z)
+        lo = norm * torch.tanh(c_raw)
+        hi = norm * torch.tanh(c_raw + _softplus(cc_raw))
+        return torch.minimum(torch.maximum(z, lo), hi)
+
+    def emit_map(self, g: Graph, z: str, dt) -> str:
+        norm = g.op("ReduceL2", z, g.const([1], np.int64), keepdims=1)
+        c_raw, cc_raw = float(self.c_raw), float(self.cc_raw)
+        lo = g.op("Mul", norm, g.const(math.tanh(c_raw), dt))
+        hi = g.op("Mul", norm, g.const(float(torch.tanh(self.c_raw + _softplus(self.cc_raw))), dt))
+        return g.op("Min", g.op("Max", z, lo), hi)
+
+
+class DualBoundingCore(_MapCore):
+    """Dual probability bounding (DPB, eq. 33 of Atarashi et al.): ``z - S_d(w * z)``, ``S_d`` the
+    soft-threshold at ``d = exp(d')``, ``w = exp(w')`` per class."""
+
+    def __init__(self, log_w, log_d: float):
+        super().__init__(False)
+        self.register_buffer("log_w", _buf(log_w))
+        self.register_buffer("log_d", _buf(log_d))
+
+    def logit_map(self, z: Tensor) -> Tensor:
+        x = z * torch.exp(_like(self.log_w, z))
+        return z - torch.sign(x) * torch.relu(x.abs() - torch.exp(_like(self.log_d, z)))
+
+    def emit_map(self, g: Graph, z: str, dt) -> str:
+        x = g.op("Mul", z, g.const(torch.exp(self.log_w).numpy(), dt))
+        shrunk = g.op("Mul", g.op("Sign", x), g.op("Relu", g.op("Sub", g.op("Abs", x),
+                                                               g.const(float(torch.exp(self.log_d)), dt))))
+        return g.op("Sub", z, shrunk)
+
+
 class GroupedCore(nn.Module):
     """Any member cores per group (the pooled one last): every member runs on every row and the
     row's group picks its output (``G + 1`` times the work of one map, no data-dependent shapes)."""
