@@ -207,3 +207,15 @@ def test_cli_export_refusals_exit_2_without_output(tmp_path, ts_manifest, capsys
         err = capsys.readouterr().err.strip()
         assert needle in err and len(err.splitlines()) == 1, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["iso.json", "ts.json"]
+
+
+def test_cli_export_without_torch_names_the_extra(ts_manifest, tmp_path):
+    """In an interpreter where torch cannot be imported, the command exits 2 with one line naming
+    the extra, and writes nothing."""
+    from tests.cli.test_startup import run_cli
+
+    out = tmp_path / "head.onnx"
+    rc, _, err = run_cli("export", "--calibrator", str(ts_manifest), "--format", "onnx", "-o", str(out),
+                         block_torch=True)
+    assert rc == 2 and "confcal[torch]" in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
