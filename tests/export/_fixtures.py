@@ -26,6 +26,9 @@ CLASSIFIERS = {
     "ets": ({"max_iter": 50}, None),
     "pts": ({"epochs": 2, "progress": False}, None),
     "grouped": ({"base": "vs", "base_params": {"max_iter": 30}, "min_samples": 400}, "domains"),
+    "set-ts": ({}, "fit-domains"),  # one T over the calibration domains; none needed to apply it
+    "lb": ({"max_iter": 50}, None),
+    "dpb": ({"max_iter": 50}, None),
     "isotonic": ({}, None),
     "histogram-binning": ({}, None),
     "bbq": ({}, None),
@@ -33,6 +36,11 @@ CLASSIFIERS = {
     "scaling-binning-marginal-platt": ({"scaler": "platt"}, None),
     "platt-ovr": ({}, None),
     "beta": ({}, None),
+    "isotonic-top": ({}, None),
+    "histogram-binning-top": ({}, None),
+    "bbq-top": ({}, None),
+    "scaling-binning": ({"scaler": "ts"}, None),
+    "scaling-binning-platt": ({"scaler": "platt"}, None),
 }
 BOXES = {
     "det-ts": {"clip_scores": True, "min_samples": 20},

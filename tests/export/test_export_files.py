@@ -96,10 +96,21 @@ def test_every_method_exports_or_says_why_not():
         assert method in METHODS and not exportable(method)[0]
 
 
+def _pb_fitted():
+    """A fitted ``pb`` (refused: BCSoftmax is not in the graph yet) on 300 CIFAR-10 outputs."""
+    from tests.conftest import require_shared_data
+
+    d = np.load(require_shared_data("cifar", "wideresnet-16-4-cifar-10.npz"))
+    with np.errstate(divide="ignore"):
+        x = np.log(d["predictions"][:300].astype(np.float64))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return METHODS["pb"]().fit(x, d["ground_truth"][:300])
+
+
 def test_refusal_is_one_line_naming_the_method():
-    x, y, _, _, _ = cifar()
-    cal = METHODS["isotonic-top"]().fit(x[:300], y[:300])
-    with pytest.raises(ExportError, match="'isotonic-top' cannot be exported"):
+    cal = _pb_fitted()
+    with pytest.raises(ExportError, match="'pb' cannot be exported: BCSoftmax"):
         to_torch(cal)
     with pytest.raises(ExportError):
         cal.to_torch()
@@ -183,11 +194,10 @@ def test_cli_export_onnx_and_torchscript(tmp_path, ts_manifest, capsys):
 
 
 def test_cli_export_refusals_exit_2_without_output(tmp_path, ts_manifest, capsys):
-    x, y, _, _, _ = cifar()
     iso = tmp_path / "iso.json"
-    save_manifest(METHODS["isotonic-top"]().fit(x[:300], y[:300]), iso)
+    save_manifest(_pb_fitted(), iso)
     cases = [
-        (["--calibrator", str(iso), "--format", "onnx", "-o", str(tmp_path / "a.onnx")], "isotonic-top"),
+        (["--calibrator", str(iso), "--format", "onnx", "-o", str(tmp_path / "a.onnx")], "'pb' cannot"),
         (["--calibrator", str(ts_manifest), "--format", "onnx", "-o", str(tmp_path / "a.pt")], "--output"),
         (["--calibrator", str(tmp_path / "missing.json"), "--format", "onnx", "-o", str(tmp_path / "a.onnx")],
          "no such file"),
@@ -197,3 +207,15 @@ def test_cli_export_refusals_exit_2_without_output(tmp_path, ts_manifest, capsys
         err = capsys.readouterr().err.strip()
         assert needle in err and len(err.splitlines()) == 1, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["iso.json", "ts.json"]
+
+
+def test_cli_export_without_torch_names_the_extra(ts_manifest, tmp_path):
+    """In an interpreter where torch cannot be imported, the command exits 2 with one line naming
+    the extra, and writes nothing."""
+    from tests.cli.test_startup import run_cli
+
+    out = tmp_path / "head.onnx"
+    rc, _, err = run_cli("export", "--calibrator", str(ts_manifest), "--format", "onnx", "-o", str(out),
+                         block_torch=True)
+    assert rc == 2 and "confcal[torch]" in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()

@@ -24,10 +24,14 @@ def register(sub):
 
 
 def run(args) -> int:
+    from confcal.catalog import MissingExtraError
+
     try:
         from confcal import export
-    except ModuleNotFoundError as exc:  # the optional extra
-        raise RuntimeError(f"export needs {exc.name}: pip install 'confcal[export]'") from None
+    except ModuleNotFoundError as exc:  # the optional extras
+        extra = "torch" if (exc.name or "").startswith("torch") else "export"
+        raise MissingExtraError(f"export needs {exc.name}, which is not installed: "
+                                f"pip install 'confcal[{extra}]'") from None
     if args.verify:
         export.verify_manifest(args.verify, args.calibrator)
         print(f"{args.verify}: made from {args.calibrator}")
@@ -40,7 +44,8 @@ def run(args) -> int:
         try:
             import onnx  # noqa: F401
         except ModuleNotFoundError:
-            raise RuntimeError("--format onnx needs the onnx package: pip install 'confcal[export]'") from None
+            raise MissingExtraError("--format onnx needs the onnx package, which is not installed: "
+                                    "pip install 'confcal[export]'") from None
         export.export_onnx(args.calibrator, args.output, dtype=args.dtype or "float32")
     else:
         export.export_torchscript(args.calibrator, args.output, dtype=args.dtype or "float64")

@@ -12,8 +12,8 @@ from typing import Any, Callable
 import numpy as np
 
 from confcal.export._heads import (EPS32, EPS64, AffineCore, BoxCore, ETSCore, GroupedCore,
-                                   GroupedTemperatureCore, Head, IsotonicMap, LogisticMap, OneVsRestCore,
-                                   PTSCore, StepMap, TemperatureCore)
+                                   GroupedTemperatureCore, Head, LogitBoundingCore, DualBoundingCore, IsotonicMap, LogisticMap, OneVsRestCore,
+                                   PTSCore, StepMap, TemperatureCore, TopLabelCore)
 
 __all__ = ["build_head", "REFUSALS", "BUILDERS", "ExportError", "exportable"]
 
@@ -23,13 +23,16 @@ class ExportError(ValueError):
 
 
 #: method -> why it cannot be exported (one line; the README's "exports" column)
+_PB = ("BCSoftmax's exact solve (sorted breakpoints, then eq. 24) is not written as graph ops yet; "
+       "the head would need it per row")
 REFUSALS = {
-    "fc": "needs the model's features and last linear layer at apply time; not a function of the logits",
-    "set-ts": "its per-domain ensemble regresses T on features; not exported yet",
-    "cluster-ts": "nearest-centroid k-means on features at apply time; not exported yet",
-    "cluster-ts-regression": "regresses T on features at apply time; not exported yet",
-    "domain-ensemble": "weights domains by feature similarity at apply time; not exported yet",
-    "source-gated-ts": "kNN source probability on features at apply time; not exported yet",
+    "fc": "needs the model's features and last linear layer at apply time, not only the logits",
+    "cluster-ts": "nearest k-means centroid of the features at apply time: a features input is not exported yet",
+    "cluster-ts-regression": "regresses T on the features at apply time: a features input is not exported yet",
+    "domain-ensemble": "uses the features' nearest centroid and regression at apply time: not exported yet",
+    "source-gated-ts": "kNN source probability of the features at apply time: not exported yet",
+    **{m: _PB for m in ("pb", "pb-lower", "pb-upper", "pb-mlp", "ts+pb", "vs+pb", "ms+pb", "dirichlet+pb",
+                        "ets+pb", "pts+pb")},
 }
 _NOT_YET = "not exported yet (its map is a function of the logits: planned)"
 
@@ -55,12 +58,17 @@ def _map_core(cal):
         return ETSCore(float(sd["log_t"]), sd["mix_logits"], m.n_classes)
     if name == "pts":
         return PTSCore(sd, m.top_k, m.n_classes, m.t_floor)
+    if name == "lb":
+        return LogitBoundingCore(float(sd["c_raw"]), float(sd["cc_raw"]))
+    if name == "dpb":
+        return DualBoundingCore(sd["log_w"], float(sd["log_d"]))
     raise ExportError(f"method {cal.method!r}: logit map {name!r} has no exported form")
 
 
 #: method -> core of one ungrouped fit (also the members of ``grouped``)
 CORES: dict[str, Callable[[Any], Any]] = {
     "ts": _ts_core, "vs": _map_core, "ms": _map_core, "dirichlet": _map_core, "ets": _map_core, "pts": _map_core,
+    "lb": _map_core, "dpb": _map_core, "set-ts": _ts_core,
 }
 
 
@@ -143,9 +151,25 @@ class _BoxHeads:
 
 def _simple(cal):
     core = CORES[cal.method](cal)
-    head = Head(core, input_probs=_input_probs(cal), compute64=cal.method not in ("ts",), grouped=False,
+    head = Head(core, input_probs=_input_probs(cal), compute64=cal.method not in ("ts", "set-ts"), grouped=False,
                 n_classes=cal.n_classes_, box=False)
     return head, None
+
+
+def _top_label(cal):
+    method = cal.method
+    space, temperature = cal.space, 1.0
+    maps = [cal.map_]
+    if method == "isotonic-top":
+        cmap = IsotonicMap(maps)
+    elif method in ("histogram-binning-top", "bbq-top"):
+        cmap = StepMap(maps)
+    else:  # scaling-binning: TS confidence, or Platt on its log-odds, then the bins
+        cmap = StepMap(maps, platt=cal.scaler_ == "platt")
+        space, temperature = ("ts", cal.temperature_) if cal.scaler_ == "ts" else ("logit", 1.0)
+    core = TopLabelCore(cmap, space=space, n_classes=cal.n_classes_, temperature=temperature)
+    return Head(core, input_probs=_input_probs(cal), compute64=True, grouped=False, n_classes=cal.n_classes_,
+                box=False), None
 
 
 BUILDERS: dict[str, Callable] = {
@@ -154,6 +178,7 @@ BUILDERS: dict[str, Callable] = {
     "det-ts": _box, "det-platt": _box, "det-beta": _box,
     **{m: _one_vs_rest for m in ("isotonic", "histogram-binning", "bbq", "scaling-binning-marginal", "platt-ovr",
                                  "beta")},
+    **{m: _top_label for m in ("isotonic-top", "histogram-binning-top", "bbq-top", "scaling-binning")},
 }
 
 
