@@ -31,6 +31,8 @@ from tests.conftest import require_shared_data
 
 ALL = sorted(METHODS)
 BOX = {"det-ts", "det-platt", "det-beta"}
+#: box scores + geometry features (features= (n, 2), e.g. cx, w)
+GEO = {"det-platt-geo", "det-beta-geo", "det-hist-geo"}
 # few iterations / epochs so the whole file stays fast; the fits stay deterministic
 FAST = {
     "pts": {"epochs": 2, "progress": False},
@@ -42,6 +44,8 @@ FAST = {
     "det-ts": {"min_samples": 5},
     "det-platt": {"min_samples": 5},
     "det-beta": {"min_samples": 5},
+    "det-platt-geo": {"reg": "fixed"},  # CV folds split rows: integer weights are not repetition there
+    "det-beta-geo": {"reg": "fixed"},
     # ODIR at fixed penalties here: the cross-validated default (reg="cv") splits rows into folds, so
     # integer weights are not the same as repeated rows there (tests/calibrators/test_odir.py covers it)
     "ms": {"reg": "fixed"},
@@ -54,9 +58,11 @@ FAST = {
 WEIGHTED = ["ts", "grouped-ts", "set-ts", "cluster-ts", "cluster-ts-regression", "domain-ensemble", "vs", "ms",
             "dirichlet", "ets", "lb", "dpb", "pb", "pb-lower", "pb-upper", "ts+pb", "vs+pb", "ms+pb",
             "dirichlet+pb", "ets+pb", "det-ts", "det-platt", "det-beta", "isotonic", "isotonic-top",
-            "histogram-binning", "histogram-binning-top", "bbq", "bbq-top", "beta", "platt-ovr"]
+            "histogram-binning", "histogram-binning-top", "bbq", "bbq-top", "beta", "platt-ovr",
+            "det-platt-geo", "det-beta-geo"]
 NON_CONVEX = {"lb", "dpb", "pb", "pb-lower", "pb-upper", "ts+pb", "vs+pb", "ms+pb", "dirichlet+pb", "ets+pb"}
-NO_WEIGHTS = ["pts", "pts+pb", "pb-mlp", "fc", "source-gated-ts", "scaling-binning", "scaling-binning-marginal"]
+NO_WEIGHTS = ["pts", "pts+pb", "pb-mlp", "fc", "source-gated-ts", "scaling-binning", "scaling-binning-marginal",
+              "det-hist-geo"]
 NO_SIDE = [m for m in ALL if m not in BOX and not METHODS[m].side_inputs]
 
 
@@ -70,6 +76,9 @@ def data(name: str, n: int = 60, k: int = 3, seed: int = 0):
     if name in BOX:
         s = rng.uniform(0.02, 0.98, size=n)
         return s, (rng.uniform(size=n) < s).astype(np.int64), {"domains": rng.integers(0, 2, size=n)}
+    if name in GEO:
+        s = rng.uniform(0.02, 0.98, size=n)
+        return s, (rng.uniform(size=n) < s).astype(np.int64), {"features": rng.uniform(size=(n, 2))}
     side = {}
     if name == "fc":
         f = rng.normal(size=(n, 4))

@@ -55,6 +55,11 @@ from confcal.calibrators.binning import (
 from confcal.calibrators.beta import BetaCalibration, DetectionBetaCalibration
 from confcal.calibrators.platt import PlattOneVsRest
 from confcal.calibrators.source_gated import SourceGatedTemperatureScaling
+from confcal.calibrators.detection_geometry import (
+    GeometryBetaCalibration,
+    GeometryHistogramBinning,
+    GeometryLogisticCalibration,
+)
 
 __all__ = [
     "METHODS", "Calibrator", "NotFittedError", "CalibrationWarning", "calibrator_from_dict",
@@ -66,4 +71,5 @@ __all__ = [
     "DualProbabilityBounding", "SourceGatedTemperatureScaling", "IsotonicCalibration",
     "TopLabelIsotonicCalibration", "HistogramBinning", "TopLabelHistogramBinning", "BBQ", "TopLabelBBQ",
     "ScalingBinning", "MarginalScalingBinning", "BetaCalibration", "DetectionBetaCalibration", "PlattOneVsRest",
+    "GeometryLogisticCalibration", "GeometryBetaCalibration", "GeometryHistogramBinning",
 ]
