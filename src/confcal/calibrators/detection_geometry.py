@@ -303,6 +303,19 @@ class GeometryBetaCalibration(_PenalisedBasisMap):
     Silva Filho & Flach, AISTATS 2017, eq. 3) made multivariate and dependent as in Küppers et al.,
     CVPR-W 2020, sec. 3. Parameters, inputs and errors as :class:`GeometryLogisticCalibration`
     (no ``score_transform``: the beta map reads scores as probabilities, clipped to ``[eps, 1 - eps]``).
+
+    Examples
+    --------
+    Boxes far from the sensor are right less often than their score says:
+
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> s, rng_m = rng.uniform(0.05, 0.95, 600), rng.uniform(0, 50, 600)
+    >>> y = (rng.uniform(size=600) < s * (1 - rng_m / 60)).astype(int)
+    >>> cal = GeometryBetaCalibration(box_features="range").fit(s, y, features=rng_m[:, None])
+    >>> near, far = cal.predict_proba(np.array([0.8, 0.8]), features=np.array([[5.0], [45.0]]))[:, 1]
+    >>> bool(near > far + 0.3)
+    True
     """
 
     method = "det-beta-geo"
@@ -368,6 +381,17 @@ class GeometryHistogramBinning(_GeometryBoxMap):
     ----------
     box_features : as :class:`GeometryLogisticCalibration`
     n_bins : score bins per cell; n_feature_bins : bins per box feature
+
+    Examples
+    --------
+    Two cells of ``cx`` (left, right), one score bin each: each predicts its m-estimate
+    ``(positives + pi) / (boxes + 1)`` with ``pi = 2/4``:
+
+    >>> import numpy as np
+    >>> cal = GeometryHistogramBinning(box_features="cx", n_bins=1, n_feature_bins=2)
+    >>> cal = cal.fit(np.full(4, 0.6), [1, 1, 0, 0], features=np.array([[0.1], [0.2], [0.8], [0.9]]))
+    >>> cal.predict_proba(np.array([0.6, 0.6]), features=np.array([[0.0], [1.0]]))[:, 1].round(4).tolist()
+    [0.8333, 0.1667]
     """
 
     method = "det-hist-geo"
