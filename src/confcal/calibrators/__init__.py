@@ -60,6 +60,7 @@ from confcal.calibrators.detection_geometry import (
     GeometryHistogramBinning,
     GeometryLogisticCalibration,
 )
+from confcal.calibrators.multilabel import MultilabelPlattScaling, MultilabelTemperatureScaling
 
 __all__ = [
     "METHODS", "Calibrator", "NotFittedError", "CalibrationWarning", "calibrator_from_dict",
@@ -72,4 +73,5 @@ __all__ = [
     "TopLabelIsotonicCalibration", "HistogramBinning", "TopLabelHistogramBinning", "BBQ", "TopLabelBBQ",
     "ScalingBinning", "MarginalScalingBinning", "BetaCalibration", "DetectionBetaCalibration", "PlattOneVsRest",
     "GeometryLogisticCalibration", "GeometryBetaCalibration", "GeometryHistogramBinning",
+    "MultilabelTemperatureScaling", "MultilabelPlattScaling",
 ]
