@@ -148,7 +148,7 @@ class MultilabelTemperatureScaling(_PerLabelMaps):
     method = "ts-multilabel"
     hyper_constraints = dict(T_BOUNDS)
     hyper_rules = (T_RULE,)
-    fitted_constraints = Fields({"temperatures": Array(("n_classes",), Real(gt=0)),
+    fitted_constraints = Fields({"label_temperatures": Array(("n_classes",), Real(gt=0)),
                                  "nll": Array(("n_classes",), Real(max_abs=math.inf))})
 
     def __init__(self, t_min: float = DEFAULT_T_BOUNDS[0], t_max: float = DEFAULT_T_BOUNDS[1],
@@ -170,10 +170,12 @@ class MultilabelTemperatureScaling(_PerLabelMaps):
         return z / m["temperature"]
 
     def _get_fitted(self):
-        return {"temperatures": [m["temperature"] for m in self.maps_], "nll": [m["nll"] for m in self.maps_]}
+        return {"label_temperatures": [m["temperature"] for m in self.maps_],
+                "nll": [m["nll"] for m in self.maps_]}
 
     def _set_fitted(self, params):
-        self.maps_ = [{"temperature": float(t), "nll": float(v)} for t, v in zip(params["temperatures"], params["nll"])]
+        self.maps_ = [{"temperature": float(t), "nll": float(v)}
+                      for t, v in zip(params["label_temperatures"], params["nll"])]
 
 
 @register
