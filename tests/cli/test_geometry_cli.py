@@ -107,3 +107,20 @@ def test_sigmoid_head_fit_and_apply(tmp_path):
     assert main(["apply", "--calibrator", str(man), "--logits", f"{f}:logits", "-o", str(out)]) == 0
     t = np.asarray(json.loads(man.read_text())["parameters"]["label_temperatures"])
     np.testing.assert_allclose(np.load(out), expit(z / t), rtol=1e-12)
+
+
+def test_report_has_the_geometry_section(tmp_path):
+    rng = np.random.default_rng(4)
+    n = 300
+    s, cx, cy = rng.uniform(0.05, 0.95, n), rng.uniform(0, 1, n), rng.uniform(0, 1, n)
+    y = (rng.uniform(size=n) < s * np.where(cx > 0.5, 0.5, 1.0)).astype(np.int8)
+    f = tmp_path / "m.npz"
+    np.savez(f, score=s, correct=y, cx=cx, cy=cy)
+    man, out = tmp_path / "c.json", tmp_path / "r.html"
+    assert main(["fit", "--method", "det-platt-geo", "--logits", f"{f}:score", "--labels", f"{f}:correct",
+                 "--box-features", "cx,cy", "-o", str(man)]) == 0
+    assert main(["report", "--logits", f"{f}:score", "--labels", f"{f}:correct", "--calibrator", str(man),
+                 "--bootstrap", "5", "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "Calibration over box geometry" in text and "gap over the box centre" in text
+    assert text.count("<svg") == 2  # reliability + the position heat map
