@@ -51,7 +51,7 @@ def _oracle(phi, y, lam, w=None):
     return lambda phi_new: expit(res.x[0] + ((phi_new - mean) / std) @ res.x[1:]), res.fun
 
 
-def _logistic_basis(s, f, eps=1e-6, dependent=True):
+def _logistic_basis(s, f, eps=1e-4, dependent=True):
     x = [logit(np.clip(s, eps, 1 - eps))] + [f[:, j] for j in range(f.shape[1])]
     cols = list(x)
     if dependent:
