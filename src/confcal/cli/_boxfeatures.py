@@ -9,11 +9,6 @@ the names in the manifest; ``apply`` / ``evaluate`` read the same names from the
 
 from __future__ import annotations
 
-import numpy as np
-
-from confcal.io import load_array
-from confcal.sources import split_spec
-
 __all__ = ["add_box_features_arg", "read_box_features", "names_of"]
 
 _HINT = ("`confcal detections match` writes cx, cy, w, h, edge for axis-aligned boxes (with the images' "
@@ -33,9 +28,14 @@ def names_of(text: str) -> list[str]:
     return names
 
 
-def read_box_features(logits_specs, names, *, option: str = "--box-features", fitted: bool = False) -> np.ndarray:
+def read_box_features(logits_specs, names, *, option: str = "--box-features", fitted: bool = False):
     """``(n_boxes, len(names))`` float64 from ``PATH:name`` of every ``--logits`` file (concatenated
     in order). A missing array raises ``ValueError`` naming it, the file and how to get it."""
+    import numpy as np  # here, not at import: building the parser imports no numpy
+
+    from confcal.io import load_array
+    from confcal.sources import split_spec
+
     specs = [logits_specs] if isinstance(logits_specs, str) else list(logits_specs)
     parts = []
     for spec in specs:
