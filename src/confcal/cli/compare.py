@@ -89,6 +89,7 @@ def _run_boxes(args, scores, methods) -> int:
 
     from confcal.cli._boxfeatures import names_of, read_box_features
     from confcal.evaluation.compare_boxes import compare_box_methods, format_box_comparison
+    from confcal.io import load_array
 
     if args.test_logits is not None or args.csv:
         raise ValueError("--test-logits/--csv: not for 1-D box scores (random splits of the boxes only)")
