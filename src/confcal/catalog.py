@@ -73,6 +73,12 @@ _ROWS = [
     ("det-ts", "detection", "box scores: binary temperature scaling (per --domains / class)", False),
     ("det-platt", "detection", "box scores: Platt scaling (per --domains / class)", False),
     ("det-beta", "beta", "box scores: beta calibration (per --domains / class)", False),
+    ("det-platt-geo", "detection_geometry", "box scores + --box-features: dependent logistic (Kueppers et al. 2020)",
+     False),
+    ("det-beta-geo", "detection_geometry", "box scores + --box-features: dependent beta (Kueppers et al. 2020)", False),
+    ("det-hist-geo", "detection_geometry", "box scores + --box-features: binning over confidence x geometry", False),
+    ("ts-multilabel", "multilabel", "sigmoid heads: one temperature per label", False),
+    ("platt-multilabel", "multilabel", "sigmoid heads: Platt scaling per label", False),
 ]
 
 #: name -> :class:`MethodInfo`, in the order the README lists the methods

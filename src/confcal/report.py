@@ -98,7 +98,7 @@ def _table(rows: list[dict], cols: list[str]) -> str:
 
 def build_report(stages: dict, labels, *, domains=None, manifest: dict | None = None, queue_csv=None,
                  queue_head: int = 20, n_bins: int = 15, n_draws: int = 200, max_ece: float | None = None,
-                 title: str = "confcal calibration report") -> str:
+                 title: str = "confcal calibration report", box_features: dict | None = None) -> str:
     """The report as an HTML string.
 
     Parameters
@@ -111,6 +111,8 @@ def build_report(stages: dict, labels, *, domains=None, manifest: dict | None = 
     queue_csv : path of a ``confcal rank`` queue, optional (its first ``queue_head`` rows are shown)
     n_draws : bootstrap resamples for the 95% intervals of ECE/D-ECE and Brier
     max_ece : optional limit; groups above it are marked
+    box_features : ``{name: (n_boxes,) values}``, optional, box scores only: adds the geometry section
+        (:func:`confcal.report_geometry.geometry_section`: heat map over ``cx, cy``, gap against the others)
 
     Returns
     -------
@@ -149,6 +151,10 @@ def build_report(stages: dict, labels, *, domains=None, manifest: dict | None = 
                               "all samples" if g == ALL else f"domain {g}")
         parts.append(f"<figure>{svg}<figcaption>{html.escape('all samples' if g == ALL else 'domain ' + g)}"
                      "</figcaption></figure>")
+    if box_features and binary:
+        from confcal.report_geometry import geometry_section
+
+        parts.append(geometry_section(stages, labels, box_features))
     if queue_csv is not None:
         with open(queue_csv, newline="") as fh:
             q = list(csv.DictReader(fh))

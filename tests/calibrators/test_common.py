@@ -31,6 +31,10 @@ from tests.conftest import require_shared_data
 
 ALL = sorted(METHODS)
 BOX = {"det-ts", "det-platt", "det-beta"}
+#: box scores + geometry features (features= (n, 2), e.g. cx, w)
+GEO = {"det-platt-geo", "det-beta-geo", "det-hist-geo"}
+#: sigmoid heads: (n, L) logits with multi-hot labels, (n, L) independent probabilities out
+ML = {"ts-multilabel", "platt-multilabel"}
 # few iterations / epochs so the whole file stays fast; the fits stay deterministic
 FAST = {
     "pts": {"epochs": 2, "progress": False},
@@ -42,6 +46,8 @@ FAST = {
     "det-ts": {"min_samples": 5},
     "det-platt": {"min_samples": 5},
     "det-beta": {"min_samples": 5},
+    "det-platt-geo": {"reg": "fixed"},  # CV folds split rows: integer weights are not repetition there
+    "det-beta-geo": {"reg": "fixed"},
     # ODIR at fixed penalties here: the cross-validated default (reg="cv") splits rows into folds, so
     # integer weights are not the same as repeated rows there (tests/calibrators/test_odir.py covers it)
     "ms": {"reg": "fixed"},
@@ -54,10 +60,12 @@ FAST = {
 WEIGHTED = ["ts", "grouped-ts", "set-ts", "cluster-ts", "cluster-ts-regression", "domain-ensemble", "vs", "ms",
             "dirichlet", "ets", "lb", "dpb", "pb", "pb-lower", "pb-upper", "ts+pb", "vs+pb", "ms+pb",
             "dirichlet+pb", "ets+pb", "det-ts", "det-platt", "det-beta", "isotonic", "isotonic-top",
-            "histogram-binning", "histogram-binning-top", "bbq", "bbq-top", "beta", "platt-ovr"]
+            "histogram-binning", "histogram-binning-top", "bbq", "bbq-top", "beta", "platt-ovr",
+            "det-platt-geo", "det-beta-geo", "ts-multilabel", "platt-multilabel"]
 NON_CONVEX = {"lb", "dpb", "pb", "pb-lower", "pb-upper", "ts+pb", "vs+pb", "ms+pb", "dirichlet+pb", "ets+pb"}
-NO_WEIGHTS = ["pts", "pts+pb", "pb-mlp", "fc", "source-gated-ts", "scaling-binning", "scaling-binning-marginal"]
-NO_SIDE = [m for m in ALL if m not in BOX and not METHODS[m].side_inputs]
+NO_WEIGHTS = ["pts", "pts+pb", "pb-mlp", "fc", "source-gated-ts", "scaling-binning", "scaling-binning-marginal",
+              "det-hist-geo"]
+NO_SIDE = [m for m in ALL if m not in BOX and m not in ML and not METHODS[m].side_inputs]
 
 
 def make(name: str, **params):
@@ -70,6 +78,12 @@ def data(name: str, n: int = 60, k: int = 3, seed: int = 0):
     if name in BOX:
         s = rng.uniform(0.02, 0.98, size=n)
         return s, (rng.uniform(size=n) < s).astype(np.int64), {"domains": rng.integers(0, 2, size=n)}
+    if name in ML:
+        z = 2.0 * rng.normal(size=(n, k))
+        return z, (rng.uniform(size=(n, k)) < 1 / (1 + np.exp(-z / 1.5))).astype(np.int64), {}
+    if name in GEO:
+        s = rng.uniform(0.02, 0.98, size=n)
+        return s, (rng.uniform(size=n) < s).astype(np.int64), {"features": rng.uniform(size=(n, 2))}
     side = {}
     if name == "fc":
         f = rng.normal(size=(n, 4))
@@ -193,7 +207,10 @@ def test_prediction_is_row_wise(name, fitted):
     np.testing.assert_allclose(cal.predict_proba(x[perm], **rows(side, perm)), p[perm], rtol=0, atol=1e-12)
     half = np.arange(len(y) // 2)
     np.testing.assert_allclose(cal.predict_proba(x[half], **rows(side, half)), p[half], rtol=0, atol=1e-12)
-    if name not in BOX:
+    if name in ML:
+        q = np.where(y == 1, p, 1 - p)
+        assert cal.score(x, y) == pytest.approx(np.log(q).mean(), rel=1e-12)
+    elif name not in BOX:
         np.testing.assert_array_equal(cal.classes_, np.arange(p.shape[1]))
         assert cal.score(x, y, **side) == pytest.approx(-nll(p, y), rel=1e-12)
 

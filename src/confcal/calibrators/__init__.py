@@ -45,6 +45,9 @@ _LAZY = {
     "TopLabelHistogramBinning": "binning", "TopLabelIsotonicCalibration": "binning",
     "BetaCalibration": "beta", "DetectionBetaCalibration": "beta", "PlattOneVsRest": "platt",
     "SourceGatedTemperatureScaling": "source_gated", "reuse_fits": "_odir",
+    "GeometryLogisticCalibration": "detection_geometry", "GeometryBetaCalibration": "detection_geometry",
+    "GeometryHistogramBinning": "detection_geometry",
+    "MultilabelTemperatureScaling": "multilabel", "MultilabelPlattScaling": "multilabel",
 }
 _TORCH_MODULES = {"scaling", "ensemble", "parametric", "bounding", "_odir"}
 
@@ -81,4 +84,6 @@ __all__ = [
     "TopLabelIsotonicCalibration", "HistogramBinning", "TopLabelHistogramBinning", "BBQ", "TopLabelBBQ",
     "ScalingBinning", "MarginalScalingBinning", "BetaCalibration", "DetectionBetaCalibration", "PlattOneVsRest",
     "reuse_fits",
+    "GeometryLogisticCalibration", "GeometryBetaCalibration", "GeometryHistogramBinning",
+    "MultilabelTemperatureScaling", "MultilabelPlattScaling",
 ]

@@ -35,6 +35,11 @@ def box_score_predictions(args, cal, side):
             raise ValueError(f"--calibrator: {cal.method} calibrates class vectors, but --logits holds 1-D box "
                              "scores; fit det-ts or det-platt")
         cal.set_params(input_kind=args.input_kind)
+        if getattr(cal, "takes_box_features", False) and "features" not in side:
+            from confcal.cli._boxfeatures import read_box_features
+
+            side = {**side, "features": read_box_features(args.logits, cal.feature_names_, option="--logits",
+                                                          fitted=True)}
         stages[cal.method] = cal.predict_proba(s, **side)[:, 1]
     return stages, y
 
@@ -122,13 +127,43 @@ def run_audit(args) -> int:
                           "optimistic; evaluate on a held-out test set", UserWarning, stacklevel=2)
     audits = audit_stages(stages, y, side, args.n_bins)
     add_parameters(audits, manifest)
+    geometry = geometry_section(args, stages, y, cal) if x.shape[1] == 1 else None
     if args.json:
         metrics = {k: {m: v for m, v in a["groups"]["(all)"].items() if m != "reliability"}
                    for k, a in audits.items()}
         print(json.dumps({"n_samples": int(y.shape[0]), "n_classes": 2 if x.shape[1] == 1 else int(x.shape[1]),
-                          "metrics": metrics, "audit": audits}, indent=2))
+                          "metrics": metrics, "audit": audits,
+                          **({"geometry_d_ece": geometry} if geometry else {})}, indent=2))
     else:
         print(f"{y.shape[0]} samples, {2 if x.shape[1] == 1 else x.shape[1]} classes"
               + (" (box scores)" if x.shape[1] == 1 else ""))
         print(render(audits))
+        if geometry:
+            print(render_geometry(geometry))
     return gate(audits, args.max_ece)
+
+
+def geometry_section(args, stages: dict, y, cal) -> dict | None:
+    """Geometry D-ECE of every stage over ``--box-features`` (default: the calibrator's features), or None."""
+    names = getattr(args, "box_features", None)
+    if names:
+        from confcal.cli._boxfeatures import names_of
+
+        names = names_of(names)
+    elif cal is not None and getattr(cal, "takes_box_features", False):
+        names = list(cal.feature_names_)
+    if not names:
+        return None
+    from confcal.cli._boxfeatures import read_box_features
+    from confcal.metrics.detection_geometry import geometry_ece
+
+    f = read_box_features(args.logits, names)
+    nb, nf = 5, 5  # the confidence x feature grid: 5 bins each (cells fill up on thousands of boxes)
+    return {"features": names, "n_bins": nb, "n_feature_bins": nf,
+            "stages": {k: geometry_ece(p, y, f, n_bins=nb, n_feature_bins=nf) for k, p in stages.items()}}
+
+
+def render_geometry(g: dict) -> str:
+    rows = [{"stage": k, "geometry_d_ece": v} for k, v in g["stages"].items()]
+    return (f"\ngeometry D-ECE (confidence x {', '.join(g['features'])}; {g['n_bins']} x {g['n_feature_bins']} "
+            "equal-width bins per feature, over the data's range):\n" + format_table(rows, ["stage", "geometry_d_ece"]))

@@ -56,6 +56,10 @@ def run(args) -> int:
         # det-ts / det-platt: 1-D box scores in, (n_boxes, 2) [false, true positive] out
         cal.set_params(input_kind=args.input_kind)
         scores, side = load_array(args.logits, name="scores", csv_header=args.csv_header), load_side(args)
+        if getattr(cal, "takes_box_features", False) and "features" not in side:
+            from confcal.cli._boxfeatures import read_box_features
+
+            side["features"] = read_box_features(args.logits, cal.feature_names_, option="--logits", fitted=True)
         probs = cal.predict_proba(scores, **side)
         warn_if_drift(cal, scores, domains=side.get("domains"))
         save_array(args.output, probs.astype(dtype))

@@ -36,6 +36,10 @@ def register(sub):
                      help="print JSON (summary and per-split values; rates as fractions) instead of a table")
     out.add_argument("--csv", metavar="PATH", help="also write the summary as CSV to PATH (atomically)")
     p.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
+    from confcal.cli._boxfeatures import add_box_features_arg
+
+    add_box_features_arg(p, what="for 1-D box scores: given to det-platt-geo / det-beta-geo / det-hist-geo and "
+                                 "used for the geometry D-ECE column")
     p.set_defaults(func=run)
 
 
@@ -54,13 +58,16 @@ def run(args) -> int:
                  "test_labels": load_array(args.test_labels, name="test_labels")}
     if args.jobs < 1:
         raise ValueError(f"--jobs: expected an integer >= 1, got {args.jobs}")
+    scores = load_array(args.logits, name="logits")
+    if scores.ndim == 1:
+        return _run_boxes(args, scores, methods)
     side = {}
     for key in ("features", "domains", "test_features", "test_domains"):
         spec = getattr(args, key)
         if spec is not None:
             side[key] = load_array(spec, name=key)
     result = compare_methods(
-        load_array(args.logits, name="logits"), load_array(args.labels, name="labels"), methods,
+        scores, load_array(args.labels, name="labels"), methods,
         n_splits=args.splits, cal_size=args.cal_size, seed=args.seed, input_kind=args.input_kind or "logits",
         jobs=args.jobs, progress=args.progress, **fixed, **side)
     if args.json:
@@ -72,4 +79,30 @@ def run(args) -> int:
     print(result.to_text())
     if args.csv:
         print(f"summary -> {args.csv}")
+    return 0
+
+
+def _run_boxes(args, scores, methods) -> int:
+    """1-D box scores: :func:`confcal.evaluation.compare_boxes.compare_box_methods` (D-ECE and geometry D-ECE)."""
+    import json
+    import sys
+
+    from confcal.cli._boxfeatures import names_of, read_box_features
+    from confcal.evaluation.compare_boxes import compare_box_methods, format_box_comparison
+    from confcal.io import load_array
+
+    if args.test_logits is not None or args.csv:
+        raise ValueError("--test-logits/--csv: not for 1-D box scores (random splits of the boxes only)")
+    n = scores.shape[0]
+    cal_size = args.cal_size
+    if cal_size >= n:
+        cal_size = n // 2
+        print(f"note: --cal-size {args.cal_size} >= {n} boxes; calibrating on half ({cal_size})", file=sys.stderr)
+    features = None
+    if args.box_features:
+        features = read_box_features(args.logits, names_of(args.box_features))
+    result = compare_box_methods(scores, load_array(args.labels, name="labels"), methods, features=features,
+                                 feature_names=args.box_features, n_splits=args.splits, cal_size=cal_size,
+                                 seed=args.seed)
+    print(json.dumps(result, indent=2) if args.json else format_box_comparison(result))
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 from confcal.cli._choices import BOX_FORMATS, CROWD_RULES
 from confcal.cli._common import format_table
@@ -46,7 +47,25 @@ def register(sub):
     m.add_argument("--holdout-by", choices=["image", "box"], default="image",
                    help="split unit: whole images (default; no image in both sets) or single boxes")
     m.add_argument("--seed", type=int, default=0, help="seed of the --holdout split (default 0)")
+    m.add_argument("--image-size", metavar="W,H",
+                   help="image (tile) size for the box geometry of axis-aligned boxes (cx, cy, w, h, edge as "
+                        "fractions of the image); default: the GT images' width/height, and no geometry "
+                        "when they are missing. Rotated BEV boxes always get range, bearing, length_m, width_m")
     m.set_defaults(func=run_match)
+
+
+def parse_image_size(text):
+    """``"W,H"`` -> ``(W, H)`` floats > 0; ``ValueError`` naming ``--image-size`` otherwise."""
+    if text is None:
+        return None
+    parts = text.split(",")
+    try:
+        size = tuple(float(v) for v in parts)
+    except ValueError:
+        size = ()
+    if len(size) != 2 or not all(math.isfinite(v) and v > 0 for v in size):
+        raise ValueError(f"--image-size: expected W,H (two numbers > 0), got {text!r}")
+    return size
 
 
 def load_domain_map(path):
@@ -108,13 +127,15 @@ def run_match(args) -> int:
             raise ValueError(f"--holdout: expected a fraction in (0, 1), got {args.holdout!r}")
         if not str(args.holdout_output).lower().endswith(".npz"):
             raise ValueError(f"--holdout-output: expected a .npz path, got {args.holdout_output!r}")
+    size = parse_image_size(args.image_size)
+    geo = {"geometry": "auto" if size is None else True, "image_size": size}
     if names:
         res = match_many(list(zip(args.gt, args.detections, names)), iou_threshold=args.iou_threshold,
-                         crowd=args.crowd, box_format=args.box_format, class_agnostic=args.class_agnostic)
+                         crowd=args.crowd, box_format=args.box_format, class_agnostic=args.class_agnostic, **geo)
     else:
         res = match_detections(args.gt[0], args.detections[0], iou_threshold=args.iou_threshold, crowd=args.crowd,
                                box_format=args.box_format, class_agnostic=args.class_agnostic,
-                               domain_key=args.domain_key, domain_map=load_domain_map(args.domain_map))
+                               domain_key=args.domain_key, domain_map=load_domain_map(args.domain_map), **geo)
     # provenance: which files were matched, and how (read back by `confcal fit` into the manifest)
     res.matching = {**res.matching, "gt": [str(p) for p in args.gt], "detections": [str(p) for p in args.detections],
                     "drop_ignored": bool(args.drop_ignored)}
@@ -136,6 +157,8 @@ def run_match(args) -> int:
             np.savez(fh, **part.to_arrays())
     print(f"matched {len(res)} detections at IoU >= {args.iou_threshold:g} (crowd rule {args.crowd!r}, "
           f"{n_ignored} on crowd regions {'dropped' if args.drop_ignored else 'flagged ignore'}) -> {args.output}")
+    print("box geometry features: " + (", ".join(res.geometry) if res.geometry else
+                                       "none (axis-aligned boxes without image width/height: pass --image-size W,H)"))
     if len(res):
         conf = np.clip(res.score, 0.0, 1.0)
         rows = []

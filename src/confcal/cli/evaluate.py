@@ -10,6 +10,7 @@ import json
 import warnings
 
 from confcal.cli._common import add_logits_args, metrics_rows, progress_of, side_sources, source
+from confcal.cli._boxfeatures import add_box_features_arg
 from confcal.cli._dask import add_engine_args, run_evaluate, wants_dask
 
 __all__ = ["register", "run"]
@@ -30,6 +31,8 @@ def register(sub):
     p.add_argument("--max-ece", type=float, metavar="X",
                    help="CI gate: exit 3 if the ECE (D-ECE for box scores) after the calibrator (or of the raw "
                         "predictions without one) exceeds X overall or in any domain")
+    add_box_features_arg(p, what="for box scores: also print the geometry D-ECE over confidence x these features "
+                                   "(default: the calibrator's box features)")
     add_engine_args(p)
     p.set_defaults(func=run)
 

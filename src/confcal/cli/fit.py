@@ -16,6 +16,7 @@ from confcal.cli._common import (
     source,
     spread_rows,
 )
+from confcal.cli._boxfeatures import add_box_features_arg, read_box_features
 from confcal.cli._dask import add_engine_args, run_fit, wants_dask
 
 
@@ -37,6 +38,7 @@ def register(sub):
     p.add_argument("--json", action="store_true", help="print the fit record as JSON")
     p.add_argument("--dataset-version", metavar="VERSION",
                    help="version/tag of the calibration dataset, stored in the manifest's fit.provenance")
+    add_box_features_arg(p, what="for det-platt-geo / det-beta-geo / det-hist-geo (recorded in the manifest)")
     add_engine_args(p, fit=True)
     p.set_defaults(func=run)
 
@@ -55,6 +57,17 @@ def run(args) -> int:
     check_output_path(args.output, suffixes=(".json",), name="--output")
     check_not_an_input(args.output, {"--logits": args.logits, "--labels": args.labels, "--domains": args.domains,
                                      "--features": args.features, "--category-ids": args.category_ids})
+    from confcal.calibrators.registry import METHODS
+
+    geo = getattr(METHODS[args.method], "takes_box_features", False) if args.method in METHODS else False
+    if getattr(args, "box_features", None):
+        if not geo:
+            raise ValueError(f"--box-features: only for the geometry-dependent box methods (det-platt-geo, "
+                             f"det-beta-geo, det-hist-geo), not {args.method}")
+        params["box_features"] = args.box_features
+    elif geo and not args.features:
+        raise ValueError(f"--box-features: {args.method} calibrates box scores on box geometry; name the features "
+                         "of the --logits file, e.g. --box-features cx,cy,w,h or --box-features range")
     cal = make_calibrator(args.method, params)
     counts = {k: len(getattr(args, k)) for k in ("logits", "labels", "domains", "features", "category_ids")
               if getattr(args, k, None)}
@@ -69,6 +82,11 @@ def run(args) -> int:
         # detection calibrators take 1-D box scores (e.g. matched.npz:score) and validate them themselves;
         # det-ts/det-platt stream them in row batches, det-beta (and class vectors) load them whole
         xs, side = source(args, "logits", "scores"), side_sources(args)
+        if getattr(args, "box_features", None):
+            from confcal.sources import open_source
+
+            side["features"] = open_source(read_box_features(args.logits, args.box_features.split(",")),
+                                           name="features")
         if args.category_ids:
             side["category_ids"] = source(args, "category_ids")
         cal.fit(xs, source(args, "labels"), progress=progress_of(args), **side)

@@ -19,6 +19,10 @@ def register(sub):
     p.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples for the intervals (default 200)")
     p.add_argument("--max-ece", type=float, metavar="X", help="mark groups whose calibrated ECE/D-ECE exceeds X")
     p.add_argument("-o", "--output", required=True, help="output .html")
+    from confcal.cli._boxfeatures import add_box_features_arg
+
+    add_box_features_arg(p, what="for box scores: adds the gap heat map over cx, cy and the gap against the "
+                                 "other features (default: the calibrator's box features)")
     p.set_defaults(func=run)
 
 
@@ -37,16 +41,31 @@ def run(args) -> int:
     manifest = load_manifest(args.calibrator)
     if args.input_kind is None:
         args.input_kind = load_calibrator(manifest).input_kind
+    geo = None
     if load_array(args.logits, name="logits").ndim == 1:
-        stages, y = _audit.box_score_predictions(args, load_calibrator(manifest), side)
+        cal = load_calibrator(manifest)
+        stages, y = _audit.box_score_predictions(args, cal, side)
+        geo = _box_features(args, cal)
     else:
         x, y = load_logits_labels(args)
         cal = load_calibrator(manifest, n_classes=x.shape[1])
         cal.set_params(input_kind="logits")  # x holds validated logits (log-probabilities for probs)
         stages = {"uncalibrated": softmax(x), cal.method: cal.predict_proba(x, **side)}
     text = build_report(stages, np.asarray(y), domains=side.get("domains"), manifest=manifest,
-                        queue_csv=args.queue, n_bins=args.n_bins, n_draws=args.bootstrap, max_ece=args.max_ece)
+                        queue_csv=args.queue, n_bins=args.n_bins, n_draws=args.bootstrap, max_ece=args.max_ece,
+                        box_features=geo)
     with atomic_write(args.output, "w") as fh:
         fh.write(text)
     print(f"wrote report ({len(text) // 1024} KiB, {text.count('<svg')} charts) -> {args.output}")
     return 0
+
+
+def _box_features(args, cal):
+    """``{name: values}`` of ``--box-features`` (default: the calibrator's), or None."""
+    from confcal.cli._boxfeatures import names_of, read_box_features
+
+    names = names_of(args.box_features) if args.box_features else list(getattr(cal, "feature_names_", []) or [])
+    if not names:
+        return None
+    f = read_box_features(args.logits, names)
+    return {k: f[:, j] for j, k in enumerate(names)}

@@ -1,4 +1,7 @@
-"""IoU geometry of detection boxes: axis-aligned ``[x, y, w, h]`` and rotated ``[x, y, w, h, yaw]``.
+"""Geometry of detection boxes: axis-aligned ``[x, y, w, h]`` and rotated ``[x, y, w, h, yaw]``.
+
+IoU (:func:`box_iou`) for matching, and per-box position / size features for
+geometry-dependent calibration (:func:`box_geometry`).
 
 Axis-aligned IoU comes from ``pycocotools.mask.iou`` (the COCO evaluation's own
 routine); rotated IoU is the area ratio of the rectangles' polygons from shapely.
@@ -11,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["box_iou", "box_array", "detect_box_format", "BOX_FORMATS"]
+__all__ = ["box_iou", "box_array", "detect_box_format", "BOX_FORMATS", "box_geometry", "GEOMETRY_FEATURES"]
 
 BOX_FORMATS = ("auto", "xywh", "xywha")
 
@@ -119,3 +122,68 @@ def box_iou(det_boxes, gt_boxes, iscrowd=None, *, box_format: str = "xywh") -> n
     with np.errstate(invalid="ignore", divide="ignore"):
         out = np.where(denom > 0, inter / np.where(denom > 0, denom, 1.0), 0.0)
     return out
+
+
+# --------------------------------------------------------------------------- box geometry features
+#: names of the geometry features per box format (see :func:`box_geometry`)
+GEOMETRY_FEATURES = {"xywh": ("cx", "cy", "w", "h", "edge"),
+                     "xywha": ("range", "bearing", "length_m", "width_m")}
+
+
+def box_geometry(boxes, box_format: str = "xywh", image_size=None) -> dict:
+    """Geometry of each box as calibration features (Küppers et al., CVPR-W 2020, sec. 3: the box's
+    position and size, normalised to the image).
+
+    Parameters
+    ----------
+    boxes : ``(n, 4)`` ``[x, y, w, h]`` (axis-aligned, image units) or ``(n, 5+)``
+        ``[x, y, w, h, yaw, ...]`` (rotated bird's-eye-view boxes in metres, sensor at the origin)
+    box_format : ``"xywh"`` or ``"xywha"``
+    image_size : ``(W, H)`` or ``(n, 2)`` per box; needed for ``"xywh"``, unused for ``"xywha"``
+
+    Returns
+    -------
+    dict of float64 ``(n,)`` arrays, keys :data:`GEOMETRY_FEATURES` ``[box_format]``:
+
+    * ``"xywh"``: ``cx = (x + w/2) / W`` and ``cy = (y + h/2) / H`` (centre, in [0, 1] for a box
+      inside the image), ``w / W`` and ``h / H`` (size as fractions of the image), and
+      ``edge = max(0, min(x / W, y / H, 1 - (x + w) / W, 1 - (y + h) / H))``: the gap between the
+      box and the nearest image border, as a fraction of the image side it is measured along
+      (0 for a box touching or cut by the border).
+    * ``"xywha"``: the centre ``(x + w/2, y + h/2)`` (the rotated-box convention of :func:`box_iou`)
+      in polar form, ``range`` (metres from the sensor) and ``bearing`` (radians in (-pi, pi],
+      0 along +x), and the box's ``length_m = w`` and ``width_m = h`` (metres).
+
+    Raises
+    ------
+    ValueError
+        Malformed boxes, an unknown format, or ``image_size`` missing, of the wrong shape, or not
+        positive for ``"xywh"``.
+
+    Examples
+    --------
+    >>> g = box_geometry([[10, 20, 30, 40]], "xywh", image_size=(100, 200))
+    >>> [round(float(g[k][0]), 4) for k in ("cx", "cy", "w", "h", "edge")]
+    [0.25, 0.2, 0.3, 0.2, 0.1]
+    """
+    if box_format not in GEOMETRY_FEATURES:
+        raise ValueError(f"box_format: expected 'xywh' or 'xywha', got {box_format!r}")
+    a = box_array(boxes, box_format, "boxes")
+    n = a.shape[0]
+    if box_format == "xywha":
+        cx, cy = a[:, 0] + a[:, 2] / 2, a[:, 1] + a[:, 3] / 2
+        return {"range": np.hypot(cx, cy), "bearing": np.arctan2(cy, cx),
+                "length_m": a[:, 2].copy(), "width_m": a[:, 3].copy()}
+    if image_size is None:
+        raise ValueError("image_size: axis-aligned box geometry needs the image size (W, H) "
+                         "(--image-size W,H)")
+    size = np.asarray(image_size, dtype=np.float64)
+    size = np.broadcast_to(size, (n, 2)) if size.shape == (2,) else size
+    if size.shape != (n, 2) or not np.all(np.isfinite(size)) or np.any(size <= 0):
+        raise ValueError(f"image_size: expected (W, H) or shape ({n}, 2) of finite values > 0, "
+                         f"got shape {np.shape(image_size)}")
+    W, H = size[:, 0], size[:, 1]
+    x, y, w, h = a[:, 0], a[:, 1], a[:, 2], a[:, 3]
+    edge = np.minimum.reduce([x / W, y / H, 1.0 - (x + w) / W, 1.0 - (y + h) / H])
+    return {"cx": (x + w / 2) / W, "cy": (y + h / 2) / H, "w": w / W, "h": h / H,
+            "edge": np.maximum(edge, 0.0)}

@@ -58,7 +58,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from confcal.detection.coco import category_columns, load_coco_detections, load_coco_gt
-from confcal.detection.geometry import BOX_FORMATS, box_iou, detect_box_format
+from confcal.detection.geometry import BOX_FORMATS, GEOMETRY_FEATURES, box_geometry, box_iou, detect_box_format
 
 __all__ = ["MatchedDetections", "match_detections", "match_many", "load_coco_gt", "load_coco_detections",
            "box_iou", "CROWD_RULES", "BOX_FORMATS"]
@@ -89,6 +89,10 @@ class MatchedDetections:
     source : str ``(n,)`` or None, the detections file (or pair name) of each row (set by :func:`match_many`)
     matching : dict, the matching parameters (``iou_threshold``, ``crowd``, ``class_agnostic``,
         ``box_format`` per pair, ``pairs``), stored by :meth:`to_arrays` as JSON under ``matching``
+    geometry : dict ``{name: float64 (n,)}`` or None, the box geometry features of
+        :func:`~confcal.detection.geometry.box_geometry` (``cx, cy, w, h, edge`` for axis-aligned
+        boxes with a known image size; ``range, bearing, length_m, width_m`` for rotated boxes);
+        NaN in rows of a :func:`match_many` pair that lacks a feature
     """
 
     score: np.ndarray
@@ -106,6 +110,7 @@ class MatchedDetections:
     crowd: str = "coco"
     source: np.ndarray | None = None
     matching: dict = field(default_factory=dict)
+    geometry: dict | None = None
 
     _ARRAYS = ("score", "correct", "iou", "image_id", "category_id", "domain", "ignore",
                "det_index", "class_logits", "class_label", "source")
@@ -116,6 +121,8 @@ class MatchedDetections:
     def subset(self, mask) -> "MatchedDetections":
         """Rows where ``mask`` is true (or the given indices), other fields kept."""
         kw = {k: (getattr(self, k)[mask] if getattr(self, k) is not None else None) for k in self._ARRAYS}
+        if self.geometry is not None:
+            kw["geometry"] = {k: v[mask] for k, v in self.geometry.items()}
         return replace(self, **kw)
 
     def drop_ignored(self) -> "MatchedDetections":
@@ -133,6 +140,11 @@ class MatchedDetections:
         out["gt_count"] = np.asarray([self.n_gt[c] for c in cats], dtype=np.int64)
         out["iou_threshold"] = np.asarray(self.iou_threshold)
         out["matching"] = np.asarray(json.dumps(self.matching, sort_keys=True))
+        if self.geometry:
+            # one array per feature (selected by name: `confcal fit --box-features cx,cy`)
+            for k, v in self.geometry.items():
+                out[k] = v
+            out["box_feature_names"] = np.asarray(list(self.geometry), dtype=str)
         return out
 
 
@@ -206,8 +218,8 @@ def _greedy(scores, ious, crowd_ious, thr):
 
 def match_detections(gt, detections, *, iou_threshold: float = 0.5, crowd: str = "coco",
                      box_format: str = "auto", class_agnostic: bool = False,
-                     domain_key: str | None = "domain", domain_map: Mapping | None = None
-                     ) -> MatchedDetections:
+                     domain_key: str | None = "domain", domain_map: Mapping | None = None,
+                     geometry: bool | str = "auto", image_size=None) -> MatchedDetections:
     """Match detections to GT and return per-detection ``(score, correct, ...)`` arrays.
 
     Parameters
@@ -223,6 +235,12 @@ def match_detections(gt, detections, *, iou_threshold: float = 0.5, crowd: str =
     domain_key : key of the GT ``images`` entries that holds the domain (sensor) id
     domain_map : optional ``{image_id: domain}``, overrides ``domain_key``; a detection
         record's own ``domain`` field overrides both
+    geometry : ``"auto"`` (default), True or False: the box geometry features
+        (``MatchedDetections.geometry``, see :func:`~confcal.detection.geometry.box_geometry`).
+        Rotated boxes always have them; axis-aligned ones need each image's size, from the GT
+        ``images`` entries' ``width`` and ``height`` or from ``image_size``. ``"auto"`` leaves
+        them out when no size is known; True raises instead.
+    image_size : ``(W, H)`` for every image; overrides the GT ``width``/``height``
 
     Returns
     -------
@@ -232,8 +250,11 @@ def match_detections(gt, detections, *, iou_threshold: float = 0.5, crowd: str =
     ------
     ValueError
         Malformed files, an unknown ``crowd``/``box_format``, ``iou_threshold``
-        outside (0, 1], or a detection on an image absent from the GT.
+        outside (0, 1], a detection on an image absent from the GT, or (``geometry=True``)
+        an image without ``width``/``height`` and no ``image_size``.
     """
+    if geometry not in ("auto", True, False):
+        raise ValueError(f"geometry: expected 'auto', True or False, got {geometry!r}")
     if crowd not in CROWD_RULES:
         raise ValueError(f"crowd: expected one of {CROWD_RULES}, got {crowd!r}")
     if box_format not in BOX_FORMATS:
@@ -318,14 +339,57 @@ def match_detections(gt, detections, *, iou_threshold: float = 0.5, crowd: str =
     for a in anns:
         if not a.get("iscrowd", 0):
             n_gt[int(a["category_id"])] = n_gt.get(int(a["category_id"]), 0) + 1
+    geo = _geometry(g, dets, fmt, geometry, image_size) if geometry is not False else None
     out = MatchedDetections(
         score=score, correct=correct, iou=best_iou, image_id=np.asarray(img) if n else np.zeros(0, np.int64),
         category_id=cat, domain=domain, ignore=ignore, det_index=np.arange(n, dtype=np.int64),
         class_logits=class_logits, class_label=class_label, n_gt=n_gt, iou_threshold=thr, crowd=crowd,
         matching={"iou_threshold": thr, "crowd": crowd, "class_agnostic": bool(class_agnostic),
-                  "box_format": [fmt], "tie_rule": "cocoeval (last GT of equal IoU)"})
+                  "box_format": [fmt], "tie_rule": "cocoeval (last GT of equal IoU)"},
+        geometry=geo)
+    if geo is not None:
+        out.matching["box_features"] = list(geo)
+        if image_size is not None:
+            out.matching["image_size"] = [float(v) for v in image_size]
     out._matched_gt = matched_gt  # index into gt['annotations'], for diagnostics
     return out
+
+
+def _geometry(gt: dict, dets: list, fmt: str, geometry, image_size) -> dict | None:
+    """Box geometry features of the detections, or None (``geometry="auto"`` without an image size)."""
+    boxes = [r["bbox"] for r in dets]
+    if fmt == "xywha":
+        return box_geometry(boxes, "xywha") if dets else {k: np.zeros(0) for k in GEOMETRY_FEATURES["xywha"]}
+    if image_size is not None:
+        size = _parse_size(image_size)
+        sizes = np.broadcast_to(size, (len(dets), 2))
+    else:
+        by_id = {im["id"]: im for im in gt["images"]}
+        missing = next((im for im in gt["images"] if not all(k in im for k in ("width", "height"))), None)
+        if missing is not None:
+            if geometry == "auto":
+                return None
+            key = "width" if "width" not in missing else "height"
+            raise ValueError(f"gt: image {missing['id']!r} has no {key!r}, needed for the box geometry "
+                             f"{', '.join(GEOMETRY_FEATURES['xywh'])}; add width/height to the GT images or pass "
+                             "--image-size W,H (image_size=(W, H))")
+        sizes = np.asarray([[by_id[r["image_id"]]["width"], by_id[r["image_id"]]["height"]] for r in dets],
+                           dtype=np.float64).reshape(-1, 2)
+        bad = ~(np.isfinite(sizes) & (sizes > 0)).all(axis=1)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"gt: image {dets[i]['image_id']!r} has width/height {sizes[i].tolist()}; expected "
+                             "finite values > 0 (or pass --image-size W,H)")
+    if not dets:
+        return {k: np.zeros(0) for k in GEOMETRY_FEATURES["xywh"]}
+    return box_geometry(boxes, "xywh", image_size=sizes)
+
+
+def _parse_size(image_size) -> np.ndarray:
+    size = np.asarray(image_size, dtype=np.float64) if not isinstance(image_size, str) else None
+    if size is None or size.shape != (2,) or not np.all(np.isfinite(size)) or np.any(size <= 0):
+        raise ValueError(f"image_size: expected (W, H), two finite numbers > 0, got {image_size!r}")
+    return size
 
 
 def _as_str_ids(a: np.ndarray) -> np.ndarray:
@@ -333,7 +397,8 @@ def _as_str_ids(a: np.ndarray) -> np.ndarray:
 
 
 def match_many(pairs: Sequence[tuple], *, iou_threshold: float = 0.5, crowd: str = "coco",
-               box_format: str = "auto", class_agnostic: bool = False) -> MatchedDetections:
+               box_format: str = "auto", class_agnostic: bool = False, geometry: bool | str = "auto",
+               image_size=None) -> MatchedDetections:
     """Match several GT/detections pairs (one sensor or domain each) into one result.
 
     Parameters
@@ -343,8 +408,10 @@ def match_many(pairs: Sequence[tuple], *, iou_threshold: float = 0.5, crowd: str
         names the pair and becomes the ``domain`` of each of its rows. Each pair
         picks its own box format under ``box_format="auto"``, so axis-aligned and
         rotated sets can be combined. Domain names must be distinct and non-empty.
-    iou_threshold, crowd, box_format, class_agnostic
-        As in :func:`match_detections`, for every pair.
+    iou_threshold, crowd, box_format, class_agnostic, geometry, image_size
+        As in :func:`match_detections`, for every pair. The result's ``geometry`` has every
+        feature of any pair, NaN in the rows of pairs without it (rotated KITTI boxes have
+        ``range``, axis-aligned ones ``cx``...).
 
     Returns
     -------
@@ -379,7 +446,8 @@ def match_many(pairs: Sequence[tuple], *, iou_threshold: float = 0.5, crowd: str
         try:
             parts.append(match_detections(gt, dets, iou_threshold=iou_threshold, crowd=crowd,
                                           box_format=box_format, class_agnostic=class_agnostic,
-                                          domain_key=None, domain_map=None))
+                                          domain_key=None, domain_map=None, geometry=geometry,
+                                          image_size=image_size))
         except ValueError as exc:
             raise ValueError(f"pair {name!r}: {exc}") from None
     ids = [p.image_id for p in parts]
@@ -392,7 +460,12 @@ def match_many(pairs: Sequence[tuple], *, iou_threshold: float = 0.5, crowd: str
         for k, v in p.n_gt.items():
             n_gt[k] = n_gt.get(k, 0) + v
     cat = lambda xs: np.concatenate(xs) if xs else None  # noqa: E731
-    return MatchedDetections(
+    names_geo = [k for p in parts if p.geometry for k in p.geometry]
+    geo = None
+    if names_geo:
+        geo = {k: cat([p.geometry[k] if p.geometry and k in p.geometry else np.full(len(p), np.nan)
+                       for p in parts]) for k in dict.fromkeys(names_geo)}
+    out = MatchedDetections(
         score=cat([p.score for p in parts]), correct=cat([p.correct for p in parts]),
         iou=cat([p.iou for p in parts]), image_id=cat(ids), category_id=cat([p.category_id for p in parts]),
         domain=np.asarray([n for p, n in zip(parts, names) for _ in range(len(p))], dtype=str),
@@ -402,4 +475,8 @@ def match_many(pairs: Sequence[tuple], *, iou_threshold: float = 0.5, crowd: str
         n_gt=n_gt, iou_threshold=parts[0].iou_threshold, crowd=crowd,
         source=np.asarray([n for p, n in zip(parts, names) for _ in range(len(p))], dtype=str),
         matching={**parts[0].matching, "box_format": [p.matching["box_format"][0] for p in parts],
-                  "pairs": names})
+                  "pairs": names}, geometry=geo)
+    out.matching.pop("box_features", None)
+    if geo is not None:
+        out.matching["box_features"] = list(geo)
+    return out

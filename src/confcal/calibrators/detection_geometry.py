@@ -1,0 +1,481 @@
+"""Box-score calibration conditioned on where the box is and how big it is.
+
+Küppers, Kronenberger, Shantia & Haselhoff, "Multivariate Confidence Calibration for Object
+Detection", CVPR Workshops 2020 (sec. 3): calibrate ``P(true positive | s, r)`` with ``s`` the
+detector's confidence and ``r`` the box's geometry (centre, size), because the miscalibration of a
+detector depends on position and size. Three maps, each taking 1-D box scores
+``(n_boxes,)`` and the geometry ``features=`` ``(n_boxes, d)`` (columns named by ``box_features``,
+e.g. ``"cx,cy,w,h"`` or ``"range"``, as written by ``confcal detections match``):
+
+* ``det-platt-geo`` (:class:`GeometryLogisticCalibration`), the paper's *dependent logistic*
+  calibration. With class-conditional Gaussians of ``x = [logit(s), r]`` with their own mean and
+  full covariance, Bayes' rule gives ``P(TP | x) = sigmoid(z(x))`` with the log-density ratio
+  ``z(x) = c + b^T x + x^T Q x`` (``Q = (Sigma_-^-1 - Sigma_+^-1) / 2``, symmetric), so the map is a
+  logistic regression on ``x`` and all products ``x_i x_j`` (``i <= j``). confcal fits that function
+  family discriminatively (penalised likelihood of the labels) rather than the Gaussians'
+  moments. ``dependent=False`` drops the products: the paper's independent multivariate logistic
+  map ``z = c + b^T x``.
+* ``det-beta-geo`` (:class:`GeometryBetaCalibration`), the dependent *beta* map: every input is
+  mapped into (0, 1) (the confidence as it is, each box feature min-max scaled on the calibration
+  set and clipped, as the paper's features are relative to the image), and ``z = c + sum_k
+  (a_k log u_k - b_k log(1 - u_k))`` (beta calibration per input, Kull et al. 2017, eq. 3) plus,
+  when ``dependent``, the products ``logit(u_i) logit(u_j)`` (``i < j``) that couple the inputs.
+* ``det-hist-geo`` (:class:`GeometryHistogramBinning`): histogram binning over confidence x
+  geometry. Each box feature is cut into ``n_feature_bins`` equal-mass bins (their product is a
+  cell) and each cell's confidences into ``n_bins`` equal-mass bins; a bin predicts its m-estimate
+  ``(positives + pi) / (boxes + 1)`` (``pi`` the calibration set's precision), so small bins shrink
+  toward the base rate.
+
+The logistic and beta maps standardise their basis columns (mean and standard deviation of the
+calibration set, stored) and minimise the mean NLL plus ``(reg_lambda / 2) ||beta||^2`` (intercept
+free) by Newton (:mod:`._geofit`); ``reg="cv"`` (default) chooses ``reg_lambda`` among one value per
+decade, 1e-6 ... 1, by 3-fold cross-validated NLL (stratified by label, seeded), as ``ms`` and
+``dirichlet`` do for ODIR. None of the three maps is constrained to be monotone in the score: a
+geometry-dependent map may rank two boxes of equal score differently, by design.
+
+Fitted with features, a calibrator refuses input without them: ``predict_proba`` raises naming
+the features, and ``confcal apply`` / ``evaluate`` read them by name from the scores' file.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.special import expit, logit
+
+from confcal._validation import as_numpy, check_features, check_labels
+from confcal.calibrators._constraints import Array, Bool, Choice, Fields, Int, ListOf, Nullable, Real, Text
+from confcal.calibrators._geofit import REG_GRID, fit_penalised_logistic, select_penalty
+from confcal.calibrators.base import Calibrator, _sha256, register
+from confcal.calibrators.detection import _binary_metrics, _check_scores
+
+__all__ = ["GeometryLogisticCalibration", "GeometryBetaCalibration", "GeometryHistogramBinning",
+           "parse_box_features"]
+
+
+def parse_box_features(text, d: int | None = None) -> list[str]:
+    """``"cx,cy"`` -> ``["cx", "cy"]``; None -> ``["f0", ..., "f{d-1}"]``. ``ValueError`` naming
+    ``box_features`` for empty or repeated names, or a count that differs from ``d``."""
+    if text is None:
+        if d is None:
+            raise ValueError("box_features: expected comma-separated feature names, got None")
+        return [f"f{i}" for i in range(d)]
+    if not isinstance(text, str):
+        raise ValueError(f"box_features: expected comma-separated names such as 'cx,cy', got {text!r}")
+    names = [t.strip() for t in text.split(",")]
+    if any(not n for n in names) or len(set(names)) != len(names):
+        raise ValueError(f"box_features: expected distinct non-empty names, got {text!r}")
+    if d is not None and len(names) != d:
+        raise ValueError(f"box_features: {text!r} names {len(names)} features, but features= has {d} columns")
+    return names
+
+
+class _GeometryBoxMap(Calibrator):
+    """Shared inputs, manifest and checks of the geometry-dependent box maps (1-D scores + features)."""
+
+    side_inputs = ("features",)
+    #: tells ``confcal fit`` / ``apply`` to hand over 1-D box scores (validated here)
+    takes_box_scores = True
+    #: tells the CLI to read the named ``box_features`` columns from the scores' file
+    takes_box_features = True
+
+    # ----------------------------------------------------------------- inputs
+    def _scores(self, scores, name="scores") -> np.ndarray:
+        s = as_numpy(scores, name)
+        if s.ndim != 1:
+            raise ValueError(f"{name}: {self.method} takes 1-D box scores (n_boxes,), got shape {s.shape}")
+        return _check_scores(s, name).astype(np.float64)
+
+    def _as_x(self, s):
+        """The base class's ``(n, K)`` slot: ``[0, s]`` (``n_classes_`` = 2, as the other box maps)."""
+        return np.stack([np.zeros_like(s), s], axis=1)
+
+    def _validate_logits(self, logits, name="scores"):
+        return self._as_x(self._scores(logits, name))
+
+    def _features(self, features, n, fitted: bool):
+        names = getattr(self, "feature_names_", None) if fitted else None
+        if features is None:
+            what = f" {names}" if names else ""
+            raise ValueError(f"features: this {self.method} calibrator was fitted on box features{what}; pass "
+                             f"features= (n_boxes, {len(names) if names else 'd'}) with those columns (confcal: "
+                             "--box-features, read from the `detections match` output)")
+        f = check_features(features, n)
+        if names is not None and f.shape[1] != len(names):
+            raise ValueError(f"features: this {self.method} calibrator was fitted on box features {names} "
+                             f"({len(names)} columns), got shape {f.shape}")
+        return f
+
+    def _check_side(self, side, n):
+        unknown = sorted(set(k for k, v in side.items() if v is not None) - {"features"})
+        if unknown:
+            raise TypeError(f"{type(self).__name__} does not take {unknown}; it takes ['features']")
+        return {"features": self._features(side.get("features"), n, fitted=self._is_fitted())}
+
+    def _fit_inputs(self, scores, labels, sample_weight, side):
+        s = self._scores(scores)
+        y = check_labels(labels.astype(np.int8) if isinstance(labels, np.ndarray) and labels.dtype == bool
+                         else labels, s.shape[0], 2)
+        w = self._check_sample_weight(sample_weight, s.shape[0])
+        unknown = sorted(set(k for k, v in side.items() if v is not None) - {"features"})
+        if unknown:
+            raise TypeError(f"{type(self).__name__} does not take {unknown}; it takes ['features']")
+        f = self._features(side.get("features"), s.shape[0], fitted=False)
+        parse_box_features(self.box_features, f.shape[1])
+        record = {"data_sha256": _sha256(s, np.asarray(y), f, *([] if w is None else [w])),
+                  "input_kind": "scores"}
+        return self._as_x(s), y, w, {"features": f}, record
+
+    def _fit_metrics(self, x, probs, y):
+        before = np.clip(x[:, 1], 0.0, 1.0)
+        return _binary_metrics(before, y), _binary_metrics(probs[:, 1], y)
+
+    def predict_score(self, scores, features=None) -> np.ndarray:
+        """Calibrated P(true positive) per box, ``(n_boxes,)``."""
+        return self.predict_proba(scores, features=features)[:, 1]
+
+    def _check_hyperparameters(self):
+        super()._check_hyperparameters()
+        if self.box_features is not None:
+            parse_box_features(self.box_features)
+
+
+def _clip01(v, eps):
+    return np.clip(v, eps, 1.0 - eps)
+
+
+class _PenalisedBasisMap(_GeometryBoxMap):
+    """Logistic regression on a basis of (score, features), standardised, L2-penalised."""
+
+    hyper_common = {"box_features": Nullable(Text()), "reg": Choice("cv", "fixed"), "reg_lambda": Real(ge=0),
+                    "dependent": Bool(), "eps": Real(gt=0, lt=0.5), "cv_folds": Int(ge=2),
+                    "seed": Int(ge=0)}
+
+    def _basis(self, s, f) -> np.ndarray:
+        raise NotImplementedError
+
+    def _fit(self, x, y, sample_weight=None, features=None):
+        s, f = x[:, 1], features
+        self.feature_names_ = parse_box_features(self.box_features, f.shape[1])
+        self._set_ranges(f, sample_weight)
+        phi = self._basis(s, f)
+        w = np.ones(len(y)) if sample_weight is None else sample_weight
+        wn = w / w.sum()
+        mean = wn @ phi
+        std = np.sqrt(np.maximum(wn @ (phi - mean) ** 2, 0.0))
+        std = np.where(std > 1e-12 * np.maximum(1.0, np.abs(mean)), std, 1.0)  # constant column: left as is
+        self.phi_mean_, self.phi_std_ = mean, std
+        z = (phi - mean) / std
+        yf = y.astype(np.float64)
+        if self.reg == "cv" and min(int(yf.sum()), int((1 - yf).sum())) >= self.cv_folds:
+            lam, self.cv_scores_ = select_penalty(z, yf, sample_weight, n_folds=self.cv_folds, seed=self.seed)
+        else:
+            lam, self.cv_scores_ = float(self.reg_lambda), []
+        theta = fit_penalised_logistic(z, yf, sample_weight, lam)
+        self.reg_lambda_ = lam
+        self.intercept_, self.coef_ = float(theta[0]), theta[1:]
+
+    def _set_ranges(self, f, w):
+        pass
+
+    def _logit(self, s, f):
+        return self.intercept_ + ((self._basis(s, f) - self.phi_mean_) / self.phi_std_) @ self.coef_
+
+    def _predict_proba(self, x, features=None):
+        z = self._logit(x[:, 1], features)
+        return np.stack([expit(-z), expit(z)], axis=1)
+
+    def _get_fitted(self):
+        return {"feature_names": list(self.feature_names_), "intercept": self.intercept_,
+                "coef": self.coef_.tolist(), "phi_mean": self.phi_mean_.tolist(),
+                "phi_std": self.phi_std_.tolist(), "reg_lambda": self.reg_lambda_,
+                "cv_scores": [list(r) for r in self.cv_scores_], **self._get_ranges()}
+
+    def _get_ranges(self):
+        return {}
+
+    def _set_fitted(self, params):
+        self.feature_names_ = list(params["feature_names"])
+        self.intercept_ = float(params["intercept"])
+        self.coef_ = np.asarray(params["coef"], dtype=np.float64)
+        self.phi_mean_ = np.asarray(params["phi_mean"], dtype=np.float64)
+        self.phi_std_ = np.asarray(params["phi_std"], dtype=np.float64)
+        self.reg_lambda_ = float(params["reg_lambda"])
+        self.cv_scores_ = [list(r) for r in params.get("cv_scores", [])]
+        self._set_ranges_fitted(params)
+        d = len(self.feature_names_)
+        want = self._n_basis(d)
+        for key in ("coef", "phi_mean", "phi_std"):
+            have = getattr(self, key + "_").shape
+            if have != (want,):
+                raise ValueError(f"{key}: expected {want} values for {d} box features "
+                                 f"(dependent={self.dependent}), got shape {have}")
+
+    def _set_ranges_fitted(self, params):
+        pass
+
+
+def _pairs(cols):
+    m = len(cols)
+    return [cols[i] * cols[j] for i in range(m) for j in range(i, m)]
+
+
+# lengths follow from feature_names and `dependent`: checked by _set_fitted, each array on its own
+_BASIS_FIELDS = {"feature_names": ListOf(Text()), "intercept": Real(), "coef": Array((None,)),
+                 "phi_mean": Array((None,)), "phi_std": Array((None,), Real(gt=0)),
+                 "reg_lambda": Real(ge=0), "cv_scores": ListOf(Array((2,), Real(max_abs=np.inf)))}
+
+
+@register
+class GeometryLogisticCalibration(_PenalisedBasisMap):
+    """Dependent logistic calibration of box scores on box geometry (``det-platt-geo``).
+
+    ``P(TP) = sigmoid(c + b^T x + sum_{i <= j} Q_ij x_i x_j)``, ``x = [logit(clip(s, eps)), r]``
+    (``dependent=False``: no products). Küppers et al., CVPR-W 2020, sec. 3 (multivariate
+    logistic calibration with dependent features: the log-ratio of two class-conditional
+    Gaussians); see the module docstring for the fit.
+
+    Parameters
+    ----------
+    box_features : comma-separated names of the ``features=`` columns (e.g. ``"cx,cy,w,h"``), stored
+        in the manifest; None: ``f0, f1, ...``
+    reg : ``"cv"`` (choose ``reg_lambda`` by ``cv_folds``-fold cross-validated NLL) or ``"fixed"``
+    reg_lambda : the penalty with ``reg="fixed"`` (and when a label has fewer than ``cv_folds`` boxes)
+    dependent : include the products ``x_i x_j``
+    score_transform : ``"logit"`` (default; scores clipped to ``[eps, 1 - eps]``, so raw scores above 1 are
+        clipped) or ``"raw"`` (the score as it is, for detectors whose scores are not probabilities)
+    eps, cv_folds, seed : the clip of the scores; folds and seed of the cross-validation
+
+    Inputs: ``fit(scores (n,), labels 0/1 (n,), features=(n, d))``; ``predict_proba(scores,
+    features=)`` gives float64 ``(n, 2)`` (false, true positive).
+
+    Raises
+    ------
+    ValueError
+        Scores not 1-D or not finite, labels other than 0/1, ``features`` missing, non-finite or of
+        another width than at fit time (the message names the fitted features).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> s, cx = rng.uniform(0.05, 0.95, 400), rng.uniform(0, 1, 400)
+    >>> y = (rng.uniform(size=400) < s * (cx < 0.5) + s ** 3 * (cx >= 0.5)).astype(int)
+    >>> cal = GeometryLogisticCalibration(box_features="cx").fit(s, y, features=cx[:, None])
+    >>> p = cal.predict_proba(np.array([0.7, 0.7]), features=np.array([[0.2], [0.8]]))[:, 1]
+    >>> bool(p[0] > p[1] + 0.2)
+    True
+    """
+
+    method = "det-platt-geo"
+    hyper_constraints = {**_PenalisedBasisMap.hyper_common, "score_transform": Choice("logit", "raw")}
+    fitted_constraints = Fields(dict(_BASIS_FIELDS))
+
+    def __init__(self, box_features: str | None = None, reg: str = "cv", reg_lambda: float = 1e-4,
+                 dependent: bool = True, score_transform: str = "logit", eps: float = 1e-4, cv_folds: int = 3,
+                 seed: int = 0, input_kind: str = "logits"):
+        self.box_features = box_features
+        self.reg = reg
+        self.reg_lambda = reg_lambda
+        self.dependent = dependent
+        self.score_transform = score_transform
+        self.eps = eps
+        self.cv_folds = cv_folds
+        self.seed = seed
+        self.input_kind = input_kind
+
+    def _n_basis(self, d):
+        m = d + 1
+        return m + (m * (m + 1) // 2 if self.dependent else 0)
+
+    def _basis(self, s, f):
+        u = logit(_clip01(s, self.eps)) if self.score_transform == "logit" else s
+        cols = [u] + [f[:, j] for j in range(f.shape[1])]
+        return np.stack(cols + (_pairs(cols) if self.dependent else []), axis=1)
+
+
+@register
+class GeometryBetaCalibration(_PenalisedBasisMap):
+    """Dependent beta calibration of box scores on box geometry (``det-beta-geo``).
+
+    Inputs mapped into (0, 1): ``u_0 = clip(s, eps)``, ``u_k = clip((r_k - lo_k) / (hi_k - lo_k), eps)``
+    (``lo``, ``hi``: the calibration set's range, stored). ``P(TP) = sigmoid(c + sum_k (a_k log u_k
+    - b_k log(1 - u_k)) [+ sum_{i < j} g_ij logit(u_i) logit(u_j)])``: beta calibration per input (Kull,
+    Silva Filho & Flach, AISTATS 2017, eq. 3) made multivariate and dependent as in Küppers et al.,
+    CVPR-W 2020, sec. 3. Parameters, inputs and errors as :class:`GeometryLogisticCalibration`
+    (no ``score_transform``: the beta map reads scores as probabilities, clipped to ``[eps, 1 - eps]``).
+
+    Examples
+    --------
+    Boxes far from the sensor are right less often than their score says:
+
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> s, rng_m = rng.uniform(0.05, 0.95, 600), rng.uniform(0, 50, 600)
+    >>> y = (rng.uniform(size=600) < s * (1 - rng_m / 60)).astype(int)
+    >>> cal = GeometryBetaCalibration(box_features="range").fit(s, y, features=rng_m[:, None])
+    >>> near, far = cal.predict_proba(np.array([0.8, 0.8]), features=np.array([[5.0], [45.0]]))[:, 1]
+    >>> bool(near > far + 0.3)
+    True
+    """
+
+    method = "det-beta-geo"
+    hyper_constraints = dict(_PenalisedBasisMap.hyper_common)
+    fitted_constraints = Fields({**_BASIS_FIELDS, "lo": Array((None,)), "hi": Array((None,))})
+
+    def __init__(self, box_features: str | None = None, reg: str = "cv", reg_lambda: float = 1e-4,
+                 dependent: bool = True, eps: float = 1e-4, cv_folds: int = 3, seed: int = 0,
+                 input_kind: str = "logits"):
+        self.box_features = box_features
+        self.reg = reg
+        self.reg_lambda = reg_lambda
+        self.dependent = dependent
+        self.eps = eps
+        self.cv_folds = cv_folds
+        self.seed = seed
+        self.input_kind = input_kind
+
+    def _n_basis(self, d):
+        m = d + 1
+        return 2 * m + (m * (m - 1) // 2 if self.dependent else 0)
+
+    def _set_ranges(self, f, w):
+        live = f if w is None else f[w > 0]  # a box of weight 0 counts as absent
+        self.lo_, self.hi_ = live.min(axis=0), live.max(axis=0)
+
+    def _get_ranges(self):
+        return {"lo": self.lo_.tolist(), "hi": self.hi_.tolist()}
+
+    def _set_ranges_fitted(self, params):
+        self.lo_ = np.asarray(params["lo"], dtype=np.float64)
+        self.hi_ = np.asarray(params["hi"], dtype=np.float64)
+        for key in ("lo", "hi"):
+            have = getattr(self, key + "_").shape
+            if have != (len(self.feature_names_),):
+                raise ValueError(f"{key}: expected {len(self.feature_names_)} values, one per box feature, "
+                                 f"got shape {have}")
+
+    def _basis(self, s, f):
+        span = np.where(self.hi_ > self.lo_, self.hi_ - self.lo_, 1.0)
+        u = [_clip01(s, self.eps)] + [_clip01((f[:, j] - self.lo_[j]) / span[j], self.eps)
+                                      for j in range(f.shape[1])]
+        cols = [c for v in u for c in (np.log(v), -np.log1p(-v))]
+        if self.dependent:
+            lo = [np.log(v) - np.log1p(-v) for v in u]
+            cols += [lo[i] * lo[j] for i in range(len(lo)) for j in range(i + 1, len(lo))]
+        return np.stack(cols, axis=1)
+
+
+@register
+class GeometryHistogramBinning(_GeometryBoxMap):
+    """Histogram binning over confidence x box geometry (``det-hist-geo``).
+
+    Each box feature is cut at its equal-mass quantiles into ``n_feature_bins`` bins (a cell is one
+    bin per feature); within a cell, the scores are cut into ``n_bins`` equal-mass bins, and a bin
+    predicts ``(positives + pi) / (boxes + 1)`` with ``pi`` the calibration set's precision (an
+    m-estimate with m = 1). Bins are ``(lo, hi]`` with open outer bins (as ``histogram-binning``), so
+    values outside the calibration range take the first or last bin; a cell without calibration
+    boxes predicts ``pi``. Source: Zadrozny & Elkan, ICML 2001 (equal-mass histogram binning),
+    conditioned on geometry as the multivariate binning of Küppers et al., CVPR-W 2020, sec. 3.
+
+    Parameters
+    ----------
+    box_features : as :class:`GeometryLogisticCalibration`
+    n_bins : score bins per cell; n_feature_bins : bins per box feature
+
+    Examples
+    --------
+    Two cells of ``cx`` (left, right), one score bin each: each predicts its m-estimate
+    ``(positives + pi) / (boxes + 1)`` with ``pi = 2/4``:
+
+    >>> import numpy as np
+    >>> cal = GeometryHistogramBinning(box_features="cx", n_bins=1, n_feature_bins=2)
+    >>> cal = cal.fit(np.full(4, 0.6), [1, 1, 0, 0], features=np.array([[0.1], [0.2], [0.8], [0.9]]))
+    >>> cal.predict_proba(np.array([0.6, 0.6]), features=np.array([[0.0], [1.0]]))[:, 1].round(4).tolist()
+    [0.8333, 0.1667]
+    """
+
+    method = "det-hist-geo"
+    hyper_constraints = {"box_features": Nullable(Text()), "n_bins": Int(ge=1, le=1000),
+                         "n_feature_bins": Int(ge=1, le=100)}
+    fitted_constraints = Fields({"feature_names": ListOf(Text()), "prior": Real(ge=0, le=1),
+                                 "feature_edges": ListOf(ListOf(Real())),
+                                 "score_edges": ListOf(ListOf(Real())),
+                                 "values": ListOf(ListOf(Real(ge=0, le=1)))})
+
+    def __init__(self, box_features: str | None = None, n_bins: int = 5, n_feature_bins: int = 3,
+                 input_kind: str = "logits"):
+        self.box_features = box_features
+        self.n_bins = n_bins
+        self.n_feature_bins = n_feature_bins
+        self.input_kind = input_kind
+
+    @staticmethod
+    def _inner_edges(v, k):
+        """The ``k - 1`` inner equal-mass edges (distinct: tied values share a bin)."""
+        if k <= 1 or v.size == 0:
+            return []
+        q = np.quantile(v, np.arange(1, k) / k, method="inverted_cdf")
+        return sorted(set(float(e) for e in q if e < v.max()))
+
+    def _cells(self, f):
+        cell = np.zeros(f.shape[0], dtype=np.int64)
+        for j, edges in enumerate(self.feature_edges_):
+            b = np.searchsorted(np.asarray(edges), f[:, j], side="left")  # (lo, hi]
+            cell = cell * self.n_feature_bins + b
+        return cell
+
+    def _fit(self, x, y, features=None):
+        s, f = x[:, 1], features
+        self.feature_names_ = parse_box_features(self.box_features, f.shape[1])
+        self.prior_ = float(np.mean(y))
+        self.feature_edges_ = [self._inner_edges(f[:, j], self.n_feature_bins) for j in range(f.shape[1])]
+        cell = self._cells(f)
+        n_cells = self.n_feature_bins ** f.shape[1]
+        self.score_edges_, self.values_ = [], []
+        for c in range(n_cells):
+            m = cell == c
+            edges = self._inner_edges(s[m], self.n_bins)
+            b = np.searchsorted(np.asarray(edges), s[m], side="left")
+            pos = np.bincount(b, weights=y[m].astype(np.float64), minlength=len(edges) + 1)
+            cnt = np.bincount(b, minlength=len(edges) + 1)
+            self.score_edges_.append(edges)
+            self.values_.append(((pos + self.prior_) / (cnt + 1.0)).tolist())
+
+    def _predict_proba(self, x, features=None):
+        s = x[:, 1]
+        cell = self._cells(features)
+        p = np.empty(s.shape[0])
+        for c in np.unique(cell):
+            m = cell == c
+            b = np.searchsorted(np.asarray(self.score_edges_[c]), s[m], side="left")
+            p[m] = np.asarray(self.values_[c])[b]
+        return np.stack([1.0 - p, p], axis=1)
+
+    def _get_fitted(self):
+        return {"feature_names": list(self.feature_names_), "prior": self.prior_,
+                "feature_edges": [list(e) for e in self.feature_edges_],
+                "score_edges": [list(e) for e in self.score_edges_], "values": [list(v) for v in self.values_]}
+
+    def _set_fitted(self, params):
+        self.feature_names_ = list(params["feature_names"])
+        self.prior_ = float(params["prior"])
+        self.feature_edges_ = [[float(v) for v in e] for e in params["feature_edges"]]
+        self.score_edges_ = [[float(v) for v in e] for e in params["score_edges"]]
+        self.values_ = [[float(v) for v in e] for e in params["values"]]
+        d = len(self.feature_names_)
+        if len(self.feature_edges_) != d or any(len(e) > self.n_feature_bins - 1 for e in self.feature_edges_):
+            raise ValueError(f"feature_edges: expected {d} lists (one per box feature) of at most "
+                             f"{self.n_feature_bins - 1} edges, got lengths {[len(e) for e in self.feature_edges_]}")
+        n_cells = self.n_feature_bins ** d
+        if len(self.score_edges_) != n_cells or len(self.values_) != n_cells:
+            raise ValueError(f"score_edges: expected {n_cells} cells, as parameters.values, got "
+                             f"{len(self.score_edges_)} and {len(self.values_)}")
+        for c, (e, v) in enumerate(zip(self.score_edges_, self.values_)):
+            if len(v) != len(e) + 1:
+                raise ValueError(f"score_edges: cell {c} has {len(e)} edges, so parameters.values[{c}] needs "
+                                 f"{len(e) + 1} values (one per bin), got {len(v)}")
+            if any(b <= a for a, b in zip(e, e[1:])):
+                raise ValueError(f"score_edges: expected increasing edges in cell {c}, got {e}")
+        for j, e in enumerate(self.feature_edges_):
+            if any(b <= a for a, b in zip(e, e[1:])):
+                raise ValueError(f"feature_edges: expected increasing edges for feature {j}, got {e}")
