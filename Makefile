@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,dask]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[torch,test,dask,export]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -23,7 +23,7 @@ clean:
 # the documentation site: any Sphinx warning is an error, every gallery example runs
 DOCS_STAMP := $(VENV)/.installed-docs
 $(DOCS_STAMP): $(STAMP)
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,dask,docs]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[torch,test,dask,export,docs]'
 	touch $(DOCS_STAMP)
 
 docs: $(DOCS_STAMP)
