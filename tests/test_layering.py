@@ -3,12 +3,13 @@ package's private modules or names.
 
 Layers, bottom to top (a module may import its own layer or a lower one):
 
-0. shared private helpers of the whole library: ``confcal._numeric``, ``_validation``, ``_digest``,
-   ``_progress``, ``_tables``
+0. shared helpers of the whole library: ``confcal._numeric``, ``_validation``, ``_digest``,
+   ``_progress``, ``_tables``, ``_lazy``, and ``catalog`` (method names and extras, no imports)
 1. ``ops``, ``metrics``, ``sources``: pure operators, metrics and accumulators, row sources
 2. ``calibrators``: estimators, maps, links, compositions
 3. ``detection``, ``active``, ``evaluation``: matching, the annotation queue, protocols
-4. ``plots``, ``report``, ``io``, ``demo``: rendering, files, the embedded demo
+4. ``plots``, ``report``, ``io``, ``demo``, ``export``, ``torch``: rendering, files, the embedded
+   demo, ONNX / TorchScript export of a fitted calibrator
 5. ``dask``: the distributed engine
 6. ``cli`` (and ``__main__``): the only place that parses paths and prints
 
@@ -28,11 +29,11 @@ import confcal
 SRC = Path(confcal.__file__).parent
 
 LAYERS = {
-    "_numeric": 0, "_validation": 0, "_digest": 0, "_progress": 0, "_tables": 0,
+    "_numeric": 0, "_validation": 0, "_digest": 0, "_progress": 0, "_tables": 0, "_lazy": 0, "catalog": 0,
     "ops": 1, "metrics": 1, "sources": 1,
     "calibrators": 2,
     "detection": 3, "active": 3, "evaluation": 3,
-    "plots": 4, "report": 4, "io": 4, "demo": 4,
+    "plots": 4, "report": 4, "io": 4, "demo": 4, "export": 4, "torch": 4,
     "dask": 5,
     "cli": 6, "__main__": 6,
 }
@@ -55,6 +56,10 @@ KNOWN_VIOLATIONS = {
     ("confcal.cli._common", "confcal.calibrators._constraints"): "hyper-parameter types for --param parsing",
     ("confcal.cli.apply", "confcal.calibrators._stream"): "refuse_probabilities before a streamed apply",
     ("confcal.evaluation.streamed", "confcal.calibrators._stream"): "refuse_probabilities",
+    # engineer "export": Calibrator.to_torch() builds its head lazily from the layer above; the
+    # torch wrapper reads the export package's head classes
+    ("confcal.calibrators.base", "confcal.export"): "to_torch(): the export head, imported when called",
+    ("confcal.torch", "confcal.export._heads"): "CalibratedModel wraps the exported head modules",
     # a path-reading call below io: evaluate_sources accepts a manifest path (paths belong in io/cli)
     ("confcal.evaluation.streamed", "confcal.io"): "load_calibrator of a manifest path",
 }
@@ -103,7 +108,13 @@ def violations(src: Path = SRC) -> list[tuple[str, str, str]]:
             other = _package(module)
             where = f"{me}:{line}"
             if other is None:
-                if set(names) - {"__version__"}:
+                # ``from confcal import metrics`` imports the subpackage, not the facade
+                subs = [n for n in names if n in LAYERS]
+                for sub in subs:
+                    if mine in LAYERS and LAYERS[sub] > LAYERS[mine]:
+                        out.append((me, f"confcal.{sub}",
+                                    f"{where} imports upwards: confcal.{sub} (layer {LAYERS[sub]} > {LAYERS[mine]})"))
+                if set(names) - {"__version__"} - set(subs):
                     out.append((me, module, f"{where} imports the facade: {names}"))
                 continue
             if other not in LAYERS or mine not in LAYERS:
