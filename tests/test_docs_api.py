@@ -16,3 +16,13 @@ def test_api_reference_lists_every_public_module():
     listed = {line.strip().removeprefix("confcal.") for line in (REPO / "docs" / "api" / "index.rst").read_text().splitlines()
               if line.strip().startswith("confcal.")}
     assert public <= listed, sorted(public - listed)
+
+
+def test_readme_links_resolve_to_files_in_the_repository():
+    import re
+
+    text = (REPO / "README.md").read_text()
+    links = re.findall(r"\]\(([^)#]+)\)", text)
+    assert links, "the README links the documentation pages"
+    missing = [link for link in links if not link.startswith("http") and not (REPO / link).exists()]
+    assert not missing, missing

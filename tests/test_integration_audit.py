@@ -1,4 +1,4 @@
-"""The README's audit loop on two real sensors (KITTI BEV cars, RarePlanes airports): match both at once with a
+"""The audit loop of docs/guide/audit.md on two real sensors (KITTI BEV cars, RarePlanes airports): match both at once with a
 held-out split -> fit per sensor -> evaluate per sensor with --max-ece -> rank one queue -> report -> drift,
 with provenance in the manifest and the queue."""
 

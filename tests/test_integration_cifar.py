@@ -30,7 +30,7 @@ def test_temperature_scaling_densenet_cifar100(densenet):
 
 
 def test_cli_on_cifar(densenet, tmp_path, capsys):
-    """The README's CIFAR example: npz keys and --input-kind probs through fit and evaluate."""
+    """The CIFAR example of docs/guide/cifar.md: npz keys and --input-kind probs through fit and evaluate."""
     import json
 
     from confcal.cli import main
