@@ -1,4 +1,4 @@
-"""The README's audit loop on two real sensors (KITTI BEV cars, RarePlanes airports): match both at once with a
+"""The audit loop of docs/guide/audit.md on two real sensors (KITTI BEV cars, RarePlanes airports): match both at once with a
 held-out split -> fit per sensor -> evaluate per sensor with --max-ece -> rank one queue -> report -> drift,
 with provenance in the manifest and the queue."""
 
@@ -7,11 +7,13 @@ import hashlib
 import json
 
 import numpy as np
+import pytest
 
 from confcal.cli import main
 from tests.detection._data import paths
 
 
+@pytest.mark.slow  # a fit on real data (../shared/data)
 def test_seed_workflow(tmp_path, capsys):
     k_gt, k_det, _ = paths("kitti_bev_cars")
     r_gt, r_det, _ = paths("rareplanes_solaris_airports")

@@ -15,6 +15,7 @@ def densenet():
         return d["predictions"], d["ground_truth"]
 
 
+@pytest.mark.slow  # a fit on real data (../shared/data)
 def test_temperature_scaling_densenet_cifar100(densenet):
     probs, labels = densenet
     cal_p, cal_y, test_p, test_y = probs[:5000], labels[:5000], probs[5000:], labels[5000:]
@@ -29,8 +30,9 @@ def test_temperature_scaling_densenet_cifar100(densenet):
     assert accuracy(calibrated, test_y) == accuracy(test_p, test_y)
 
 
+@pytest.mark.slow  # a fit on real data (../shared/data)
 def test_cli_on_cifar(densenet, tmp_path, capsys):
-    """The README's CIFAR example: npz keys and --input-kind probs through fit and evaluate."""
+    """The CIFAR example of docs/guide/cifar.md: npz keys and --input-kind probs through fit and evaluate."""
     import json
 
     from confcal.cli import main

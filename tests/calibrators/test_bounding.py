@@ -81,6 +81,7 @@ def test_x_plus_pb_never_worse_than_x_random(base):
     assert pb.nll_ <= pb.base_nll_
 
 
+@pytest.mark.slow  # a fit on real data (../shared/data)
 @pytest.mark.parametrize("base", ["ts"])
 def test_x_plus_pb_never_worse_than_x_real_cifar100(base):
     p, y = _densenet()
@@ -88,6 +89,7 @@ def test_x_plus_pb_never_worse_than_x_real_cifar100(base):
     assert _objective(pb, p, y) <= _objective(base_cal, p, y) + 1e-6
 
 
+@pytest.mark.slow  # a fit on real data (../shared/data)
 @pytest.mark.parametrize("base", ["vs", "ms", "dirichlet", "ets", "pts"])
 def test_x_plus_pb_never_worse_than_x_real_cifar10(base):
     p, y = _lenet10(500)

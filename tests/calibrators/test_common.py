@@ -394,6 +394,7 @@ def test_temperature_at_bound_warning_names_both_causes_and_the_fix():
 
 
 # ------------------------------------------------------------------- model selection
+@pytest.mark.slow  # a fit on real data (../shared/data)
 def test_grid_search_dirichlet_on_real_cifar_logits():
     d = np.load(require_shared_data("cifar", "lenet-5-cifar-10.npz"))
     probs, labels = d["predictions"][:2000], d["ground_truth"][:2000]

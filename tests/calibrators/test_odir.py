@@ -170,6 +170,7 @@ def test_default_grid_is_documented_decades():
     assert ODIR_GRID == tuple(10.0 ** e for e in range(5, -3, -1))
 
 
+@pytest.mark.slow  # a fit on real data (../shared/data)
 def test_real_cifar10_cv_beats_the_weakest_penalty():
     """LeNet-5 CIFAR-10, 2,000 / 8,000: the CV choice generalises better than a weak fixed penalty."""
     d = np.load(require_shared_data("cifar", "lenet-5-cifar-10.npz"))

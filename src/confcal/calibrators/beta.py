@@ -131,7 +131,13 @@ class DetectionBetaCalibration(_BoxScoreMaps):
 
     Attributes
     ----------
-    pooled_ : dict ``{"a", "b", "c"}``; groups_, group_counts_, fallback_groups_ as in ``det-ts``
+    pooled_ : dict ``{"a", "b", "c"}`` of the pooled fit
+    groups_ : dict
+        ``{(category_id?, domain?): parameters}``, as in ``det-ts``
+    group_counts_ : dict
+        Boxes per group at fit time.
+    fallback_groups_ : list
+        Groups that use ``pooled_``.
 
     Source: Kull, Silva Filho & Flach, AISTATS 2017 (eq. 4, a, b >= 0); for detectors as in
     Küppers et al., "Multivariate Confidence Calibration for Object Detection", CVPR-W 2020.

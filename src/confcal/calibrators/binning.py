@@ -5,18 +5,18 @@ says by how much) and/or top-label (``-top``; keeps the arg-max exactly). The
 reductions are in :mod:`confcal.calibrators._reduce`, the 1-D maps in
 :mod:`confcal.calibrators._univariate`.
 
-========================== ============ ======================================================
-method                     keeps arg-max source
-========================== ============ ======================================================
-``isotonic``               no           Zadrozny & Elkan, KDD 2002 (scikit-learn's fit)
-``isotonic-top``           yes          same map on the top-label confidence
-``histogram-binning``      no           Zadrozny & Elkan, ICML 2001 (equal-mass bins)
-``histogram-binning-top``  yes          same, top-label
-``bbq``                    no           Naeini, Cooper & Hauskrecht, AAAI 2015
-``bbq-top``                yes          same, top-label
-``scaling-binning``        yes          Kumar, Liang & Ma, NeurIPS 2019 (top-label)
-``scaling-binning-marginal`` no         same paper, marginal (one-vs-rest)
-========================== ============ ======================================================
+============================== ============== ======================================================
+method                         keeps arg-max  source
+============================== ============== ======================================================
+``isotonic``                   no             Zadrozny & Elkan, KDD 2002 (scikit-learn's fit)
+``isotonic-top``               yes            same map on the top-label confidence
+``histogram-binning``          no             Zadrozny & Elkan, ICML 2001 (equal-mass bins)
+``histogram-binning-top``      yes            same, top-label
+``bbq``                        no             Naeini, Cooper & Hauskrecht, AAAI 2015
+``bbq-top``                    yes            same, top-label
+``scaling-binning``            yes            Kumar, Liang & Ma, NeurIPS 2019 (top-label)
+``scaling-binning-marginal``   no             same paper, marginal (one-vs-rest)
+============================== ============== ======================================================
 """
 
 from __future__ import annotations

@@ -480,7 +480,10 @@ class DetectionTemperatureScaling(_BoxScoreMaps):
     ----------
     pooled_ : dict ``{"temperature", "bias"}`` of the pooled fit
     groups_ : dict ``{(category_id?, domain?): {"temperature", "bias"}}``
-    group_counts_ : boxes per group at fit time; fallback_groups_ : groups using ``pooled_``
+    group_counts_ : dict
+        Boxes per group at fit time.
+    fallback_groups_ : list
+        Groups that use ``pooled_``.
 
     Examples
     --------
@@ -562,7 +565,13 @@ class DetectionPlattScaling(_BoxScoreMaps):
 
     Attributes
     ----------
-    pooled_ : dict ``{"a", "b"}``; groups_, group_counts_, fallback_groups_ as in ``det-ts``
+    pooled_ : dict ``{"a", "b"}`` of the pooled fit
+    groups_ : dict
+        ``{(category_id?, domain?): parameters}``, as in ``det-ts``
+    group_counts_ : dict
+        Boxes per group at fit time.
+    fallback_groups_ : list
+        Groups that use ``pooled_``.
 
     Source: J. Platt, "Probabilistic Outputs for Support Vector Machines and
     Comparisons to Regularized Likelihood Methods", 1999.

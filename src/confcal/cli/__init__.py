@@ -55,8 +55,9 @@ _OPTION_NAMES = ("logits", "labels", "domains", "features", "category_ids", "box
 
 
 def cli_message(msg: str, args) -> str:
-    """Say a library error in the CLI's words: ``domains: ... pass domains= ...`` becomes
-    ``--domains: ... pass --domains ...``, for the options this subcommand has."""
+    """A library error in the CLI's words, for the options this subcommand has.
+
+    ``domains: ... pass domains= ...`` becomes ``--domains: ... pass --domains ...``."""
     for name in _OPTION_NAMES:
         if not hasattr(args, name):
             continue

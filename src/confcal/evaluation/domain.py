@@ -6,19 +6,19 @@ the target is only used for evaluation (and for the target-only oracle).
 
 For one split, :func:`evaluate_split` computes, on the same target samples:
 
-========================  =====================================================
-``uncalibrated``          softmax of the raw logits
-``source-only``           temperature scaling fitted on held-out source data
-``target-only``           oracle: TS fitted on a random ``oracle_fraction`` of the
-                          target, all methods evaluated on the rest
-``set-ts``                set-level TS on the calibration domains (eq. 15)
-``cluster-ts``            cluster-level TS, nearest centroid (eq. 16)
-``cluster-ts-regression`` cluster-level TS, regression (eq. 18)
-``domain-ensemble``       mean of the three proposed methods' calibrated logits
-``source-gated-ts``       per-sample gate between source-only TS and the ensemble
-                          by the kNN source probability of the sample's features
-                          (:class:`~confcal.calibrators.SourceGatedTemperatureScaling`)
-========================  =====================================================
+=========================  =====================================================
+``uncalibrated``           softmax of the raw logits
+``source-only``            temperature scaling fitted on held-out source data
+``target-only``            oracle: TS fitted on a random ``oracle_fraction`` of the
+                           target, all methods evaluated on the rest
+``set-ts``                 set-level TS on the calibration domains (eq. 15)
+``cluster-ts``             cluster-level TS, nearest centroid (eq. 16)
+``cluster-ts-regression``  cluster-level TS, regression (eq. 18)
+``domain-ensemble``        mean of the three proposed methods' calibrated logits
+``source-gated-ts``        per-sample gate between source-only TS and the ensemble
+                           by the kNN source probability of the sample's features
+                           (:class:`~confcal.calibrators.SourceGatedTemperatureScaling`)
+=========================  =====================================================
 
 ECE is summarised by the paper's bootstrap (``n_draws`` draws of ``n_samples``
 target samples; the same draws for every method of a split, so differences are
