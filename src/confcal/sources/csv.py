@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from confcal.sources._base import Source
+from confcal.sources._columns import order_column_group
 
 __all__ = ["CsvSource", "CSV_HEADERS", "read_csv_columns"]
 
@@ -88,6 +89,9 @@ class CsvSource(Source):
         missing = [c for c in cols if c not in head]
         if missing:
             raise ValueError(f"{name}: {path} has no column(s) {missing}; columns are {head}")
+        if columns is not None:  # a column group in class order (numeric suffix), as every reader does
+            cols = order_column_group(cols, spec=columns, name=name, where=str(path), explicit=True)
+        self.columns = cols
         first_line = 2 if header == "first" else 1
         arrays = [_column_array([r[head.index(c)] for r in body], c, path, name, first_line) for c in cols]
         if len(arrays) == 1:
