@@ -44,8 +44,9 @@ def order_column_group(columns, *, spec: str, name: str = "array", where: str = 
 
     Examples
     --------
-    >>> order_column_group(["logit_0", "logit_1", "logit_10", "logit_2"], spec="logit_*")[-2:]
-    ['logit_2', 'logit_10']
+    >>> names = sorted(f"logit_{j}" for j in range(11))  # file order: logit_0, logit_1, logit_10, ...
+    >>> order_column_group(names, spec="logit_*")[-3:]
+    ['logit_8', 'logit_9', 'logit_10']
     >>> order_column_group(["b", "a"], spec="b,a", explicit=True)
     ['b', 'a']
     """
