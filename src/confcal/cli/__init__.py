@@ -94,6 +94,9 @@ def _main(argv=None) -> int:
     if not args.debug:
         warnings.showwarning = _one_line_warning
     try:
+        from confcal.cli._outputs import guard_command_outputs
+
+        guard_command_outputs(args)  # one output-path guard for every command, before any work
         return int(args.func(args) or 0)
     except BrokenPipeError:
         # `confcal fit ... | head`: the reader left; outputs were already written. Point stdout at
