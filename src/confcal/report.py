@@ -121,6 +121,7 @@ def build_report(stages: dict, labels, *, domains=None, manifest: dict | None = 
     first = next(iter(audits.values()))
     key = gate_metric(first)
     binary = first["kind"] == "binary"
+    acc = "precision" if binary else "accuracy"  # box scores: precision of the matched set
     groups = {ALL: np.arange(labels.shape[0])}
     if domains is not None:
         d = np.asarray(domains).astype(str)
@@ -134,7 +135,7 @@ def build_report(stages: dict, labels, *, domains=None, manifest: dict | None = 
             lo, hi = bootstrap_interval(e_fn, p[idx], labels[idx], n_draws=n_draws)
             blo, bhi = bootstrap_interval(brier, p[idx], labels[idx], n_draws=n_draws, seed=1)
             flag = max_ece is not None and stage == list(audits)[-1] and m[key] > max_ece
-            rows.append({"stage": stage, "domain": g, "n": m["n"], "accuracy": m["accuracy"],
+            rows.append({"stage": stage, "domain": g, "n": m["n"], acc: m[acc],
                          key: f"{m[key]:.4f} [{lo:.4f}, {hi:.4f}]" + (" (above limit)" if flag else ""),
                          "nll": m["nll"], "brier": f"{m['brier']:.4f} [{blo:.4f}, {bhi:.4f}]"})
     parts = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
@@ -142,7 +143,7 @@ def build_report(stages: dict, labels, *, domains=None, manifest: dict | None = 
              f"<p>{labels.shape[0]} {'boxes (box scores)' if binary else 'samples'}; {n_bins} equal-width bins; "
              f"95% bootstrap intervals from {n_draws} resamples. "
              + (f"Limit {key} &le; {max_ece:g}." if max_ece is not None else "") + "</p>",
-             "<h2>Metrics</h2>", _table(rows, ["stage", "domain", "n", "accuracy", key, "nll", "brier"]),
+             "<h2>Metrics</h2>", _table(rows, ["stage", "domain", "n", acc, key, "nll", "brier"]),
              "<h2>Reliability diagrams and confidence histograms</h2>"]
     for g in groups:
         svg = reliability_svg({s: a["groups"][g] for s, a in audits.items()},

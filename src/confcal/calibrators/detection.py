@@ -588,7 +588,9 @@ class DetectionPlattScaling(_BoxScoreMaps):
         return _check_scores(arr, first_row=first_row).astype(np.float64)
 
     def _score_kind(self, input_kind) -> str:
-        return "scores"  # raw scores, whatever input_kind says
+        # Platt reads any real score as is; the fit record says what the hyper-parameter says
+        # (it once said "scores" beside hyperparameters.input_kind "logits": two answers to one question)
+        return input_kind or "logits"
 
     def _raw_proba(self, x):
         p = np.clip(x, 0.0, 1.0)  # raw scores as if probabilities, for the "before" metrics
