@@ -55,7 +55,7 @@ from scipy.special import expit
 from confcal._numeric import softmax
 from confcal._validation import as_numpy, check_labels, check_logits
 from confcal.calibrators._constraints import NLL, T_BOUNDS, T_RULE, TEMPERATURE, Bool, Choice, Fields, GroupKey, \
-    Int, ListOf, Nullable, Opt, Pairs, Real
+    Int, ListOf, Nullable, Opt, Pairs, Real, increasing_slopes
 from confcal.calibrators._logistic import LogisticFit, fit_logistic
 from confcal.calibrators._tsfit import DEFAULT_T_BOUNDS, CalibrationWarning, fit_temperature
 from confcal.calibrators._tsfit import _result as _ts_result
@@ -572,6 +572,7 @@ class DetectionPlattScaling(_BoxScoreMaps):
 
     method = "det-platt"
     streams_box_scores = True
+    hyper_parameter_rules = (increasing_slopes,)  # a negated slope would invert the ranking
     hyper_constraints = {"per_class": Bool(), "increasing": Bool(), "platt_targets": Bool(),
                          "min_samples": Int(ge=1)}
     fitted_constraints = _grouped_fields(Fields({"a": Real(), "b": Real(), "nll": NLL, "at_bound": Opt(Bool())}))
