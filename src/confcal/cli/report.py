@@ -31,6 +31,8 @@ def run(args) -> int:
     from confcal.report import build_report
 
     check_output_path(args.output, suffixes=(".html", ".htm"), name="--output")
+    if args.max_ece is not None and not 0.0 <= args.max_ece <= 1.0:  # also refuses nan, as evaluate does
+        raise ValueError(f"--max-ece: expected a number in [0, 1], got {args.max_ece!r}")
     if args.bootstrap < 1:
         raise ValueError(f"--bootstrap: expected a positive number of resamples, got {args.bootstrap}")
     side = load_side(args)

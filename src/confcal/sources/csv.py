@@ -37,7 +37,7 @@ def read_csv_columns(path, *, header: str = "first", name: str = "array") -> tup
     if header not in CSV_HEADERS:
         raise ValueError(f"csv header: expected one of {CSV_HEADERS}, got {header!r}")
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
             rows = [r for r in _csv.reader(fh) if r]
     except UnicodeDecodeError as exc:
         raise ValueError(f"{name}: {path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
