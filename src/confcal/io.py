@@ -106,10 +106,10 @@ def guard_outputs(outputs: dict, inputs: dict, *, dataset_folders: tuple[str, ..
                     continue
                 if out == src or (os.path.exists(out) and os.path.exists(src) and os.path.samefile(out, src)):
                     raise ValueError(f"{opt}: {str(output)!r} is also the input of {arg}; writing it would "
-                                     "destroy that input, so choose another output")
+                                     "destroy the input, so choose another output")
                 if src.startswith(out.rstrip(os.sep) + os.sep):
                     raise ValueError(f"{opt}: {str(output)!r} contains the input of {arg} ({spec}); writing it "
-                                     "would destroy that input, so choose another output")
+                                     "would destroy the input, so choose another output")
                 if out.startswith(src.rstrip(os.sep) + os.sep):
                     raise ValueError(f"{opt}: {str(output)!r} lies inside the input of {arg} ({spec}); writing "
                                      "it would change that input, so choose another output")
