@@ -27,10 +27,13 @@ def command_inputs(args) -> dict:
 
 
 def guard_command_outputs(args) -> None:
-    """Refuse an output that is, contains or lies inside an input, two outputs on one path, or an
-    existing folder that is not a dataset of the kind written (see :func:`confcal.io.guard_outputs`)."""
+    """Refuse a numeric option outside its cap (:mod:`confcal.cli._caps`), an output that is, contains
+    or lies inside an input, two outputs on one path, or an existing folder that is not a dataset of
+    the kind written (see :func:`confcal.io.guard_outputs`)."""
+    from confcal.cli._caps import check_caps
     from confcal.io import guard_outputs
 
+    check_caps(args)  # numeric options inside their documented caps, before any work
     outputs = {_option(d): getattr(args, d) for d in OUTPUT_DESTS
                if isinstance(getattr(args, d, None), str) and getattr(args, d)}
     if not outputs:
