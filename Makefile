@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,dask]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[torch,test,dask,export]'
 	touch $(STAMP)
 
 demo: $(STAMP)

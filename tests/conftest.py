@@ -39,3 +39,47 @@ def require_shared_data(*parts: str) -> Path:
 def shared_data():
     """Factory fixture: ``shared_data("cifar", "x.npz")`` -> Path, with the skip/fail rule above."""
     return require_shared_data
+
+
+# --------------------------------------------------------------- without the torch extra
+# CI also runs the tests in a virtual environment without torch (.ci/run): there, test modules
+# that import torch at the top are not collected, and a test that reaches a torch method
+# (MissingExtraError, or `import torch` inside it) is reported as skipped, with the reason.
+# Where torch is installed, none of this applies.
+import importlib.util as _ilu  # noqa: E402
+import re as _re  # noqa: E402
+
+HAVE_TORCH = _ilu.find_spec("torch") is not None
+_TOP_TORCH = _re.compile(r"^(?:import torch|from torch\b)", _re.MULTILINE)
+
+
+def pytest_ignore_collect(collection_path, config):
+    if HAVE_TORCH or collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    return True if _TOP_TORCH.search(collection_path.read_text(encoding="utf-8")) else None
+
+
+def _needs_torch(exc) -> bool:
+    from confcal.catalog import MissingExtraError
+
+    return isinstance(exc, MissingExtraError) or (
+        isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == "torch")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if HAVE_TORCH or call.excinfo is None or not _needs_torch(call.excinfo.value):
+        return
+    rep = outcome.get_result()
+    rep.outcome = "skipped"
+    rep.longrepr = (str(item.path), item.location[1] or 0, f"Skipped: needs torch ({call.excinfo.value})")
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAVE_TORCH:
+        return
+    skip = pytest.mark.skip(reason="needs torch (the torch extra is not installed)")
+    for item in items:
+        if "torch" in item.keywords:
+            item.add_marker(skip)

@@ -67,10 +67,29 @@ def load_calibrator(manifest, *, n_classes=None):
     return _load(manifest, n_classes=n_classes)
 
 
-def __getattr__(name):
-    # Lazy re-exports keep `import confcal` light and avoid import cycles.
-    if name in ("TemperatureScaling", "GroupedTemperatureScaling", "METHODS"):
-        from confcal import calibrators
+# Re-exported lazily: `import confcal` must not pull in torch, scipy or the estimators
+# (the CLI starts faster, and a subpackage imports without the whole library).
+_LAZY = {"TemperatureScaling": "confcal.calibrators", "GroupedTemperatureScaling": "confcal.calibrators",
+         "METHODS": "confcal.calibrators"}
+# subpackages and modules reachable as attributes once imported (``confcal.metrics.ece``)
+_SUBMODULES = ("active", "calibrators", "demo", "detection", "evaluation", "io", "metrics", "ops", "plots",
+               "report", "sources")
 
-        return getattr(calibrators, name)
+__all__ = ["__version__", "load_calibrator", *_LAZY]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"confcal.{name}")
     raise AttributeError(f"module 'confcal' has no attribute {name!r}")
+
+
+def __dir__():
+    # what tab completion and dir() show: the public names, lazy ones included
+    return sorted({*globals(), *__all__, *_SUBMODULES})

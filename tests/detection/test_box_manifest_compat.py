@@ -12,6 +12,9 @@ from confcal.calibrators import calibrator_from_dict
 
 _FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "box_score_manifests_v1.json"
 _CASES = json.loads(_FIXTURE.read_text())["cases"]
+# The fixture was written by another numpy build on another CPU: exp/log take another SIMD path
+# there and the last bits differ (measured: 1 ulp with AVX-512 off). Allow a few ulp, no more.
+_FIXTURE_ULPS = 4
 
 
 @pytest.mark.parametrize("case", _CASES, ids=[c["name"] for c in _CASES])
@@ -21,7 +24,8 @@ def test_previous_manifest_predicts_identically(case):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the fixture holds one unseen domain on purpose
         p = cal.predict_proba(np.asarray(case["scores"]), **side)
-    np.testing.assert_array_equal(p, np.asarray(case["proba"]))
+    np.testing.assert_array_max_ulp(p, np.asarray(case["proba"]), maxulp=_FIXTURE_ULPS)
+    # same kernel on the same input in this process: identical by construction
     again = calibrator_from_dict(json.loads(json.dumps(cal.to_dict())))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

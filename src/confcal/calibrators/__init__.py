@@ -1,6 +1,7 @@
 """Stateful calibrators: ``fit`` / ``predict_proba`` / ``to_dict`` (see :mod:`.base`).
 
-Importing this package registers every method under its CLI name in ``METHODS``.
+``METHODS`` knows every method by its CLI name; a method's module is imported on first lookup
+(so does each class name below, on first access).
 
 Probability bounding and its baselines (Atarashi et al., arXiv 2506.10572), by
 method name (``METHODS[name]``, ``confcal fit --method name``):
@@ -20,41 +21,54 @@ model itself (its input or its weights), so they are out of scope for a
 logits-level tool.
 """
 
-from confcal.calibrators._tsfit import CalibrationWarning, fit_temperature
-from confcal.calibrators.base import (
-    METHODS,
-    Calibrator,
-    NotFittedError,
-    calibrator_from_dict,
-    register,
-)
-from confcal.calibrators.detection import DetectionPlattScaling, DetectionTemperatureScaling
-from confcal.calibrators.domain import (
-    ClusterRegressionTemperatureScaling,
-    ClusterTemperatureScaling,
-    DomainEnsembleTemperatureScaling,
-    SetLevelTemperatureScaling,
-)
-from confcal.calibrators.temperature import GroupedTemperatureScaling, TemperatureScaling
-from confcal.calibrators.grouping import GroupedCalibrator
-from confcal.calibrators.scaling import DirichletCalibration, MatrixScaling, VectorScaling
-from confcal.calibrators.ensemble import EnsembleTemperatureScaling
-from confcal.calibrators.parametric import ParameterizedTemperatureScaling
-from confcal.calibrators.feature_clipping import FeatureClipping
-from confcal.calibrators.bounding import DualProbabilityBounding, LogitBounding, ProbabilityBounding
-from confcal.calibrators.binning import (
-    BBQ,
-    HistogramBinning,
-    IsotonicCalibration,
-    MarginalScalingBinning,
-    ScalingBinning,
-    TopLabelBBQ,
-    TopLabelHistogramBinning,
-    TopLabelIsotonicCalibration,
-)
-from confcal.calibrators.beta import BetaCalibration, DetectionBetaCalibration
-from confcal.calibrators.platt import PlattOneVsRest
-from confcal.calibrators.source_gated import SourceGatedTemperatureScaling
+import importlib
+
+# Lazy: importing the package loads the registry only; each name below loads its module on
+# first use, so `load_calibrator` of a TS manifest never imports torch or scikit-learn's isotonic.
+from confcal.calibrators.registry import METHODS, MissingExtraError, register  # noqa: E402
+
+#: public name -> the module defining it
+_LAZY = {
+    "CalibrationWarning": "_tsfit", "fit_temperature": "_tsfit",
+    "Calibrator": "base", "NotFittedError": "base", "calibrator_from_dict": "manifest",
+    "DetectionPlattScaling": "detection", "DetectionTemperatureScaling": "detection",
+    "ClusterRegressionTemperatureScaling": "domain", "ClusterTemperatureScaling": "domain",
+    "DomainEnsembleTemperatureScaling": "domain", "SetLevelTemperatureScaling": "domain",
+    "GroupedTemperatureScaling": "temperature", "TemperatureScaling": "temperature",
+    "GroupedCalibrator": "grouping",
+    "DirichletCalibration": "scaling", "MatrixScaling": "scaling", "VectorScaling": "scaling",
+    "EnsembleTemperatureScaling": "ensemble", "ParameterizedTemperatureScaling": "parametric",
+    "FeatureClipping": "feature_clipping",
+    "DualProbabilityBounding": "bounding", "LogitBounding": "bounding", "ProbabilityBounding": "bounding",
+    "BBQ": "binning", "HistogramBinning": "binning", "IsotonicCalibration": "binning",
+    "MarginalScalingBinning": "binning", "ScalingBinning": "binning", "TopLabelBBQ": "binning",
+    "TopLabelHistogramBinning": "binning", "TopLabelIsotonicCalibration": "binning",
+    "BetaCalibration": "beta", "DetectionBetaCalibration": "beta", "PlattOneVsRest": "platt",
+    "SourceGatedTemperatureScaling": "source_gated", "reuse_fits": "_odir",
+}
+_TORCH_MODULES = {"scaling", "ensemble", "parametric", "bounding", "_odir"}
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'confcal.calibrators' has no attribute {name!r}")
+    try:
+        value = getattr(importlib.import_module(f"confcal.calibrators.{module}"), name)
+    except ModuleNotFoundError as exc:
+        if module not in _TORCH_MODULES or not (exc.name or "").split(".")[0] == "torch":
+            raise
+        from confcal.catalog import TORCH_EXTRA_HINT
+
+        raise MissingExtraError(f"confcal.calibrators.{name} needs PyTorch, which is not installed: "
+                                f"{TORCH_EXTRA_HINT}") from None
+    globals()[name] = value  # next time without __getattr__
+    return value
+
+
+def __dir__():
+    return sorted([*globals(), *_LAZY])
+
 
 __all__ = [
     "METHODS", "Calibrator", "NotFittedError", "CalibrationWarning", "calibrator_from_dict",
@@ -66,4 +80,5 @@ __all__ = [
     "DualProbabilityBounding", "SourceGatedTemperatureScaling", "IsotonicCalibration",
     "TopLabelIsotonicCalibration", "HistogramBinning", "TopLabelHistogramBinning", "BBQ", "TopLabelBBQ",
     "ScalingBinning", "MarginalScalingBinning", "BetaCalibration", "DetectionBetaCalibration", "PlattOneVsRest",
+    "reuse_fits",
 ]

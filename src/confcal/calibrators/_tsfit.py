@@ -18,7 +18,7 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-import torch
+from confcal._lazy import torch  # imported on first use: importing this module needs no torch
 
 __all__ = ["fit_temperature", "TemperatureFit", "CalibrationWarning", "DEFAULT_T_BOUNDS", "check_labels_not_masked"]
 

@@ -1,7 +1,7 @@
-"""The calibrator protocol (a scikit-learn estimator) and the method registry.
+"""The calibrator protocol (a scikit-learn estimator).
 
-Every calibrator is a :class:`sklearn.base.BaseEstimator` classifier whose
-``X`` is logits:
+Every calibrator is a scikit-learn-compatible classifier (:mod:`._estimator`: the protocol
+without importing scikit-learn) whose ``X`` is logits:
 
 * ``__init__`` only stores hyper-parameters (``get_params`` / ``set_params`` /
   :func:`sklearn.base.clone` / pickle work); they are checked at ``fit``.
@@ -24,7 +24,8 @@ Every calibrator is a :class:`sklearn.base.BaseEstimator` classifier whose
 * ``to_dict()`` gives a JSON-ready manifest; :func:`calibrator_from_dict`
   rebuilds an identical calibrator (floats survive JSON exactly).
 
-``METHODS`` maps a method name to a calibrator class, or to a :class:`Preset`
+The registry (:mod:`.registry`) and manifests (:mod:`.manifest`) have their own modules;
+their names are re-exported here. ``METHODS`` maps a method name to a calibrator class, or to a :class:`Preset`
 (a class with some hyper-parameters fixed, e.g. ``ts+pb``); either is called
 with hyper-parameters to make an estimator.
 
@@ -37,170 +38,74 @@ Subclasses declare them in ``side_inputs`` (required) and
 from __future__ import annotations
 
 import abc
-import datetime as _dt
 import inspect
+import sys
 from typing import Any, ClassVar
 
 import numpy as np
-from sklearn.base import BaseEstimator, ClassifierMixin
-from sklearn.exceptions import NotFittedError as _SklearnNotFittedError
 
 from confcal._digest import data_sha256
 from confcal._numeric import softmax
 from confcal._validation import as_numpy, check_domains, check_features, check_labels, check_logits
-from confcal.calibrators._constraints import check_hyperparameters, check_manifest_top, check_parameters
-from confcal.metrics import accuracy, brier_score, ece, nll
+from confcal.calibrators._constraints import check_hyperparameters
+from confcal.calibrators._estimator import Estimator
+# the registry and the manifest code live in their own modules; their names stay importable from here
+from confcal.calibrators.manifest import (  # noqa: F401
+    INPUT_KINDS,
+    MANIFEST_FORMAT,
+    MANIFEST_VERSION,
+    _library_version,
+    calibrator_from_dict,
+    fit_record,
+    summary_metrics,
+    to_manifest,
+)
+from confcal.calibrators.registry import (  # noqa: F401
+    METHODS,
+    MissingExtraError,
+    Preset,
+    _registered,
+    make_calibrator,
+    register,
+    register_preset,
+)
+from confcal.calibrators.registry import preset_for as _preset_for  # noqa: F401
 
 __all__ = ["Calibrator", "NotFittedError", "Preset", "register", "register_preset", "calibrator_from_dict",
            "make_calibrator", "METHODS", "MANIFEST_FORMAT", "MANIFEST_VERSION", "summary_metrics",
            "INPUT_KINDS"]
 
-MANIFEST_FORMAT = "confcal.calibrator"
-MANIFEST_VERSION = 1
-INPUT_KINDS = ("logits", "probs")
 
-#: method name -> calibrator class or :class:`Preset`; filled by :func:`register` / :func:`register_preset`.
-METHODS: dict[str, Any] = {}
-
-
-class NotFittedError(_SklearnNotFittedError):
+class NotFittedError(ValueError, AttributeError):
     """A calibrator was used before ``fit`` (or loaded from an incomplete manifest).
 
-    A subclass of scikit-learn's ``NotFittedError`` (itself a ``ValueError`` and
-    an ``AttributeError``), so ``sklearn.utils.validation.check_is_fitted`` and
-    code written for scikit-learn estimators treat it alike.
+    A ``ValueError`` and an ``AttributeError``, as scikit-learn's ``NotFittedError``. When
+    scikit-learn is loaded, the error raised is also an instance of scikit-learn's class
+    (see :func:`_not_fitted`), so ``except sklearn.exceptions.NotFittedError`` and the
+    estimator checks catch it; ``check_is_fitted`` reads ``__sklearn_is_fitted__``.
     """
 
 
-def register(cls=None, *, name: str | None = None):
-    """Class decorator: make ``cls`` loadable from manifests and selectable by ``cls.method``
-    (or by ``name``, for a class whose ``method`` depends on its hyper-parameters)."""
+_SKLEARN_FLAVOURED: dict[type, type] = {}
+
+
+def _not_fitted(message: str) -> NotFittedError:
+    """The error to raise: a :class:`NotFittedError`, which also subclasses scikit-learn's
+    ``NotFittedError`` when scikit-learn is loaded. Code that catches scikit-learn's class has
+    imported it, so this covers every such handler without importing scikit-learn here
+    (~2.7 s, paid by every ``confcal apply``)."""
+    sk = sys.modules.get("sklearn.exceptions")
+    if sk is None:
+        return NotFittedError(message)
+    cls = _SKLEARN_FLAVOURED.get(sk.NotFittedError)
     if cls is None:
-        return lambda c: register(c, name=name)
-    name = name if name is not None else getattr(cls, "method", "")
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"{cls.__name__} needs a non-empty 'method' name to be registered")
-    if name in METHODS and METHODS[name] is not cls:
-        raise TypeError(f"method name {name!r} already registered by {METHODS[name]!r}")
-    METHODS[name] = cls
-    return cls
-
-
-class Preset:
-    """A registry entry: a calibrator class with some hyper-parameters fixed.
-
-    ``Preset("ts+pb", ProbabilityBounding, base="ts")(**params)`` is
-    ``ProbabilityBounding(base="ts", **params)``: the estimator is an ordinary
-    instance of the class (so ``clone``, ``get_params`` and pickle need nothing
-    special); its ``method`` is the preset's name. A fixed hyper-parameter may be
-    passed again only with the same value (as manifests do).
-
-    Examples
-    --------
-    >>> from confcal.calibrators import METHODS
-    >>> est = METHODS["ts+pb"](max_iter=50)
-    >>> type(est).__name__, est.method, est.base, est.max_iter
-    ('ProbabilityBounding', 'ts+pb', 'ts', 50)
-    """
-
-    def __init__(self, name: str, cls: type, fixed: dict[str, Any]):
-        self.name = name
-        self.cls = cls
-        self.fixed = dict(fixed)
-        self.__doc__ = (f"Preset {name!r}: {cls.__name__} with "
-                        + ", ".join(f"{k}={v!r}" for k, v in self.fixed.items()) + ".")
-
-    @property
-    def method(self) -> str:
-        return self.name
-
-    @property
-    def __name__(self) -> str:  # noqa: A003  messages and docs name it like a class
-        return self.cls.__name__
-
-    @property
-    def side_inputs(self):
-        return self.cls.side_inputs
-
-    @property
-    def optional_side_inputs(self):
-        return self.cls.optional_side_inputs
-
-    def _param_names(self) -> list[str]:
-        return self.cls._param_names()
-
-    def __call__(self, **params) -> "Calibrator":
-        for key, value in self.fixed.items():
-            if key in params and params[key] != value:
-                other = _preset_for(self.cls, {**self.fixed, key: params[key]})
-                hint = f"; use the method {other!r} instead" if other else ""
-                raise ValueError(f"{key}: method {self.name!r} has {key}={value!r}, got {params[key]!r}{hint}")
-        return self.cls(**{**params, **self.fixed})
-
-    def __repr__(self) -> str:
-        return f"Preset({self.name!r}, {self.cls.__name__}, {self.fixed!r})"
-
-    def __reduce__(self):  # pickled by name: the registry holds the one instance
-        return (_registered, (self.name,))
-
-
-def _registered(name: str):
-    return METHODS[name]
-
-
-def register_preset(name: str, cls: type, **fixed) -> Preset:
-    """Register ``name`` as ``cls`` with the hyper-parameters ``fixed``; returns the :class:`Preset`.
-
-    Raises ``TypeError`` when ``name`` is taken or ``cls`` has no such hyper-parameter.
-
-    Examples
-    --------
-    >>> from confcal.calibrators import METHODS, TemperatureScaling
-    >>> from confcal.calibrators.base import register_preset
-    >>> entry = register_preset("ts-wide", TemperatureScaling, t_max=1e4)
-    >>> METHODS["ts-wide"]().t_max
-    10000.0
-    >>> del METHODS["ts-wide"]
-    """
-    if name in METHODS:
-        raise TypeError(f"method name {name!r} already registered by {METHODS[name]!r}")
-    unknown = sorted(set(fixed) - set(cls._param_names()))
-    if unknown:
-        raise TypeError(f"preset {name!r}: {cls.__name__} has no hyper-parameter(s) {unknown}")
-    METHODS[name] = entry = Preset(name, cls, fixed)
-    return entry
-
-
-def _preset_for(cls: type, params: dict[str, Any]) -> str | None:
-    """Name of the most specific registry entry of ``cls`` whose fixed hyper-parameters ``params`` match."""
-    best, best_n = None, -1
-    for name, entry in METHODS.items():
-        if entry is cls and best_n < 0:
-            best, best_n = name, 0
-        elif isinstance(entry, Preset) and entry.cls is cls and len(entry.fixed) > best_n \
-                and all(params.get(k) == v for k, v in entry.fixed.items()):
-            best, best_n = name, len(entry.fixed)
-    return best
-
-
-def _library_version() -> str:
-    from confcal import __version__
-
-    return __version__
+        cls = type("NotFittedError", (NotFittedError, sk.NotFittedError), {"__module__": __name__})
+        _SKLEARN_FLAVOURED[sk.NotFittedError] = cls
+    return cls(message)
 
 
 def _sha256(*arrays) -> str:
     return data_sha256(*arrays)
-
-
-def summary_metrics(probs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
-    """Accuracy, ECE (15 equal-width bins), NLL and Brier score of ``probs``."""
-    return {
-        "accuracy": accuracy(probs, labels),
-        "ece": ece(probs, labels, n_bins=15),
-        "nll": nll(probs, labels),
-        "brier": brier_score(probs, labels),
-    }
 
 
 def _first_non_finite(value, path: str = "") -> str | None:
@@ -225,7 +130,7 @@ def _first_non_finite(value, path: str = "") -> str | None:
     return None
 
 
-class Calibrator(ClassifierMixin, BaseEstimator, abc.ABC):
+class Calibrator(Estimator, abc.ABC):
     """Base class of all calibrators. See the module docstring for the protocol.
 
     Examples
@@ -256,20 +161,6 @@ class Calibrator(ClassifierMixin, BaseEstimator, abc.ABC):
     one_logit_head: ClassVar[bool] = True
 
     # ----------------------------------------------------------- hyper-parameters
-    @classmethod
-    def _param_names(cls) -> list[str]:
-        """Hyper-parameter names, in ``__init__`` order (scikit-learn's ``_get_param_names`` sorts them)."""
-        sig = inspect.signature(cls.__init__)
-        return [p.name for p in sig.parameters.values()
-                if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-
-    def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
-        tags.input_tags.two_d_array = True
-        tags.input_tags.allow_nan = False
-        tags.target_tags.required = True
-        return tags
-
     def __sklearn_is_fitted__(self) -> bool:
         return self._is_fitted()
 
@@ -318,19 +209,11 @@ class Calibrator(ClassifierMixin, BaseEstimator, abc.ABC):
         self.n_classes_ = int(x.shape[1])
         self._check_fitted_finite(x)
         before, after = self._fit_metrics(x, self._predict_proba(x, **side), y)
-        self.fit_record_ = {
-            "n_samples": int(x.shape[0]),
-            "data_sha256": _sha256(x, y, *[side[k] for k in sorted(side)],
-                                   *([] if w is None else [w])),
-            "input_kind": self._input_kind(),
-            "metrics_before": before,
-            "metrics_after": after,
-            "library_version": _library_version(),
-            "utc_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        }
-        self.fit_record_.update(record)
-        if w is not None:
-            self.fit_record_["sample_weight"] = True
+        self.fit_record_ = fit_record(
+            n_samples=x.shape[0],
+            data_sha256=_sha256(x, y, *[side[k] for k in sorted(side)], *([] if w is None else [w])),
+            input_kind=self._input_kind(), metrics_before=before, metrics_after=after,
+            sample_weight=w is not None, extra=record)
         return self
 
     def _fit_inputs(self, logits, labels, sample_weight, side):
@@ -362,33 +245,28 @@ class Calibrator(ClassifierMixin, BaseEstimator, abc.ABC):
     @staticmethod
     def _fit_record(*, n_samples, data_sha256, input_kind, metrics_before, metrics_after,
                     sample_weight: bool = False) -> dict:
-        record = {
-            "n_samples": int(n_samples),
-            "data_sha256": data_sha256,
-            "input_kind": input_kind,
-            "metrics_before": metrics_before,
-            "metrics_after": metrics_after,
-            "library_version": _library_version(),
-            "utc_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        }
-        if sample_weight:
-            record["sample_weight"] = True
-        return record
+        """The fit record of a streamed fit (:func:`confcal.calibrators.manifest.fit_record`)."""
+        return fit_record(n_samples=n_samples, data_sha256=data_sha256, input_kind=input_kind,
+                          metrics_before=metrics_before, metrics_after=metrics_after, sample_weight=sample_weight)
 
-    def predict_proba(self, logits, progress=False, **side) -> np.ndarray:
-        """Calibrated probabilities, float64 ``(n_samples, n_classes)``, rows summing to 1.
+    def predict_proba(self, logits, progress=False, *, dtype=None, **side) -> np.ndarray:
+        """Calibrated probabilities ``(n_samples, n_classes)``, rows summing to 1.
 
         ``logits`` as at fit time (``input_kind`` is a hyper-parameter); a one-logit
         binary head ``(n_samples,)`` gives ``(n_samples, 2)``. ``logits`` may also be a
         :class:`confcal.sources.Source` or a spec; ``progress`` as for :meth:`fit`.
+        ``dtype``: float64 (default) or float32. Temperature scaling computes in that dtype,
+        chunk by chunk in cache, so the output is written to memory once (float32 logits in,
+        float32 out: 2 x 4 bytes per element); the other methods compute in float64 and cast.
 
         Raises :class:`NotFittedError` before ``fit`` and ``ValueError`` when the
-        number of classes differs from the one seen at fit time.
+        number of classes differs from the one seen at fit time, or for another ``dtype``.
         """
         self._check_fitted()
-        out = self._predict_source(logits, progress=progress, **side)
+        want = _result_dtype(dtype)
+        out = self._predict_source(logits, progress=progress, dtype=want, **side)
         if out is not NotImplemented:
-            return out
+            return out if out.dtype == want else out.astype(want)
         logits = _materialise(logits, "logits")
         side = {k: _materialise(v, k) for k, v in side.items()}
         x = self._validate_logits(logits)
@@ -396,9 +274,10 @@ class Calibrator(ClassifierMixin, BaseEstimator, abc.ABC):
             raise ValueError(f"logits: calibrator was fitted on {self.n_classes_} classes, "
                              f"got shape {x.shape}")
         side = self._check_side(side, x.shape[0])
-        return self._predict_proba(x, **side)
+        p = self._predict_proba(x, **side)
+        return p if p.dtype == want else p.astype(want)
 
-    def _predict_source(self, logits, *, progress, **side):
+    def _predict_source(self, logits, *, progress, dtype=None, **side):
         """Hook for maps that predict batch by batch (:func:`confcal.calibrators._stream.predict_into`);
         the default returns ``NotImplemented`` and :meth:`predict_proba` loads the arrays."""
         return NotImplemented
@@ -476,16 +355,14 @@ class Calibrator(ClassifierMixin, BaseEstimator, abc.ABC):
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready manifest: format, method, hyper-parameters, fitted parameters,
         ``n_classes`` and the fit record. Round-trips through :func:`calibrator_from_dict`."""
-        self._check_fitted()
-        return {
-            "format": MANIFEST_FORMAT,
-            "format_version": MANIFEST_VERSION,
-            "method": self.method,
-            "hyperparameters": self.get_params(deep=False),
-            "parameters": self._get_fitted(),
-            "n_classes": self.n_classes_,
-            "fit": getattr(self, "fit_record_", None),
-        }
+        return to_manifest(self)
+
+    def to_torch(self, dtype: str = "float64"):
+        """The fitted map as a TorchScript-able ``nn.Module`` equal to ``predict_proba``
+        (:func:`confcal.export.to_torch`; raises ``confcal.export.ExportError`` naming why not)."""
+        from confcal.export import to_torch  # the torch/onnx layer, imported only when asked for
+
+        return to_torch(self, dtype=dtype)
 
     # ---------------------------------------------------------- for subclasses
     @abc.abstractmethod
@@ -535,7 +412,7 @@ class Calibrator(ClassifierMixin, BaseEstimator, abc.ABC):
 
     def _check_fitted(self) -> None:
         if not self._is_fitted():
-            raise NotFittedError(f"{type(self).__name__} is not fitted yet; call fit(logits, labels) first")
+            raise _not_fitted(f"{type(self).__name__} is not fitted yet; call fit(logits, labels) first")
 
     def _check_side(self, side: dict, n: int) -> dict:
         allowed = set(self.side_inputs) | set(self.optional_side_inputs)
@@ -557,6 +434,20 @@ class Calibrator(ClassifierMixin, BaseEstimator, abc.ABC):
             else:
                 out[key] = value
         return out
+
+
+def _result_dtype(dtype) -> np.dtype:
+    """The dtype ``predict_proba`` returns: float64 by default, or ``dtype`` (float32 or float64).
+
+    The default stays float64 for every input while the distributed engine (``confcal.dask``)
+    compares its metrics with the single-process ones computed from float64 probabilities;
+    pass ``dtype=np.float32`` for float32 output computed in float32 (temperature scaling)."""
+    if dtype is None:
+        return np.dtype(np.float64)
+    want = np.dtype(dtype)
+    if want not in (np.float32, np.float64):
+        raise ValueError(f"dtype: expected float32 or float64, got {want}")
+    return want
 
 
 def _one_logit_as_two(z: np.ndarray, input_kind: str, name: str) -> np.ndarray:
@@ -588,65 +479,3 @@ def _materialise(value, name):
         # a copy: read-only memory maps would make torch-based fits warn, and they need all rows anyway
         return np.array(open_source(value, name=name).to_numpy())
     return value
-
-
-def calibrator_from_dict(manifest: dict[str, Any], *, n_classes: int | None = None) -> Calibrator:
-    """Rebuild a fitted calibrator from :meth:`Calibrator.to_dict` output.
-
-    Every field is checked against the method's constraint tables
-    (:mod:`confcal.calibrators._constraints`) before anything is built.
-
-    Raises ``ValueError`` (one line naming the field path) for a manifest of another
-    format or a newer version, an unknown method or key, a value of the wrong type,
-    shape or range, or (when ``n_classes`` is given) a class-count mismatch.
-    """
-    check_manifest_top(manifest, fmt=MANIFEST_FORMAT, version=MANIFEST_VERSION)
-    method = manifest["method"]
-    if method not in METHODS:
-        raise ValueError(f"manifest: method: unknown {method!r}; known: {sorted(METHODS)}")
-    k = manifest["n_classes"]
-    if n_classes is not None and int(n_classes) != k:
-        raise ValueError(f"manifest: calibrator was fitted on n_classes={k}, but the logits have "
-                         f"{n_classes} classes")
-    cls = METHODS[method]
-    target = cls.cls if isinstance(cls, Preset) else cls
-    hyper = manifest["hyperparameters"]
-    unknown = sorted(set(hyper) - set(cls._param_names()))
-    if unknown:
-        raise ValueError(f"manifest: hyperparameters.{unknown[0]}: unknown hyper-parameter of {method!r} "
-                         f"(it takes {cls._param_names()})")
-    if "input_kind" not in hyper:
-        # manifests before input_kind became a hyper-parameter recorded it in the fit record only
-        kind = (manifest.get("fit") or {}).get("input_kind")
-        hyper = {**hyper, "input_kind": kind} if kind in INPUT_KINDS else hyper
-    env = check_hyperparameters(target, hyper, where="manifest", env={"n_classes": k}, path="hyperparameters")
-    parameters = target._upgrade_parameters(manifest["parameters"])
-    check_parameters(target, parameters, env=env, hyper=hyper)
-    cal = make_calibrator(method, hyper)
-    try:
-        cal._set_fitted(parameters)
-    except (KeyError, TypeError, ValueError, IndexError, OverflowError) as exc:  # a relation the table does not state
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        head = text.split(":", 1)[0]
-        if isinstance(exc, ValueError) and head.replace(".", "").replace("_", "").isalnum():
-            raise ValueError(f"manifest: parameters.{text}") from None  # the message starts with the field
-        raise ValueError(f"manifest: parameters of method {method!r} are invalid "
-                         f"({type(exc).__name__}: {text})") from None
-    cal.n_classes_ = int(k)
-    cal.fit_record_ = manifest.get("fit")
-    return cal
-
-
-def make_calibrator(method: str, params: dict | None = None) -> Calibrator:
-    """``METHODS[method](**params)`` with errors that name the method and its hyper-parameters
-    (checked against the method's ``hyper_constraints``)."""
-    if method not in METHODS:
-        raise ValueError(f"method: unknown {method!r}; known: {sorted(METHODS)}")
-    cls = METHODS[method]
-    params = dict(params or {})
-    unknown = sorted(set(params) - set(cls._param_names()))
-    if unknown:
-        raise ValueError(f"{method}: unknown hyper-parameter(s) {unknown}; it takes {cls._param_names()}")
-    target = cls.cls if isinstance(cls, Preset) else cls
-    check_hyperparameters(target, params, where=method)  # early and named, before any data is read
-    return cls(**params)

@@ -106,7 +106,8 @@ class _ODIRFit:
         grid = _odir.ODIR_GRID if self.reg_grid is None else self.reg_grid
         settings = (type(self).__name__, self._on_log_probs, repr(list(grid)), self.cv, self.random_state,
                     self.tol)
-        key = _odir.memo_key(z, y, settings, sample_weight)
+        # hashing the data costs a pass: only inside an opt-in `reuse_fits()` block
+        key = _odir.memo_key(z, y, settings, sample_weight) if _odir.memo_enabled() else None
         hit = _odir.memo_get(key)
         k = z.shape[1]
         if hit is not None:

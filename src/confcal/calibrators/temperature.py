@@ -32,46 +32,47 @@ def _scaled_softmax(logits: np.ndarray, temperature) -> np.ndarray:
         return softmax(np.asarray(logits, dtype=np.float64) / temperature)
 
 
-_CHUNK_ELEMS = 1 << 18  # rows of ~2 MB of float64: each step below stays in cache
+_CHUNK_ELEMS = 1 << 16  # rows of ~256-512 KB: every step on a chunk stays in L2
 
 
 def scaled_softmax_rows(logits: np.ndarray, temperature: float, out: np.ndarray | None = None,
-                        *, first_row: int = 0):
-    """``softmax(logits / T)`` in float64, row chunk by row chunk, into ``out``.
+                        *, first_row: int = 0, dtype=np.float64):
+    """``softmax(logits / T)`` row chunk by row chunk, into ``out``; numpy only.
 
-    Validates on the way (the row max is NaN, +inf or -inf exactly for the rows
-    ``check_logits`` refuses) and returns ``(out, every row in [0, 1])``. Each row's result
-    depends only on that row, so any batching gives bit-identical output. The chunk steps
-    run on views of ``out`` (torch for the casts, numpy for ``exp``): no copy of the logits.
+    ``dtype`` of the result (float64 or float32; ``out``'s when given). Validates on the way (the row max is NaN, +inf or -inf
+    exactly for the rows ``check_logits`` refuses) and returns ``(out, every row in [0, 1])``.
+    Each row's result depends only on that row, so any batching gives bit-identical output.
+    Each chunk is computed in place in its rows of ``out`` while it is in cache, so the output
+    is written to memory once and the logits are read once (no temporary of the whole array).
+    ``(z - max z) / T`` is computed as ``(z - max z) * (1 / T)``: within an ulp of the quotient.
     """
-    import torch
-
     x = np.asarray(logits)
     n, k = x.shape
-    if out is None:
-        out = np.empty((n, k), dtype=np.float64)
     if x.dtype not in (np.float32, np.float64):
         x = x.astype(np.float64)
-    with warnings.catch_warnings():  # read-only memory maps: only read here
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        xt = torch.from_numpy(x)
-    ot = torch.from_numpy(out)
+    if out is None:
+        out = np.empty((n, k), dtype=dtype)
+    inv_t = out.dtype.type(1.0 / float(temperature))
     unit = True
     rows = max(1, _CHUNK_ELEMS // max(1, k))
+    m = np.empty(min(rows, n), dtype=x.dtype)
+    s = np.empty(min(rows, n), dtype=out.dtype)
     for i in range(0, n, rows):
-        xc, o = xt[i:i + rows], ot[i:i + rows]
-        m = xc.amax(dim=1)
-        if not bool(torch.isfinite(m).all()):
+        xc, o = x[i:i + rows], out[i:i + rows]
+        mc, sc = m[:xc.shape[0]], s[:xc.shape[0]]
+        np.max(xc, axis=1, out=mc)
+        if not np.isfinite(mc).all():
             from confcal._validation import check_logits
 
             check_logits(x[i:i + rows], first_row=first_row + i, whole=False)
         if unit:
-            unit = bool((m <= 1).all()) and bool(xc.amin() >= 0)
-        o.copy_(xc)  # float64
-        o.div_(temperature)
-        o.sub_((m.double() / temperature)[:, None])  # the row max is finite: -inf stays -inf
-        np.exp(o.numpy(), out=o.numpy())  # numpy's AVX-512 exp: 2x torch's here (see _tsfit._exp_)
-        o.div_(o.sum(dim=1, keepdim=True))
+            unit = bool((mc <= 1).all()) and bool(xc.min() >= 0)
+        # in the output dtype; the row max is finite, so -inf stays -inf (exp -> 0)
+        np.subtract(xc, mc[:, None], out=o, dtype=o.dtype)
+        o *= inv_t
+        np.exp(o, out=o)
+        np.sum(o, axis=1, out=sc)
+        o /= sc[:, None]
     return out, unit
 
 
@@ -154,7 +155,7 @@ class TemperatureScaling(Calibrator):
                                             sample_weight=sample_weight is not None)
         return self
 
-    def _predict_source(self, logits, *, progress, **side):
+    def _predict_source(self, logits, *, progress, dtype=None, **side):
         from confcal.calibrators._stream import predict_into
         from confcal.sources import open_source
 
@@ -164,9 +165,9 @@ class TemperatureScaling(Calibrator):
         self._check_side(side, 0)
         if self._input_kind() != "logits" or xs.dtype.kind != "f" or xs.dtype == np.float16:
             return predict_into(self, xs, progress=progress)
-        return self._predict_rows(xs, progress)
+        return self._predict_rows(xs, progress, np.float64 if dtype is None else dtype)
 
-    def _predict_rows(self, xs, progress):
+    def _predict_rows(self, xs, progress, dtype=np.float64):
         """Each batch's softmax is written straight into its rows of the output (no per-batch
         float64 temporary to copy: the first write to fresh memory is a large part of the cost)."""
         from confcal._progress import progress_bar
@@ -175,7 +176,7 @@ class TemperatureScaling(Calibrator):
 
         if xs.shape[1] != self.n_classes_:
             raise ValueError(f"logits: calibrator was fitted on {self.n_classes_} classes, got shape {xs.shape}")
-        out = np.empty(xs.shape, dtype=np.float64)
+        out = np.empty(xs.shape, dtype=dtype)  # softmax computed in this dtype, chunk by chunk
         rows = batch_rows_for([xs])
         unit = True
         with progress_bar(xs.n_rows, "predict", progress) as bar:

@@ -13,7 +13,7 @@ import warnings
 from confcal import __version__
 
 #: subcommand modules, in the order ``confcal --help`` lists them
-SUBCOMMANDS = ["fit", "apply", "evaluate", "compare", "domain_eval", "demo", "detections", "rank", "drift", "report"]
+SUBCOMMANDS = ["fit", "apply", "evaluate", "compare", "domain_eval", "demo", "detections", "rank", "drift", "report", "export"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,7 +113,8 @@ def _main(argv=None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (ValueError, TypeError, KeyError, OSError, RuntimeError) as exc:
+    except (ValueError, TypeError, KeyError, OSError, RuntimeError, ImportError) as exc:
+        # ImportError: a method whose optional extra is missing (the message names the extra)
         if args.debug:
             raise
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
+# Parsers are built from this module on every `confcal` call, so it imports nothing heavy at the
+# top (numpy, io, sources load inside the helpers that read data).
+from confcal.cli._choices import CSV_HEADERS
 
-from confcal._tables import format_table, metrics_rows  # noqa: F401  (re-exported for the subcommands)
-from confcal._validation import check_labels, check_logits
-from confcal.io import load_array
-from confcal.sources import CSV_HEADERS, open_source
+
+def format_table(*args, **kwargs):
+    """:func:`confcal._tables.format_table` (imported when first called)."""
+    from confcal._tables import format_table as _format_table
+
+    return _format_table(*args, **kwargs)
+
+
+def metrics_rows(*args, **kwargs):
+    """:func:`confcal._tables.metrics_rows` (imported when first called)."""
+    from confcal._tables import metrics_rows as _metrics_rows
+
+    return _metrics_rows(*args, **kwargs)
 
 SPEC_HELP = ("PATH or PATH:KEY (.npy, .npz, .pt, headed .csv, .parquet/.arrow file or folder; "
              "KEY: array, column, or column group such as logit_*)")
@@ -41,6 +52,10 @@ def add_logits_args(p, *, labels: bool, side: bool = True, labels_required: bool
 def load_repeated(args, name: str, what: str | None = None):
     """The array of option ``name``: one spec, or a list of specs (a repeatable option) loaded and
     concatenated along the first axis; ``None`` when the option is absent."""
+    import numpy as np
+
+    from confcal.io import load_array
+
     specs = getattr(args, name, None)
     if not specs:
         return None
@@ -61,6 +76,8 @@ def progress_of(args):
 
 def source(args, attr: str, name: str | None = None):
     """The source of ``--ATTR`` (None when not given), read in batches later."""
+    from confcal.sources import open_source
+
     spec = getattr(args, attr, None)
     if not spec:
         return None
@@ -75,9 +92,11 @@ def source(args, attr: str, name: str | None = None):
 SPREAD_ROWS = 200_000
 
 
-def spread_rows(src) -> np.ndarray:
+def spread_rows(src):
     """All rows of a source, or ``SPREAD_ROWS`` of them in 20 evenly spread blocks: bounded memory
     for the drift summary (``fit``) and drift check (``apply``) of streamed data."""
+    import numpy as np
+
     if src.n_rows <= SPREAD_ROWS:
         return src.to_numpy()
     per = SPREAD_ROWS // 20
@@ -95,8 +114,10 @@ def side_sources(args) -> dict:
     return out
 
 
-def _check_domain_ids(d: np.ndarray, spec) -> None:
+def _check_domain_ids(d, spec) -> None:
     """Empty ids everywhere mean the matched data had no domain key: refuse a one-group 'per-domain' fit."""
+    import numpy as np
+
     if d.dtype.kind == "U" and d.size and np.all(d == ""):
         raise ValueError(f"--domains: every id in {spec} is empty (''): the data has no domains; "
                          "drop --domains (or re-match with a --domain-key/--domain-name that exists)")
@@ -115,6 +136,9 @@ def load_side(args) -> dict:
 
 def load_logits_labels(args):
     """Validated ``(logits, labels or None)`` from ``--logits``/``--labels`` (whole arrays)."""
+    from confcal._validation import check_labels, check_logits
+    from confcal.io import load_array
+
     header = getattr(args, "csv_header", "first")
     x = check_logits(load_array(args.logits, name="logits", csv_header=header), input_kind=args.input_kind or "logits")
     y = None

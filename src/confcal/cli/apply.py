@@ -4,22 +4,8 @@ from __future__ import annotations
 
 import warnings
 
-import numpy as np
-
 from confcal.cli._common import add_logits_args, load_side, progress_of, side_sources, source, spread_rows
-from confcal.cli.drift import warn_if_drift
 from confcal.cli._dask import add_engine_args, run_apply, wants_dask
-from confcal.io import (
-    OUTPUT_SUFFIXES,
-    check_not_an_input,
-    check_output_path,
-    load_array,
-    load_calibrator,
-    open_array_writer,
-    save_array,
-    split_spec,
-)
-from confcal.sources import open_source
 
 
 def register(sub):
@@ -44,6 +30,21 @@ def register(sub):
 def run(args) -> int:
     if wants_dask(args):
         return run_apply(args)
+    import numpy as np
+
+    from confcal.cli.drift import warn_if_drift
+    from confcal.io import (
+        OUTPUT_SUFFIXES,
+        check_not_an_input,
+        check_output_path,
+        load_array,
+        load_calibrator,
+        open_array_writer,
+        save_array,
+        split_spec,
+    )
+    from confcal.sources import open_source
+
     check_output_path(args.output, suffixes=OUTPUT_SUFFIXES, name="--output")
     check_not_an_input(args.output, {"--logits": args.logits, "--calibrator": args.calibrator,
                                      "--domains": args.domains, "--features": args.features})

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from confcal.cli._common import SPEC_HELP, add_logits_args
-from confcal.evaluation.compare import compare_methods
-from confcal.io import atomic_write, load_array
 
 
 def register(sub):
@@ -42,6 +40,9 @@ def register(sub):
 
 
 def run(args) -> int:
+    from confcal.evaluation.compare import compare_methods
+    from confcal.io import atomic_write, load_array
+
     if (args.test_logits is None) != (args.test_labels is None):
         raise ValueError("--test-logits, --test-labels: give both for a fixed test set, or neither")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
-
+from confcal.cli._choices import BOX_FORMATS, CROWD_RULES
 from confcal.cli._common import format_table
-from confcal.detection import BOX_FORMATS, CROWD_RULES, match_detections, match_many
-from confcal.io import atomic_write
-from confcal.metrics.detection import ALL, detection_ece, per_domain
 
 
 def register(sub):
@@ -63,10 +59,12 @@ def load_domain_map(path):
     return d
 
 
-def holdout_mask(res, fraction: float, *, by: str = "image", seed: int = 0) -> np.ndarray:
+def holdout_mask(res, fraction: float, *, by: str = "image", seed: int = 0):
     """Boolean ``(n,)``: rows of the held-out part. Per domain (all rows when there are none),
     ``round(fraction * units)`` of its images (or boxes) chosen at random, at least one unit
     and at least one left for calibration when the domain has two or more."""
+    import numpy as np
+
     rng = np.random.default_rng(seed)
     n = len(res)
     groups = np.zeros(n, dtype=np.int64) if res.domain is None else np.unique(res.domain, return_inverse=True)[1]
@@ -84,6 +82,12 @@ def holdout_mask(res, fraction: float, *, by: str = "image", seed: int = 0) -> n
 
 
 def run_match(args) -> int:
+    import numpy as np
+
+    from confcal.detection import match_detections, match_many
+    from confcal.io import atomic_write
+    from confcal.metrics.detection import ALL, detection_ece, per_domain
+
     if len(args.gt) != len(args.detections):
         raise ValueError(f"--gt/--detections: expected one --detections per --gt, got {len(args.gt)} --gt and "
                          f"{len(args.detections)} --detections")

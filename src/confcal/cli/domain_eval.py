@@ -18,15 +18,6 @@ import itertools
 import warnings
 
 from confcal.cli._common import parse_params
-from confcal.evaluation.domain import DomainData, Split, evaluate_split
-from confcal.evaluation.domain_tables import (
-    method_summary_table,
-    results_to_rows,
-    rows_to_csv,
-    split_table,
-    target_summary_table,
-)
-from confcal.io import atomic_write, load_array
 
 
 def register(sub):
@@ -67,7 +58,10 @@ def register(sub):
     p.set_defaults(func=run)
 
 
-def _load_domains(items, keys) -> dict[str, DomainData]:
+def _load_domains(items, keys) -> dict:
+    from confcal.evaluation.domain import DomainData
+    from confcal.io import load_array
+
     names = keys.split(",")
     if len(names) != 3 or not all(names):
         raise ValueError(f"--keys: expected three comma-separated names L,Y,F, got {keys!r}")
@@ -86,8 +80,10 @@ def _load_domains(items, keys) -> dict[str, DomainData]:
     return out
 
 
-def splits_for(names: list[str], source: str, targets: list[str] | None, n_calibration: int) -> list[Split]:
+def splits_for(names: list[str], source: str, targets: list[str] | None, n_calibration: int) -> list:
     """Every (source, calibration combination, target) for the chosen targets."""
+    from confcal.evaluation.domain import Split
+
     if source not in names:
         raise ValueError(f"--source: {source!r} is not one of the domains {names}")
     targets = targets or [d for d in names if d != source]
@@ -109,6 +105,16 @@ def splits_for(names: list[str], source: str, targets: list[str] | None, n_calib
 
 
 def run(args) -> int:
+    from confcal.evaluation.domain import evaluate_split
+    from confcal.evaluation.domain_tables import (
+        method_summary_table,
+        results_to_rows,
+        rows_to_csv,
+        split_table,
+        target_summary_table,
+    )
+    from confcal.io import atomic_write
+
     data = _load_domains(args.domain, args.keys)
     splits = splits_for(list(data), args.source, args.target, args.n_calibration)
     for name in sorted({c for s in splits for c in s.calibration}):

@@ -5,12 +5,8 @@ from __future__ import annotations
 import json
 import warnings
 
-import numpy as np
-
-from confcal._validation import check_logits
+from confcal.cli._choices import DEFAULT_ALPHA
 from confcal.cli._common import format_table
-from confcal.io import load_array, load_calibrator
-from confcal.metrics.drift import DEFAULT_ALPHA, drift_check
 
 #: exit status of ``drift --fail-on-drift`` when drift is flagged
 EXIT_DRIFT = 3
@@ -38,6 +34,8 @@ def register(sub):
 
 
 def check(manifest_fit: dict | None, logits, *, input_kind: str, domains=None, alpha: float = DEFAULT_ALPHA):
+    from confcal.metrics.drift import drift_check
+
     summary = (manifest_fit or {}).get("data_summary")
     if summary is None:
         raise ValueError("--calibrator: the manifest holds no fit.data_summary (refit it with this confcal)")
@@ -67,6 +65,11 @@ def warn_if_drift(cal, logits, *, input_kind: str = "logits", domains=None) -> N
 
 
 def run(args) -> int:
+    import numpy as np
+
+    from confcal._validation import check_logits
+    from confcal.io import load_array, load_calibrator
+
     if not 0.0 < args.alpha < 1.0:
         raise ValueError(f"--alpha: expected a value in (0, 1), got {args.alpha!r}")
     cal = load_calibrator(args.calibrator)

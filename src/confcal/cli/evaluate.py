@@ -9,13 +9,10 @@ from __future__ import annotations
 import json
 import warnings
 
-from confcal.cli import _audit
 from confcal.cli._common import add_logits_args, metrics_rows, progress_of, side_sources, source
 from confcal.cli._dask import add_engine_args, run_evaluate, wants_dask
-from confcal.evaluation.streamed import evaluate_sources
-from confcal.io import load_calibrator
 
-__all__ = ["register", "run", "evaluate_sources"]  # evaluate_sources lives in confcal.evaluation
+__all__ = ["register", "run"]
 
 
 def register(sub):
@@ -40,6 +37,10 @@ def register(sub):
 def run(args) -> int:
     if wants_dask(args):
         return run_evaluate(args)
+    from confcal.cli import _audit
+    from confcal.evaluation.streamed import evaluate_sources
+    from confcal.io import load_calibrator
+
     if args.max_ece is not None or args.domains or source(args, "logits").ndim == 1:
         # the audit (box scores, per-domain table, --max-ece gate) holds the data in memory
         return _audit.run_audit(args)

@@ -5,13 +5,8 @@ from __future__ import annotations
 import csv
 import math
 
-import numpy as np
-
-from confcal.active import AGGREGATIONS, TIE_TOLERANCE, UNCERTAINTIES, rank_tiles, uncertainty
-from confcal.cli._provenance import file_sha256
+from confcal.cli._choices import AGGREGATIONS, TIE_TOLERANCE, UNCERTAINTIES
 from confcal.cli.detections import load_domain_map
-from confcal.detection import load_coco_detections, load_coco_gt
-from confcal.io import atomic_write, check_output_path, load_array, load_calibrator
 
 COLUMNS = ["rank", "image_id", "file_name", "domain", "priority", "total_uncertainty", "n_boxes", "top_score",
            "calibrated_confidence", "uncertain_det_ids", "uncertain_confidences", "calibrator_sha256"]
@@ -64,6 +59,10 @@ def register(sub):
 
 
 def _domains(dets, args):
+    import numpy as np
+
+    from confcal.detection import load_coco_gt
+
     images = {}
     if args.gt:
         for im in load_coco_gt(args.gt)["images"]:
@@ -86,6 +85,8 @@ def _domains(dets, args):
 
 
 def _file_names(dets, gt):
+    from confcal.detection import load_coco_gt
+
     names = {}
     if gt:
         names = {im["id"]: str(im.get("file_name", "")) for im in load_coco_gt(gt)["images"]}
@@ -94,6 +95,10 @@ def _file_names(dets, gt):
 
 def _load_pairs(args):
     """``(dets, tiles, domains or None, file_names, det_ids)`` over every --detections file."""
+    import numpy as np
+
+    from confcal.detection import load_coco_detections
+
     dpaths, gts, names = args.detections, args.gt or [], args.domain_name or []
     if len(dpaths) > 1 and len(names) != len(dpaths):
         raise ValueError(f"--domain-name: with {len(dpaths)} --detections files give one --domain-name each, "
@@ -133,6 +138,8 @@ def _load_pairs(args):
 
 def _tile_boxes(tiles, u, probs, det_ids, cut):
     """``{tile: (confidence of its most uncertain box, ids of uncertain boxes, their confidences)}``."""
+    import numpy as np
+
     out = {}
     order = np.argsort(-u, kind="stable")
     for i in order:
@@ -153,6 +160,12 @@ def _cell(value):
 
 
 def run(args) -> int:
+    import numpy as np
+
+    from confcal.active import rank_tiles, uncertainty
+    from confcal.cli._provenance import file_sha256
+    from confcal.io import atomic_write, check_output_path, load_array, load_calibrator
+
     for name in ("threshold", "tie_tolerance"):
         v = getattr(args, name)
         if v is not None and not math.isfinite(v):

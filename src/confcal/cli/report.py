@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import sys
 
-import numpy as np
-
-from confcal.cli import _audit
 from confcal.cli._common import add_logits_args, load_logits_labels, load_side
-from confcal.io import atomic_write, check_output_path, load_array, load_calibrator, load_manifest
-from confcal._numeric import softmax
 
 
 def register(sub):
@@ -31,6 +26,11 @@ def register(sub):
 
 
 def run(args) -> int:
+    import numpy as np
+
+    from confcal._numeric import softmax
+    from confcal.cli import _audit
+    from confcal.io import atomic_write, check_output_path, load_array, load_calibrator, load_manifest
     from confcal.report import build_report
 
     check_output_path(args.output, suffixes=(".html", ".htm"), name="--output")

@@ -31,7 +31,6 @@ Brent's method on ``[SIGMA_MIN, 1]``.
 from __future__ import annotations
 
 import numpy as np
-from scipy.optimize import brentq
 
 from confcal.metrics.calibration import _confidence_correct
 
@@ -150,6 +149,8 @@ def _smooth_ece_masses(fine: np.ndarray, n: int, sigma=None):
         if lo == SIGMA_MIN:
             return value, SIGMA_MIN
         hi = lo
+    from scipy.optimize import brentq  # here: scipy.optimize costs ~0.5 s to import, and only this needs it
+
     s = brentq(lambda t: _smece_at(fine, n, t) - t, lo, hi, xtol=1e-12, rtol=1e-10)
     return _smece_at(fine, n, s), float(s)
 

@@ -1,4 +1,5 @@
-"""Bad input a fresh user found after the pipeline merges (each case as it was hit)."""
+"""Edge inputs of drift, evaluate and dask apply: NaN logits to drift, a per-domain table with a
+calibrator fitted without domains, an output folder inside the input dataset."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""A second fresh user's defects, each reproduced as it was hit: the CLI as a subprocess."""
+"""The CLI as a subprocess on extreme inputs: absurd logit scales, +inf logits, boolean labels and
+parameters, bad scheduler addresses, and a signal in the middle of apply."""
 
 from __future__ import annotations
 
@@ -16,16 +17,7 @@ import pytest
 from tests.conftest import require_shared_data
 from tests.calibrators.test_extreme_logits import _extreme_rows  # the same 4 x 100 rows
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _env():
-    return {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-
-
-def confcal(*argv, cwd=None):
-    return subprocess.run([sys.executable, "-m", "confcal", *map(str, argv)], env=_env(), cwd=cwd,
-                          capture_output=True, text=True, timeout=600)
+from tests.cli._subprocess import REPO, _env, confcal  # noqa: F401 - re-used by the tests below
 
 
 def _assert_sound_fit_or_scale_error(proc, manifest: Path, logits: np.ndarray):

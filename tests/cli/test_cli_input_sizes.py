@@ -1,4 +1,5 @@
-"""A third fresh user's defects (session 5), each reproduced as it was hit: the CLI as a subprocess."""
+"""Sizes and counts the CLI checks before working (as a subprocess): truncated .npy files, row counts
+that differ, empty arrays, absurd bin counts, probabilities passed to apply."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import numpy as np
 import pytest
 
 from confcal.calibrators import TemperatureScaling
-from tests.cli.test_fresh_user_round2 import confcal
+from tests.cli._subprocess import confcal
 
 
 def _data(tmp_path, n, k=10):

@@ -1,0 +1,127 @@
+"""Manifests: a fitted calibrator as JSON-ready data, the fit record, and the way back.
+
+A manifest (what ``Calibrator.to_dict()`` returns and ``confcal fit`` writes) has the keys
+``format, format_version, method, hyperparameters, parameters, n_classes, fit``; every
+field is checked against the method's constraint tables on load (:mod:`._constraints`).
+:func:`fit_record` is the one place that builds the ``fit`` block.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from typing import Any
+
+import numpy as np
+
+from confcal.calibrators._constraints import check_hyperparameters, check_manifest_top, check_parameters
+from confcal.calibrators.registry import METHODS, Preset, make_calibrator
+
+__all__ = ["MANIFEST_FORMAT", "MANIFEST_VERSION", "INPUT_KINDS", "fit_record", "summary_metrics",
+           "to_manifest", "calibrator_from_dict"]
+
+MANIFEST_FORMAT = "confcal.calibrator"
+MANIFEST_VERSION = 1
+INPUT_KINDS = ("logits", "probs")
+
+
+def _library_version() -> str:
+    from confcal import __version__
+
+    return __version__
+
+
+def summary_metrics(probs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """Accuracy, ECE (15 equal-width bins), NLL and Brier score of ``probs``."""
+    from confcal.metrics.calibration import ece
+    from confcal.metrics.scores import accuracy, brier_score, nll
+
+    return {
+        "accuracy": accuracy(probs, labels),
+        "ece": ece(probs, labels, n_bins=15),
+        "nll": nll(probs, labels),
+        "brier": brier_score(probs, labels),
+    }
+
+
+def fit_record(*, n_samples: int, data_sha256: str, input_kind: str, metrics_before: dict,
+               metrics_after: dict, sample_weight: bool = False, extra: dict | None = None) -> dict:
+    """The manifest's ``fit`` block: n samples, sha256 of the data, input kind, calibration-set
+    metrics before/after, library version and UTC time (seconds); ``sample_weight: True`` when
+    the fit was weighted; ``extra`` entries replace or add to these (e.g. box-score metrics)."""
+    record = {
+        "n_samples": int(n_samples),
+        "data_sha256": data_sha256,
+        "input_kind": input_kind,
+        "metrics_before": metrics_before,
+        "metrics_after": metrics_after,
+        "library_version": _library_version(),
+        "utc_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    record.update(extra or {})
+    if sample_weight:
+        record["sample_weight"] = True
+    return record
+
+
+def to_manifest(cal) -> dict[str, Any]:
+    """The JSON-ready manifest of a fitted calibrator (see :meth:`Calibrator.to_dict`)."""
+    cal._check_fitted()
+    return {
+        "format": MANIFEST_FORMAT,
+        "format_version": MANIFEST_VERSION,
+        "method": cal.method,
+        "hyperparameters": cal.get_params(deep=False),
+        "parameters": cal._get_fitted(),
+        "n_classes": cal.n_classes_,
+        "fit": getattr(cal, "fit_record_", None),
+    }
+
+
+def calibrator_from_dict(manifest: dict[str, Any], *, n_classes: int | None = None):
+    """Rebuild a fitted calibrator from :meth:`Calibrator.to_dict` output.
+
+    Every field is checked against the method's constraint tables
+    (:mod:`confcal.calibrators._constraints`) before anything is built. Only the module of
+    the manifest's method is imported.
+
+    Raises ``ValueError`` (one line naming the field path) for a manifest of another
+    format or a newer version, an unknown method or key, a value of the wrong type,
+    shape or range, or (when ``n_classes`` is given) a class-count mismatch;
+    :class:`~confcal.calibrators.registry.MissingExtraError` (an ``ImportError``) when the
+    method needs an extra that is not installed.
+    """
+    check_manifest_top(manifest, fmt=MANIFEST_FORMAT, version=MANIFEST_VERSION)
+    method = manifest["method"]
+    if method not in METHODS:
+        raise ValueError(f"manifest: method: unknown {method!r}; known: {sorted(METHODS)}")
+    k = manifest["n_classes"]
+    if n_classes is not None and int(n_classes) != k:
+        raise ValueError(f"manifest: calibrator was fitted on n_classes={k}, but the logits have "
+                         f"{n_classes} classes")
+    cls = METHODS[method]
+    target = cls.cls if isinstance(cls, Preset) else cls
+    hyper = manifest["hyperparameters"]
+    unknown = sorted(set(hyper) - set(cls._param_names()))
+    if unknown:
+        raise ValueError(f"manifest: hyperparameters.{unknown[0]}: unknown hyper-parameter of {method!r} "
+                         f"(it takes {cls._param_names()})")
+    if "input_kind" not in hyper:
+        # manifests before input_kind became a hyper-parameter recorded it in the fit record only
+        kind = (manifest.get("fit") or {}).get("input_kind")
+        hyper = {**hyper, "input_kind": kind} if kind in INPUT_KINDS else hyper
+    env = check_hyperparameters(target, hyper, where="manifest", env={"n_classes": k}, path="hyperparameters")
+    parameters = target._upgrade_parameters(manifest["parameters"])
+    check_parameters(target, parameters, env=env, hyper=hyper)
+    cal = make_calibrator(method, hyper)
+    try:
+        cal._set_fitted(parameters)
+    except (KeyError, TypeError, ValueError, IndexError, OverflowError) as exc:  # a relation the table does not state
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        head = text.split(":", 1)[0]
+        if isinstance(exc, ValueError) and head.replace(".", "").replace("_", "").isalnum():
+            raise ValueError(f"manifest: parameters.{text}") from None  # the message starts with the field
+        raise ValueError(f"manifest: parameters of method {method!r} are invalid "
+                         f"({type(exc).__name__}: {text})") from None
+    cal.n_classes_ = int(k)
+    cal.fit_record_ = manifest.get("fit")
+    return cal

@@ -1,0 +1,58 @@
+"""``confcal export``: a fitted calibrator's head as an ONNX graph or a TorchScript file.
+
+torch and onnx are imported only inside :func:`run` (the command line loads lazily).
+"""
+
+from __future__ import annotations
+
+
+def register(sub):
+    p = sub.add_parser(
+        "export", help="export a fitted calibrator as an ONNX graph or a TorchScript module",
+        description="Write the calibrated head of a manifest: inputs 'logits' (n, K) (box scores (n,) for "
+                    "det-ts/det-platt) and, for grouped maps, 'domain_index' or 'group_index' int64 (n,); output "
+                    "'probs', equal to predict_proba. The graph's metadata holds the method, the manifest's "
+                    "sha256 and the id-to-index table (an index outside it uses the pooled fit).")
+    p.add_argument("--calibrator", required=True, help="manifest written by 'confcal fit'")
+    p.add_argument("--format", required=True, choices=["onnx", "torchscript"], help="output format")
+    p.add_argument("-o", "--output", required=True, help="output file (.onnx, or .pt for torchscript)")
+    p.add_argument("--dtype", choices=["float32", "float64"],
+                   help="input/output dtype (default: float32 for onnx, float64 for torchscript)")
+    p.add_argument("--verify", metavar="HEAD", help="instead of exporting: check that HEAD was exported from "
+                   "--calibrator (same manifest sha256); exit 2 if not")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    try:
+        from confcal import export
+    except ModuleNotFoundError as exc:  # the optional extra
+        raise RuntimeError(f"export needs {exc.name}: pip install 'confcal[export]'") from None
+    if args.verify:
+        export.verify_manifest(args.verify, args.calibrator)
+        print(f"{args.verify}: made from {args.calibrator}")
+        return 0
+    suffix = args.output.lower().rsplit(".", 1)[-1] if "." in args.output else ""
+    want = {"onnx": ("onnx",), "torchscript": ("pt", "pth", "torchscript")}[args.format]
+    if suffix not in want:
+        raise ValueError(f"--output: expected a .{want[0]} file for --format {args.format}, got {args.output!r}")
+    if args.format == "onnx":
+        try:
+            import onnx  # noqa: F401
+        except ModuleNotFoundError:
+            raise RuntimeError("--format onnx needs the onnx package: pip install 'confcal[export]'") from None
+        export.export_onnx(args.calibrator, args.output, dtype=args.dtype or "float32")
+    else:
+        export.export_torchscript(args.calibrator, args.output, dtype=args.dtype or "float64")
+    meta = export.read_metadata(args.output)
+    extra = f", {meta['confcal.index_input']} from {len(eval_table(meta))} ids" if "confcal.index_table" in meta \
+        else ""
+    print(f"wrote {args.output}: {meta['confcal.method']} head, manifest sha256 "
+          f"{meta['confcal.manifest_sha256'][:12]}...{extra}")
+    return 0
+
+
+def eval_table(meta) -> list:
+    import json
+
+    return json.loads(meta["confcal.index_table"])

@@ -1,0 +1,183 @@
+"""From a fitted calibrator to a :class:`~confcal.export._heads.Head`: one builder per method.
+
+A builder reads only the fitted attributes (the same ones the manifest stores) and returns
+``(head, index table)``; the table lists ``[group key, index]`` for grouped heads (None
+otherwise). Methods without a builder have a one-line reason in :data:`REFUSALS`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from confcal.export._heads import (EPS32, EPS64, AffineCore, BoxCore, ETSCore, GroupedCore,
+                                   GroupedTemperatureCore, Head, IsotonicMap, LogisticMap, OneVsRestCore,
+                                   PTSCore, StepMap, TemperatureCore)
+
+__all__ = ["build_head", "REFUSALS", "BUILDERS", "ExportError", "exportable"]
+
+
+class ExportError(ValueError):
+    """The calibrator's map cannot be exported (the message names why)."""
+
+
+#: method -> why it cannot be exported (one line; the README's "exports" column)
+REFUSALS = {
+    "fc": "needs the model's features and last linear layer at apply time; not a function of the logits",
+    "set-ts": "its per-domain ensemble regresses T on features; not exported yet",
+    "cluster-ts": "nearest-centroid k-means on features at apply time; not exported yet",
+    "cluster-ts-regression": "regresses T on features at apply time; not exported yet",
+    "domain-ensemble": "weights domains by feature similarity at apply time; not exported yet",
+    "source-gated-ts": "kNN source probability on features at apply time; not exported yet",
+}
+_NOT_YET = "not exported yet (its map is a function of the logits: planned)"
+
+
+def _input_probs(cal) -> bool:
+    return getattr(cal, "input_kind", "logits") == "probs"
+
+
+def _ts_core(cal):
+    return TemperatureCore(cal.temperature_)
+
+
+def _map_core(cal):
+    """Core of a ``MapCalibrator`` (``vs``, ``ms``, ``dirichlet``, ``ets``, ``pts``) from its torch map."""
+    m = cal.map_
+    name = m.name
+    sd = {k: v.detach().double().numpy() for k, v in m.state_dict().items()}
+    if name == "vs":
+        return AffineCore(sd["weight"], sd["bias"], matrix=False)
+    if name == "ms":
+        return AffineCore(sd["weight"], sd["bias"], matrix=True, on_log_probs=m.on_log_probs)
+    if name == "ets":
+        return ETSCore(float(sd["log_t"]), sd["mix_logits"], m.n_classes)
+    if name == "pts":
+        return PTSCore(sd, m.top_k, m.n_classes, m.t_floor)
+    raise ExportError(f"method {cal.method!r}: logit map {name!r} has no exported form")
+
+
+#: method -> core of one ungrouped fit (also the members of ``grouped``)
+CORES: dict[str, Callable[[Any], Any]] = {
+    "ts": _ts_core, "vs": _map_core, "ms": _map_core, "dirichlet": _map_core, "ets": _map_core, "pts": _map_core,
+}
+
+
+def _members(cal):
+    """``(keys with their own fit, fallback keys)`` in the calibrator's own order."""
+    return list(cal.groups_), [k for k in cal.group_counts_ if k not in cal.groups_]
+
+
+def _table(own, fallback) -> list:
+    enc = lambda k: list(k) if isinstance(k, tuple) else k  # noqa: E731  JSON-ready keys
+    return [[enc(k), i] for i, k in enumerate(own)] + [[enc(k), len(own)] for k in fallback]
+
+
+def _grouped(cal):
+    own, fallback = _members(cal)
+    base = cal.base if cal.method == "grouped" else "ts"
+    if base == "ts":
+        temps = [cal.groups_[k].temperature_ for k in own] + [cal.pooled_.temperature_]
+        core = GroupedTemperatureCore(temps)
+    else:
+        if base not in CORES:
+            raise ExportError(f"method 'grouped' with base {base!r}: " + _why(base))
+        core = GroupedCore([CORES[base](cal.groups_[k]) for k in own] + [CORES[base](cal.pooled_)])
+    head = Head(core, input_probs=_input_probs(cal), compute64=base != "ts", grouped=True,
+                n_classes=cal.n_classes_, box=False)
+    return head, _table(own, fallback)
+
+
+def _box(cal):
+    own, fallback = _members(cal)
+    grouped = bool(cal.by_domain_ or cal.per_class)
+    kind = cal.input_kind
+    if cal.kind_ == "multiclass":
+        if grouped:
+            temps = [cal.groups_[k]["temperature"] for k in own] + [cal.pooled_["temperature"]]
+            core = GroupedTemperatureCore(temps)
+        else:
+            core = TemperatureCore(cal.pooled_["temperature"])
+        head = Head(core, input_probs=kind == "probs", compute64=False, grouped=grouped,
+                    n_classes=cal.n_classes_, box=False)
+        return head, (_table(own, fallback) if grouped else None)
+    kind = {"det-ts": "ts", "det-platt": "platt", "det-beta": "beta"}[cal.method]
+    keys = {"ts": ("temperature", "bias"), "platt": ("a", "b"), "beta": ("a", "b", "c")}[kind]
+    params = [[cal.groups_[k][key] for key in keys] for k in own]
+    params.append([cal.pooled_[key] for key in keys])
+    logit = kind == "beta" or (kind == "ts" and cal.input_kind != "logits")
+    cores = {np.dtype(dt): BoxCore(params, kind=kind, logit_of_score=logit, grouped=grouped, eps=eps)
+             for dt, eps in ((np.float32, EPS32), (np.float64, EPS64))}
+    head = _BoxHeads(cores, grouped=grouped)
+    return head, (_table(own, fallback) if grouped else None)
+
+
+def _one_vs_rest(cal):
+    maps = cal.maps_
+    method = cal.method
+    space = cal.space
+    temperature = 1.0
+    if method == "isotonic":
+        cmap = IsotonicMap(maps)
+    elif method in ("histogram-binning", "bbq"):
+        cmap = StepMap(maps)
+    elif method == "scaling-binning-marginal":
+        cmap = StepMap(maps, platt=cal.scaler_ == "platt")
+        space, temperature = ("ts", cal.temperature_) if cal.scaler_ == "ts" else ("logit", 1.0)
+    else:  # platt-ovr, beta
+        cmap = LogisticMap(maps, beta=method == "beta")
+    core = OneVsRestCore(cmap, space=space, binary=len(maps) == 1, n_classes=cal.n_classes_,
+                         temperature=temperature)
+    return Head(core, input_probs=_input_probs(cal), compute64=True, grouped=False, n_classes=cal.n_classes_,
+                box=False), None
+
+
+class _BoxHeads:
+    """The score clip's ``eps`` depends on the scores' dtype: one head per dtype, picked at export."""
+
+    def __init__(self, cores, grouped):
+        self.heads = {dt: Head(core, input_probs=False, compute64=True, grouped=grouped, n_classes=2, box=True)
+                      for dt, core in cores.items()}
+
+
+def _simple(cal):
+    core = CORES[cal.method](cal)
+    head = Head(core, input_probs=_input_probs(cal), compute64=cal.method not in ("ts",), grouped=False,
+                n_classes=cal.n_classes_, box=False)
+    return head, None
+
+
+BUILDERS: dict[str, Callable] = {
+    **{m: _simple for m in CORES},
+    "grouped-ts": _grouped, "grouped": _grouped,
+    "det-ts": _box, "det-platt": _box, "det-beta": _box,
+    **{m: _one_vs_rest for m in ("isotonic", "histogram-binning", "bbq", "scaling-binning-marginal", "platt-ovr",
+                                 "beta")},
+}
+
+
+def _why(method: str) -> str:
+    return REFUSALS.get(method, _NOT_YET)
+
+
+def exportable(method: str) -> tuple[bool, str]:
+    """``(True, "")`` when ``method`` exports, else ``(False, reason)``."""
+    if method in BUILDERS:
+        return True, ""
+    return False, _why(method)
+
+
+def build_head(cal, dtype=np.float64):
+    """``(Head, index table or None)`` for a fitted calibrator; ``dtype`` picks the box maps' score clip.
+
+    Raises :class:`ExportError` naming the method and why it cannot be exported.
+    """
+    cal._check_fitted()
+    method = cal.method
+    if method not in BUILDERS:
+        raise ExportError(f"method {method!r} cannot be exported: {_why(method)}")
+    head, table = BUILDERS[method](cal)
+    if isinstance(head, _BoxHeads):
+        head = head.heads[np.dtype(dtype)]
+    return head, table

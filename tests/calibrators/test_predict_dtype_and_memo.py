@@ -1,0 +1,120 @@
+"""``predict_proba(dtype=...)`` (float32 computed in float32 for temperature scaling) against a
+float64 oracle, and the ODIR fit memo: off unless asked for (``reuse_fits``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from confcal.calibrators import METHODS, TemperatureScaling
+from confcal.calibrators._stream import predict_into
+from confcal.calibrators.temperature import scaled_softmax_rows
+from confcal.sources import open_source
+
+#: float32 softmax of float32 logits against the float64 oracle: a few float32 ulps per entry
+F32_RTOL = 8 * np.finfo(np.float32).eps
+
+
+def _oracle(x, t):
+    z = np.asarray(x, dtype=np.float64) / t
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    rng = np.random.default_rng(3)
+    x = (3 * rng.normal(size=(2000, 6))).astype(np.float32)
+    y = np.argmax(x / 2 + rng.gumbel(size=x.shape), axis=1)
+    return TemperatureScaling().fit(x, y), x
+
+
+def test_float32_on_request_matches_the_float64_oracle(fitted):
+    cal, x = fitted
+    p32 = cal.predict_proba(x, dtype=np.float32)
+    p64 = cal.predict_proba(x)
+    assert p32.dtype == np.float32 and p64.dtype == np.float64 and p32.flags.c_contiguous
+    ref = _oracle(x, cal.temperature_)
+    np.testing.assert_allclose(p64, ref, rtol=1e-14, atol=1e-300)
+    np.testing.assert_allclose(p32, ref, rtol=F32_RTOL, atol=np.finfo(np.float32).tiny)
+    np.testing.assert_allclose(p32.sum(axis=1, dtype=np.float64), 1.0, rtol=0, atol=F32_RTOL * x.shape[1])
+    assert np.array_equal(np.argmax(p32, axis=1), np.argmax(x, axis=1))
+
+
+def test_float32_rows_do_not_depend_on_the_batching(fitted):
+    cal, x = fitted
+    whole = scaled_softmax_rows(x, cal.temperature_, dtype=np.float32)[0]
+    parts = np.concatenate([scaled_softmax_rows(x[i:i + 7], cal.temperature_, dtype=np.float32)[0]
+                            for i in range(0, len(x), 7)])
+    assert np.array_equal(whole, parts)
+    assert np.array_equal(cal.predict_proba(x, dtype=np.float32), whole)
+
+
+def test_other_methods_cast_and_bad_dtypes_are_refused(fitted):
+    cal, x = fitted
+    y = np.argmax(x, axis=1)
+    iso = METHODS["isotonic"]().fit(x, y)
+    assert iso.predict_proba(x, dtype="float32").dtype == np.float32
+    np.testing.assert_allclose(iso.predict_proba(x, dtype="float32"), iso.predict_proba(x), rtol=F32_RTOL, atol=1e-7)
+    with pytest.raises(ValueError, match="dtype: expected float32 or float64, got int32"):
+        cal.predict_proba(x, dtype=np.int32)
+    assert np.array_equal(cal.predict_proba(x), predict_into(cal, open_source(x), batch_rows=11))
+
+
+@given(st.integers(1, 40), st.integers(2, 9), st.floats(0.05, 50.0), st.integers(0, 2**32 - 1))
+def test_scaled_softmax_is_the_softmax_of_z_over_t(n, k, t, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(scale=5, size=(n, k))
+    x[rng.random((n, k)) < 0.1] = -np.inf  # masked classes
+    x[np.arange(n), rng.integers(0, k, n)] = rng.normal(size=n)  # every row keeps a finite entry
+    p, _ = scaled_softmax_rows(x, t)
+    np.testing.assert_allclose(p, _oracle(x, t), rtol=1e-13, atol=1e-300)
+    assert np.all(p[np.isneginf(x)] == 0)
+
+
+# ------------------------------------------------------------------ the ODIR memo
+def _counting(monkeypatch):
+    from confcal.calibrators import _odir
+
+    calls = []
+    real = _odir.select_odir
+
+    def counted(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(_odir, "select_odir", counted)
+    return calls, _odir
+
+
+@pytest.fixture(scope="module")
+def small():
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 90)
+    return rng.normal(size=(90, 3)) + 2 * np.eye(3)[y], y
+
+
+def test_refits_compute_from_scratch_by_default(monkeypatch, small):
+    pytest.importorskip("torch")
+    calls, _odir = _counting(monkeypatch)
+    grid = [1e-1, 1e-2]
+    a = METHODS["ms"](reg_grid=grid).fit(*small)
+    b = METHODS["ms"](reg_grid=grid).fit(*small)
+    assert len(calls) == 2 and not _odir._MEMO
+    np.testing.assert_allclose(a.predict_proba(small[0]), b.predict_proba(small[0]), rtol=0, atol=1e-12)
+
+
+def test_reuse_fits_is_opt_in_and_forgets_on_exit(monkeypatch, small):
+    pytest.importorskip("torch")
+    from confcal.calibrators import reuse_fits
+
+    calls, _odir = _counting(monkeypatch)
+    grid = [1e-1, 1e-2]
+    with reuse_fits():
+        a = METHODS["ms"](reg_grid=grid).fit(*small)
+        b = METHODS["ms"](reg_grid=grid).fit(*small)
+        assert len(_odir._MEMO) == 1
+    assert len(calls) == 1 and not _odir._MEMO
+    assert np.array_equal(a.predict_proba(small[0]), b.predict_proba(small[0]))
