@@ -116,6 +116,8 @@ def _load_pairs(args):
             raise ValueError(f"--detections: {path} holds no detections")
         gt = gts[k] if gts else None
         if gt is not None:  # a queued image must be one the annotators can find
+            from confcal.detection import load_coco_gt
+
             known = {im["id"] for im in load_coco_gt(gt)["images"]}
             missing = next((r["image_id"] for r in part if r["image_id"] not in known), None)
             if missing is not None:
