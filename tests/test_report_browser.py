@@ -88,3 +88,35 @@ def test_report_in_headless_chromium(report, tmp_path):
     img = mpimg.imread(shot)[..., :3]
     ink = np.mean(np.any(img < 0.9, axis=-1))  # fraction of pixels that are not near-white
     assert 0.02 < ink < 0.9 and img.std() > 0.05
+
+
+# after load: the widest element (outside scroll boxes) against the viewport, and the verdict text
+WIDTH_PROBE = """<script>
+window.addEventListener('load',function(){var vw=document.documentElement.clientWidth,over=[];
+document.querySelectorAll('body *').forEach(function(e){if(e.closest('.scroll')&&!e.classList.contains('scroll'))return;
+var r=e.getBoundingClientRect();if(r.right>vw+1)over.push(e.tagName+'.'+e.className+':'+Math.round(r.right))});
+var v=document.querySelector('.verdict');var p=document.createElement('pre');p.id='probe';
+p.textContent=JSON.stringify({vw:vw,scroll:document.documentElement.scrollWidth,over:over.slice(0,5),
+verdict:v?v.textContent:null});document.body.appendChild(p)});
+</script>"""
+
+
+@pytest.mark.parametrize("width", [1400, 800])
+def test_report_fits_the_viewport_with_a_verdict(report, tmp_path, width):
+    """Issue 21: at 1,400 and 800 px no element is wider than the viewport (tables scroll in their own
+    box), the verdict is on the page, and the screenshot has the window's size."""
+    exe = chromium()
+    probe = tmp_path / "width.html"
+    probe.write_text(report.read_text().replace("</body>", WIDTH_PROBE + "</body>"))
+    res = _browser(exe, "--dump-dom", f"--window-size={width},1000", probe.as_uri(), tmp_path=tmp_path)
+    found = re.search(r'<pre id="probe">([^<]*)</pre>', res.stdout)
+    assert found, res.stderr[-2000:]
+    data = json.loads(found.group(1).replace("&quot;", '"'))
+    assert data["over"] == [] and data["scroll"] <= data["vw"], data
+    assert data["verdict"] and "verdict" in data["verdict"].lower()  # no --max-ece here: "no verdict" said
+    shot = tmp_path / f"shot{width}.png"
+    _browser(exe, f"--screenshot={shot}", f"--window-size={width},1000", report.as_uri(), tmp_path=tmp_path)
+    import matplotlib.image as mpimg
+
+    img = mpimg.imread(shot)
+    assert img.shape[1] == width and img.shape[0] == 1000

@@ -24,7 +24,8 @@ import numpy as np
 
 from confcal.sources import SOURCE_SUFFIXES, open_source, split_spec
 
-__all__ = ["load_array", "split_spec", "atomic_write", "check_output_path", "check_not_an_input", "save_array",
+__all__ = ["load_array", "split_spec", "atomic_write", "check_output_path", "check_not_an_input", "guard_outputs",
+           "is_parquet_dataset", "save_array",
            "open_array_writer", "save_manifest", "load_manifest", "load_calibrator", "OUTPUT_SUFFIXES"]
 
 ARRAY_SUFFIXES = SOURCE_SUFFIXES
@@ -43,17 +44,81 @@ def load_array(spec: str, *, name: str = "array", csv_header: str = "first") -> 
 
 def check_not_an_input(output, inputs: dict) -> None:
     """Refuse an output path that is also one of the input files (``{argument: spec}``): writing
-    it would destroy the input (e.g. the other arrays of an ``.npz``)."""
-    out = Path(output)
-    for arg, specs in inputs.items():
-        for spec in [specs] if isinstance(specs, str) else specs or []:  # repeatable options: lists
-            path = split_spec(spec)[0]
-            same = (out.exists() and path.exists() and os.path.samefile(out, path)) or \
-                out.resolve() == path.resolve()
-            if not same:
-                continue
-            raise ValueError(f"--output: {str(output)!r} is also the input of {arg}; writing it would destroy "
-                             "that input, so choose another output file")
+    it would destroy the input (e.g. the other arrays of an ``.npz``). See :func:`guard_outputs`."""
+    guard_outputs({"--output": output}, inputs)
+
+
+def _local_path(spec) -> str | None:
+    """The real local path behind an input spec or output (a glob: its fixed folder part); None for
+    a URL (``s3://...``), which is not ours to compare."""
+    text = str(spec)
+    if "://" in text:
+        return None
+    path = str(split_spec(text)[0])
+    if any(ch in path for ch in "*?["):
+        path = os.path.dirname(path.split("*")[0].split("?")[0].split("[")[0]) or "."
+    return os.path.realpath(path)
+
+
+def is_parquet_dataset(folder) -> bool:
+    """True for a folder holding only Parquet files (and the hidden / ``_`` metadata files a
+    writer leaves), the kind of folder a distributed ``apply`` replaces."""
+    files = [f for f in Path(folder).rglob("*") if f.is_file()]
+    return all(f.name.startswith((".", "_")) or f.suffix.lower() in (".parquet", ".pq") for f in files)
+
+
+def guard_outputs(outputs: dict, inputs: dict, *, dataset_folders: tuple[str, ...] = ()) -> None:
+    """The one check of every output path before a command writes anything.
+
+    Parameters
+    ----------
+    outputs : dict
+        ``{option: path}`` of everything the command writes (``None`` values are skipped).
+    inputs : dict
+        ``{option: spec or list of specs}`` of everything it reads.
+    dataset_folders : tuple of str
+        The output options that write a Parquet dataset folder (a distributed ``apply``): an
+        existing folder there must be such a dataset, since it is replaced.
+
+    Raises
+    ------
+    ValueError
+        One line naming the option when an output is an input (same file, also through a link),
+        contains one (a folder around an input) or lies inside one (a file in an input
+        dataset folder); when two outputs are the same path; when an existing folder is named
+        for a file output, or a folder that is not a Parquet dataset for a dataset output.
+    """
+    seen = {}
+    for opt, output in outputs.items():
+        if output is None:
+            continue
+        out = _local_path(output)
+        if out is None:
+            continue
+        if out in seen:
+            raise ValueError(f"{opt}: {str(output)!r} is also the path of {seen[out]}; two outputs cannot share "
+                             "one file (the second would replace the first)")
+        seen[out] = opt
+        for arg, specs in inputs.items():
+            for spec in [specs] if isinstance(specs, (str, os.PathLike)) else specs or []:  # repeatable: lists
+                src = _local_path(spec)
+                if src is None:
+                    continue
+                if out == src or (os.path.exists(out) and os.path.exists(src) and os.path.samefile(out, src)):
+                    raise ValueError(f"{opt}: {str(output)!r} is also the input of {arg}; writing it would "
+                                     "destroy the input, so choose another output")
+                if src.startswith(out.rstrip(os.sep) + os.sep):
+                    raise ValueError(f"{opt}: {str(output)!r} contains the input of {arg} ({spec}); writing it "
+                                     "would destroy the input, so choose another output")
+                if out.startswith(src.rstrip(os.sep) + os.sep):
+                    raise ValueError(f"{opt}: {str(output)!r} lies inside the input of {arg} ({spec}); writing "
+                                     "it would change that input, so choose another output")
+        if os.path.isdir(out):
+            if opt not in dataset_folders:
+                raise ValueError(f"{opt}: {str(output)!r} is a folder; give a file name")
+            if not is_parquet_dataset(out):
+                raise ValueError(f"{opt}: {str(output)!r} is an existing folder that is not a Parquet dataset; "
+                                 "it would be replaced, so choose a new or dataset folder")
 
 
 def _umask() -> int:

@@ -21,13 +21,15 @@ from confcal.metrics.bootstrap import bootstrap_indices
 from confcal.metrics.calibration import ece
 from confcal.metrics.detection import detection_ece
 
-__all__ = ["build_report", "reliability_svg", "bootstrap_interval"]
+__all__ = ["build_report", "reliability_svg", "bootstrap_interval", "report_verdict"]
 
-_CSS = """body{font-family:sans-serif;margin:2em;max-width:1200px;color:#222}
-table{border-collapse:collapse;margin:0.5em 0 1.5em}td,th{border:1px solid #bbb;padding:3px 8px;text-align:right}
-th{background:#eee}td.l,th.l{text-align:left}figure{display:inline-block;margin:0 1em 1em 0}
-figure svg{width:560px;height:auto}pre{background:#f6f6f6;padding:1em;overflow-x:auto;font-size:12px}
-.bad{color:#b00;font-weight:bold}"""
+_CSS = """body{font-family:sans-serif;margin:2em auto;max-width:1200px;padding:0 1em;color:#222;box-sizing:border-box}
+.scroll{max-width:100%;overflow-x:auto}table{border-collapse:collapse;margin:0.5em 0 1.5em}
+td,th{border:1px solid #bbb;padding:3px 8px;text-align:right}td{overflow-wrap:anywhere;max-width:22em}
+th{background:#eee}td.l,th.l{text-align:left}figure{display:inline-block;margin:0 1em 1em 0;max-width:100%}
+figure svg{width:560px;max-width:100%;height:auto}pre{background:#f6f6f6;padding:1em;overflow-x:auto;font-size:12px}
+.bad{color:#b00;font-weight:bold}.verdict{font-size:1.3em;padding:0.5em 1em;border:2px solid}
+.pass{color:#060;border-color:#060}.fail{color:#b00;border-color:#b00}.none{color:#555;border-color:#999}"""
 
 
 def bootstrap_interval(metric, probs, labels, *, n_draws: int = 200, seed: int = 0) -> tuple[float, float]:
@@ -69,11 +71,11 @@ def reliability_svg(stages: dict, title: str) -> str:
             top.set_ylim(0, 1)
             g = stages[name]
             key = "d_ece" if "d_ece" in g else "ece"
-            top.set_title(f"{name}: {key.upper().replace('_', '-')} {100 * g[key]:.2f}%", fontsize=9)
+            top.set_title(f"{name}: {key.upper().replace('_', '-')} {100 * g[key]:.2f}%", fontsize=12)
             top.set_ylabel("observed frequency" if j == 0 else "")
             bottom.bar(lo, cnt / max(1.0, cnt.sum()), width=w, align="edge", color="#999", edgecolor="black", lw=0.5)
             bottom.set_xlabel("confidence")
-        fig.suptitle(title, fontsize=10)
+        fig.suptitle(title, fontsize=14)
         fig.tight_layout()
         buf = io.StringIO()
         fig.savefig(buf, format="svg")
@@ -84,21 +86,69 @@ def reliability_svg(stages: dict, title: str) -> str:
     return svg.replace("<svg ", '<svg class="chart" role="img" ', 1)
 
 
+def _number(v):
+    """A float (or a number written as text, as in the queue CSV) or None."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float, np.floating)):
+        return float(v)
+    if isinstance(v, str) and any(c in v for c in ".eE") and v.strip():
+        try:
+            return float(v)
+        except ValueError:
+            return None
+    return None
+
+
+def _cell(v) -> tuple[str, str]:
+    """(text, title attribute): floats rounded to 4 significant digits for reading, the full value on hover."""
+    x = _number(v)
+    if x is not None and not isinstance(v, int) and not (isinstance(v, str) and v.lstrip("-").isdigit()):
+        return f"{x:.4g}", f' title="{html.escape(repr(x))}"'
+    return html.escape(str(v)), ""
+
+
 def _table(rows: list[dict], cols: list[str]) -> str:
-    def cell(v):
-        if isinstance(v, float):
-            return f"{v:.4f}"
-        return html.escape(str(v))
+    def td(i, v):
+        text, title = _cell(v)
+        return f"<td{' class=l' if i == 0 else ''}{title}>{text}</td>"
 
     head = "".join(f"<th{' class=l' if i == 0 else ''}>{html.escape(c)}</th>" for i, c in enumerate(cols))
-    body = "".join("<tr>" + "".join(f"<td{' class=l' if i == 0 else ''}>{cell(r.get(c, ''))}</td>"
-                                    for i, c in enumerate(cols)) + "</tr>" for r in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+    body = "".join("<tr>" + "".join(td(i, r.get(c, "")) for i, c in enumerate(cols)) + "</tr>" for r in rows)
+    return f"<div class=scroll><table><tr>{head}</tr>{body}</table></div>"
+
+
+def report_verdict(audits: dict, max_ece: float | None) -> list[dict]:
+    """Pass / fail of each group (pooled, then each domain) of the last stage against ``max_ece``,
+    by the rule ``confcal evaluate`` gates with (:func:`confcal.evaluation.audit.ece_violations`):
+    ``[{"group", "metric", "value", "limit", "pass"}]``; empty without a limit."""
+    if max_ece is None:
+        return []
+    from confcal.evaluation.audit import ece_violations
+
+    a = list(audits.values())[-1]
+    key = gate_metric(a)
+    bad = {g for g, _ in ece_violations(a, max_ece)}
+    return [{"group": g, "metric": key, "value": m[key], "limit": float(max_ece), "pass": g not in bad}
+            for g, m in a["groups"].items()]
+
+
+def _verdict_html(verdict: list[dict], stage: str) -> str:
+    if not verdict:
+        return "<p class='verdict none'>No limit given (--max-ece): no verdict</p>"
+    failed = [v for v in verdict if not v["pass"]]
+    name = verdict[0]["metric"].upper().replace("_", "-")
+    head = (f"<p class='verdict {'fail' if failed else 'pass'}'>{'FAIL' if failed else 'PASS'}: "
+            f"{len(failed)} of {len(verdict)} groups above {name} &le; {verdict[0]['limit']:g} ({html.escape(stage)})</p>")
+    rows = [{"group": v["group"], name: v["value"], "limit": v["limit"], "verdict": "pass" if v["pass"] else "FAIL"}
+            for v in verdict]
+    return head + _table(rows, ["group", name, "limit", "verdict"])
 
 
 def build_report(stages: dict, labels, *, domains=None, manifest: dict | None = None, queue_csv=None,
                  queue_head: int = 20, n_bins: int = 15, n_draws: int = 200, max_ece: float | None = None,
-                 title: str = "confcal calibration report", box_features: dict | None = None) -> str:
+                 title: str = "confcal calibration report", box_features: dict | None = None,
+                 verdict_out: list | None = None) -> str:
     """The report as an HTML string.
 
     Parameters
@@ -110,7 +160,8 @@ def build_report(stages: dict, labels, *, domains=None, manifest: dict | None = 
     manifest : the calibrator's manifest dict, optional (its ``fit.provenance`` and fit record are shown)
     queue_csv : path of a ``confcal rank`` queue, optional (its first ``queue_head`` rows are shown)
     n_draws : bootstrap resamples for the 95% intervals of ECE/D-ECE and Brier
-    max_ece : optional limit; groups above it are marked
+    max_ece : optional limit; the page opens with pass / fail per group (:func:`report_verdict`)
+    verdict_out : optional list, extended with that verdict
     box_features : ``{name: (n_boxes,) values}``, optional, box scores only: adds the geometry section
         (:func:`confcal.report_geometry.geometry_section`: heat map over ``cx, cy``, gap against the others)
 
@@ -120,9 +171,13 @@ def build_report(stages: dict, labels, *, domains=None, manifest: dict | None = 
     """
     labels = np.asarray(labels)
     audits = {k: calibration_audit(p, labels, domains=domains, n_bins=n_bins) for k, p in stages.items()}
+    verdict = report_verdict(audits, max_ece)
+    if verdict_out is not None:  # the CLI's exit status reads the same verdict the page shows
+        verdict_out.extend(verdict)
     first = next(iter(audits.values()))
     key = gate_metric(first)
     binary = first["kind"] == "binary"
+    acc = "precision" if binary else "accuracy"  # box scores: precision of the matched set
     groups = {ALL: np.arange(labels.shape[0])}
     if domains is not None:
         d = np.asarray(domains).astype(str)
@@ -136,7 +191,7 @@ def build_report(stages: dict, labels, *, domains=None, manifest: dict | None = 
             lo, hi = bootstrap_interval(e_fn, p[idx], labels[idx], n_draws=n_draws)
             blo, bhi = bootstrap_interval(brier, p[idx], labels[idx], n_draws=n_draws, seed=1)
             flag = max_ece is not None and stage == list(audits)[-1] and m[key] > max_ece
-            rows.append({"stage": stage, "domain": g, "n": m["n"], "accuracy": m["accuracy"],
+            rows.append({"stage": stage, "domain": g, "n": m["n"], acc: m[acc],
                          key: f"{m[key]:.4f} [{lo:.4f}, {hi:.4f}]" + (" (above limit)" if flag else ""),
                          "nll": m["nll"], "brier": f"{m['brier']:.4f} [{blo:.4f}, {bhi:.4f}]"})
     parts = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
@@ -144,7 +199,8 @@ def build_report(stages: dict, labels, *, domains=None, manifest: dict | None = 
              f"<p>{labels.shape[0]} {'boxes (box scores)' if binary else 'samples'}; {n_bins} equal-width bins; "
              f"95% bootstrap intervals from {n_draws} resamples. "
              + (f"Limit {key} &le; {max_ece:g}." if max_ece is not None else "") + "</p>",
-             "<h2>Metrics</h2>", _table(rows, ["stage", "domain", "n", "accuracy", key, "nll", "brier"]),
+             "<h2>Verdict</h2>", _verdict_html(verdict, list(audits)[-1]),
+             "<h2>Metrics</h2>", _table(rows, ["stage", "domain", "n", acc, key, "nll", "brier"]),
              "<h2>Reliability diagrams and confidence histograms</h2>"]
     for g in groups:
         svg = reliability_svg({s: a["groups"][g] for s, a in audits.items()},
@@ -165,9 +221,12 @@ def build_report(stages: dict, labels, *, domains=None, manifest: dict | None = 
         prov = fit.pop("provenance", None)
         fit.pop("data_summary", None)  # quantiles: long and not for reading
         parts.append(f"<h2>Calibrator</h2><p>method <b>{html.escape(str(manifest.get('method')))}</b></p>")
-        parts.append("<h3>Provenance</h3><pre>" + html.escape(json.dumps(prov, indent=2)) + "</pre>")
-        parts.append("<h3>Fit record and parameters</h3><pre>"
+        # folded: the record is for an audit trail, not for the first read
+        parts.append("<details><summary>Provenance</summary><pre>" + html.escape(json.dumps(prov, indent=2))
+                     + "</pre></details>")
+        parts.append("<details><summary>Fit record and parameters</summary><pre>"
                      + html.escape(json.dumps({"fit": fit, "hyperparameters": manifest.get("hyperparameters"),
-                                               "parameters": manifest.get("parameters")}, indent=2)) + "</pre>")
+                                               "parameters": manifest.get("parameters")}, indent=2))
+                     + "</pre></details>")
     parts.append("</body></html>")
     return "\n".join(parts)

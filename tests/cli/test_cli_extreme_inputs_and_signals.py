@@ -137,9 +137,10 @@ def test_signalled_apply_says_one_line_and_leaves_nothing(big_apply, tmp_path, s
                                          ("tcp://127.0.0.1:0", "PORT in 1..65535")])
 def test_bad_scheduler_is_refused_before_any_cluster(tmp_path, value, said):
     pytest.importorskip("distributed")
-    np.save(tmp_path / "x.npy", np.zeros((4, 2)))
+    (tmp_path / "data").mkdir()  # the manifest goes beside the dataset folder, not into it (issue 21 guard)
+    np.save(tmp_path / "data" / "x.npy", np.zeros((4, 2)))
     proc = confcal("fit", "--engine", "dask", "--scheduler", value, "--method", "ts", "--logits",
-                   f"{tmp_path}:logits", "--labels", f"{tmp_path}:labels", "-o", tmp_path / "m.json")
+                   f"{tmp_path / 'data'}:logits", "--labels", f"{tmp_path / 'data'}:labels", "-o", tmp_path / "m.json")
     assert proc.returncode == 2
     line = proc.stderr.strip()
     assert line.startswith("confcal: error: --scheduler: expected a scheduler address") and said in line, line

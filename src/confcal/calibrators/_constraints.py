@@ -491,6 +491,37 @@ def check_parameters(cls, params, *, env: dict, where: str = "manifest", path: s
         raise ValueError(f"{where}: method {cls.method!r} declares no fitted_constraints; it cannot be "
                          "loaded safely")
     spec.check(params, path, _Ctx(where, env))
+    for rule in getattr(cls, "hyper_parameter_rules", ()):  # fitted values against the manifest's own limits
+        msg = rule(hyper or {}, params)
+        if msg:
+            raise ValueError(f"{where}: {path}.{msg}")
+
+
+def temperature_within_bounds(hyper: dict, params: dict) -> str | None:
+    """``temperature`` inside ``[t_min, t_max]`` of the same manifest (a fit never leaves them;
+    relative slack 1e-9 for the round trip through JSON)."""
+    t, lo, hi = params.get("temperature"), hyper.get("t_min"), hyper.get("t_max")
+    if not all(_is_real(v) for v in (t, lo, hi)):
+        return None
+    if not lo * (1 - 1e-9) <= t <= hi * (1 + 1e-9):
+        return f"temperature: expected a number in [t_min, t_max] = [{lo:g}, {hi:g}], got {_show(t)}"
+    return None
+
+
+def increasing_slopes(hyper: dict, params: dict) -> str | None:
+    """With ``increasing`` (the default), every Platt slope ``a`` (pooled and per group) is >= 0:
+    a negative one would reverse the detector's ranking."""
+    if not hyper.get("increasing", True):
+        return None
+    maps = [("pooled", params.get("pooled"))]
+    for i, item in enumerate(params.get("groups") or []):
+        if isinstance(item, (list, tuple)) and len(item) == 2:
+            maps.append((f"groups[{i}][1]", item[1]))
+    for where, m in maps:
+        if isinstance(m, dict) and _is_real(m.get("a")) and m["a"] < 0:
+            return (f"{where}.a: expected a slope >= 0 (hyper-parameter increasing=true keeps the ranking), "
+                    f"got {_show(m['a'])}")
+    return None
 
 
 _TOP = Fields({
@@ -515,3 +546,48 @@ def check_manifest_top(manifest, *, fmt: str, version: int) -> None:
     if manifest["format_version"] > version:
         ctx.fail("format_version", f"1..{version} (this confcal reads up to {version}; the file is newer)",
                  manifest["format_version"])
+
+
+# ------------------------------------------------------------------ the fit record
+@dataclass(frozen=True)
+class _NonEmpty(Spec):
+    """A non-empty list of ``item`` (quantiles: an empty list has no distribution to test against)."""
+
+    item: Spec
+
+    def check(self, value, path, ctx):
+        ListOf(self.item).check(value, path, ctx)
+        if not value:
+            ctx.fail(path, "a non-empty list", got="[]")
+        return value
+
+
+_QUANTILES = _NonEmpty(Real())
+#: ``fit.data_summary`` (confcal.metrics.drift.data_summary), as drift and apply read it
+DATA_SUMMARY = Fields({
+    "statistic": Choice("ks_top_confidence"),
+    "n": Int(ge=1, le=2 ** 53),
+    "confidence_quantiles": _QUANTILES,
+    "class_frequencies": Opt(_NonEmpty(Real(ge=0, le=1))),
+    "domains": Opt(AnyJSON()),  # {domain: {"n", "confidence_quantiles"}}: checked in check_data_summary
+    "feature_means": Opt(AnyJSON()),
+}, extra_ok=True)
+
+
+def check_data_summary(summary, *, where: str = "manifest") -> None:
+    """Check a fit record's ``data_summary`` field by field before a drift check reads it.
+
+    Raises
+    ------
+    ValueError
+        One line naming the field, e.g. ``manifest: fit.data_summary.n: expected an integer >= 1, got 0``.
+    """
+    ctx = _Ctx(where)
+    DATA_SUMMARY.check(summary, "fit.data_summary", ctx)
+    domains = summary.get("domains")
+    if domains is not None:
+        if not isinstance(domains, dict):
+            ctx.fail("fit.data_summary.domains", "a JSON object {domain: summary}", domains)
+        part = Fields({"n": Int(ge=1, le=2 ** 53), "confidence_quantiles": _QUANTILES}, extra_ok=True)
+        for key, value in domains.items():
+            part.check(value, f"fit.data_summary.domains.{key}", ctx)

@@ -27,7 +27,7 @@ from torch import nn
 from confcal.calibrators._maps import DTYPE, top_k_logits
 from confcal.ops import bcsoftmax, lbsoftmax, ubsoftmax
 
-__all__ = ["SoftmaxLink", "BoxLink", "MLPBoxLink", "lower_from_raw", "upper_from_raw",
+__all__ = ["SoftmaxLink", "BoxLink", "MLPBoxLink", "box_probs", "lower_from_raw", "upper_from_raw",
            "raw_from_lower", "raw_from_upper", "BOUND_MODES"]
 
 BOUND_MODES = ("both", "lower", "upper")
@@ -65,13 +65,47 @@ class SoftmaxLink(nn.Module):
         return torch.log_softmax(g, dim=1).gather(1, y[:, None])[:, 0]
 
 
+def _box_op(mode: str, g: torch.Tensor, lower, upper, check: bool) -> torch.Tensor:
+    if mode == "both":
+        return bcsoftmax(g, lower, upper, check=check)
+    if mode == "lower":
+        return lbsoftmax(g, lower, check=check)
+    return ubsoftmax(g, upper, check=check)
+
+
+def box_probs(mode: str, g: torch.Tensor, lower, upper, *, check: bool = False) -> torch.Tensor:
+    """``bcsoftmax`` / ``lbsoftmax`` / ``ubsoftmax`` of logits ``g`` ``(n, K)`` with bounds uniform
+    across the classes of a row (0-d tensors or floats, or ``(n, 1)``), also on rows with
+    ``-inf`` logits (exact zero probabilities, e.g. a one-hot row from float32 softmax underflow).
+
+    The operator holds a ``-inf`` (masked) class at its lower bound ``a``. When the finite classes
+    cannot take the rest, ``n_free b + n_masked a < 1``, that box is infeasible and the operator
+    has no answer; the value returned is then the limit as the masked logits go to ``-inf``
+    together (the zero probabilities to ``0+`` at one rate): every finite class at ``b``, the
+    masked classes sharing ``1 - n_free b`` equally (in ``[a, b]``, since ``K b >= 1``). On rows
+    where the masked box is feasible the operator's answer already is that limit (the masked
+    classes tend to ``a``). Rows sum to 1 and are finite either way.
+    """
+    neg = torch.isneginf(g)
+    if not bool(neg.any()):
+        return _box_op(mode, g, lower, upper, check)
+    k = g.shape[-1]
+    a = torch.as_tensor(lower if mode != "upper" else 0.0, dtype=g.dtype)
+    b = torch.as_tensor(upper if mode != "lower" else 1.0, dtype=g.dtype)
+    n_free = (~neg).sum(-1, keepdim=True).to(g.dtype)
+    stuck = n_free * b + (k - n_free) * a < 1.0  # (n, 1): the masked box is infeasible
+    if not bool(stuck.any()):
+        return _box_op(mode, g, lower, upper, check)
+    safe = torch.where(stuck, torch.zeros_like(g), g)  # feasible stand-in rows, replaced below
+    out = _box_op(mode, safe, lower, upper, check)
+    share = (1.0 - n_free * b) / (k - n_free).clamp_min(1.0)
+    limit = torch.where(neg, share.expand_as(g), b.expand_as(g) if b.dim() else b.expand(g.shape))
+    return torch.where(stuck, limit, out)
+
+
 def _box(mode: str, g: torch.Tensor, lower, upper) -> torch.Tensor:
     # check=False in the hot loop: the reparameterisation makes every bound feasible
-    if mode == "both":
-        return bcsoftmax(g, lower, upper, check=False)
-    if mode == "lower":
-        return lbsoftmax(g, lower, check=False)
-    return ubsoftmax(g, upper, check=False)
+    return box_probs(mode, g, lower, upper)
 
 
 class BoxLink(nn.Module):

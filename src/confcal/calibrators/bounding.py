@@ -217,13 +217,10 @@ class _Together:
 
 
 def _fixed_box_probs(g: torch.Tensor, mode: str, lower: float, upper: float) -> torch.Tensor:
-    from confcal.ops import bcsoftmax, lbsoftmax, ubsoftmax
+    # rows with exact zero probabilities (-inf logits): the limit as they go to 0+ (see box_probs)
+    from confcal.calibrators._links import box_probs
 
-    if mode == "both":
-        return bcsoftmax(g, lower, upper)
-    if mode == "lower":
-        return lbsoftmax(g, lower)
-    return ubsoftmax(g, upper)
+    return box_probs(mode, g, lower, upper, check=True)
 
 
 class ProbabilityBounding(Calibrator):

@@ -55,7 +55,7 @@ from scipy.special import expit
 from confcal._numeric import softmax
 from confcal._validation import as_numpy, check_labels, check_logits
 from confcal.calibrators._constraints import NLL, T_BOUNDS, T_RULE, TEMPERATURE, Bool, Choice, Fields, GroupKey, \
-    Int, ListOf, Nullable, Opt, Pairs, Real
+    Int, ListOf, Nullable, Opt, Pairs, Real, increasing_slopes
 from confcal.calibrators._logistic import LogisticFit, fit_logistic
 from confcal.calibrators._tsfit import DEFAULT_T_BOUNDS, CalibrationWarning, fit_temperature
 from confcal.calibrators._tsfit import _result as _ts_result
@@ -592,6 +592,7 @@ class DetectionPlattScaling(_BoxScoreMaps):
 
     method = "det-platt"
     streams_box_scores = True
+    hyper_parameter_rules = (increasing_slopes,)  # a negated slope would invert the ranking
     hyper_constraints = {"per_class": Bool(), "increasing": Bool(), "platt_targets": Bool(),
                          "min_samples": Int(ge=1)}
     fitted_constraints = _grouped_fields(Fields({"a": Real(), "b": Real(), "nll": NLL, "at_bound": Opt(Bool())}))
@@ -608,7 +609,9 @@ class DetectionPlattScaling(_BoxScoreMaps):
         return _check_scores(arr, first_row=first_row).astype(np.float64)
 
     def _score_kind(self, input_kind) -> str:
-        return "scores"  # raw scores, whatever input_kind says
+        # Platt reads any real score as is; the fit record says what the hyper-parameter says
+        # (it once said "scores" beside hyperparameters.input_kind "logits": two answers to one question)
+        return input_kind or "logits"
 
     def _raw_proba(self, x):
         p = np.clip(x, 0.0, 1.0)  # raw scores as if probabilities, for the "before" metrics

@@ -13,7 +13,8 @@ import warnings
 import numpy as np
 
 from confcal._numeric import softmax
-from confcal.calibrators._constraints import NLL, N_ITER, T_BOUNDS, T_RULE, TEMPERATURE, Bool, Fields, Int, Opt
+from confcal.calibrators._constraints import NLL, N_ITER, T_BOUNDS, T_RULE, TEMPERATURE, Bool, Fields, Int, Opt, \
+    temperature_within_bounds
 from confcal.calibrators._tsfit import (
     DEFAULT_T_BOUNDS,
     CalibrationWarning,
@@ -113,6 +114,7 @@ class TemperatureScaling(Calibrator):
     """
 
     method = "ts"
+    hyper_parameter_rules = (temperature_within_bounds,)  # T inside its own [t_min, t_max] on load
     hyper_constraints = dict(T_BOUNDS)
     hyper_rules = (T_RULE,)
     fitted_constraints = Fields({"temperature": TEMPERATURE, "nll": NLL, "n_iter": N_ITER,

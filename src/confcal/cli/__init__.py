@@ -45,9 +45,15 @@ def install_signal_handlers():
     """SIGTERM unwinds like Ctrl-C (exit status 143), so no ``.NAME.tmp`` file is left behind.
     Returns the previous handler (None when it cannot be set: not the main thread)."""
     try:
-        return signal.signal(signal.SIGTERM, _on_sigterm)
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
     except ValueError:  # not the main thread (e.g. main() called from a worker thread): leave it
         return None
+    if hasattr(signal, "SIGHUP"):  # a closed terminal: unwind the same way (no temp file left)
+        _PREVIOUS_HUP[0] = signal.signal(signal.SIGHUP, _on_sigterm)
+    return previous
+
+
+_PREVIOUS_HUP = [None]
 
 
 #: library argument names that are CLI options of the same meaning (``category_ids`` -> ``--category-ids``)
@@ -81,6 +87,8 @@ def main(argv=None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+            if _PREVIOUS_HUP[0] is not None:
+                signal.signal(signal.SIGHUP, _PREVIOUS_HUP[0])
 
 
 def _main(argv=None) -> int:
@@ -95,6 +103,9 @@ def _main(argv=None) -> int:
     if not args.debug:
         warnings.showwarning = _one_line_warning
     try:
+        from confcal.cli._outputs import guard_command_outputs
+
+        guard_command_outputs(args)  # one output-path guard for every command, before any work
         return int(args.func(args) or 0)
     except BrokenPipeError:
         # `confcal fit ... | head`: the reader left; outputs were already written. Point stdout at

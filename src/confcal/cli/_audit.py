@@ -63,7 +63,8 @@ def add_parameters(audits: dict, manifest: dict | None) -> None:
 
 def render(audits: dict) -> str:
     first = next(iter(audits.values()))
-    cols = ["n", "accuracy", "ece", *(["d_ece"] if first["kind"] == "binary" else []), "nll", "brier"]
+    # box scores: precision of the matched set and D-ECE; class vectors: accuracy and top-label ECE
+    cols = ["n", *(["precision", "d_ece"] if first["kind"] == "binary" else ["accuracy", "ece"]), "nll", "brier"]
     rows = []
     for stage, a in audits.items():
         for g, m in a["groups"].items():
@@ -135,8 +136,8 @@ def run_audit(args) -> int:
                           "metrics": metrics, "audit": audits,
                           **({"geometry_d_ece": geometry} if geometry else {})}, indent=2))
     else:
-        print(f"{y.shape[0]} samples, {2 if x.shape[1] == 1 else x.shape[1]} classes"
-              + (" (box scores)" if x.shape[1] == 1 else ""))
+        print(f"{y.shape[0]} boxes (1-D box scores; precision = share of true positives, D-ECE = detection "
+              "ECE, NLL and Brier binary)" if x.shape[1] == 1 else f"{y.shape[0]} samples, {x.shape[1]} classes")
         print(render(audits))
         if geometry:
             print(render_geometry(geometry))

@@ -51,6 +51,18 @@ def matching_parameters(spec: str) -> dict | None:
             return None
 
 
+def group_columns(spec, csv_header: str = "first") -> list[str] | None:
+    """The columns, in the order read, of a column-group spec (``file.parquet:logit_*``,
+    ``file.csv:a,b``) of a local file; None for anything else (one column, an array file, a URL)."""
+    path, key = split_spec(spec)
+    if not key or not (any(ch in key for ch in "*?[,")) or not path.exists():
+        return None
+    from confcal.sources import open_source
+
+    columns = getattr(open_source(spec, csv_header=csv_header), "columns", None)
+    return list(columns) if columns is not None else None
+
+
 def provenance(args) -> dict:
     """``{"inputs": {option: {"path", "key", "sha256"}}, "command", "dataset_version"?, "matching"?}``."""
     inputs = {}
@@ -61,7 +73,11 @@ def provenance(args) -> dict:
         entries = []
         for spec in [specs] if isinstance(specs, str) else specs:
             path, key = split_spec(spec)
-            entries.append({"path": str(path), "key": key, "sha256": file_sha256(path)})
+            entry = {"path": str(path), "key": key, "sha256": file_sha256(path)}
+            columns = group_columns(spec, getattr(args, "csv_header", "first"))
+            if columns is not None:
+                entry["columns"] = columns  # the class order a column group was read in
+            entries.append(entry)
         inputs[name] = entries[0] if len(entries) == 1 else entries  # repeated: a list, in order
     out = {"inputs": inputs,
            "command": shlex.join(["confcal", *getattr(args, "argv", sys.argv[1:])])}

@@ -47,7 +47,16 @@ def warn_if_drift(cal, logits, *, input_kind: str = "logits", domains=None) -> N
     fit = getattr(cal, "fit_record_", None) or {}
     if "data_summary" not in fit:
         return
-    rows = check(fit, logits, input_kind=input_kind, domains=domains)
+    try:
+        from confcal.calibrators._constraints import check_data_summary
+
+        check_data_summary(fit["data_summary"])
+        rows = check(fit, logits, input_kind=input_kind, domains=domains)
+    except Exception as exc:  # a damaged fit record never blocks apply: the check is skipped, said once
+        warnings.warn(f"drift check skipped: the manifest's fit.data_summary cannot be used "
+                      f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})", UserWarning,
+                      stacklevel=2)
+        return
     bad = [r for r in rows if r["drift"]]
     if bad:
         warnings.warn("the data differs from the calibration data (KS test of the top-label confidence): "
@@ -72,8 +81,20 @@ def run(args) -> int:
     elif not np.all(np.isfinite(np.asarray(x, dtype=np.float64))):
         bad = int(np.flatnonzero(~np.isfinite(np.asarray(x, dtype=np.float64)))[0])
         raise ValueError(f"logits: score {bad} is not finite ({x[bad]!r})")
-    rows = check(cal.fit_record_, x, input_kind=kind,
-                 domains=domains, alpha=args.alpha)
+    from confcal.calibrators._constraints import check_data_summary
+
+    if "data_summary" in (cal.fit_record_ or {}):  # damaged fields: one line naming the field and file
+        try:
+            check_data_summary(cal.fit_record_["data_summary"], where=f"calibrator {args.calibrator}")
+        except ValueError as exc:
+            raise ValueError(f"{exc}; refit to get a drift summary") from None
+    try:
+        rows = check(cal.fit_record_, x, input_kind=kind, domains=domains, alpha=args.alpha)
+    except ValueError:
+        raise
+    except Exception as exc:  # a damaged record: one line naming the field and file, no traceback
+        raise ValueError(f"calibrator: fit.data_summary of {args.calibrator} is damaged ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else ''}); refit to get a drift summary") from None
     if args.json:
         print(json.dumps({"alpha": args.alpha, "tests": rows}, indent=2))
     else:

@@ -115,6 +115,14 @@ def _load_pairs(args):
         if not part:
             raise ValueError(f"--detections: {path} holds no detections")
         gt = gts[k] if gts else None
+        if gt is not None:  # a queued image must be one the annotators can find
+            from confcal.detection import load_coco_gt
+
+            known = {im["id"] for im in load_coco_gt(gt)["images"]}
+            missing = next((r["image_id"] for r in part if r["image_id"] not in known), None)
+            if missing is not None:
+                raise ValueError(f"--detections: {path} has a detection on image_id {missing!r}, which is not "
+                                 f"in the images of --gt {gt}")
         dets += part
         files += _file_names(part, gt)
         ids += [r.get("id", i) for i, r in enumerate(part)]
@@ -143,6 +151,14 @@ def _tile_boxes(tiles, u, probs, det_ids, cut):
             entry[1].append(str(det_ids[i]))
             entry[2].append(f"{float(probs[i]):.4f}")
     return out
+
+
+def _cell(value):
+    """A text cell a spreadsheet would run as a formula (``=``, ``+``, ``-``, ``@``, tab, CR first)
+    gets a leading ``'`` (OWASP's CSV-injection rule); numbers are written as they are."""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value
 
 
 def run(args) -> int:
@@ -216,8 +232,8 @@ def run(args) -> int:
             tile = queue["image_id"][i]
             tile = tile.item() if hasattr(tile, "item") else tile
             conf, ids, confs = boxes.get(tile, [float("nan"), [], []])
-            w.writerow([int(queue["rank"][i]), image_of[tile] if multi else tile, files.get(tile, ""),
-                        queue["domain"][i] if "domain" in queue else "",
+            w.writerow([int(queue["rank"][i]), _cell(image_of[tile] if multi else tile), _cell(files.get(tile, "")),
+                        _cell(queue["domain"][i] if "domain" in queue else ""),
                         repr(float(queue["priority"][i])), repr(float(queue["total_uncertainty"][i])),
                         int(queue["n_boxes"][i]), repr(float(queue["top_score"][i])), repr(conf),
                         ";".join(ids), ";".join(confs), sha])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from confcal.cli._common import add_logits_args, load_logits_labels, load_side
 
 
@@ -17,7 +19,8 @@ def register(sub):
     p.add_argument("--queue", help="queue CSV written by 'confcal rank' (its head is shown)")
     p.add_argument("--n-bins", type=int, default=15, help="bins (default 15)")
     p.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples for the intervals (default 200)")
-    p.add_argument("--max-ece", type=float, metavar="X", help="mark groups whose calibrated ECE/D-ECE exceeds X")
+    p.add_argument("--max-ece", type=float, metavar="X", help="the page opens with pass/fail per group against X (calibrated ECE; D-ECE for box "
+                        "scores); exit 3 when any fails, as evaluate")
     p.add_argument("-o", "--output", required=True, help="output .html")
     from confcal.cli._boxfeatures import add_box_features_arg
 
@@ -35,6 +38,8 @@ def run(args) -> int:
     from confcal.report import build_report
 
     check_output_path(args.output, suffixes=(".html", ".htm"), name="--output")
+    if args.max_ece is not None and not 0.0 <= args.max_ece <= 1.0:  # also refuses nan, as evaluate does
+        raise ValueError(f"--max-ece: expected a number in [0, 1], got {args.max_ece!r}")
     if args.bootstrap < 1:
         raise ValueError(f"--bootstrap: expected a positive number of resamples, got {args.bootstrap}")
     side = load_side(args)
@@ -51,12 +56,18 @@ def run(args) -> int:
         cal = load_calibrator(manifest, n_classes=x.shape[1])
         cal.set_params(input_kind="logits")  # x holds validated logits (log-probabilities for probs)
         stages = {"uncalibrated": softmax(x), cal.method: cal.predict_proba(x, **side)}
+    verdict = []
     text = build_report(stages, np.asarray(y), domains=side.get("domains"), manifest=manifest,
                         queue_csv=args.queue, n_bins=args.n_bins, n_draws=args.bootstrap, max_ece=args.max_ece,
-                        box_features=geo)
+                        box_features=geo, verdict_out=verdict)
     with atomic_write(args.output, "w") as fh:
         fh.write(text)
     print(f"wrote report ({len(text) // 1024} KiB, {text.count('<svg')} charts) -> {args.output}")
+    failed = [v for v in verdict if not v["pass"]]
+    if failed:  # the same exit status as `confcal evaluate --max-ece`
+        print(f"confcal: {failed[0]['metric']} above --max-ece {args.max_ece:g}: "
+              + ", ".join(f"{v['group']} {v['value']:.4f}" for v in failed), file=sys.stderr)
+        return _audit.EXIT_ECE_EXCEEDED
     return 0
 
 

@@ -11,8 +11,8 @@ A column spec is one of
 
 * ``"logits"`` -- one column: a list / fixed-size-list column gives ``(n_rows, width)``,
   a plain numeric column (1-D box scores, labels, domains) ``(n_rows,)``;
-* ``"logit_*"`` -- a glob over column names, stacked in the order the columns appear;
-* ``"a,b,c"`` -- explicit column names, stacked in that order.
+* ``"logit_*"`` -- a glob over column names, stacked in class order (numeric suffix);
+* ``"a,b,c"`` -- explicit column names, stacked in class order when they end in class numbers, else as typed.
 """
 
 from __future__ import annotations
@@ -268,6 +268,11 @@ def resolve_columns(frame, spec: str, *, name: str) -> ColumnSpec:
     missing = [c for c in cols if c not in available]
     if not cols or missing:
         raise ValueError(f"{name}: no column(s) {missing or spec!r} in the data; columns are {available}")
+    if group:  # class order by numeric suffix, the rule of every reader (confcal.sources._columns)
+        from confcal.sources._columns import order_column_group
+
+        cols = order_column_group(cols, spec=spec, name=name, explicit="," in spec and not any(
+            ch in spec for ch in "*?["))
     list_column = False
     if len(cols) == 1 and not group:
         schema = _arrow_schema(frame)

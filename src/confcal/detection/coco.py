@@ -82,6 +82,16 @@ def load_coco_gt(gt) -> dict:
                 raise ValueError(f"gt: categories[{i}] has no 'id'")
         cats = {c["id"] for c in g["categories"]}
     image_ids = {im["id"] for im in g["images"]}
+    for part, ids in (("images", [im["id"] for im in g["images"]]),
+                      ("categories", [c["id"] for c in g.get("categories") or []])):
+        if len(set(map(repr, ids))) != len(ids):  # which entry would a lookup by id pick?
+            seen, dup = set(), None
+            for v in ids:
+                if repr(v) in seen:
+                    dup = v
+                    break
+                seen.add(repr(v))
+            raise ValueError(f"gt: {part} has the id {dup!r} more than once; ids must be unique")
     for i, a in enumerate(g["annotations"]):
         if not isinstance(a, dict):
             raise ValueError(f"gt: annotations[{i}] is {type(a).__name__}; expected an object")

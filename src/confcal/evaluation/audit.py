@@ -8,7 +8,8 @@ Two kinds of predictions:
 * box scores: 1-D probabilities ``(n_boxes,)`` that a box is a true positive, with
   0/1 labels; ``d_ece`` is the detection ECE (Kueppers et al., CVPR-W 2020, eq. 3 on
   the confidence alone: ``sum_b n_b/n |precision(b) - mean p(b)|``) and the gate reads
-  it. ``ece`` is then the top-label ECE of the two columns ``[1 - p, p]``.
+  it. In place of accuracy they report ``precision``, the share of true positives among the
+  matched boxes (unchanged by calibration); no top-label ECE (it has no meaning there).
 
 Brier score, one definition everywhere (:func:`brier`): for box scores (and any 1-D
 binary input) the binary form ``mean (p - y)^2`` in [0, 1] — the value in the fit
@@ -49,13 +50,17 @@ def brier(probs, labels) -> float:
 
 
 def _group_metrics(p: np.ndarray, y: np.ndarray, binary: bool, n_bins: int) -> dict:
-    out = {"n": int(y.shape[0]), "accuracy": accuracy(p, y), "ece": ece(p, y, n_bins=n_bins)}
     if binary:
+        # box scores: the share of true positives among the matched boxes (a property of the data,
+        # the same before and after calibration), not the "accuracy" of a 0.5 threshold; no
+        # top-label ECE of [1 - p, p] beside D-ECE, which is the calibration error of box scores
+        out = {"n": int(y.shape[0]), "precision": float(np.mean(y)) if y.size else float("nan")}
         out["d_ece"] = detection_ece(p, y, n_bins)
         out["nll"] = binary_nll(p, y)
         rel = detection_reliability(p, y, n_bins)[ALL]
         acc_key = "precision"
     else:
+        out = {"n": int(y.shape[0]), "accuracy": accuracy(p, y), "ece": ece(p, y, n_bins=n_bins)}
         out["nll"] = nll(p, y)
         rel = reliability_table(p, y, n_bins)
         acc_key = "accuracy"
@@ -84,8 +89,9 @@ def calibration_audit(probs, labels, *, domains=None, n_bins: int = 15) -> dict:
     dict
         ``{"kind": "binary" | "multiclass", "n_bins": n_bins, "groups": {name: metrics}}``
         with the pooled group under ``"(all)"`` first, then each domain in sorted order.
-        ``metrics`` holds ``n``, ``accuracy``, ``ece``, ``d_ece`` (box scores only),
-        ``nll`` (nats), ``brier`` (see :func:`brier`) and ``reliability``: one dict per
+        ``metrics`` holds ``n``, ``accuracy`` and ``ece`` (class vectors) or ``precision``
+        and ``d_ece`` (box scores), ``nll`` (nats; binary for box scores), ``brier`` (see
+        :func:`brier`) and ``reliability``: one dict per
         bin with ``bin_lo``, ``bin_hi``, ``count``, ``mean_confidence`` and ``accuracy``
         (precision for box scores; ``None`` for empty bins).
 

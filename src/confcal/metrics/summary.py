@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from confcal._validation import check_labels, check_probs
+from confcal._validation import as_numpy, check_labels, check_probs
 from confcal.metrics.calibration import ece, mce
 from confcal.metrics.scores import accuracy, brier_score, nll
 
@@ -44,14 +44,24 @@ def calibration_summary(probs, labels, *, n_bins: int = 15) -> dict[str, float]:
     >>> probs = np.array([[0.9, 0.1], [0.25, 0.75], [0.55, 0.45], [0.3, 0.7]])
     >>> {k: round(v, 4) for k, v in calibration_summary(probs, [0, 0, 0, 1], n_bins=5).items()}
     {'accuracy': 0.75, 'ece': 0.25, 'ece_equal_mass': 0.4, 'mce': 0.45, 'nll': 0.6115, 'brier': 0.4325}
+
+    1-D positive-class probabilities: every value as its own function gives it on 1-D input
+    (the binary Brier, half the two-column value):
+
+    >>> round(calibration_summary(probs[:, 1], [0, 0, 0, 1], n_bins=5)["brier"], 6)
+    0.21625
     """
-    p = check_probs(probs)
+    raw = as_numpy(probs, "probs")
+    p = check_probs(raw)
     y = check_labels(labels, p.shape[0], p.shape[1])
+    # each metric gets the input as given, so a 1-D input means what each function says it means
+    # (binary Brier mean (p - y)^2, not the two-column form, which is twice that): one code path
+    q = raw if raw.ndim == 1 else p
     return {
-        "accuracy": accuracy(p, y),
-        "ece": ece(p, y, n_bins=n_bins),
-        "ece_equal_mass": ece(p, y, n_bins=n_bins, binning="equal_mass"),
-        "mce": mce(p, y, n_bins=n_bins),
-        "nll": nll(p, y),
-        "brier": brier_score(p, y),
+        "accuracy": accuracy(q, y),
+        "ece": ece(q, y, n_bins=n_bins),
+        "ece_equal_mass": ece(q, y, n_bins=n_bins, binning="equal_mass"),
+        "mce": mce(q, y, n_bins=n_bins),
+        "nll": nll(q, y),
+        "brier": brier_score(q, y),
     }

@@ -73,6 +73,9 @@ def open_source(spec, *, name: str = "array", csv_header: str = "first") -> Sour
     path, key = split_spec(spec)
     if not path.exists():
         raise FileNotFoundError(f"{name}: no such file {str(path)!r}")
+    if not (path.is_file() or path.is_dir()):
+        raise ValueError(f"{name}: {str(path)!r} is not a regular file (a pipe, device or socket); "
+                         "save the data to a file first")
     suffix = "" if path.is_dir() else path.suffix.lower()
     try:
         return _open(path, key, suffix, name, csv_header)

@@ -52,7 +52,11 @@ class Source(abc.ABC):
         start = max(0, int(start))
         if stop <= start:
             return np.empty((0, *self.row_shape), dtype=self.dtype)
-        return self._read(start, stop)
+        out = self._read(start, stop)
+        if out.dtype.byteorder not in "=|" and out.dtype.byteorder != np.dtype(out.dtype.type).byteorder:
+            # a big-endian .npy on a little-endian machine (or the reverse): native rows for torch/numba
+            out = out.astype(out.dtype.newbyteorder("="))
+        return out
 
     @abc.abstractmethod
     def _read(self, start: int, stop: int) -> np.ndarray:

@@ -4,7 +4,9 @@ A column spec picks what one source reads:
 
 * ``label`` — one column: numbers or strings give ``(n,)``; a fixed-size list or
   a list column whose rows all have the same length gives ``(n, K)``;
-* ``logit_*`` (a glob) or ``a,b,c`` — a column group stacked in that order into ``(n, K)``.
+* ``logit_*`` (a glob) or ``a,b,c`` — a column group stacked into ``(n, K)`` in class order:
+  by the names' numeric suffix, or refused when the names leave it ambiguous
+  (:func:`confcal.sources._columns.order_column_group`).
 
 Rows are indexed through the files' row groups (Parquet) or record batches
 (IPC), so ``read(start, stop)`` decodes only the chunks it needs, and only the
@@ -21,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from confcal.sources._base import Source
+from confcal.sources._columns import order_column_group
 
 __all__ = ["ArrowSource", "table_to_numpy", "ARROW_SUFFIXES", "PARQUET_SUFFIXES", "IPC_SUFFIXES"]
 
@@ -102,12 +105,12 @@ class ArrowSource(Source):
             cols = [n for n in names if fnmatch.fnmatchcase(n, spec)]
             if not cols:
                 raise ValueError(f"{self.name}: no column of {self.path} matches {spec!r}; columns are {names}")
-            return cols
+            return order_column_group(cols, spec=spec, name=self.name, where=str(self.path))
         cols = spec.split(",")
         missing = [c for c in cols if c not in names]
         if missing:
             raise ValueError(f"{self.name}: {self.path} has no column(s) {missing}; columns are {names}")
-        return cols
+        return order_column_group(cols, spec=spec, name=self.name, where=str(self.path), explicit=True)
 
     def _index(self):
         chunks, row = [], 0

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from confcal.sources._base import Source
+from confcal.sources._columns import order_column_group
 
 __all__ = ["CsvSource", "CSV_HEADERS", "read_csv_columns"]
 
@@ -36,7 +37,7 @@ def read_csv_columns(path, *, header: str = "first", name: str = "array") -> tup
     if header not in CSV_HEADERS:
         raise ValueError(f"csv header: expected one of {CSV_HEADERS}, got {header!r}")
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
             rows = [r for r in _csv.reader(fh) if r]
     except UnicodeDecodeError as exc:
         raise ValueError(f"{name}: {path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
@@ -88,6 +89,9 @@ class CsvSource(Source):
         missing = [c for c in cols if c not in head]
         if missing:
             raise ValueError(f"{name}: {path} has no column(s) {missing}; columns are {head}")
+        if columns is not None:  # a column group in class order (numeric suffix), as every reader does
+            cols = order_column_group(cols, spec=columns, name=name, where=str(path), explicit=True)
+        self.columns = cols
         first_line = 2 if header == "first" else 1
         arrays = [_column_array([r[head.index(c)] for r in body], c, path, name, first_line) for c in cols]
         if len(arrays) == 1:

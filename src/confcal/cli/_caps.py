@@ -1,0 +1,35 @@
+"""Documented caps of the numeric options, checked once before dispatch: a typo such as
+``--bootstrap 10000000`` or ``--workers 500`` is refused in one line instead of running for
+minutes or ending in MemoryError."""
+
+from __future__ import annotations
+
+import os
+
+from confcal.metrics._binning import MAX_BINS
+
+#: option dest -> (smallest, largest) accepted value; the reason for each cap is in its comment
+CAPS = {
+    "bootstrap": (1, 100_000),  # 95% intervals settle by ~2,000 resamples
+    "draws": (1, 100_000),  # same, domain-eval's bootstrap
+    "n_bins": (1, MAX_BINS),  # the metrics' own limit
+    "splits": (1, 1_000),  # compare: random splits; 10 is the usual
+    "jobs": (1, 256),  # processes on one machine
+    "workers": (1, 4 * (os.cpu_count() or 1)),  # a local Dask cluster: processes on this machine
+    "n_calibration": (1, 1_000),
+    "seed": (0, 2 ** 32 - 1),  # numpy's seed range
+}
+
+
+def check_caps(args) -> None:
+    """Raise ``ValueError`` naming the option when a numeric option is outside its cap (see :data:`CAPS`)."""
+    for dest, (lo, hi) in CAPS.items():
+        v = getattr(args, dest, None)
+        if v is None or isinstance(v, bool) or not isinstance(v, int):
+            continue
+        # the upper cap here; a value below the range keeps each command's own message (seeds excepted)
+        if v > hi or (dest == "seed" and v < lo):
+            raise ValueError(f"--{dest.replace('_', '-')}: expected an integer in [{lo:,}, {hi:,}], got {v:,}")
+    for s in getattr(args, "seeds", None) or []:
+        if isinstance(s, int) and not 0 <= s <= 2 ** 32 - 1:
+            raise ValueError(f"--seeds: expected integers in [0, {2 ** 32 - 1:,}], got {s:,}")

@@ -1,0 +1,43 @@
+"""Every command's output paths checked against every input it reads, once, before dispatch
+(:func:`confcal.io.guard_outputs`), so no subcommand can forget it."""
+
+from __future__ import annotations
+
+#: options (argparse dests) naming files a command reads
+INPUT_DESTS = ("logits", "labels", "domains", "features", "category_ids", "calibrator", "queue", "gt",
+               "detections", "domain_map", "mc_scores", "test_logits", "test_labels", "test_features",
+               "test_domains")
+#: options naming files a command writes
+OUTPUT_DESTS = ("output", "csv", "holdout_output")
+
+
+def _option(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def command_inputs(args) -> dict:
+    """``{option: spec or list}`` of every input the parsed command line names (``--domain NAME=PATH``
+    of domain-eval included)."""
+    inputs = {_option(d): getattr(args, d) for d in INPUT_DESTS if getattr(args, d, None)}
+    for item in getattr(args, "domain", None) or []:
+        name, sep, path = str(item).partition("=")
+        if sep:
+            inputs.setdefault("--domain", []).append(path)
+    return inputs
+
+
+def guard_command_outputs(args) -> None:
+    """Refuse a numeric option outside its cap (:mod:`confcal.cli._caps`), an output that is, contains
+    or lies inside an input, two outputs on one path, or an existing folder that is not a dataset of
+    the kind written (see :func:`confcal.io.guard_outputs`)."""
+    from confcal.cli._caps import check_caps
+    from confcal.io import guard_outputs
+
+    check_caps(args)  # numeric options inside their documented caps, before any work
+    outputs = {_option(d): getattr(args, d) for d in OUTPUT_DESTS
+               if isinstance(getattr(args, d, None), str) and getattr(args, d)}
+    if not outputs:
+        return
+    # a distributed apply writes (and replaces) a Parquet dataset folder
+    folders = ("--output",) if getattr(args, "engine", None) == "dask" and args.command == "apply" else ()
+    guard_outputs(outputs, command_inputs(args), dataset_folders=folders)

@@ -1,0 +1,64 @@
+"""Manifest loading checks every fitted parameter against its own limits (issue 21): a TS temperature
+outside the manifest's [t_min, t_max], a det-platt slope negated under increasing=true; a damaged fit
+record never blocks apply (the drift check is skipped with a warning) and drift says so in one line."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+
+from confcal.calibrators import METHODS, calibrator_from_dict
+from confcal.cli import main
+
+
+def test_ts_temperature_outside_its_bounds_refused():
+    rng = np.random.default_rng(0)
+    m = METHODS["ts"]().fit(rng.normal(size=(200, 3)) * 3, rng.integers(0, 3, 200)).to_dict()
+    calibrator_from_dict(copy.deepcopy(m))  # as written: loads
+    for t in (m["hyperparameters"]["t_max"] * 1.01, m["hyperparameters"]["t_min"] * 0.99):
+        bad = copy.deepcopy(m)
+        bad["parameters"]["temperature"] = t
+        with pytest.raises(ValueError, match=r"^manifest: parameters\.temperature: expected a number in \[t_min"):
+            calibrator_from_dict(bad)
+
+
+def test_det_platt_negated_slope_refused_unless_not_increasing():
+    rng = np.random.default_rng(1)
+    s = rng.random(300)
+    c = (rng.random(300) < s).astype(int)
+    for per_domain in (False, True):
+        kw = {"domains": rng.integers(0, 2, 300)} if per_domain else {}
+        m = METHODS["det-platt"](min_samples=5).fit(s, c, **kw).to_dict()
+        target = m["parameters"]["groups"][0][1] if per_domain else m["parameters"]["pooled"]
+        assert target["a"] > 0
+        target["a"] = -target["a"]
+        with pytest.raises(ValueError, match=r"\.a: expected a slope >= 0"):
+            calibrator_from_dict(m)
+        m["hyperparameters"]["increasing"] = False
+        cal = calibrator_from_dict(m)  # a free slope is the user's choice there
+        assert np.all(np.isfinite(cal.predict_proba(s, **kw)))
+
+
+@pytest.mark.parametrize("damage", [{"n": 0}, {"n": 1e300}, {"confidence_quantiles": "x"},
+                                    {"confidence_quantiles": []}, {"class_frequencies": None}])
+def test_damaged_fit_record_never_blocks_apply(tmp_path, damage, capsys):
+    rng = np.random.default_rng(2)
+    np.save(tmp_path / "z.npy", rng.normal(size=(300, 3)) * 3)
+    np.save(tmp_path / "y.npy", rng.integers(0, 3, 300))
+    assert main(["fit", "--logits", f"{tmp_path}/z.npy", "--labels", f"{tmp_path}/y.npy", "--method", "ts",
+                 "-o", f"{tmp_path}/c.json", "-q"]) == 0
+    m = json.loads((tmp_path / "c.json").read_text())
+    m["fit"]["data_summary"].update(damage)
+    (tmp_path / "c.json").write_text(json.dumps(m))
+    capsys.readouterr()
+    with pytest.warns(UserWarning, match="drift check skipped"):
+        assert main(["apply", "--calibrator", f"{tmp_path}/c.json", "--logits", f"{tmp_path}/z.npy",
+                     "-o", f"{tmp_path}/p.npy", "--debug"]) == 0
+    p = np.load(tmp_path / "p.npy")
+    np.testing.assert_allclose(p.sum(1), 1.0, rtol=1e-12)
+    code = main(["drift", "--calibrator", f"{tmp_path}/c.json", "--logits", f"{tmp_path}/z.npy"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("confcal: error:") and "\n" not in err and "data_summary" in err

@@ -1,0 +1,130 @@
+"""Fault classes of issue 21 closed at their root: only regular files are read, SIGHUP unwinds like
+SIGTERM, a UTF-8 BOM and big-endian .npy are read, queue CSV text cells are formula-neutralised,
+rank refuses image ids missing from the GT, duplicate GT ids are refused, report --max-ece is range-checked."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from confcal.cli import main
+from confcal.sources import open_source
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("confcal: error: ") and "\n" not in err, err
+    return err
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+def test_fifo_and_device_refused_without_reading(tmp_path, capsys):
+    fifo = tmp_path / "pipe.npy"
+    os.mkfifo(fifo)
+    done = []
+    t = threading.Thread(target=lambda: done.append(main(["evaluate", "--logits", str(fifo), "--labels",
+                                                           str(fifo)])), daemon=True)
+    t.start()
+    t.join(20)
+    assert done == [2]  # refused at once: opening a FIFO for reading would block
+    assert "not a regular file" in _one_line_error(capsys)
+    with pytest.raises(ValueError, match="not a regular file"):
+        open_source("/dev/zero", name="logits")
+
+
+def test_sighup_leaves_no_temporary_file(tmp_path):
+    z = np.random.default_rng(0).normal(size=(2000, 3))
+    np.save(tmp_path / "z.npy", z)
+    np.save(tmp_path / "y.npy", z.argmax(1))
+    code = ("import os, signal, confcal.io as io\n"
+            "orig = io._Writer.write\n"
+            "def hup(self, batch):\n"
+            "    orig(self, batch)\n"
+            "    os.kill(os.getpid(), signal.SIGHUP)\n"  # mid-write: the temp file exists now
+            "io._Writer.write = hup\n"
+            "from confcal.cli import main\n"
+            f"raise SystemExit(main(['apply', '--calibrator', {str(tmp_path / 'c.json')!r}, '--logits', "
+            f"{str(tmp_path / 'z.npy')!r}, '-o', {str(tmp_path / 'p.npy')!r}]))\n")
+    assert main(["fit", "--logits", str(tmp_path / "z.npy"), "--labels", str(tmp_path / "y.npy"), "--method", "ts",
+                 "-o", str(tmp_path / "c.json"), "-q"]) == 0
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp") or p.name == "p.npy"]
+    assert r.returncode == 128 + signal.SIGHUP and leftovers == [], (r.returncode, r.stderr[-400:], leftovers)
+
+
+def test_bom_csv_and_big_endian_npy(tmp_path, capsys):
+    rng = np.random.default_rng(1)
+    y = rng.integers(0, 3, 200)
+    z = rng.normal(size=(200, 3)) + 3 * np.eye(3)[y]
+    lines = ["a,b,c,label"] + [f"{r[0]!r},{r[1]!r},{r[2]!r},{k}" for r, k in zip(z.tolist(), y)]
+    (tmp_path / "s.csv").write_bytes(b"\xef\xbb\xbf" + "\n".join(lines).encode() + b"\n")
+    np.testing.assert_array_equal(open_source(f"{tmp_path}/s.csv:a,b,c").to_numpy(), z)
+    np.save(tmp_path / "big.npy", z.astype(">f8"))
+    np.save(tmp_path / "y.npy", y)
+    assert main(["fit", "--logits", str(tmp_path / "big.npy"), "--labels", str(tmp_path / "y.npy"), "--method",
+                 "ts", "-o", str(tmp_path / "c1.json"), "-q"]) == 0
+    np.save(tmp_path / "little.npy", z)
+    assert main(["fit", "--logits", str(tmp_path / "little.npy"), "--labels", str(tmp_path / "y.npy"), "--method",
+                 "ts", "-o", str(tmp_path / "c2.json"), "-q"]) == 0
+    t = [json.loads((tmp_path / f"c{i}.json").read_text())["parameters"]["temperature"] for i in (1, 2)]
+    assert t[0] == pytest.approx(t[1], rel=1e-12)
+
+
+def _det_files(tmp_path, file_name="=HYPERLINK(\"http://x\")", extra_image=False):
+    gt = {"images": [{"id": 1, "file_name": file_name, "domain": "-a"}, {"id": 2, "file_name": "b.png", "domain": "b"}],
+          "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 10, 10]}],
+          "categories": [{"id": 1}]}
+    dets = [{"image_id": 1, "category_id": 1, "bbox": [0, 0, 10, 10], "score": 0.6},
+            {"image_id": 2, "category_id": 1, "bbox": [0, 0, 5, 5], "score": 0.3}]
+    if extra_image:
+        dets.append({"image_id": 99, "category_id": 1, "bbox": [0, 0, 5, 5], "score": 0.4})
+    (tmp_path / "gt.json").write_text(json.dumps(gt))
+    (tmp_path / "det.json").write_text(json.dumps(dets))
+    return tmp_path / "gt.json", tmp_path / "det.json"
+
+
+def test_queue_csv_neutralises_formulas(tmp_path):
+    gt, det = _det_files(tmp_path)
+    assert main(["rank", "--detections", str(det), "--gt", str(gt), "-o", str(tmp_path / "q.csv")]) == 0
+    with open(tmp_path / "q.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    by_id = {r["image_id"]: r for r in rows}
+    assert by_id["1"]["file_name"] == "'=HYPERLINK(\"http://x\")" and by_id["1"]["domain"] == "'-a"
+    assert by_id["2"]["file_name"] == "b.png"
+    assert all(float(r["priority"]) >= 0 for r in rows)  # numbers are left as numbers
+
+
+def test_rank_refuses_image_ids_not_in_gt(tmp_path, capsys):
+    gt, det = _det_files(tmp_path, file_name="a.png", extra_image=True)
+    assert main(["rank", "--detections", str(det), "--gt", str(gt), "-o", str(tmp_path / "q.csv")]) == 2
+    assert "image_id 99" in _one_line_error(capsys) and not (tmp_path / "q.csv").exists()
+
+
+@pytest.mark.parametrize("part", ["images", "categories"])
+def test_duplicate_gt_ids_refused(tmp_path, part, capsys):
+    gt, det = _det_files(tmp_path, file_name="a.png")
+    g = json.loads(gt.read_text())
+    g[part].append(dict(g[part][0]))
+    gt.write_text(json.dumps(g))
+    assert main(["detections", "match", "--gt", str(gt), "--detections", str(det), "-o", str(tmp_path / "m.npz")]) == 2
+    assert "more than once" in _one_line_error(capsys) and not (tmp_path / "m.npz").exists()
+
+
+def test_report_max_ece_out_of_range(tmp_path, capsys):
+    rng = np.random.default_rng(2)
+    s = rng.random(100)
+    np.savez(tmp_path / "m.npz", score=s, correct=(rng.random(100) < s).astype(int))
+    assert main(["fit", "--method", "det-platt", "--logits", f"{tmp_path}/m.npz:score", "--labels",
+                 f"{tmp_path}/m.npz:correct", "-o", str(tmp_path / "c.json"), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["report", "--logits", f"{tmp_path}/m.npz:score", "--labels", f"{tmp_path}/m.npz:correct",
+                 "--calibrator", str(tmp_path / "c.json"), "--max-ece", "-1", "-o", str(tmp_path / "r.html")]) == 2
+    assert "--max-ece" in _one_line_error(capsys) and not (tmp_path / "r.html").exists()

@@ -1,0 +1,60 @@
+"""The report opens with a verdict (issue 21): pass / fail per group against --max-ece, the same groups
+and exit status as `confcal evaluate`; numbers rounded (full value on hover); tables in their own
+scroll box; provenance and fit record folded."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from confcal.cli import main
+
+
+@pytest.fixture
+def files(tmp_path):
+    rng = np.random.default_rng(0)
+    n = 600
+    dom = np.where(np.arange(n) < 300, "a", "b")
+    s = rng.random(n)
+    y = (rng.random(n) < np.where(dom == "a", s, s ** 3)).astype(int)  # domain b over-confident
+    np.savez(tmp_path / "m.npz", score=s, correct=y, domain=dom)
+    assert main(["fit", "--method", "det-platt", "--logits", f"{tmp_path}/m.npz:score", "--labels",
+                 f"{tmp_path}/m.npz:correct", "-o", str(tmp_path / "c.json"), "-q"]) == 0
+    return tmp_path
+
+
+def _args(t, *extra):
+    return ["--logits", f"{t}/m.npz:score", "--labels", f"{t}/m.npz:correct", "--domains", f"{t}/m.npz:domain",
+            "--calibrator", str(t / "c.json"), *extra]
+
+
+@pytest.mark.parametrize("limit", ["0.0", "0.08", "1.0"])
+def test_verdict_matches_evaluate(files, limit, capsys):
+    code_eval = main(["evaluate", *_args(files, "--max-ece", limit)])
+    code_rep = main(["report", *_args(files, "--max-ece", limit, "--bootstrap", "20", "-o", str(files / "r.html"))])
+    assert code_rep == code_eval and code_eval in (0, 3)
+    text = (files / "r.html").read_text()
+    head = text[:text.index("<h2>Metrics</h2>")]
+    verdict = re.search(r"class='verdict (pass|fail)'>(PASS|FAIL): (\d+) of 3 groups", head)
+    assert verdict and (verdict.group(2) == "FAIL") == (code_eval == 3)
+    err = capsys.readouterr().err
+    n_bad = int(verdict.group(3))
+    assert (n_bad > 0) == (code_eval == 3)
+    if code_eval == 3:  # the same groups fail in both
+        line_eval, line_rep = [ln for ln in err.splitlines() if "above --max-ece" in ln]
+        assert line_eval.split(": ", 2)[-1] == line_rep.split(": ", 2)[-1]
+
+
+def test_layout_rounded_folded(files):
+    assert main(["report", *_args(files, "--bootstrap", "20", "-o", str(files / "r.html"))]) == 0
+    text = (files / "r.html").read_text()
+    assert "no verdict" in text
+    assert "<details><summary>Provenance</summary>" in text and "<details><summary>Fit record" in text
+    tables = re.findall(r"<table>.*?</table>", text, flags=re.S)
+    assert tables and text.count("<div class=scroll><table>") == len(tables)
+    cells = re.findall(r'<td[^>]*title="([^"]+)"[^>]*>([^<]+)</td>', text)
+    assert cells
+    for full, shown in cells:  # shown = the full value to 4 significant digits
+        assert float(shown) == pytest.approx(float(full), rel=5e-4, abs=1e-12) and len(shown) <= 10
