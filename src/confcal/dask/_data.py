@@ -269,7 +269,7 @@ def resolve_columns(frame, spec: str, *, name: str) -> ColumnSpec:
     if not cols or missing:
         raise ValueError(f"{name}: no column(s) {missing or spec!r} in the data; columns are {available}")
     if group:  # class order by numeric suffix, the rule of every reader (confcal.sources._columns)
-        from confcal.sources._columns import order_column_group
+        from confcal.sources import order_column_group
 
         cols = order_column_group(cols, spec=spec, name=name, explicit="," in spec and not any(
             ch in spec for ch in "*?["))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from confcal.sources._columns import order_column_group
 from confcal.sources._base import (
     DEFAULT_BATCH_BYTES,
     Source,
@@ -34,7 +35,7 @@ from confcal.sources.csv import CSV_HEADERS, CsvSource
 
 __all__ = ["Source", "ArraySource", "NpySource", "NpzSource", "ArrowSource", "CsvSource", "open_source",
            "split_spec", "iter_aligned", "check_aligned", "batch_rows_for", "DEFAULT_BATCH_BYTES",
-           "SOURCE_SUFFIXES", "CSV_HEADERS"]
+           "SOURCE_SUFFIXES", "CSV_HEADERS", "order_column_group"]
 
 SOURCE_SUFFIXES = (".npy", ".npz", ".pt", ".pth", ".csv") + ARROW_SUFFIXES
 
