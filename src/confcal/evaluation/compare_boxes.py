@@ -40,9 +40,11 @@ def compare_box_methods(scores, labels, methods, *, features=None, feature_names
 
     Returns
     -------
-    dict ``{"rows": [{"method", "<metric>": mean, "<metric>_se": standard error, "error": str|None}],
-    "n_splits", "cal_size", "test_size", "features"}``; ``"uncalibrated"`` (scores clipped to
-    [0, 1]) comes first. A method whose fit fails gets its error message and no values.
+    dict
+        Keys ``rows``, ``n_splits``, ``cal_size``, ``test_size``, ``features``. ``rows`` holds one dict
+        per method with ``method``, each metric's mean (``<metric>``) and standard error
+        (``<metric>_se``) and ``error`` (str or None); ``uncalibrated`` (scores clipped to [0, 1])
+        comes first. A method whose fit fails gets its error message and no values.
 
     Raises
     ------

@@ -35,8 +35,9 @@ from confcal.metrics._binning import assign_bins, binned_gap, check_n_bins, equa
 from confcal.metrics._mergeable import _Mergeable
 from confcal.metrics.equal_mass import EqualMassAccumulator  # its own module: the exact equal-mass passes
 
+# EqualMassAccumulator is re-exported for old imports but documented in its own module
 __all__ = ["ScoresAccumulator", "BinnedAccumulator", "ClasswiseAccumulator", "SmoothECEAccumulator",
-           "EqualMassAccumulator", "SummaryAccumulator", "BoxSummaryAccumulator", "confidence_correct"]
+           "SummaryAccumulator", "BoxSummaryAccumulator", "confidence_correct"]
 
 
 _BLOCK = 1 << 14  # rows per block of update_pairs (measured: 16K beats 64K and 256K)
