@@ -36,8 +36,13 @@ COMMON = {
 }
 SIDE_OR_BOX = ["cluster-ts", "cluster-ts-regression", "domain-ensemble", "fc", "grouped", "grouped-ts",
                "source-gated-ts", "det-beta", "det-platt"]
+_GEO = "takes 1-D box scores in [0, 1] and their box features=; scikit-learn passes 2-D features only"
+_MULTILABEL = "a sigmoid head: multi-hot labels (n, L); scikit-learn passes class labels (n,)"
+_REASON = {**{m: _GEO for m in ("det-beta-geo", "det-hist-geo", "det-platt-geo")},
+           **{m: _MULTILABEL for m in ("platt-multilabel", "ts-multilabel")}}
 EXTRA = {m: dict.fromkeys(["check_dont_overwrite_parameters", "check_positive_only_tag_during_fit"],
-                          _BOX if m.startswith("det-") else _SIDE) for m in SIDE_OR_BOX}
+                          _REASON.get(m) or (_BOX if m.startswith("det-") else _SIDE))
+         for m in SIDE_OR_BOX + sorted(_REASON)}
 _BY_CLASS = {}
 
 

@@ -10,13 +10,13 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
 from confcal.calibrators import METHODS, CalibrationWarning
 from confcal.calibrators._links import box_probs
 from confcal.ops import bcsoftmax, ubsoftmax
-from tests.calibrators.test_common import BOX, data, make
+from tests.calibrators.test_common import BOX, GEO, ML, data, make
 
 ALL = sorted(METHODS)
 F32 = float(np.finfo(np.float32).max)
@@ -70,7 +70,8 @@ def _check(p, n, k):
     np.testing.assert_allclose(p.sum(1), 1.0, rtol=0, atol=1e-9)
 
 
-@pytest.mark.parametrize("name", [m for m in ALL if m not in BOX])
+# sigmoid heads (ML) refuse non-finite logits by contract, so these draws are mostly outside their input
+@pytest.mark.parametrize("name", [m for m in ALL if m not in BOX | GEO | ML])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(z=_logit_rows())
 def test_every_method_gives_finite_rows_summing_to_one(fitted, name, z):
@@ -79,10 +80,16 @@ def test_every_method_gives_finite_rows_summing_to_one(fitted, name, z):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CalibrationWarning)
         warnings.simplefilter("ignore", RuntimeWarning)
-        _check(cal.predict_proba(z, **side), z.shape[0], K)
+        try:
+            p = cal.predict_proba(z, **side)
+        except ValueError as exc:  # rows validation refuses are outside the claim (they look like probabilities)
+            if "look like probabilities" in str(exc):
+                reject()
+            raise
+    _check(p, z.shape[0], K)
 
 
-@pytest.mark.parametrize("name", sorted(BOX))
+@pytest.mark.parametrize("name", sorted(BOX | GEO))
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(s=st.lists(st.sampled_from([0.0, 1.0, 1e-45, 1 - 2**-53, 0.5, 1.2e-38]), min_size=1, max_size=6))
 def test_box_methods_on_scores_at_0_and_1(fitted, name, s):

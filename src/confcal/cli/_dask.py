@@ -157,7 +157,7 @@ def _print_evaluation(res) -> None:
     print(metrics_rows(res["metrics"]))
     if "per_domain" in res:
         rows = [{"domain": g, "n": r["n_samples"], **{f"{m} ({w[:5]})": r[w][m] for w in r if w != "n_samples"
-                                                       for m in ("accuracy", "ece", "d_ece", "nll") if m in r[w]}}
+                                                       for m in ("accuracy", "precision", "ece", "d_ece", "nll") if m in r[w]}}
                 for g, r in res["per_domain"].items()]
         print("per domain:")
         print(format_table(rows, list(rows[0])))

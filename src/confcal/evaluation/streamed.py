@@ -202,11 +202,14 @@ def _merge_eval(a: dict, b: dict) -> dict:
 def _metrics(first_acc, last_acc) -> dict:
     """Scores and equal-width bins from pass 1, equal-mass bins from the last pass."""
     s = first_acc.scores.result()
-    out = {"accuracy": s["accuracy"], "ece": first_acc.bins.ece(), "ece_equal_mass": last_acc.equal_mass.ece(),
-           "mce": first_acc.bins.mce(), "nll": s["nll"], "brier": s["brier"]}
     if hasattr(first_acc, "d_bins"):
-        out["d_ece"] = first_acc.d_bins.ece()
-    return out
+        # box scores: the audit's numbers (confcal.evaluation.audit), one meaning each: precision of the
+        # matched set in place of accuracy, D-ECE in place of a top-label ECE of the two columns
+        d = first_acc.d_bins  # its bins count the true positives (labels) per confidence bin
+        precision = float(d.corr_sum.sum() / d.count.sum()) if d.count.sum() else float("nan")
+        return {"precision": precision, "d_ece": d.ece(), "nll": s["nll"], "brier": s["brier"]}
+    return {"accuracy": s["accuracy"], "ece": first_acc.bins.ece(), "ece_equal_mass": last_acc.equal_mass.ece(),
+            "mce": first_acc.bins.mce(), "nll": s["nll"], "brier": s["brier"]}
 
 
 def evaluate_job(*, n_classes: int | None, cal=None, input_kind: str = "logits", n_bins: int = 15,
