@@ -154,8 +154,10 @@ def test_near_metrics_resolve_to_the_metrics_at_the_new_temperature(seed, n, k, 
     s_new = s * (1 + rel)
     got = near.resolve(s_new)
     ref = ts_batch_stats(z, y, -math.log(s_new), metrics=True).after
-    if got is None:
-        assert abs(s_new - s) * near.a_max > 1e-5
+    if got is None:  # refused only outside the expansion's range: beyond dmax (rel = 1e-6 can round past
+        # the 1e-6 * s of this pass by an ulp), too far for the curvature, or too many kept rows
+        d = abs(s_new - s)
+        assert d > near.dmax or d * near.a_max > 1e-5 or near.n_kept > near._MAX_KEPT
         return
     if k == 2 and on_edge.any():
         assert near.n_kept > 0
