@@ -79,7 +79,7 @@ def test_dependent_logistic_matches_scipy_on_the_same_likelihood(dependent, lam)
     s2, f2, _, _ = _synthetic(200, seed=2)
     np.testing.assert_allclose(cal.predict_proba(s2, features=f2)[:, 1],
                                pred(_logistic_basis(s2, f2, dependent=dependent)), rtol=0, atol=2e-6)
-    z = (cal._basis(s, f) - cal.phi_mean_) / cal.phi_std_
+    z = (cal._full_basis(s, f) - cal.phi_mean_) / cal.phi_std_
     ours = penalised_nll(np.concatenate([[cal.intercept_], cal.coef_]), z, y.astype(float), np.ones(len(y)), lam)
     assert ours <= fun + 1e-10  # at least as low an objective as scipy's
 
@@ -88,14 +88,75 @@ def test_dependent_beta_matches_scipy_on_the_same_likelihood():
     s, f, y, _ = _synthetic(600, seed=3)
     lam = 1e-2
     w = np.random.default_rng(0).uniform(0.5, 2.0, len(y))
-    cal = METHODS["det-beta-geo"](box_features="cx,w", reg="fixed", reg_lambda=lam).fit(s, y, features=f,
-                                                                                     sample_weight=w)
+    cal = METHODS["det-beta-geo"](box_features="cx,w", reg="fixed", reg_lambda=lam, feature_scaling="minmax")
+    cal.fit(s, y, features=f, sample_weight=w)
     lo, hi = f.min(0), f.max(0)
     np.testing.assert_array_equal(cal.lo_, lo)
     pred, _ = _oracle(_beta_basis(s, f, lo, hi), y, lam, w)
     s2, f2, _, _ = _synthetic(200, seed=4)
     np.testing.assert_allclose(cal.predict_proba(s2, features=f2)[:, 1], pred(_beta_basis(s2, f2, lo, hi)),
                                rtol=0, atol=2e-6)
+
+
+def test_beta_keeps_image_fractions_and_min_max_scales_the_rest():
+    """feature_scaling="auto" (the paper's inputs): cx, cy, w, h, edge are fractions of the image,
+    read on [0, 1] as they are; other features (metres, radians) are min-max scaled on the
+    calibration set. A box of an unseen scene outside the calibration range of cx is read by its
+    place in the image, not clipped to the calibration set's extreme."""
+    s, f, y, _ = _synthetic(600, seed=3)
+    metres = 5.0 + 40.0 * f[:, 1]
+    both = np.stack([f[:, 0], metres], axis=1)
+    cal = METHODS["det-beta-geo"](box_features="cx,range", reg="fixed", reg_lambda=1e-2).fit(s, y, features=both)
+    np.testing.assert_array_equal(cal.lo_, [0.0, metres.min()])
+    np.testing.assert_array_equal(cal.hi_, [1.0, metres.max()])
+    lo, hi = np.array([0.0, metres.min()]), np.array([1.0, metres.max()])
+    pred, _ = _oracle(_beta_basis(s, both, lo, hi), y, 1e-2)
+    s2, f2, _, _ = _synthetic(200, seed=4)
+    both2 = np.stack([f2[:, 0], 5.0 + 40.0 * f2[:, 1]], axis=1)
+    np.testing.assert_allclose(cal.predict_proba(s2, features=both2)[:, 1], pred(_beta_basis(s2, both2, lo, hi)),
+                               rtol=0, atol=2e-6)
+    none = METHODS["det-beta-geo"](box_features="f0", feature_scaling="none").fit(s, y, features=f[:, :1] * 0.5)
+    np.testing.assert_array_equal([none.lo_, none.hi_], [[0.0], [1.0]])
+
+
+@pytest.mark.parametrize("name", ["det-platt-geo", "det-beta-geo"])
+def test_clip_levels_are_free_indicator_columns_fitted_as_scipy_does(name):
+    """Scores at or beyond the clip (a detector whose scores pass 1, as KITTI's) get a free level
+    per end: the fit equals scipy's on the hand basis plus the two indicator columns, and (almost
+    unpenalised) the clipped boxes' mean probability is their share of true positives."""
+    s, f, y, _ = _synthetic(800, seed=11)
+    rng = np.random.default_rng(12)
+    top = rng.uniform(size=s.size) < 0.1
+    s = np.where(top, rng.uniform(1.0, 1.3, s.size), s)  # 10% of scores above 1, mostly right
+    y = np.where(top, (rng.uniform(size=s.size) < 0.9).astype(np.int64), y)
+    lam = 1e-3
+    for eps in (1e-4, 1e-7):
+        kw = {"feature_scaling": "minmax"} if name == "det-beta-geo" else {}
+        cal = METHODS[name](box_features="cx,w", reg="fixed", reg_lambda=lam, eps=eps, **kw).fit(s, y, features=f)
+        if name == "det-platt-geo":
+            phi = _logistic_basis(s, f, eps=eps)
+        else:
+            phi = _beta_basis(s, f, f.min(0), f.max(0), eps=eps)
+        levels = np.stack([(s <= eps), (s >= 1 - eps)], axis=1).astype(float)
+        keep = levels.std(axis=0) > 0  # the bottom level is a constant 0 column here: no information
+        pred, _ = _oracle(np.concatenate([phi, levels[:, keep]], axis=1), y, lam)
+        np.testing.assert_allclose(cal.predict_proba(s, features=f)[:, 1],
+                                   pred(np.concatenate([phi, levels[:, keep]], axis=1)), rtol=0, atol=2e-6)
+    # the level's score equation: at the (barely penalised) optimum the clipped boxes' mean
+    # probability equals their share of true positives, wherever eps puts them
+    cal = METHODS[name](box_features="cx,w", reg="fixed", reg_lambda=1e-12, **kw).fit(s, y, features=f)
+    assert cal.predict_proba(s[top], features=f[top])[:, 1].mean() == pytest.approx(y[top].mean(), abs=1e-6)
+
+
+def test_manifest_without_clip_levels_loads_as_written():
+    """A manifest fitted before clip_levels existed (no level columns) predicts as it was fitted."""
+    s, f, y, _ = _synthetic(300, seed=13)
+    old = METHODS["det-platt-geo"](box_features="cx,w", clip_levels=False).fit(s, y, features=f)
+    d = old.to_dict()
+    d["hyperparameters"].pop("clip_levels")
+    back = calibrator_from_dict(d)
+    assert back.clip_levels is False
+    np.testing.assert_allclose(back.predict_proba(s, features=f), old.predict_proba(s, features=f), rtol=1e-12)
 
 
 @pytest.mark.parametrize("name", ["det-platt-geo", "det-beta-geo"])
@@ -109,7 +170,7 @@ def test_cross_validated_penalty_is_the_argmin_of_its_scores_and_refits_on_all(n
     np.testing.assert_allclose(fixed.predict_proba(s, features=f), cal.predict_proba(s, features=f), atol=1e-12)
     # one CV score recomputed here: the held-out NLL of scipy fits on the same folds
     fold = stratified_folds(y, 3, 0)
-    z = (cal._basis(s, f) - cal.phi_mean_) / cal.phi_std_
+    z = (cal._full_basis(s, f) - cal.phi_mean_) / cal.phi_std_
     lam = REG_GRID[2]
     total = 0.0
     for k in range(3):

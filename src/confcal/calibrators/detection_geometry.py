@@ -16,8 +16,10 @@ e.g. ``"cx,cy,w,h"`` or ``"range"``, as written by ``confcal detections match``)
   moments. ``dependent=False`` drops the products: the paper's independent multivariate logistic
   map ``z = c + b^T x``.
 * ``det-beta-geo`` (:class:`GeometryBetaCalibration`), the dependent *beta* map: every input is
-  mapped into (0, 1) (the confidence as it is, each box feature min-max scaled on the calibration
-  set and clipped, as the paper's features are relative to the image), and ``z = c + sum_k
+  mapped into (0, 1): the confidence as it is; the box features that are fractions of the image
+  (``cx, cy, w, h, edge``) as they are, as the paper's box inputs are relative to the image
+  (``feature_scaling="auto"``); other features (``range`` in metres, ...) min-max scaled on the
+  calibration set; all clipped to ``[eps, 1 - eps]``. Then ``z = c + sum_k
   (a_k log u_k - b_k log(1 - u_k))`` (beta calibration per input, Kull et al. 2017, eq. 3) plus,
   when ``dependent``, the products ``logit(u_i) logit(u_j)`` (``i < j``) that couple the inputs.
 * ``det-hist-geo`` (:class:`GeometryHistogramBinning`): histogram binning over confidence x
@@ -25,6 +27,16 @@ e.g. ``"cx,cy,w,h"`` or ``"range"``, as written by ``confcal detections match``)
   cell) and each cell's confidences into ``n_bins`` equal-mass bins; a bin predicts its m-estimate
   ``(positives + pi) / (boxes + 1)`` (``pi`` the calibration set's precision), so small bins shrink
   toward the base rate.
+
+Scores are clipped to ``[eps, 1 - eps]`` before the logit; with ``clip_levels`` (default) the
+basis also holds the indicators of a clipped score at either end, so that boxes whose score
+reaches or passes 1 (3% of the KITTI BEV boxes score above 1) get their own fitted level instead
+of all sitting at the arbitrary ``logit(1 - eps)``, where the quadratic terms would extrapolate to.
+
+netcal's ``BetaCalibrationDependent`` is a different family (the log-ratio of two multivariate
+generalised beta densities of Libby & Novick 1982, coupling the inputs through
+``log(1 + sum_k lambda_k s_k / (1 - s_k))`` terms, fitted by gradient descent); the map here is
+the convex, product-coupled beta basis above, fitted exactly.
 
 The logistic and beta maps standardise their basis columns (mean and standard deviation of the
 calibration set, stored) and minimise the mean NLL plus ``(reg_lambda / 2) ||beta||^2`` (intercept
@@ -50,6 +62,10 @@ from confcal.calibrators.detection import _binary_metrics, _check_scores
 
 __all__ = ["GeometryLogisticCalibration", "GeometryBetaCalibration", "GeometryHistogramBinning",
            "parse_box_features"]
+
+
+#: box features that are fractions of the image (``confcal detections match``): already in [0, 1]
+IMAGE_FRACTIONS = frozenset({"cx", "cy", "w", "h", "edge"})
 
 
 def parse_box_features(text, d: int | None = None) -> list[str]:
@@ -147,17 +163,36 @@ class _PenalisedBasisMap(_GeometryBoxMap):
     """Logistic regression on a basis of (score, features), standardised, L2-penalised."""
 
     hyper_common = {"box_features": Nullable(Text()), "reg": Choice("cv", "fixed"), "reg_lambda": Real(ge=0),
+                    "clip_levels": Bool(),
                     "dependent": Bool(), "eps": Real(gt=0, lt=0.5), "cv_folds": Int(ge=2),
                     "seed": Int(ge=0)}
 
     def _basis(self, s, f) -> np.ndarray:
         raise NotImplementedError
 
+    def _clips_scores(self) -> bool:
+        return getattr(self, "score_transform", "logit") == "logit"
+
+    def _n_levels(self) -> int:
+        return 2 if self.clip_levels and self._clips_scores() else 0
+
+    def _full_basis(self, s, f) -> np.ndarray:
+        """The map's basis, plus (``clip_levels``) the indicators of a score clipped at the bottom
+        (``s <= eps``) and at the top (``s >= 1 - eps``): such boxes all sit at ``logit(eps)`` or
+        ``logit(1 - eps)``, a point set by ``eps`` rather than by the data (detectors whose scores
+        reach or pass 1, as the KITTI BEV set's 3% of boxes above 1); a free level per end lets the
+        fit place them where their labels say instead of bending the curve to an arbitrary point."""
+        phi = self._basis(s, f)
+        if not self._n_levels():
+            return phi
+        return np.concatenate([phi, (s <= self.eps)[:, None].astype(np.float64),
+                               (s >= 1.0 - self.eps)[:, None].astype(np.float64)], axis=1)
+
     def _fit(self, x, y, sample_weight=None, features=None):
         s, f = x[:, 1], features
         self.feature_names_ = parse_box_features(self.box_features, f.shape[1])
         self._set_ranges(f, sample_weight)
-        phi = self._basis(s, f)
+        phi = self._full_basis(s, f)
         w = np.ones(len(y)) if sample_weight is None else sample_weight
         wn = w / w.sum()
         mean = wn @ phi
@@ -178,7 +213,7 @@ class _PenalisedBasisMap(_GeometryBoxMap):
         pass
 
     def _logit(self, s, f):
-        return self.intercept_ + ((self._basis(s, f) - self.phi_mean_) / self.phi_std_) @ self.coef_
+        return self.intercept_ + ((self._full_basis(s, f) - self.phi_mean_) / self.phi_std_) @ self.coef_
 
     def _predict_proba(self, x, features=None):
         z = self._logit(x[:, 1], features)
@@ -203,7 +238,9 @@ class _PenalisedBasisMap(_GeometryBoxMap):
         self.cv_scores_ = [list(r) for r in params.get("cv_scores", [])]
         self._set_ranges_fitted(params)
         d = len(self.feature_names_)
-        want = self._n_basis(d)
+        if self._n_levels() and self.coef_.shape == (self._n_basis(d),):
+            self.clip_levels = False  # a manifest written before clip_levels existed (no level columns)
+        want = self._n_basis(d) + self._n_levels()
         for key in ("coef", "phi_mean", "phi_std"):
             have = getattr(self, key + "_").shape
             if have != (want,):
@@ -241,6 +278,8 @@ class GeometryLogisticCalibration(_PenalisedBasisMap):
     reg : ``"cv"`` (choose ``reg_lambda`` by ``cv_folds``-fold cross-validated NLL) or ``"fixed"``
     reg_lambda : the penalty with ``reg="fixed"`` (and when a label has fewer than ``cv_folds`` boxes)
     dependent : include the products ``x_i x_j``
+    clip_levels : add a free level for boxes whose score is clipped at ``eps`` or ``1 - eps`` (see the
+        module docstring); a manifest written before this option loads without them
     score_transform : ``"logit"`` (default; scores clipped to ``[eps, 1 - eps]``, so raw scores above 1 are
         clipped) or ``"raw"`` (the score as it is, for detectors whose scores are not probabilities)
     eps, cv_folds, seed : the clip of the scores; folds and seed of the cross-validation
@@ -271,9 +310,10 @@ class GeometryLogisticCalibration(_PenalisedBasisMap):
     fitted_constraints = Fields(dict(_BASIS_FIELDS))
 
     def __init__(self, box_features: str | None = None, reg: str = "cv", reg_lambda: float = 1e-4,
-                 dependent: bool = True, score_transform: str = "logit", eps: float = 1e-4, cv_folds: int = 3,
-                 seed: int = 0, input_kind: str = "logits"):
+                 dependent: bool = True, score_transform: str = "logit", clip_levels: bool = True,
+                 eps: float = 1e-4, cv_folds: int = 3, seed: int = 0, input_kind: str = "logits"):
         self.box_features = box_features
+        self.clip_levels = clip_levels
         self.reg = reg
         self.reg_lambda = reg_lambda
         self.dependent = dependent
@@ -298,10 +338,13 @@ class GeometryBetaCalibration(_PenalisedBasisMap):
     """Dependent beta calibration of box scores on box geometry (``det-beta-geo``).
 
     Inputs mapped into (0, 1): ``u_0 = clip(s, eps)``, ``u_k = clip((r_k - lo_k) / (hi_k - lo_k), eps)``
-    (``lo``, ``hi``: the calibration set's range, stored). ``P(TP) = sigmoid(c + sum_k (a_k log u_k
+    (``lo``, ``hi``: stored; see ``feature_scaling``). ``P(TP) = sigmoid(c + sum_k (a_k log u_k
     - b_k log(1 - u_k)) [+ sum_{i < j} g_ij logit(u_i) logit(u_j)])``: beta calibration per input (Kull,
     Silva Filho & Flach, AISTATS 2017, eq. 3) made multivariate and dependent as in Küppers et al.,
-    CVPR-W 2020, sec. 3. Parameters, inputs and errors as :class:`GeometryLogisticCalibration`
+    CVPR-W 2020, sec. 3. ``feature_scaling``: ``"auto"`` (default: the image fractions ``cx, cy, w, h,
+    edge`` read on ``[0, 1]`` as they are, ``lo = 0``, ``hi = 1``; other features min-max scaled),
+    ``"minmax"`` (every feature), ``"none"`` (every feature taken as already in ``[0, 1]``).
+    Other parameters, inputs and errors as :class:`GeometryLogisticCalibration`
     (no ``score_transform``: the beta map reads scores as probabilities, clipped to ``[eps, 1 - eps]``).
 
     Examples
@@ -319,13 +362,15 @@ class GeometryBetaCalibration(_PenalisedBasisMap):
     """
 
     method = "det-beta-geo"
-    hyper_constraints = dict(_PenalisedBasisMap.hyper_common)
+    hyper_constraints = {**_PenalisedBasisMap.hyper_common, "feature_scaling": Choice("auto", "minmax", "none")}
     fitted_constraints = Fields({**_BASIS_FIELDS, "lo": Array((None,)), "hi": Array((None,))})
 
     def __init__(self, box_features: str | None = None, reg: str = "cv", reg_lambda: float = 1e-4,
-                 dependent: bool = True, eps: float = 1e-4, cv_folds: int = 3, seed: int = 0,
-                 input_kind: str = "logits"):
+                 dependent: bool = True, feature_scaling: str = "auto", clip_levels: bool = True,
+                 eps: float = 1e-4, cv_folds: int = 3, seed: int = 0, input_kind: str = "logits"):
         self.box_features = box_features
+        self.clip_levels = clip_levels
+        self.feature_scaling = feature_scaling
         self.reg = reg
         self.reg_lambda = reg_lambda
         self.dependent = dependent
@@ -341,6 +386,11 @@ class GeometryBetaCalibration(_PenalisedBasisMap):
     def _set_ranges(self, f, w):
         live = f if w is None else f[w > 0]  # a box of weight 0 counts as absent
         self.lo_, self.hi_ = live.min(axis=0), live.max(axis=0)
+        names = parse_box_features(self.box_features, f.shape[1])
+        fixed = [self.feature_scaling == "none" or (self.feature_scaling == "auto" and n in IMAGE_FRACTIONS)
+                 for n in names]
+        self.lo_ = np.where(fixed, 0.0, self.lo_)
+        self.hi_ = np.where(fixed, 1.0, self.hi_)
 
     def _get_ranges(self):
         return {"lo": self.lo_.tolist(), "hi": self.hi_.tolist()}
