@@ -21,7 +21,7 @@ from confcal.metrics.bootstrap import bootstrap_indices
 from confcal.metrics.calibration import ece
 from confcal.metrics.detection import detection_ece
 
-__all__ = ["build_report", "reliability_svg", "bootstrap_interval", "report_verdict"]
+__all__ = ["build_report", "build_multilabel_report", "reliability_svg", "bootstrap_interval", "report_verdict"]
 
 _CSS = """body{font-family:sans-serif;margin:2em auto;max-width:1200px;padding:0 1em;color:#222;box-sizing:border-box}
 .scroll{max-width:100%;overflow-x:auto}table{border-collapse:collapse;margin:0.5em 0 1.5em}
@@ -228,5 +228,82 @@ def build_report(stages: dict, labels, *, domains=None, manifest: dict | None = 
                      + html.escape(json.dumps({"fit": fit, "hyperparameters": manifest.get("hyperparameters"),
                                                "parameters": manifest.get("parameters")}, indent=2))
                      + "</pre></details>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _provenance_html(manifest: dict) -> list[str]:
+    fit = dict(manifest.get("fit") or {})
+    prov = fit.pop("provenance", None)
+    fit.pop("data_summary", None)
+    return [f"<h2>Calibrator</h2><p>method <b>{html.escape(str(manifest.get('method')))}</b></p>",
+            "<details><summary>Provenance</summary><pre>" + html.escape(json.dumps(prov, indent=2)) + "</pre></details>",
+            "<details><summary>Fit record and parameters</summary><pre>"
+            + html.escape(json.dumps({"fit": fit, "hyperparameters": manifest.get("hyperparameters"),
+                                      "parameters": manifest.get("parameters")}, indent=2)) + "</pre></details>"]
+
+
+def build_multilabel_report(stages: dict, labels, *, manifest: dict | None = None, n_bins: int = 15,
+                            n_draws: int = 200, max_ece: float | None = None, max_diagrams: int = 8,
+                            title: str = "confcal calibration report (sigmoid head)",
+                            verdict_out: list | None = None) -> str:
+    """The report of a sigmoid head (multi-hot labels) as an HTML string.
+
+    ``stages``: ``{name: (n_samples, n_labels) label probabilities}``; ``labels`` multi-hot
+    ``(n_samples, n_labels)``. Sections: the verdict (each label's and the mean ECE of the last stage
+    against ``max_ece``; ``verdict_out`` is extended with it), per-label ECE / binary NLL / Brier
+    with the mean over labels (its 95% bootstrap interval over ``n_draws`` resamples of the rows),
+    reliability diagrams of all labels pooled and of the first ``max_diagrams`` labels, and the
+    manifest's provenance. Metrics: :func:`confcal.metrics.multilabel.multilabel_metrics`.
+    """
+    from confcal.metrics.multilabel import check_multihot, multilabel_metrics
+
+    first = np.asarray(next(iter(stages.values())))
+    y = check_multihot(labels, first.shape[0], first.shape[1])
+    n, n_labels = y.shape
+    results = {k: multilabel_metrics(p, y, n_bins=n_bins) for k, p in stages.items()}
+    last = list(results)[-1]
+    verdict = []
+    if max_ece is not None:
+        m = results[last]
+        groups = [(f"label {j}", r["ece"]) for j, r in enumerate(m["per_label"])] + [("mean", m["mean"]["ece"])]
+        verdict = [{"group": g, "metric": "ece", "value": v, "limit": float(max_ece), "pass": not v > max_ece}
+                   for g, v in groups]
+    if verdict_out is not None:
+        verdict_out.extend(verdict)
+
+    def mean_of(key):
+        return lambda p, yy: multilabel_metrics(p, yy, n_bins=n_bins)["mean"][key]
+
+    rows = []
+    for stage, m in results.items():
+        p = np.asarray(stages[stage], dtype=np.float64)
+        for j, r in enumerate(m["per_label"]):
+            rows.append({"stage": stage, "label": str(j), "prevalence": r["prevalence"], "ece": r["ece"],
+                         "nll": r["nll"], "brier": r["brier"]})
+        lo, hi = bootstrap_interval(mean_of("ece"), p, y, n_draws=n_draws)
+        blo, bhi = bootstrap_interval(mean_of("brier"), p, y, n_draws=n_draws, seed=1)
+        rows.append({"stage": stage, "label": "(mean)", "prevalence": "",
+                     "ece": f"{m['mean']['ece']:.4f} [{lo:.4f}, {hi:.4f}]", "nll": m["mean"]["nll"],
+                     "brier": f"{m['mean']['brier']:.4f} [{blo:.4f}, {bhi:.4f}]"})
+    parts = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
+             f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>",
+             f"<p>{n} samples, {n_labels} labels, each label a binary problem (rows do not sum to 1); "
+             f"ECE over {n_bins} equal-width bins of each label's probability; 95% bootstrap intervals of the "
+             f"means from {n_draws} resamples of the rows."
+             + (f" Limit ECE &le; {max_ece:g} per label and on average." if max_ece is not None else "") + "</p>",
+             "<h2>Verdict</h2>", _verdict_html(verdict, last),
+             "<h2>Per-label metrics</h2>", _table(rows, ["stage", "label", "prevalence", "ece", "nll", "brier"]),
+             "<h2>Reliability diagrams</h2>"]
+    views = [("all labels pooled", slice(None))] + [(f"label {j}", j) for j in range(min(n_labels, max_diagrams))]
+    for name, cols in views:
+        audits = {s: calibration_audit(np.asarray(p, dtype=np.float64)[:, cols].reshape(-1),
+                                       y[:, cols].reshape(-1), n_bins=n_bins)["groups"][ALL]
+                  for s, p in stages.items()}
+        parts.append(f"<figure>{reliability_svg(audits, name)}<figcaption>{html.escape(name)}</figcaption></figure>")
+    if n_labels > max_diagrams:
+        parts.append(f"<p>Diagrams of the first {max_diagrams} of {n_labels} labels; the table has them all.</p>")
+    if manifest is not None:
+        parts += _provenance_html(manifest)
     parts.append("</body></html>")
     return "\n".join(parts)

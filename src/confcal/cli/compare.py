@@ -40,6 +40,9 @@ def register(sub):
 
     add_box_features_arg(p, what="for 1-D box scores: given to det-platt-geo / det-beta-geo / det-hist-geo and "
                                  "used for the geometry D-ECE column")
+    from confcal.cli._multilabel import add_multilabel_arg
+
+    add_multilabel_arg(p)
     p.set_defaults(func=run)
 
 
@@ -58,6 +61,11 @@ def run(args) -> int:
                  "test_labels": load_array(args.test_labels, name="test_labels")}
     if args.jobs < 1:
         raise ValueError(f"--jobs: expected an integer >= 1, got {args.jobs}")
+    from confcal.cli import _multilabel
+
+    inputs = _multilabel.multilabel_inputs(args)
+    if inputs is not None:  # a sigmoid head: per-label metrics
+        return _multilabel.run_compare(args, inputs, methods)
     scores = load_array(args.logits, name="logits")
     if scores.ndim == 1:
         return _run_boxes(args, scores, methods)

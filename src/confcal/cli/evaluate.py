@@ -33,6 +33,9 @@ def register(sub):
                         "predictions without one) exceeds X overall or in any domain")
     add_box_features_arg(p, what="for box scores: also print the geometry D-ECE over confidence x these features "
                                    "(default: the calibrator's box features)")
+    from confcal.cli._multilabel import add_multilabel_arg
+
+    add_multilabel_arg(p)
     add_engine_args(p)
     p.set_defaults(func=run)
 
@@ -40,6 +43,11 @@ def register(sub):
 def run(args) -> int:
     if wants_dask(args):
         return run_evaluate(args)
+    from confcal.cli import _multilabel
+
+    inputs = _multilabel.multilabel_inputs(args, calibrator_path=args.calibrator)
+    if inputs is not None:  # a sigmoid head: per-label metrics
+        return _multilabel.run_evaluate(args, inputs)
     from confcal.cli import _audit
     from confcal.evaluation.streamed import evaluate_sources
     from confcal.io import load_calibrator

@@ -26,6 +26,9 @@ def register(sub):
 
     add_box_features_arg(p, what="for box scores: adds the gap heat map over cx, cy and the gap against the "
                                  "other features (default: the calibrator's box features)")
+    from confcal.cli._multilabel import add_multilabel_arg
+
+    add_multilabel_arg(p)
     p.set_defaults(func=run)
 
 
@@ -42,6 +45,11 @@ def run(args) -> int:
         raise ValueError(f"--max-ece: expected a number in [0, 1], got {args.max_ece!r}")
     if args.bootstrap < 1:
         raise ValueError(f"--bootstrap: expected a positive number of resamples, got {args.bootstrap}")
+    from confcal.cli import _multilabel
+
+    inputs = _multilabel.multilabel_inputs(args, calibrator_path=args.calibrator)
+    if inputs is not None:  # a sigmoid head: per-label metrics
+        return _multilabel.run_report(args, inputs)
     side = load_side(args)
     manifest = load_manifest(args.calibrator)
     if args.input_kind is None:

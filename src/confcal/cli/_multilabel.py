@@ -1,0 +1,143 @@
+"""Sigmoid heads (multi-hot labels) in ``evaluate``, ``report`` and ``compare``: per-label ECE,
+binary NLL and Brier and their mean (:mod:`confcal.evaluation.multilabel`).
+
+A command takes this path with ``--multilabel``, when its calibrator is a sigmoid-head method
+(``ts-multilabel``, ``platt-multilabel``), or when ``--labels`` is 2-D of the logits' shape with a
+row that is not one-hot (one-hot 2-D labels stay a softmax head's class labels).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+__all__ = ["add_multilabel_arg", "multilabel_inputs", "run_evaluate", "run_report", "run_compare"]
+
+
+def add_multilabel_arg(p) -> None:
+    p.add_argument("--multilabel", action="store_true",
+                   help="sigmoid head: --logits (n_samples, n_labels) with multi-hot --labels of the same shape; "
+                        "per-label ECE, binary NLL and Brier and their mean (chosen without the flag when the "
+                        "labels are multi-hot or the calibrator is ts-multilabel / platt-multilabel)")
+
+
+def multilabel_inputs(args, *, calibrator_path=None):
+    """``(logits, labels, manifest)`` when this call is a sigmoid head's, else None (nothing is
+    read twice: the softmax path reads its own inputs)."""
+    import numpy as np
+
+    from confcal.io import load_array, load_manifest
+
+    header = getattr(args, "csv_header", "first")
+    manifest = load_manifest(calibrator_path) if calibrator_path else None
+    flagged = getattr(args, "multilabel", False)
+    if manifest is not None and str(manifest.get("method", "")).endswith("-multilabel"):
+        flagged = True
+    if not flagged and not getattr(args, "labels", None):
+        return None
+    labels = load_array(args.labels, name="labels", csv_header=header)
+    if not flagged and labels.ndim != 2:
+        return None
+    logits = load_array(args.logits, name="logits", csv_header=header)
+    from confcal.evaluation.multilabel import is_multilabel
+
+    if not is_multilabel(np.shape(logits), labels, force=flagged):
+        return None
+    if logits.ndim != 2 or np.shape(labels) != np.shape(logits):
+        raise ValueError(f"--labels: a sigmoid head needs multi-hot labels of the logits' shape "
+                         f"{tuple(np.shape(logits))} (n_samples, n_labels), got {tuple(np.shape(labels))}")
+    return logits, labels, manifest
+
+
+def _stages(args, logits, manifest):
+    from confcal.evaluation.multilabel import multilabel_stages
+    from confcal.io import load_calibrator
+
+    cal = None
+    if manifest is not None:
+        cal = load_calibrator(manifest, n_classes=logits.shape[1])
+        if not getattr(cal, "multilabel", False):
+            raise ValueError(f"--calibrator: {cal.method} calibrates softmax heads, but --labels are multi-hot "
+                             "(n_samples, n_labels); fit ts-multilabel or platt-multilabel")
+    kind = args.input_kind or (cal.input_kind if cal is not None else "logits")
+    return multilabel_stages(logits, cal, input_kind=kind)
+
+
+def _max_ece(args):
+    v = getattr(args, "max_ece", None)
+    if v is not None and not 0.0 <= v <= 1.0:  # also refuses nan
+        raise ValueError(f"--max-ece: expected a number in [0, 1], got {v!r}")
+    return v
+
+
+def _gate(results: dict, max_ece) -> int:
+    from confcal.cli._audit import EXIT_ECE_EXCEEDED
+    from confcal.evaluation.multilabel import multilabel_violations
+
+    if max_ece is None:
+        return 0
+    stage, m = list(results.items())[-1]
+    bad = multilabel_violations(m, max_ece)
+    if not bad:
+        return 0
+    print(f"confcal: per-label ECE above --max-ece {max_ece:g} ({stage}): "
+          + ", ".join(f"{g} {v:.4f}" for g, v in bad), file=sys.stderr)
+    return EXIT_ECE_EXCEEDED
+
+
+def run_evaluate(args, inputs) -> int:
+    """``confcal evaluate`` of a sigmoid head: the per-label table of every stage (or JSON)."""
+    from confcal.evaluation.multilabel import evaluate_multilabel, format_multilabel
+
+    logits, labels, manifest = inputs
+    max_ece = _max_ece(args)
+    results = evaluate_multilabel(_stages(args, logits, manifest), labels, n_bins=args.n_bins)
+    n, n_labels = logits.shape
+    if args.json:
+        print(json.dumps({"n_samples": int(n), "n_labels": int(n_labels), "multilabel": True,
+                          "metrics": results}, indent=2))
+    else:
+        print(f"{n} samples, {n_labels} labels (sigmoid head: per-label ECE over {args.n_bins} equal-width bins, "
+              "binary NLL and Brier; (mean) = the average over labels)")
+        print(format_multilabel(results))
+    return _gate(results, max_ece)
+
+
+def run_report(args, inputs) -> int:
+    from confcal.io import atomic_write
+    from confcal.report import build_multilabel_report
+
+    logits, labels, manifest = inputs
+    max_ece = _max_ece(args)
+    stages = _stages(args, logits, manifest)
+    verdict = []
+    text = build_multilabel_report(stages, labels, manifest=manifest, n_bins=args.n_bins, n_draws=args.bootstrap,
+                                   max_ece=max_ece, verdict_out=verdict)
+    with atomic_write(args.output, "w") as fh:
+        fh.write(text)
+    print(f"wrote report ({len(text) // 1024} KiB, {text.count('<svg')} charts) -> {args.output}")
+    failed = [v for v in verdict if not v["pass"]]
+    if failed:
+        from confcal.cli._audit import EXIT_ECE_EXCEEDED
+
+        print(f"confcal: per-label ECE above --max-ece {max_ece:g}: "
+              + ", ".join(f"{v['group']} {v['value']:.4f}" for v in failed), file=sys.stderr)
+        return EXIT_ECE_EXCEEDED
+    return 0
+
+
+def run_compare(args, inputs, methods) -> int:
+    from confcal.evaluation.multilabel import compare_multilabel_methods, format_multilabel_comparison
+
+    logits, labels, _ = inputs
+    if args.test_logits is not None or args.csv:
+        raise ValueError("--test-logits/--csv: not for multi-hot labels (random splits of the rows only)")
+    n = logits.shape[0]
+    cal_size = args.cal_size
+    if cal_size >= n:
+        cal_size = n // 2
+        print(f"note: --cal-size {args.cal_size} >= {n} rows; calibrating on half ({cal_size})", file=sys.stderr)
+    result = compare_multilabel_methods(logits, labels, methods, n_splits=args.splits, cal_size=cal_size,
+                                        seed=args.seed, input_kind=args.input_kind or "logits")
+    print(json.dumps(result, indent=2) if args.json else format_multilabel_comparison(result))
+    return 0
