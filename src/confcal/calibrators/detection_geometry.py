@@ -54,11 +54,13 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import expit, logit
 
-from confcal._validation import as_numpy, check_features, check_labels
-from confcal.calibrators._constraints import Array, Bool, Choice, Fields, Int, ListOf, Nullable, Real, Text
+from confcal._validation import as_numpy, check_domains, check_features, check_labels
+from confcal.calibrators._constraints import (Array, Bool, Choice, Fields, GroupKey, Int, ListOf, Nullable, Opt,
+                                              Pairs, Real, Text)
 from confcal.calibrators._geofit import REG_GRID, fit_penalised_logistic, select_penalty
 from confcal.calibrators.base import Calibrator, _sha256, register
-from confcal.calibrators.detection import _binary_metrics, _check_scores
+from confcal.calibrators.detection import _binary_metrics, _check_category_ids, _check_scores, _key_part
+from confcal.calibrators.grouping import fit_groups, route_groups
 
 __all__ = ["GeometryLogisticCalibration", "GeometryBetaCalibration", "GeometryHistogramBinning",
            "parse_box_features"]
@@ -85,10 +87,28 @@ def parse_box_features(text, d: int | None = None) -> list[str]:
     return names
 
 
+#: side inputs that define groups (per class and/or per domain), as for det-ts / det-platt
+_GROUP_INPUTS = ("domains", "category_ids")
+_GROUP_FIELDS = ("by_domain", "groups", "group_counts", "fallback_groups")
+
+
+def _key(k) -> tuple:
+    """A group key read from a manifest (a JSON list, or one id) as the tuple the fit uses."""
+    return tuple(k) if isinstance(k, list) else (k,)
+
+
+def _with_groups(spec: Fields) -> Fields:
+    """The manifest table of a map (``spec``) plus the optional per-group maps of the same table."""
+    return Fields({**spec.fields, "by_domain": Opt(Bool()), "groups": Opt(Pairs(GroupKey(), spec)),
+                   "group_counts": Opt(Pairs(GroupKey(), Int(ge=0))), "fallback_groups": Opt(ListOf(GroupKey()))})
+
+
 class _GeometryBoxMap(Calibrator):
-    """Shared inputs, manifest and checks of the geometry-dependent box maps (1-D scores + features)."""
+    """Shared inputs, manifest, groups and checks of the geometry-dependent box maps (1-D scores +
+    features; optionally per class and/or per domain)."""
 
     side_inputs = ("features",)
+    optional_side_inputs = _GROUP_INPUTS
     #: tells ``confcal fit`` / ``apply`` to hand over 1-D box scores (validated here)
     takes_box_scores = True
     #: tells the CLI to read the named ``box_features`` columns from the scores' file
@@ -121,25 +141,131 @@ class _GeometryBoxMap(Calibrator):
                              f"({len(names)} columns), got shape {f.shape}")
         return f
 
-    def _check_side(self, side, n):
-        unknown = sorted(set(k for k, v in side.items() if v is not None) - {"features"})
+    def _side(self, side, n, fitted: bool) -> dict:
+        unknown = sorted(set(k for k, v in side.items() if v is not None) - {"features", *_GROUP_INPUTS})
         if unknown:
-            raise TypeError(f"{type(self).__name__} does not take {unknown}; it takes ['features']")
-        return {"features": self._features(side.get("features"), n, fitted=self._is_fitted())}
+            raise TypeError(f"{type(self).__name__} does not take {unknown}; it takes "
+                            f"['features', {', '.join(repr(k) for k in _GROUP_INPUTS)}]")
+        out = {"features": self._features(side.get("features"), n, fitted=fitted)}
+        if side.get("domains") is not None:
+            out["domains"] = check_domains(side["domains"], n)
+        if side.get("category_ids") is not None:
+            out["category_ids"] = _check_category_ids(side["category_ids"], n)
+        return out
+
+    def _check_side(self, side, n):
+        return self._side(side, n, fitted=self._is_fitted())
 
     def _fit_inputs(self, scores, labels, sample_weight, side):
         s = self._scores(scores)
         y = check_labels(labels.astype(np.int8) if isinstance(labels, np.ndarray) and labels.dtype == bool
                          else labels, s.shape[0], 2)
         w = self._check_sample_weight(sample_weight, s.shape[0])
-        unknown = sorted(set(k for k, v in side.items() if v is not None) - {"features"})
-        if unknown:
-            raise TypeError(f"{type(self).__name__} does not take {unknown}; it takes ['features']")
-        f = self._features(side.get("features"), s.shape[0], fitted=False)
+        side = self._side(side, s.shape[0], fitted=False)
+        f = side["features"]
         parse_box_features(self.box_features, f.shape[1])
-        record = {"data_sha256": _sha256(s, np.asarray(y), f, *([] if w is None else [w])),
+        if self.per_class and "category_ids" not in side:
+            raise ValueError(f"category_ids: {type(self).__name__}(per_class=True) needs category_ids= "
+                             "(n_boxes,) at fit and predict time")
+        groups = [side[k] for k in _GROUP_INPUTS if k in side]  # the digest of an ungrouped fit is unchanged
+        record = {"data_sha256": _sha256(s, np.asarray(y), f, *groups, *([] if w is None else [w])),
                   "input_kind": "scores"}
-        return self._as_x(s), y, w, {"features": f}, record
+        return self._as_x(s), y, w, side, record
+
+    # --------------------------------------------------------------- groups
+    def _sample_weight_refusal(self):
+        import inspect
+
+        if "sample_weight" in inspect.signature(self._fit_map).parameters:
+            return None
+        return "its objective is not a weighted mean over samples"
+
+    def _group_keys(self, n, domains, category_ids):
+        """One key per box (``(category id,)``, ``(domain,)`` or both), or None for one pooled map."""
+        parts = []
+        if self.per_class:
+            if category_ids is None:
+                raise ValueError(f"category_ids: {type(self).__name__}(per_class=True) needs category_ids= "
+                                 "(n_boxes,) at fit and predict time")
+            parts.append(category_ids)
+        if getattr(self, "by_domain_", False):
+            if domains is None:
+                raise ValueError(f"domains: this {self.method} calibrator was fitted per domain; pass domains= "
+                                 "(n_boxes,) (ids unseen at fit time use the pooled map)")
+            parts.append(domains)
+        if not parts:
+            return None
+        return [tuple(_key_part(p[i]) for p in parts) for i in range(n)]
+
+    def _fit(self, x, y, sample_weight=None, features=None, domains=None, category_ids=None):
+        """The pooled map on all boxes (on ``self``), then one map per group of ``category_ids``
+        (``per_class``) and/or ``domains`` (given at fit time) by
+        :func:`~confcal.calibrators.grouping.fit_groups`: a group with fewer than ``min_samples``
+        boxes or one label only uses the pooled map."""
+        w = sample_weight
+        kw = {} if w is None else {"sample_weight": w}
+        self._fit_map(x, y, features=features, **kw)
+        self.by_domain_ = domains is not None
+        self.groups_, self.group_counts_, self.fallback_groups_ = {}, {}, []
+        keys = self._group_keys(x.shape[0], domains, category_ids)
+        if keys is None:
+            return
+
+        def fit_one(rows):
+            sub = type(self)(**{**self.get_params(), "per_class": False})
+            sub.by_domain_ = False
+            sub._fit_map(x[rows], y[rows], features=features[rows], **({} if w is None else {"sample_weight": w[rows]}))
+            return sub
+
+        fits = fit_groups(fit_one, keys, pooled=self, min_samples=self.min_samples, sample_weight=w, labels=y,
+                          what="group", pooled_name="the pooled map", stacklevel=5)
+        self.groups_, self.group_counts_ = fits.fits, fits.counts
+        self.fallback_groups_ = list(fits.fallback)
+
+    def _predict_proba(self, x, features=None, domains=None, category_ids=None):
+        keys = self._group_keys(x.shape[0], domains, category_ids)
+        if keys is None or not self.group_counts_:
+            return self._predict_map(x, features=features)
+        out = np.empty((x.shape[0], 2), dtype=np.float64)
+        rows = route_groups(keys, self.group_counts_, what="group", pooled_name="the pooled map", stacklevel=5)
+        for key, idx in rows.items():
+            out[idx] = self.groups_.get(key, self)._predict_map(x[idx], features=features[idx])
+        return out
+
+    def _get_fitted(self):
+        out = self._get_map()
+        if getattr(self, "by_domain_", False) or self.per_class:
+            enc = lambda k: list(k)  # noqa: E731  tuples -> JSON lists
+            out.update({"by_domain": bool(self.by_domain_),
+                        "groups": [[enc(k), c._get_map()] for k, c in self.groups_.items()],
+                        "group_counts": [[enc(k), int(v)] for k, v in self.group_counts_.items()],
+                        "fallback_groups": [enc(k) for k in self.fallback_groups_]})
+        return out
+
+    def _set_fitted(self, params):
+        params = dict(params)
+        grouped = {k: params.pop(k) for k in _GROUP_FIELDS if k in params}
+        self._set_map(params)
+        self.by_domain_ = bool(grouped.get("by_domain", False))
+        self.groups_ = {}
+        for k, p in grouped.get("groups", []):
+            sub = type(self)(**{**self.get_params(), "per_class": False})
+            sub.by_domain_ = False
+            sub._set_map(dict(p))
+            if sub.feature_names_ != self.feature_names_:
+                raise ValueError(f"groups: group {k!r} has box features {sub.feature_names_}, the pooled map "
+                                 f"{self.feature_names_}")
+            self.groups_[_key(k)] = sub
+        self.group_counts_ = {_key(k): int(v) for k, v in grouped.get("group_counts", [])}
+        self.group_counts_.update({k: self.group_counts_.get(k, 0) for k in self.groups_})
+        self.fallback_groups_ = [_key(k) for k in grouped.get("fallback_groups", [])]
+        for k in self.fallback_groups_:
+            self.group_counts_.setdefault(k, 0)
+        width = int(bool(self.per_class)) + int(self.by_domain_)
+        bad = [k for k in self.group_counts_ if len(k) != width]
+        if bad:
+            raise ValueError(f"groups: keys have {width} part(s) (per_class={self.per_class}, by_domain="
+                             f"{self.by_domain_}), got {list(bad[0])!r}")
 
     def _fit_metrics(self, x, probs, y):
         before = np.clip(x[:, 1], 0.0, 1.0)
@@ -163,7 +289,7 @@ class _PenalisedBasisMap(_GeometryBoxMap):
     """Logistic regression on a basis of (score, features), standardised, L2-penalised."""
 
     hyper_common = {"box_features": Nullable(Text()), "reg": Choice("cv", "fixed"), "reg_lambda": Real(ge=0),
-                    "clip_levels": Bool(),
+                    "clip_levels": Bool(), "per_class": Bool(), "min_samples": Int(ge=1),
                     "dependent": Bool(), "eps": Real(gt=0, lt=0.5), "cv_folds": Int(ge=2),
                     "seed": Int(ge=0)}
 
@@ -188,7 +314,7 @@ class _PenalisedBasisMap(_GeometryBoxMap):
         return np.concatenate([phi, (s <= self.eps)[:, None].astype(np.float64),
                                (s >= 1.0 - self.eps)[:, None].astype(np.float64)], axis=1)
 
-    def _fit(self, x, y, sample_weight=None, features=None):
+    def _fit_map(self, x, y, sample_weight=None, features=None):
         s, f = x[:, 1], features
         self.feature_names_ = parse_box_features(self.box_features, f.shape[1])
         self._set_ranges(f, sample_weight)
@@ -215,11 +341,11 @@ class _PenalisedBasisMap(_GeometryBoxMap):
     def _logit(self, s, f):
         return self.intercept_ + ((self._full_basis(s, f) - self.phi_mean_) / self.phi_std_) @ self.coef_
 
-    def _predict_proba(self, x, features=None):
+    def _predict_map(self, x, features=None):
         z = self._logit(x[:, 1], features)
         return np.stack([expit(-z), expit(z)], axis=1)
 
-    def _get_fitted(self):
+    def _get_map(self):
         return {"feature_names": list(self.feature_names_), "intercept": self.intercept_,
                 "coef": self.coef_.tolist(), "phi_mean": self.phi_mean_.tolist(),
                 "phi_std": self.phi_std_.tolist(), "reg_lambda": self.reg_lambda_,
@@ -228,7 +354,7 @@ class _PenalisedBasisMap(_GeometryBoxMap):
     def _get_ranges(self):
         return {}
 
-    def _set_fitted(self, params):
+    def _set_map(self, params):
         self.feature_names_ = list(params["feature_names"])
         self.intercept_ = float(params["intercept"])
         self.coef_ = np.asarray(params["coef"], dtype=np.float64)
@@ -307,13 +433,16 @@ class GeometryLogisticCalibration(_PenalisedBasisMap):
 
     method = "det-platt-geo"
     hyper_constraints = {**_PenalisedBasisMap.hyper_common, "score_transform": Choice("logit", "raw")}
-    fitted_constraints = Fields(dict(_BASIS_FIELDS))
+    fitted_constraints = _with_groups(Fields(dict(_BASIS_FIELDS)))
 
     def __init__(self, box_features: str | None = None, reg: str = "cv", reg_lambda: float = 1e-4,
                  dependent: bool = True, score_transform: str = "logit", clip_levels: bool = True,
-                 eps: float = 1e-4, cv_folds: int = 3, seed: int = 0, input_kind: str = "logits"):
+                 eps: float = 1e-4, cv_folds: int = 3, seed: int = 0, per_class: bool = False,
+                 min_samples: int = 50, input_kind: str = "logits"):
         self.box_features = box_features
         self.clip_levels = clip_levels
+        self.per_class = per_class
+        self.min_samples = min_samples
         self.reg = reg
         self.reg_lambda = reg_lambda
         self.dependent = dependent
@@ -363,13 +492,16 @@ class GeometryBetaCalibration(_PenalisedBasisMap):
 
     method = "det-beta-geo"
     hyper_constraints = {**_PenalisedBasisMap.hyper_common, "feature_scaling": Choice("auto", "minmax", "none")}
-    fitted_constraints = Fields({**_BASIS_FIELDS, "lo": Array((None,)), "hi": Array((None,))})
+    fitted_constraints = _with_groups(Fields({**_BASIS_FIELDS, "lo": Array((None,)), "hi": Array((None,))}))
 
     def __init__(self, box_features: str | None = None, reg: str = "cv", reg_lambda: float = 1e-4,
                  dependent: bool = True, feature_scaling: str = "auto", clip_levels: bool = True,
-                 eps: float = 1e-4, cv_folds: int = 3, seed: int = 0, input_kind: str = "logits"):
+                 eps: float = 1e-4, cv_folds: int = 3, seed: int = 0, per_class: bool = False,
+                 min_samples: int = 50, input_kind: str = "logits"):
         self.box_features = box_features
         self.clip_levels = clip_levels
+        self.per_class = per_class
+        self.min_samples = min_samples
         self.feature_scaling = feature_scaling
         self.reg = reg
         self.reg_lambda = reg_lambda
@@ -445,16 +577,19 @@ class GeometryHistogramBinning(_GeometryBoxMap):
     """
 
     method = "det-hist-geo"
-    hyper_constraints = {"box_features": Nullable(Text()), "n_bins": Int(ge=1, le=1000),
+    hyper_constraints = {"box_features": Nullable(Text()), "per_class": Bool(), "min_samples": Int(ge=1),
+                         "n_bins": Int(ge=1, le=1000),
                          "n_feature_bins": Int(ge=1, le=100)}
-    fitted_constraints = Fields({"feature_names": ListOf(Text()), "prior": Real(ge=0, le=1),
+    fitted_constraints = _with_groups(Fields({"feature_names": ListOf(Text()), "prior": Real(ge=0, le=1),
                                  "feature_edges": ListOf(ListOf(Real())),
                                  "score_edges": ListOf(ListOf(Real())),
-                                 "values": ListOf(ListOf(Real(ge=0, le=1)))})
+                                 "values": ListOf(ListOf(Real(ge=0, le=1)))}))
 
     def __init__(self, box_features: str | None = None, n_bins: int = 5, n_feature_bins: int = 3,
-                 input_kind: str = "logits"):
+                 per_class: bool = False, min_samples: int = 50, input_kind: str = "logits"):
         self.box_features = box_features
+        self.per_class = per_class
+        self.min_samples = min_samples
         self.n_bins = n_bins
         self.n_feature_bins = n_feature_bins
         self.input_kind = input_kind
@@ -474,7 +609,7 @@ class GeometryHistogramBinning(_GeometryBoxMap):
             cell = cell * self.n_feature_bins + b
         return cell
 
-    def _fit(self, x, y, features=None):
+    def _fit_map(self, x, y, features=None):
         s, f = x[:, 1], features
         self.feature_names_ = parse_box_features(self.box_features, f.shape[1])
         self.prior_ = float(np.mean(y))
@@ -491,7 +626,7 @@ class GeometryHistogramBinning(_GeometryBoxMap):
             self.score_edges_.append(edges)
             self.values_.append(((pos + self.prior_) / (cnt + 1.0)).tolist())
 
-    def _predict_proba(self, x, features=None):
+    def _predict_map(self, x, features=None):
         s = x[:, 1]
         cell = self._cells(features)
         p = np.empty(s.shape[0])
@@ -501,12 +636,12 @@ class GeometryHistogramBinning(_GeometryBoxMap):
             p[m] = np.asarray(self.values_[c])[b]
         return np.stack([1.0 - p, p], axis=1)
 
-    def _get_fitted(self):
+    def _get_map(self):
         return {"feature_names": list(self.feature_names_), "prior": self.prior_,
                 "feature_edges": [list(e) for e in self.feature_edges_],
                 "score_edges": [list(e) for e in self.score_edges_], "values": [list(v) for v in self.values_]}
 
-    def _set_fitted(self, params):
+    def _set_map(self, params):
         self.feature_names_ = list(params["feature_names"])
         self.prior_ = float(params["prior"])
         self.feature_edges_ = [[float(v) for v in e] for e in params["feature_edges"]]

@@ -35,6 +35,8 @@ def box_score_predictions(args, cal, side):
             raise ValueError(f"--calibrator: {cal.method} calibrates class vectors, but --logits holds 1-D box "
                              "scores; fit det-ts or det-platt")
         cal.set_params(input_kind=args.input_kind)
+        if getattr(args, "category_ids", None):
+            side = {**side, "category_ids": load_array(args.category_ids, name="category_ids")}
         if getattr(cal, "takes_box_features", False) and "features" not in side:
             from confcal.cli._boxfeatures import read_box_features
 

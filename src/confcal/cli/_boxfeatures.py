@@ -9,7 +9,7 @@ the names in the manifest; ``apply`` / ``evaluate`` read the same names from the
 
 from __future__ import annotations
 
-__all__ = ["add_box_features_arg", "read_box_features", "names_of"]
+__all__ = ["add_box_features_arg", "add_category_ids_arg", "read_box_features", "names_of"]
 
 _HINT = ("`confcal detections match` writes cx, cy, w, h, edge for axis-aligned boxes (with the images' "
          "width/height or --image-size W,H) and range, bearing, length_m, width_m for rotated BEV boxes")
@@ -19,6 +19,12 @@ def add_box_features_arg(p, *, what: str) -> None:
     p.add_argument("--box-features", metavar="NAMES",
                    help=f"comma-separated box geometry features read from the --logits file by name (e.g. "
                         f"cx,cy,w,h or range), {what}")
+
+
+def add_category_ids_arg(p) -> None:
+    p.add_argument("--category-ids", metavar="SPEC",
+                   help="box scores: category id per box (n_boxes,), for a calibrator fitted --per-class "
+                        "(det-ts/det-platt/det-beta and the geometry maps); ids unseen at fit time use the pooled map")
 
 
 def names_of(text: str) -> list[str]:

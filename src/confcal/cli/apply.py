@@ -23,6 +23,9 @@ def register(sub):
     p.add_argument("--keep-columns", metavar="COLS",
                    help="comma-separated columns (or keys) of the --logits file copied into a .parquet/.csv "
                         "output before the probabilities, e.g. image_id,box_id")
+    from confcal.cli._boxfeatures import add_category_ids_arg
+
+    add_category_ids_arg(p)
     add_engine_args(p)
     p.set_defaults(func=run)
 
@@ -47,7 +50,8 @@ def run(args) -> int:
 
     check_output_path(args.output, suffixes=OUTPUT_SUFFIXES, name="--output")
     check_not_an_input(args.output, {"--logits": args.logits, "--calibrator": args.calibrator,
-                                     "--domains": args.domains, "--features": args.features})
+                                     "--domains": args.domains, "--features": args.features,
+                                     "--category-ids": getattr(args, "category_ids", None)})
     cal = load_calibrator(args.calibrator)
     if args.input_kind is None:
         args.input_kind = cal.input_kind
@@ -56,6 +60,8 @@ def run(args) -> int:
         # det-ts / det-platt: 1-D box scores in, (n_boxes, 2) [false, true positive] out
         cal.set_params(input_kind=args.input_kind)
         scores, side = load_array(args.logits, name="scores", csv_header=args.csv_header), load_side(args)
+        if getattr(args, "category_ids", None):
+            side["category_ids"] = load_array(args.category_ids, name="category_ids", csv_header=args.csv_header)
         if getattr(cal, "takes_box_features", False) and "features" not in side:
             from confcal.cli._boxfeatures import read_box_features
 

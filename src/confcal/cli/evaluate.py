@@ -36,6 +36,9 @@ def register(sub):
     from confcal.cli._multilabel import add_multilabel_arg
 
     add_multilabel_arg(p)
+    from confcal.cli._boxfeatures import add_category_ids_arg
+
+    add_category_ids_arg(p)
     add_engine_args(p)
     p.set_defaults(func=run)
 

@@ -31,9 +31,9 @@ def register(sub):
     p.add_argument("--param", action="append", metavar="KEY=VALUE",
                    help="hyper-parameter of the method (repeatable), e.g. --param t_max=1000")
     p.add_argument("--category-ids", metavar="SPEC", action="append",
-                   help=f"det-ts/det-platt/det-beta: category id per box (n_boxes,): {SPEC_HELP}")
+                   help=f"det-ts/det-platt/det-beta and the geometry maps: category id per box (n_boxes,): {SPEC_HELP}")
     p.add_argument("--per-class", action="store_true",
-                   help="det-ts/det-platt/det-beta: one map per category (needs --category-ids)")
+                   help="det-ts/det-platt/det-beta and the geometry maps: one map per category (needs --category-ids)")
     p.add_argument("-o", "--output", required=True, help="manifest path (.json)")
     p.add_argument("--json", action="store_true", help="print the fit record as JSON")
     p.add_argument("--dataset-version", metavar="VERSION",
@@ -93,7 +93,7 @@ def run(args) -> int:
         x, side = spread_rows(xs), {k: spread_rows(v) for k, v in side.items()}
     else:
         if args.per_class or args.category_ids:
-            raise ValueError(f"--per-class/--category-ids: only for det-ts, det-platt and det-beta, not {args.method}")
+            raise ValueError(f"--per-class/--category-ids: only for the box-score methods (det-*), not {args.method}")
         # sources: fits that are sums over rows (TS) stream them in batches, the others load
         # them whole; fit validates them (input_kind is a hyper-parameter, recorded in the manifest)
         xs, side = source(args, "logits"), side_sources(args)

@@ -29,6 +29,9 @@ def register(sub):
     from confcal.cli._multilabel import add_multilabel_arg
 
     add_multilabel_arg(p)
+    from confcal.cli._boxfeatures import add_category_ids_arg
+
+    add_category_ids_arg(p)
     p.set_defaults(func=run)
 
 
