@@ -105,14 +105,15 @@ def run_apply(args) -> int:
     from confcal.dask import apply
     from confcal.dask._cluster import write_parquet
 
-    path, cols = _dataset(args, ["--logits", "--domains", "--features"])
+    path, cols = _dataset(args, ["--logits", "--domains", "--features", "--category-ids"])
     _check_not_inside(args.output, path)
     keep = [c for c in (getattr(args, "keep_columns", None) or "").split(",") if c]
     dtype = getattr(args, "dtype", None) or "float64"
     with _client(args):
         frame = _open(path)
         lazy = apply(_calibrator(args), frame, logits=cols["--logits"], domains=cols.get("--domains"),
-                     features=cols.get("--features"), keep_columns=keep, dtype=dtype)
+                     features=cols.get("--features"), keep_columns=keep, dtype=dtype,
+                     category_ids=cols.get("--category-ids"))
         write_parquet(lazy, args.output)
         n = frame.npartitions
     print(f"wrote calibrated probabilities ({dtype}) of {n} partitions -> {args.output}")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from confcal.dask._data import (ColumnSpec, ParquetDataset, Piece, partition_arrays, read_table, resolve_columns,
+from confcal.dask._data import (ColumnSpec, ParquetDataset, Piece, read_table, resolve_columns,
                                row_batches)
 
 __all__ = ["apply", "manifest_text"]
@@ -54,32 +54,28 @@ def _calibrator_from_text(text: str):
     return cal
 
 
-def _side_arrays(part, domains: ColumnSpec | None, features: ColumnSpec | None) -> dict:
-    arrays = partition_arrays(part, {"domains": domains, "features": features})
-    return {k: v for k, v in arrays.items() if v is not None}
-
-
 def _predict(text, x, side, dtype):
     probs = _calibrator_from_text(text).predict_proba(x, **side)
     return probs if dtype is None else probs.astype(dtype, copy=False)
 
 
-def _apply_partition(part, text, logits, domains, features, keep, dtype, out_column):
+def _apply_partition(part, text, logits, domains, features, keep, dtype, out_column, category_ids=None):
     """One partition's output frame: the ``keep`` columns and the probabilities as a fixed-size list."""
     import pandas as pd
     import pyarrow as pa
 
     from confcal.sources.arrow import table_to_numpy
 
-    table = read_table(part, list(dict.fromkeys(logits.columns + (domains.columns if domains else [])
-                                                + (features.columns if features else []) + list(keep))))
+    sides = (("domains", domains), ("features", features), ("category_ids", category_ids))
+    table = read_table(part, list(dict.fromkeys(logits.columns + [c for _, s in sides if s for c in s.columns]
+                                                + list(keep))))
     where = part.path if isinstance(part, Piece) else ""
     first = part.first_row if isinstance(part, Piece) else 0
 
     def matrix(spec, name):
         return table_to_numpy(table, spec.columns, group=spec.group, name=name, where=where, first_row=first)
 
-    side = {k: matrix(s, k) for k, s in (("domains", domains), ("features", features)) if s is not None}
+    side = {k: matrix(s, k) for k, s in sides if s is not None}
     x, probs = matrix(logits, "logits"), None
     for b in row_batches(len(x)):  # bounded temporaries; the rows are those of one whole predict_proba
         pb = _predict(text, x[b], {key: v[b] for key, v in side.items()}, dtype)
@@ -101,7 +97,8 @@ def _apply_block(block, text, dtype):
 
 
 def apply(calibrator, data, *, logits: str = "logits", domains: str | None = None,
-          features: str | None = None, keep_columns=(), dtype="float64", out_column: str = "probs"):
+          features: str | None = None, keep_columns=(), dtype="float64", out_column: str = "probs",
+          category_ids: str | None = None):
     """Calibrated probabilities of a Dask collection, lazily, partition by partition.
 
     Parameters
@@ -112,11 +109,15 @@ def apply(calibrator, data, *, logits: str = "logits", domains: str | None = Non
     data : ParquetDataset, dask.dataframe.DataFrame or dask.array.Array
         A dataset from :func:`confcal.dask.read_parquet` (fastest: each task reads its piece
         with pyarrow) or any Dask DataFrame, whose ``logits``
-        column(s) hold ``(n_samples, n_classes)`` logits (or 1-D box scores), or a Dask
+        column(s) hold ``(n_samples, n_classes)`` logits (or 1-D box scores; or a sigmoid head's
+        ``(n_samples, n_labels)`` logits for ``ts-multilabel`` / ``platt-multilabel``), or a Dask
         array of logits chunked along rows only.
-    logits, domains, features : str
+    logits, domains, features, category_ids : str
         Column specs (``"logits"`` list column, ``"logit_*"`` glob, ``"a,b"``);
-        DataFrames only. ``domains``/``features`` are the side inputs the method takes.
+        DataFrames only. ``domains``/``features``/``category_ids`` are the side inputs the method
+        takes. A geometry box map (``det-platt-geo``, ...) reads its fitted box features (e.g.
+        ``cx,cy,w,h``) as columns of those names unless ``features`` is given; ``category_ids`` is
+        for a box map fitted per class.
     keep_columns : sequence of str
         Columns copied to the output next to the probabilities (ids, file names).
     dtype : {"float64", "float32"}
@@ -143,10 +144,15 @@ def apply(calibrator, data, *, logits: str = "logits", domains: str | None = Non
     if dtype not in ("float64", "float32"):
         raise ValueError(f"dtype: expected 'float64' or 'float32', got {dtype!r}")
     text = manifest_text(calibrator)
-    n_classes = json.loads(text)["n_classes"]
+    manifest = json.loads(text)
+    n_classes = manifest["n_classes"]
+    params = manifest.get("parameters") or {}
+    if features is None and isinstance(params, dict) and isinstance(params.get("feature_names"), list) \
+            and manifest.get("method", "").endswith("-geo"):
+        features = ",".join(params["feature_names"])  # a geometry map: its box features by name
     if isinstance(data, da.Array):
-        if domains is not None or features is not None or keep_columns:
-            raise ValueError("domains/features/keep_columns: only for a Dask DataFrame, not an array")
+        if domains is not None or features is not None or category_ids is not None or keep_columns:
+            raise ValueError("domains/features/category_ids/keep_columns: only for a Dask DataFrame, not an array")
         if data.ndim != 2 or data.shape[1] != n_classes:
             raise ValueError(f"logits: the calibrator was fitted on {n_classes} classes, "
                              f"got a Dask array of shape {data.shape}")
@@ -158,6 +164,7 @@ def apply(calibrator, data, *, logits: str = "logits", domains: str | None = Non
     lspec = resolve_columns(data, logits, name="logits")
     dspec = resolve_columns(data, domains, name="domains") if domains else None
     fspec = resolve_columns(data, features, name="features") if features else None
+    cspec = resolve_columns(data, category_ids, name="category_ids") if category_ids else None
     keep = list(keep_columns)
     missing = [c for c in keep if c not in data.columns]
     if missing:
@@ -167,8 +174,8 @@ def apply(calibrator, data, *, logits: str = "logits", domains: str | None = Non
     meta = _meta(data, keep, out_column, n_classes if not _is_scores(lspec, data) else 2, np.dtype(dtype))
     if isinstance(data, ParquetDataset):  # each task reads its piece with pyarrow
         return dd.from_map(_apply_partition, data.pieces, args=[text, lspec, dspec, fspec, keep, np.dtype(dtype),
-                                                                out_column], meta=meta, enforce_metadata=False)
-    return data.map_partitions(_apply_partition, text, lspec, dspec, fspec, keep, np.dtype(dtype), out_column,
+                                                                out_column, cspec], meta=meta, enforce_metadata=False)
+    return data.map_partitions(_apply_partition, text, lspec, dspec, fspec, keep, np.dtype(dtype), out_column, cspec,
                                meta=meta, align_dataframes=False)
 
 
