@@ -35,9 +35,12 @@ def multilabel_inputs(args, *, calibrator_path=None):
         flagged = True
     if not flagged and not getattr(args, "labels", None):
         return None
+    if not flagged:  # the shape from the file's header: 1-D labels (the usual case) are never loaded here
+        from confcal.cli._common import source
+
+        if source(args, "labels").ndim != 2:
+            return None
     labels = load_array(args.labels, name="labels", csv_header=header)
-    if not flagged and labels.ndim != 2:
-        return None
     logits = load_array(args.logits, name="logits", csv_header=header)
     from confcal.evaluation.multilabel import is_multilabel
 
