@@ -45,6 +45,10 @@ decade, 1e-6 ... 1, by 3-fold cross-validated NLL (stratified by label, seeded),
 ``dirichlet`` do for ODIR. None of the three maps is constrained to be monotone in the score: a
 geometry-dependent map may rank two boxes of equal score differently, by design.
 
+Per class and per domain: ``per_class=True`` with ``category_ids=``, and/or ``domains=`` at fit
+time, fit one map per group through :func:`confcal.calibrators.grouping.fit_groups` (the rules of
+``det-ts`` / ``det-platt``: small or single-label groups and unseen groups use the pooled map).
+
 Fitted with features, a calibrator refuses input without them: ``predict_proba`` raises naming
 the features, and ``confcal apply`` / ``evaluate`` read them by name from the scores' file.
 """
@@ -409,9 +413,14 @@ class GeometryLogisticCalibration(_PenalisedBasisMap):
     score_transform : ``"logit"`` (default; scores clipped to ``[eps, 1 - eps]``, so raw scores above 1 are
         clipped) or ``"raw"`` (the score as it is, for detectors whose scores are not probabilities)
     eps, cv_folds, seed : the clip of the scores; folds and seed of the cross-validation
+    per_class : one map per ``category_ids`` value (needs ``category_ids=`` at fit and predict time);
+        ``domains=`` given at fit time also groups the boxes (crossed with the classes). Each group's
+        map is this method fitted on its boxes alone; groups with fewer than ``min_samples`` boxes or
+        one label, and groups unseen at predict time (one warning), use the pooled map (all boxes)
+    min_samples : the smallest group with its own map (default 50)
 
-    Inputs: ``fit(scores (n,), labels 0/1 (n,), features=(n, d))``; ``predict_proba(scores,
-    features=)`` gives float64 ``(n, 2)`` (false, true positive).
+    Inputs: ``fit(scores (n,), labels 0/1 (n,), features=(n, d)[, category_ids=(n,), domains=(n,)])``;
+    ``predict_proba(scores, features=[, ...])`` gives float64 ``(n, 2)`` (false, true positive).
 
     Raises
     ------
@@ -563,6 +572,7 @@ class GeometryHistogramBinning(_GeometryBoxMap):
     ----------
     box_features : as :class:`GeometryLogisticCalibration`
     n_bins : score bins per cell; n_feature_bins : bins per box feature
+    per_class, min_samples : groups per class and/or domain, as :class:`GeometryLogisticCalibration`
 
     Examples
     --------
