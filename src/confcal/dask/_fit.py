@@ -13,7 +13,7 @@ from confcal.dask._data import column_matrix, resolve_columns
 from confcal.dask._engine import DaskEngine
 from confcal.passes import run_job, together
 
-__all__ = ["fit", "full_data_methods", "full_data_conditions"]
+__all__ = ["fit", "full_data_methods", "full_data_conditions", "fit_modes_line"]
 
 _PLAIN_INPUTS = ({"logits", "labels"}, {"logits", "labels", "domains"})
 
@@ -46,6 +46,21 @@ def full_data_conditions() -> dict:
 
     return {name: dict(cond) for name, (_, cond) in sorted(FULL_DATA_JOBS.items())
             if cond and not _has_job(name, {}) and _has_job(name, cond)}
+
+
+def fit_modes_line(quote: str = "`") -> str:
+    """The one line of the docs (``docs/guide/scale_out.md``, this package's docstring) that says which
+    methods fit on every row and which on a seeded sample, generated from the registry; ``quote``
+    wraps each name (Markdown ````` `` or reStructuredText ``"``"``)."""
+    q = lambda name: f"{quote}{name}{quote}"  # noqa: E731
+    full = [m for m, yes in full_data_methods().items() if yes]
+    parts = ["full data: " + ", ".join(q(m) for m in full)]
+    by_cond: dict = {}
+    for m, cond in full_data_conditions().items():
+        by_cond.setdefault(", ".join(f"{k}={v}" for k, v in cond.items()), []).append(m)
+    for cond, names in by_cond.items():
+        parts.append(f"full data with {q(cond)} (else seeded sample): " + ", ".join(q(m) for m in names))
+    return "; ".join(parts) + "; every other method: seeded sample."
 
 
 def fit(method: str, data, *, logits: str = "logits", labels: str = "label", domains: str | None = None,
@@ -86,7 +101,8 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
     Calibrator
         Fitted; its fit record has ``engine: "dask"``, ``fitted_on`` (``"all rows"`` or
         ``"sample"``), the drift ``data_summary`` (of all rows, exact, for full-data fits; of the
-        sample otherwise) and ``n_passes`` (full-data fits) or ``sample`` (``{"rows", "seed"}``). ``data_sha256`` is a digest of the batches' digests
+        sample otherwise) and ``n_passes`` (full-data fits) or ``sample`` (``{"rows", "seed"}``).
+        ``data_sha256`` is a digest of the batches' digests
         (not comparable with a single-process fit's).
 
     Raises
@@ -97,6 +113,9 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
     from confcal.calibrators.base import make_calibrator
     from confcal.metrics.drift_passes import summary_job
 
+    if isinstance(sample_rows, bool) or not isinstance(sample_rows, int) or sample_rows < 1:
+        # refused whichever way the method fits (a full-data method would ignore it)
+        raise ValueError(f"sample_rows: expected a positive number of rows, got {sample_rows!r}")
     if input_kind not in (None, "logits", "probs"):
         raise ValueError(f"input_kind: expected 'logits' or 'probs', got {input_kind!r}")
     # None: the method's own default (det-ts: probability scores, like its single-process fit)
