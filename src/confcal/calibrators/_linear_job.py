@@ -138,7 +138,7 @@ def _block_stats(theta, s, mask, y, kind: str, k: int, hessian: bool):
 
 
 # ----------------------------------------------------------------- one pass
-def _validated(batch: dict, first: int, *, input_kind: str, one_logit: bool):
+def validated_batch(batch: dict, first: int, *, input_kind: str, one_logit: bool):
     from confcal._validation import check_labels, check_logits
 
     raw = np.asarray(batch["logits"])
@@ -154,13 +154,48 @@ def _validated(batch: dict, first: int, *, input_kind: str, one_logit: bool):
     return raw, x, y
 
 
+def first_pass_checks(raw, x, y, first: int, input_kind: str) -> dict:
+    """What the first pass of a fit job records of one validated batch: its digest and the flags
+    of the probabilities-as-logits check, which needs every row (:func:`refuse_probabilities`)."""
+    out = {"digest": [], "unit": False, "sums_to_one": True, "inside": False}
+    h = hashlib.sha256()
+    for a in (x, y):
+        h.update(str(a.dtype).encode() + str(a.shape).encode())
+        h.update(np.ascontiguousarray(a).data)
+    out["digest"] = [(first, h.hexdigest())]
+    if input_kind == "logits" and raw.ndim == 2 and raw.shape[1] > 1:
+        out["unit"] = raw.dtype.kind == "f" and bool(np.min(raw) >= 0) and bool(np.max(raw) <= 1)
+        if out["unit"]:
+            tol = 1e-3 if raw.dtype == np.float16 else 1e-4
+            out["sums_to_one"] = bool(np.all(np.abs(raw.sum(axis=1, dtype=np.float64) - 1.0) <= tol))
+            out["inside"] = not bool(np.all((raw == 0) | (raw == 1)))
+    return out
+
+
+def merge_checks(a: dict, b: dict) -> dict:
+    return {"digest": a["digest"] + b["digest"], "unit": a["unit"] and b["unit"],
+            "sums_to_one": a["sums_to_one"] and b["sums_to_one"], "inside": a["inside"] or b["inside"]}
+
+
+def refuse_probabilities(st: dict) -> None:
+    """The whole-data probabilities-as-logits check of :func:`confcal._validation.check_logits`."""
+    if st["unit"] and st["sums_to_one"] and st["inside"]:
+        raise ValueError("logits: every row is in [0, 1] and sums to 1, so these look like probabilities, not "
+                         "logits; pass input_kind='probs' (CLI: --input-kind probs) to use their log as logits")
+
+
+def batch_digest(st: dict) -> str:
+    """The fit record's ``data_sha256`` of a job: the sha256 of the batches' digests in row order."""
+    return hashlib.sha256("".join(d for _, d in sorted(st["digest"])).encode()).hexdigest()
+
+
 def _linear_batch(batch: dict, first: int, *, kind: str, k: int | None, input_kind: str, one_logit: bool,
                   theta, hessian: bool, validate: bool, metrics: bool):
     """Sums of one batch at ``theta``: ``{"n", "loss", "grad", "hess", "after", ...}``; the first
     pass (``validate``) also checks the rows, digests them and sums the metrics before the fit."""
     from confcal.metrics.accumulators import SummaryAccumulator
 
-    raw, x, y = _validated(batch, first, input_kind=input_kind, one_logit=one_logit)
+    raw, x, y = validated_batch(batch, first, input_kind=input_kind, one_logit=one_logit)
     k = x.shape[1] if k is None else k
     if x.shape[1] != k:
         raise ValueError(f"logits: expected {k} classes in every row batch, got shape {x.shape} at row {first}")
@@ -178,17 +213,7 @@ def _linear_batch(batch: dict, first: int, *, kind: str, k: int | None, input_ki
         from confcal._numeric import softmax
 
         before = SummaryAccumulator(15, equal_mass=False)
-        h = hashlib.sha256()
-        for a in (x, y):
-            h.update(str(a.dtype).encode() + str(a.shape).encode())
-            h.update(np.ascontiguousarray(a).data)
-        out["digest"] = [(first, h.hexdigest())]
-        if input_kind == "logits" and raw.ndim == 2 and raw.shape[1] > 1:
-            out["unit"] = raw.dtype.kind == "f" and bool(np.min(raw) >= 0) and bool(np.max(raw) <= 1)
-            if out["unit"]:
-                tol = 1e-3 if raw.dtype == np.float16 else 1e-4
-                out["sums_to_one"] = bool(np.all(np.abs(raw.sum(axis=1, dtype=np.float64) - 1.0) <= tol))
-                out["inside"] = not bool(np.all((raw == 0) | (raw == 1)))
+        out.update(first_pass_checks(raw, x, y, first, input_kind))
     for lo in range(0, len(y), _SUB):
         sl = slice(lo, lo + _SUB)
         loss, grad, hess, p = _block_stats(theta, s[sl], None if mask is None else mask[sl], y[sl], kind, k,
@@ -215,9 +240,7 @@ def _merge_linear(a: dict, b: dict) -> dict:
     return {"n": a["n"] + b["n"], "k": a["k"], "loss": a["loss"] + b["loss"], "grad": _add(a["grad"], b["grad"]),
             "hess": _add(a["hess"], b["hess"]),
             "after": None if a["after"] is None else a["after"].merge(b["after"]),
-            "before": None if a["before"] is None else a["before"].merge(b["before"]),
-            "digest": a["digest"] + b["digest"], "unit": a["unit"] and b["unit"],
-            "sums_to_one": a["sums_to_one"] and b["sums_to_one"], "inside": a["inside"] or b["inside"]}
+            "before": None if a["before"] is None else a["before"].merge(b["before"]), **merge_checks(a, b)}
 
 
 # ----------------------------------------------------------------- the job
@@ -316,10 +339,8 @@ def linear_fit_job(cal, *, warm_rows: int = WARM_START_ROWS, gtol: float = 1e-12
     st = yield request(theta, validate=True, kk=k)
     if st is None or st["n"] == 0:
         raise ValueError("logits: expected at least 1 sample, got 0 rows")
-    if st["unit"] and st["sums_to_one"] and st["inside"]:
-        raise ValueError("logits: every row is in [0, 1] and sums to 1, so these look like probabilities, not "
-                         "logits; pass input_kind='probs' (CLI: --input-kind probs) to use their log as logits")
-    before, digest, n = st["before"].result(), sorted(st["digest"]), st["n"]
+    refuse_probabilities(st)
+    before, digest_hex, n = st["before"].result(), batch_digest(st), st["n"]
     lam, mu = _penalty(cal, k)
     f, g, h = _objective(st, theta, lam, mu, kind, k)
     if not math.isfinite(f):
@@ -371,7 +392,6 @@ def linear_fit_job(cal, *, warm_rows: int = WARM_START_ROWS, gtol: float = 1e-12
             converged = True
             break
     _set_result(cal, theta, kind, k, lam, mu, f, n_iter, converged)
-    digest_hex = hashlib.sha256("".join(d for _, d in digest).encode()).hexdigest()
     res_after = after.result()
     keys = ("accuracy", "ece", "nll", "brier")
     cal.fit_record_ = cal._fit_record(n_samples=n, data_sha256=digest_hex, input_kind=input_kind,
@@ -388,7 +408,7 @@ def _torch_of(blocks):
 
 
 def _probe_k(batch: dict, first: int, *, input_kind: str, one_logit: bool):
-    _, x, _ = _validated(batch, first, input_kind=input_kind, one_logit=one_logit)
+    _, x, _ = validated_batch(batch, first, input_kind=input_kind, one_logit=one_logit)
     return int(x.shape[1])
 
 

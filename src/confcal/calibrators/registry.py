@@ -239,6 +239,8 @@ FULL_DATA_JOBS: dict[str, tuple[str, dict]] = {
     "vs": ("confcal.calibrators._linear_job:fit_job", {}),
     "ms": ("confcal.calibrators._linear_job:fit_job", {"reg": "fixed"}),
     "dirichlet": ("confcal.calibrators._linear_job:fit_job", {"reg": "fixed"}),
+    "histogram-binning": ("confcal.calibrators._binning_job:fit_job", {}),
+    "histogram-binning-top": ("confcal.calibrators._binning_job:fit_job", {}),
 }
 
 
