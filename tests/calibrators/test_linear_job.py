@@ -196,7 +196,7 @@ def test_registry_declares_which_methods_fit_on_all_rows():
     full = full_data_methods()
     assert full["vs"] and not full["ms"] and not full["dirichlet"]  # reg="cv" by default: the sample
     assert full_data_conditions() == {"dirichlet": {"reg": "fixed"}, "ms": {"reg": "fixed"}}
-    assert set(FULL_DATA_JOBS) == {"vs", "ms", "dirichlet"}
+    assert {"vs", "ms", "dirichlet"} <= set(FULL_DATA_JOBS)
     assert fit_job_of(METHODS["ms"](), {"logits", "labels"}) is None
     assert fit_job_of(METHODS["ms"](reg="fixed"), {"logits", "labels", "domains"}) is None
     assert fit_job_of(METHODS["isotonic"](), {"logits", "labels"}) is None

@@ -261,14 +261,12 @@ def _warm_start(cal, blocks: dict, kind: str):
     the first pass then names the bad row by its index in the whole data)."""
     import warnings
 
-    from sklearn.base import clone
-
     if not blocks or len(blocks.get("logits", ())) == 0:
         return None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            ref = clone(cal).fit(blocks["logits"], blocks["labels"])
+            ref = type(cal)(**cal.get_params()).fit(blocks["logits"], blocks["labels"])  # a clone
     except (ValueError, TypeError):
         return None
     return _theta_of(ref.map_, kind), ref.n_classes_

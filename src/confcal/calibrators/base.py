@@ -245,11 +245,13 @@ class Calibrator(Estimator, abc.ABC):
         import os
 
         from confcal.calibrators.registry import FULL_DATA_JOBS, fit_job_of
-        from confcal.sources import Source
 
         if getattr(self, "fit_job", None) is not None or self.method not in FULL_DATA_JOBS \
-                or sample_weight is not None or any(v is not None for v in side.values()) \
-                or not isinstance(logits, (Source, str, os.PathLike)):
+                or sample_weight is not None or any(v is not None for v in side.values()):
+            return NotImplemented
+        from confcal.sources import Source
+
+        if not isinstance(logits, (Source, str, os.PathLike)):
             return NotImplemented
         job = fit_job_of(self, {"logits", "labels"})
         if job is None:
