@@ -278,7 +278,6 @@ def _objective(st: dict, theta, lam: float, mu: float, kind: str, k: int):
     f, g = st["loss"] / n, st["grad"] / n
     h = None if st["hess"] is None else st["hess"] / n
     if kind != "vs" and (lam or mu):
-        t = theta.reshape(k, k + 1)
         off = np.ones((k, k + 1))
         off[np.arange(k), np.arange(k)] = 0.0
         off[:, k] = 0.0
@@ -291,7 +290,6 @@ def _objective(st: dict, theta, lam: float, mu: float, kind: str, k: int):
         g = g + 2.0 * coef * theta
         if h is not None:
             h = h + np.diag(2.0 * coef)
-        del t
     return f, g, h
 
 
