@@ -65,3 +65,16 @@ def kitti_dataset(tmp_path_factory):
     write_dataset(folder, {"score": scores, "correct": correct, "domain": domains,
                            "det_id": d["det_id"]}, n_parts=5)
     return folder, scores, correct, domains
+
+
+@pytest.fixture(scope="session")
+def cifar10_dataset(tmp_path_factory):
+    """WideResNet CIFAR-10 test outputs, the first 3,000 rows (log-probabilities as float32 logits),
+    4 Parquet files; returns (folder, logits, labels). Ten classes: the matrix maps (110 parameters)
+    take Newton steps."""
+    d = np.load(require_shared_data("cifar", "wideresnet-16-4-cifar-10.npz"))
+    logits = np.log(d["predictions"]).astype(np.float32)[:3000]
+    labels = d["ground_truth"].astype(np.int64)[:3000]
+    folder = tmp_path_factory.mktemp("cifar10") / "cifar10.parquet"
+    write_dataset(folder, {"logits": logits, "label": labels}, n_parts=4)
+    return folder, logits, labels

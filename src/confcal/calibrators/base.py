@@ -238,9 +238,31 @@ class Calibrator(Estimator, abc.ABC):
     def _fit_source(self, logits, labels, *, sample_weight, progress, **side):
         """Hook for fits that are sums over row batches: stream ``logits``/``labels`` (arrays,
         sources or specs), set the fitted attributes, ``n_classes_`` and ``fit_record_``
-        (metrics from the fit's own passes) and return ``self``; the default returns
-        ``NotImplemented`` and :meth:`fit` loads the arrays."""
-        return NotImplemented
+        (metrics from the fit's own passes) and return ``self``. The default runs the full-data
+        job the registry declares for this method (:data:`confcal.calibrators.registry.FULL_DATA_JOBS`,
+        e.g. ``vs``) on sources or specs, the job ``--engine dask`` runs; otherwise (arrays, sample
+        weights, side inputs, no such job) it returns ``NotImplemented`` and :meth:`fit` loads the arrays."""
+        import os
+
+        from confcal.calibrators.registry import FULL_DATA_JOBS, fit_job_of
+
+        if getattr(self, "fit_job", None) is not None or self.method not in FULL_DATA_JOBS \
+                or sample_weight is not None or any(v is not None for v in side.values()):
+            return NotImplemented
+        from confcal.sources import Source
+
+        if not isinstance(logits, (Source, str, os.PathLike)):
+            return NotImplemented
+        job = fit_job_of(self, {"logits", "labels"})
+        if job is None:
+            return NotImplemented
+        from confcal.passes import LocalEngine, run_job
+        from confcal.sources import open_source
+
+        engine = LocalEngine({"logits": open_source(logits, name="logits"),
+                              "labels": open_source(labels, name="labels")}, progress=progress, reference="logits")
+        run_job(job, engine)
+        return self
 
     @staticmethod
     def _fit_record(*, n_samples, data_sha256, input_kind, metrics_before, metrics_after,

@@ -15,7 +15,7 @@ from typing import Any
 from confcal.catalog import CATALOG, TORCH_EXTRA_HINT, MissingExtraError
 
 __all__ = ["METHODS", "MethodRegistry", "MissingExtraError", "Preset", "register", "register_preset",
-           "make_calibrator", "preset_for"]
+           "make_calibrator", "preset_for", "FULL_DATA_JOBS", "fit_job_of"]
 
 
 class MethodRegistry(dict):
@@ -228,3 +228,31 @@ def make_calibrator(method: str, params: dict | None = None):
     target = cls.cls if isinstance(cls, Preset) else cls
     check_hyperparameters(target, params, where=method)  # early and named, before any data is read
     return cls(**params)
+
+
+#: Methods whose fit is a sum over rows, declared by a job of :mod:`confcal.passes` in a module of
+#: their own (the estimator's class has no ``fit_job``): ``name -> ("module:function", conditions)``;
+#: ``function(cal, inputs)`` returns the job or None, and ``conditions`` are the hyper-parameter
+#: values under which the method fits on every row (``reg="fixed"``: cross-validated ODIR needs its
+#: folds in one place). Every other method without its own ``fit_job`` fits on a seeded sample.
+FULL_DATA_JOBS: dict[str, tuple[str, dict]] = {
+    "vs": ("confcal.calibrators._linear_job:fit_job", {}),
+    "ms": ("confcal.calibrators._linear_job:fit_job", {"reg": "fixed"}),
+    "dirichlet": ("confcal.calibrators._linear_job:fit_job", {"reg": "fixed"}),
+    "histogram-binning": ("confcal.calibrators._binning_job:fit_job", {}),
+    "histogram-binning-top": ("confcal.calibrators._binning_job:fit_job", {}),
+}
+
+
+def fit_job_of(cal, inputs):
+    """The full-data job of the estimator ``cal`` over batches of ``inputs`` (column names: ``"logits"``,
+    ``"labels"``, ``"domains"``, ...), or None when this method, these hyper-parameters or these inputs
+    fit on a sample: the class's own ``fit_job``, else the one declared in :data:`FULL_DATA_JOBS`."""
+    own = getattr(cal, "fit_job", None)
+    if own is not None:
+        return own(inputs)
+    entry = FULL_DATA_JOBS.get(getattr(cal, "method", None))
+    if entry is None or any(getattr(cal, k, None) != v for k, v in entry[1].items()):
+        return None
+    module, _, function = entry[0].partition(":")
+    return getattr(importlib.import_module(module), function)(cal, inputs)

@@ -13,27 +13,54 @@ from confcal.dask._data import column_matrix, resolve_columns
 from confcal.dask._engine import DaskEngine
 from confcal.passes import run_job, together
 
-__all__ = ["fit", "full_data_methods"]
+__all__ = ["fit", "full_data_methods", "full_data_conditions", "fit_modes_line"]
+
+_PLAIN_INPUTS = ({"logits", "labels"}, {"logits", "labels", "domains"})
+
+
+def _has_job(name: str, params: dict) -> bool:
+    from confcal.calibrators.base import make_calibrator
+    from confcal.calibrators.registry import fit_job_of
+
+    try:
+        cal = make_calibrator(name, params)
+    except Exception:  # a method needing a parameter (source-gated-ts) or a missing extra (torch)
+        return False
+    return any(fit_job_of(cal, inputs) is not None for inputs in _PLAIN_INPUTS)
 
 
 def full_data_methods() -> dict:
     """``{method: True when its distributed fit reads every row, False when a sample}`` for every
     registered method with its default hyper-parameters and plain inputs (logits and labels; the
-    ``grouped-ts`` family with domains), from the registry."""
+    ``grouped-ts`` family with domains), from the registry (a class's ``fit_job``, or
+    :data:`confcal.calibrators.registry.FULL_DATA_JOBS`)."""
     from confcal.calibrators import METHODS
-    from confcal.calibrators.base import make_calibrator
 
-    out = {}
-    for name in sorted(METHODS):
-        try:
-            cal = make_calibrator(name, {})
-        except Exception:  # a method needing a parameter (source-gated-ts) or a missing extra (torch)
-            out[name] = False
-            continue
-        job_of = getattr(cal, "fit_job", None)
-        out[name] = bool(job_of) and any(job_of(inputs) is not None for inputs in
-                                         ({"logits", "labels"}, {"logits", "labels", "domains"}))
-    return out
+    return {name: _has_job(name, {}) for name in sorted(METHODS)}
+
+
+def full_data_conditions() -> dict:
+    """``{method: {hyper-parameter: value}}`` for the methods that fit on a sample with their defaults
+    but on every row with these values (``ms`` / ``dirichlet`` with ``reg="fixed"``), from the registry."""
+    from confcal.calibrators.registry import FULL_DATA_JOBS
+
+    return {name: dict(cond) for name, (_, cond) in sorted(FULL_DATA_JOBS.items())
+            if cond and not _has_job(name, {}) and _has_job(name, cond)}
+
+
+def fit_modes_line(quote: str = "`") -> str:
+    """The one line of the docs (``docs/guide/scale_out.md``, this package's docstring) that says which
+    methods fit on every row and which on a seeded sample, generated from the registry; ``quote``
+    wraps each name (Markdown ````` `` or reStructuredText ``"``"``)."""
+    q = lambda name: f"{quote}{name}{quote}"  # noqa: E731
+    full = [m for m, yes in full_data_methods().items() if yes]
+    parts = ["full data: " + ", ".join(q(m) for m in full)]
+    by_cond: dict = {}
+    for m, cond in full_data_conditions().items():
+        by_cond.setdefault(", ".join(f"{k}={v}" for k, v in cond.items()), []).append(m)
+    for cond, names in by_cond.items():
+        parts.append(f"full data with {q(cond)} (else seeded sample): " + ", ".join(q(m) for m in names))
+    return "; ".join(parts) + "; every other method: seeded sample."
 
 
 def fit(method: str, data, *, logits: str = "logits", labels: str = "label", domains: str | None = None,
@@ -42,9 +69,11 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
     """Fit a calibrator on a Dask DataFrame.
 
     Methods with a streamed fit (``full_data_methods()``: ``ts``, ``grouped-ts``, ``det-ts``,
-    ``det-platt`` today) make full-data passes on the cluster, the job their single-process
-    streamed fit runs, so the parameters equal it to rounding. Every other method is fitted in
-    this process on a seeded uniform sample of ``sample_rows`` rows (all rows when there are fewer).
+    ``det-platt``, ``vs``; ``ms`` and ``dirichlet`` with ``reg="fixed"``,
+    ``full_data_conditions()``) make full-data passes on the cluster, the job of the registry
+    (:func:`confcal.calibrators.registry.fit_job_of`), so the parameters equal the single-process
+    fit on the same rows to its accuracy. Every other method is fitted in this process on a
+    seeded uniform sample of ``sample_rows`` rows (all rows when there are fewer).
 
     Parameters
     ----------
@@ -70,9 +99,10 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
     Returns
     -------
     Calibrator
-        Fitted; its fit record has ``engine: "dask"``, the drift ``data_summary`` (of all rows,
-        exact, for full-data fits; of the sample otherwise) and ``n_passes`` (full-data fits) or
-        ``sample`` (``{"rows", "seed"}``). ``data_sha256`` is a digest of the batches' digests
+        Fitted; its fit record has ``engine: "dask"``, ``fitted_on`` (``"all rows"`` or
+        ``"sample"``), the drift ``data_summary`` (of all rows, exact, for full-data fits; of the
+        sample otherwise) and ``n_passes`` (full-data fits) or ``sample`` (``{"rows", "seed"}``).
+        ``data_sha256`` is a digest of the batches' digests
         (not comparable with a single-process fit's).
 
     Raises
@@ -83,6 +113,9 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
     from confcal.calibrators.base import make_calibrator
     from confcal.metrics.drift_passes import summary_job
 
+    if isinstance(sample_rows, bool) or not isinstance(sample_rows, int) or sample_rows < 1:
+        # refused whichever way the method fits (a full-data method would ignore it)
+        raise ValueError(f"sample_rows: expected a positive number of rows, got {sample_rows!r}")
     if input_kind not in (None, "logits", "probs"):
         raise ValueError(f"input_kind: expected 'logits' or 'probs', got {input_kind!r}")
     # None: the method's own default (det-ts: probability scores, like its single-process fit)
@@ -93,8 +126,9 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
              "features": resolve_columns(data, features, name="features") if features else None,
              "category_ids": resolve_columns(data, category_ids, name="category_ids") if category_ids else None}
     specs = {k: s for k, s in specs.items() if s is not None}
-    job_of = getattr(cal, "fit_job", None)
-    job = job_of(set(specs)) if job_of is not None else None
+    from confcal.calibrators.registry import fit_job_of
+
+    job = fit_job_of(cal, set(specs))
     if job is not None:
         engine = DaskEngine(data, specs)
         box = not (specs["logits"].list_column or specs["logits"].group)
@@ -102,7 +136,7 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
         _, summary = run_job(together(job, summary_job(input_kind=kind, by_domain="domains" in specs)), engine)
         fitted = cal
         fitted.fit_record_ = {**fitted.fit_record_, "data_summary": summary, "engine": "dask",
-                              "n_passes": engine.n_passes}
+                              "fitted_on": "all rows", "n_passes": engine.n_passes}
         how = f"{method} fitted on all rows in {engine.n_passes} passes over the data"
         return (fitted, how) if return_how else fitted
     from confcal.dask._sample import sample_rows as draw
@@ -117,7 +151,9 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
     summary = data_summary(x, input_kind="probs" if cal.input_kind == "probs" and x.ndim == 2 else "logits",
                            domains=side.get("domains"), features=side.get("features"))
     fitted.fit_record_ = {**(fitted.fit_record_ or {}), "engine": "dask", "data_summary": summary,
-                          "sample": {"rows": int(len(frame)), "seed": int(seed)}}
+                          "fitted_on": "sample", "sample": {"rows": int(len(frame)), "seed": int(seed)}}
+    cond = full_data_conditions().get(method)
+    hint = ("; with " + ", ".join(f"{k}={v!r}" for k, v in cond.items()) + " it fits on all rows") if cond else ""
     how = (f"{method} is not a full-data sum: fitted in memory on a seeded sample of {len(frame):,} rows "
-           f"(seed {seed}; --sample-rows to change)")
+           f"(seed {seed}; --sample-rows to change{hint})")
     return (fitted, how) if return_how else fitted
