@@ -148,7 +148,7 @@ class _PenalisedBasisMap(_GeometryBoxMap):
 
     hyper_common = {"box_features": Nullable(Text()), "reg": Choice("cv", "fixed"), "reg_lambda": Real(ge=0),
                     "dependent": Bool(), "eps": Real(gt=0, lt=0.5), "cv_folds": Int(ge=2),
-                    "seed": Int(ge=0)}
+                    "random_state": Int(ge=0)}
 
     def _basis(self, s, f) -> np.ndarray:
         raise NotImplementedError
@@ -167,7 +167,7 @@ class _PenalisedBasisMap(_GeometryBoxMap):
         z = (phi - mean) / std
         yf = y.astype(np.float64)
         if self.reg == "cv" and min(int(yf.sum()), int((1 - yf).sum())) >= self.cv_folds:
-            lam, self.cv_scores_ = select_penalty(z, yf, sample_weight, n_folds=self.cv_folds, seed=self.seed)
+            lam, self.cv_scores_ = select_penalty(z, yf, sample_weight, n_folds=self.cv_folds, seed=self.random_state)
         else:
             lam, self.cv_scores_ = float(self.reg_lambda), []
         theta = fit_penalised_logistic(z, yf, sample_weight, lam)
@@ -243,7 +243,7 @@ class GeometryLogisticCalibration(_PenalisedBasisMap):
     dependent : include the products ``x_i x_j``
     score_transform : ``"logit"`` (default; scores clipped to ``[eps, 1 - eps]``, so raw scores above 1 are
         clipped) or ``"raw"`` (the score as it is, for detectors whose scores are not probabilities)
-    eps, cv_folds, seed : the clip of the scores; folds and seed of the cross-validation
+    eps, cv_folds, random_state : the clip of the scores; folds and seed of the cross-validation
 
     Inputs: ``fit(scores (n,), labels 0/1 (n,), features=(n, d))``; ``predict_proba(scores,
     features=)`` gives float64 ``(n, 2)`` (false, true positive).
@@ -272,7 +272,7 @@ class GeometryLogisticCalibration(_PenalisedBasisMap):
 
     def __init__(self, box_features: str | None = None, reg: str = "cv", reg_lambda: float = 1e-4,
                  dependent: bool = True, score_transform: str = "logit", eps: float = 1e-4, cv_folds: int = 3,
-                 seed: int = 0, input_kind: str = "logits"):
+                 random_state: int = 0, input_kind: str = "logits"):
         self.box_features = box_features
         self.reg = reg
         self.reg_lambda = reg_lambda
@@ -280,7 +280,7 @@ class GeometryLogisticCalibration(_PenalisedBasisMap):
         self.score_transform = score_transform
         self.eps = eps
         self.cv_folds = cv_folds
-        self.seed = seed
+        self.random_state = random_state
         self.input_kind = input_kind
 
     def _n_basis(self, d):
@@ -323,7 +323,7 @@ class GeometryBetaCalibration(_PenalisedBasisMap):
     fitted_constraints = Fields({**_BASIS_FIELDS, "lo": Array((None,)), "hi": Array((None,))})
 
     def __init__(self, box_features: str | None = None, reg: str = "cv", reg_lambda: float = 1e-4,
-                 dependent: bool = True, eps: float = 1e-4, cv_folds: int = 3, seed: int = 0,
+                 dependent: bool = True, eps: float = 1e-4, cv_folds: int = 3, random_state: int = 0,
                  input_kind: str = "logits"):
         self.box_features = box_features
         self.reg = reg
@@ -331,7 +331,7 @@ class GeometryBetaCalibration(_PenalisedBasisMap):
         self.dependent = dependent
         self.eps = eps
         self.cv_folds = cv_folds
-        self.seed = seed
+        self.random_state = random_state
         self.input_kind = input_kind
 
     def _n_basis(self, d):
