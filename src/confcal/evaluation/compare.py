@@ -334,7 +334,7 @@ def compare_methods(logits, labels, methods: Iterable, *, n_splits: int = 10, ca
         another number of classes, or only one of ``test_logits``/``test_labels``. Errors raised
         by a method's fit or predict are recorded in its row instead.
     """
-    from tqdm.auto import tqdm  # progress bars are outside the core; a well-kept library
+    from confcal._progress import progress_bar
 
     x = check_logits(logits, input_kind=input_kind).astype(np.float64)
     y = check_labels(labels, x.shape[0], x.shape[1])
@@ -376,7 +376,7 @@ def compare_methods(logits, labels, methods: Iterable, *, n_splits: int = 10, ca
     rows = [MethodResult(UNCALIBRATED, UNCALIBRATED, {})] + [MethodResult(lab, name, p) for lab, name, p in specs]
     for row in rows:
         row.values = {m: [] for m in METRICS}
-    bar = tqdm(total=n_splits * len(specs), disable=not progress, desc="compare", unit="fit")
+    bar = progress_bar(n_splits * len(specs), "compare", progress or False, unit="fit")
     try:
         if jobs == 1 or len(splits) == 1:
             def on_fit(label):
