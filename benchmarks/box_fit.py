@@ -122,11 +122,11 @@ def main():
         print("| call | s | passes | ratio to in-memory | agreement |")
         print("|---|---:|---:|---:|---|")
         t_st, st = best_of(lambda: METHODS["det-ts"]().fit(open_source(str(tmp / "s.npy")), open_source(str(tmp / "y.npy"))))
-        print(f"| det-ts fit('s.npy', 'y.npy') | {t_st:.3f} | {st.fit_record_['n_passes']} | {t_st / t_new:.2f} | "
+        print(f"| det-ts fit(open_source('s.npy'), open_source('y.npy')) | {t_st:.3f} | {st.fit_record_['n_passes']} | {t_st / t_new:.2f} | "
               f"log T diff {abs(math.log(st.temperature_ / det.temperature_)):.1e} |")
         t_sp, sp = best_of(lambda: METHODS["det-platt"](platt_targets=False).fit(open_source(str(tmp / "raw.npy")),
                                                                                   open_source(str(tmp / "y.npy"))))
-        print(f"| det-platt fit('raw.npy', 'y.npy') | {t_sp:.3f} | {sp.fit_record_['n_passes']} | "
+        print(f"| det-platt fit(open_source('raw.npy'), open_source('y.npy')) | {t_sp:.3f} | {sp.fit_record_['n_passes']} | "
               f"{t_sp / t_platt:.2f} | a rel diff {abs(sp.pooled_['a'] / platt.pooled_['a'] - 1):.1e} |")
 
         print("\n## 3. CLI `confcal fit` as a subprocess (peak RSS = the child's VmHWM)\n")
