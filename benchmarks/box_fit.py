@@ -30,7 +30,9 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
-import numpy as np  # noqa: E402
+import numpy as np
+
+from confcal.sources import open_source  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 MB = 1 << 20
@@ -119,12 +121,12 @@ def main():
         print("## 2. library, streamed from .npy (each Newton pass reads row batches)\n")
         print("| call | s | passes | ratio to in-memory | agreement |")
         print("|---|---:|---:|---:|---|")
-        t_st, st = best_of(lambda: METHODS["det-ts"]().fit(str(tmp / "s.npy"), str(tmp / "y.npy")))
-        print(f"| det-ts fit('s.npy', 'y.npy') | {t_st:.3f} | {st.fit_record_['n_passes']} | {t_st / t_new:.2f} | "
+        t_st, st = best_of(lambda: METHODS["det-ts"]().fit(open_source(str(tmp / "s.npy")), open_source(str(tmp / "y.npy"))))
+        print(f"| det-ts fit(open_source('s.npy'), open_source('y.npy')) | {t_st:.3f} | {st.fit_record_['n_passes']} | {t_st / t_new:.2f} | "
               f"log T diff {abs(math.log(st.temperature_ / det.temperature_)):.1e} |")
-        t_sp, sp = best_of(lambda: METHODS["det-platt"](platt_targets=False).fit(str(tmp / "raw.npy"),
-                                                                                  str(tmp / "y.npy")))
-        print(f"| det-platt fit('raw.npy', 'y.npy') | {t_sp:.3f} | {sp.fit_record_['n_passes']} | "
+        t_sp, sp = best_of(lambda: METHODS["det-platt"](platt_targets=False).fit(open_source(str(tmp / "raw.npy")),
+                                                                                  open_source(str(tmp / "y.npy"))))
+        print(f"| det-platt fit(open_source('raw.npy'), open_source('y.npy')) | {t_sp:.3f} | {sp.fit_record_['n_passes']} | "
               f"{t_sp / t_platt:.2f} | a rel diff {abs(sp.pooled_['a'] / platt.pooled_['a'] - 1):.1e} |")
 
         print("\n## 3. CLI `confcal fit` as a subprocess (peak RSS = the child's VmHWM)\n")

@@ -211,7 +211,7 @@ def library_cli_equivalents(d: Path):
 
     out = {}
     t = time.perf_counter()
-    TemperatureScaling().fit(f"{d}/v.parquet:logit_*", f"{d}/v.parquet:label")
+    TemperatureScaling().fit(open_source(f"{d}/v.parquet:logit_*"), open_source(f"{d}/v.parquet:label"))
     out["fit parquet"] = time.perf_counter() - t
     x, y = np.load(d / "x.npy", mmap_mode="r"), np.load(d / "y.npy", mmap_mode="r")
     t = time.perf_counter()

@@ -86,7 +86,7 @@ def cifar(splits: int, out: Path, names) -> None:
         t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", CalibrationWarning)
-            res = compare_methods(x, y, CIFAR_METHODS, n_splits=splits, cal_size=5000, seed=0,
+            res = compare_methods(x, y, CIFAR_METHODS, n_splits=splits, cal_size=5000, random_state=0,
                                   input_kind="probs")
         seconds = time.perf_counter() - t0
         dump[name] = res.to_dict()

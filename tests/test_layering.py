@@ -20,6 +20,7 @@ below it only ``from confcal import __version__`` is allowed.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -212,3 +213,14 @@ def test_the_check_sees_each_kind_of_violation(tmp_path, files, said):
         assert not found, found
     else:
         assert len(found) == 1 and said in found[0], found
+
+
+def test_progress_bars_have_one_home():
+    """Every progress bar goes through ``confcal._progress.progress_bar``: no other module imports tqdm."""
+    offenders = []
+    for path in sorted(SRC.rglob("*.py")):
+        if path.name == "_progress.py":
+            continue
+        if re.search(r"^\s*(from tqdm|import tqdm)", path.read_text(), re.M):
+            offenders.append(str(path.relative_to(SRC.parent)))
+    assert offenders == [], f"import tqdm only in confcal/_progress.py, found in {offenders}"

@@ -1,4 +1,6 @@
-"""Progress bars (tqdm, on stderr) for passes over data; silent unless asked for.
+"""Progress bars (tqdm, on stderr) for passes over data, fits and epochs; silent unless asked for.
+
+The one home of progress reporting: every bar in confcal comes from :func:`progress_bar`.
 
 ``progress=None`` means "when stderr is a terminal" (the CLI's default, turned off by
 ``--quiet``); ``True``/``False`` force it. The library's default is ``False``.
@@ -14,6 +16,12 @@ class _Silent:
         pass
 
     def close(self):
+        pass
+
+    def set_postfix(self, *args, **kwargs):
+        pass
+
+    def set_postfix_str(self, *args, **kwargs):
         pass
 
     def __enter__(self):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = [
+    "renamed_seed",
     "as_numpy",
     "check_logits",
     "check_probs",
@@ -237,3 +238,21 @@ def check_features(features, n_samples: int, *, name: str = "features") -> np.nd
         row = _first_bad_row(~np.isfinite(f).all(axis=1))
         raise ValueError(f"{name}: expected finite values, found NaN/inf in row {row}")
     return f
+
+
+def renamed_seed(random_state, seed, where: str):
+    """The seed of a function that took ``seed=`` before every seed became ``random_state``.
+
+    ``seed`` is the old keyword (``None``: not given). Given, it wins and a ``FutureWarning``
+    names the new keyword; both given with different values raise ``ValueError``.
+    """
+    if seed is None:
+        return random_state
+    import warnings
+
+    if random_state not in (0, None) and random_state != seed:
+        raise ValueError(f"{where}: give random_state= only (seed= is its old name), got random_state="
+                         f"{random_state!r} and seed={seed!r}")
+    warnings.warn(f"{where}: seed= is renamed random_state= (same meaning); seed= will be removed",
+                  FutureWarning, stacklevel=3)
+    return seed

@@ -148,7 +148,7 @@ def test_scaling_binning_bin_step_is_equal_mass_bins_of_the_scaled_outputs():
 
 def test_scaling_binning_fit_bins_the_second_half_by_hand():
     x, y = make(401, 6, seed=7)
-    cal = METHODS["scaling-binning"](n_bins=7, scaler="ts", seed=3).fit(x, y)
+    cal = METHODS["scaling-binning"](n_bins=7, scaler="ts", random_state=3).fit(x, y)
     first, second = random_halves(401, 3)
     assert first.size == 200 and np.intersect1d(first, second).size == 0
     ts = METHODS["ts"]().fit(x[first], y[first])
@@ -435,8 +435,8 @@ def test_bad_hyper_parameters_name_the_argument():
         METHODS["histogram-binning"](n_bins=0).fit(x, y)
     with pytest.raises(ValueError, match="spread"):
         METHODS["bbq"](spread=0.5).fit(x, y)
-    with pytest.raises(ValueError, match="seed"):
-        METHODS["scaling-binning"](seed=-1).fit(x, y)
+    with pytest.raises(ValueError, match="random_state"):
+        METHODS["scaling-binning"](random_state=-1).fit(x, y)
 
 
 def test_one_vs_rest_reports_a_moved_arg_max():

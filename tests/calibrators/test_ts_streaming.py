@@ -71,14 +71,18 @@ def test_library_fit_and_predict_from_parquet_equal_npy(tmp_path):
     np.save(tmp_path / "y.npy", y)
     pq.write_table(pa.table({"label": y, **{f"logit_{j}": x[:, j] for j in range(x.shape[1])}}),
                    tmp_path / "v.parquet", row_group_size=999)
-    a = TemperatureScaling().fit(f"{tmp_path}/x.npy", f"{tmp_path}/y.npy")
-    b = TemperatureScaling().fit(f"{tmp_path}/v.parquet:logit_*", f"{tmp_path}/v.parquet:label")
+    a = TemperatureScaling().fit(open_source(f"{tmp_path}/x.npy"), open_source(f"{tmp_path}/y.npy"))
+    b = TemperatureScaling().fit(open_source(f"{tmp_path}/v.parquet:logit_*"), open_source(f"{tmp_path}/v.parquet:label"))
     c = TemperatureScaling().fit(x, y)
     assert a.temperature_ == b.temperature_ == c.temperature_
     assert a.fit_record_["data_sha256"] == b.fit_record_["data_sha256"] == c.fit_record_["data_sha256"]
     assert a.fit_record_["metrics_after"] == b.fit_record_["metrics_after"]
     p = c.predict_proba(x)
-    assert np.array_equal(p, b.predict_proba(f"{tmp_path}/v.parquet:logit_*"))
+    assert np.array_equal(p, b.predict_proba(open_source(f"{tmp_path}/v.parquet:logit_*")))
+    # a path string is refused in one line that names the way to open it
+    for call in (lambda: TemperatureScaling().fit(f"{tmp_path}/x.npy", y), lambda: c.predict_proba(tmp_path / "x.npy")):
+        with pytest.raises(TypeError, match=r"^logits: .* confcal\.sources\.open_source\(.*command line"):
+            call()
     for rows in (1, 7, 1000):
         assert np.array_equal(predict_into(c, open_source(x), batch_rows=rows), p)
     # the row-wise map is softmax(x / T) to rounding

@@ -73,7 +73,7 @@ def test_json_matches_library(data, capsys):
     d, z, y = data
     assert run(*base_args(d), "--methods", "test-half,ts", "--seed", 5, "--json") == 0
     got = json.loads(capsys.readouterr().out)
-    expected = compare_methods(z, y, ["test-half", "ts"], n_splits=3, cal_size=120, seed=5)
+    expected = compare_methods(z, y, ["test-half", "ts"], n_splits=3, cal_size=120, random_state=5)
     assert got["protocol"]["n_splits"] == 3 and got["protocol"]["seed"] == 5
     for label in ("uncalibrated", "test-half", "ts"):
         for m in ("error", "smece", "ece_em", "ece_ew", "nll", "brier", "cal_nll"):

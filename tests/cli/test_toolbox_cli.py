@@ -31,7 +31,7 @@ def data(tmp_path):
 @pytest.mark.parametrize("method", ["scaling-binning", "platt-ovr"])
 def test_fit_apply_round_trip(data, method):
     d, z, y = data
-    extra = ["--param", "seed=1"] if method == "scaling-binning" else []
+    extra = ["--param", "random_state=1"] if method == "scaling-binning" else []
     r = confcal("fit", "--logits", "d.npz:logits", "--labels", "d.npz:labels", "--method", method, *extra,
                 "-o", "cal.json", cwd=d)
     assert r.returncode == 0, r.stderr

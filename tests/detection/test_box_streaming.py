@@ -28,7 +28,7 @@ def _files(tmp_path, **arrays):
     out = {}
     for k, v in arrays.items():
         np.save(tmp_path / f"{k}.npy", v)
-        out[k] = str(tmp_path / f"{k}.npy")
+        out[k] = confcal.sources.open_source(str(tmp_path / f"{k}.npy"))
     return out
 
 
@@ -164,5 +164,6 @@ def test_bool_true_positive_flags_read_as_one_and_zero(method, tmp_path):
     np.save(tmp_path / "s.npy", s)
     np.save(tmp_path / "y.npy", flags)
     for cal in (METHODS[method](input_kind="probs").fit(s, flags),
-                METHODS[method](input_kind="probs").fit(str(tmp_path / "s.npy"), str(tmp_path / "y.npy"))):
+                METHODS[method](input_kind="probs").fit(confcal.sources.open_source(str(tmp_path / "s.npy")),
+                                                          confcal.sources.open_source(str(tmp_path / "y.npy")))):
         np.testing.assert_array_equal(cal.predict_proba(s), ref.predict_proba(s))

@@ -97,13 +97,13 @@ def direct_metrics(probs, labels):
 
 # ------------------------------------------------------------------ the protocol
 def test_split_indices_partition_and_determinism():
-    splits = split_indices(50, 4, 20, seed=3)
+    splits = split_indices(50, 4, 20, random_state=3)
     assert len(splits) == 4
     for cal, test in splits:
         assert len(cal) == 20 and len(test) == 30
         assert np.array_equal(np.sort(np.r_[cal, test]), np.arange(50))
     assert not np.array_equal(splits[0][0], splits[1][0])
-    again = split_indices(50, 4, 20, seed=3)
+    again = split_indices(50, 4, 20, random_state=3)
     assert all(np.array_equal(a[0], b[0]) for a, b in zip(splits, again))
     # documented rule: default_rng([seed, s]).permutation
     assert np.array_equal(splits[2][0], np.random.default_rng([3, 2]).permutation(50)[:20])
@@ -111,9 +111,9 @@ def test_split_indices_partition_and_determinism():
 
 def test_per_split_values_match_direct_computation():
     x, y = make_data()
-    res = compare_methods(x, y, ["test-fixed-t", "ts"], n_splits=3, cal_size=150, seed=7)
+    res = compare_methods(x, y, ["test-fixed-t", "ts"], n_splits=3, cal_size=150, random_state=7)
     assert [r.label for r in res.rows] == [UNCALIBRATED, "test-fixed-t", "ts"]
-    for s, (cal, test) in enumerate(split_indices(len(y), 3, 150, seed=7)):
+    for s, (cal, test) in enumerate(split_indices(len(y), 3, 150, random_state=7)):
         expected = {
             UNCALIBRATED: softmax(x[test]),
             "test-fixed-t": softmax(x[test] / 2.0),
@@ -136,9 +136,9 @@ def test_per_split_values_match_direct_computation():
 
 def test_deterministic_and_seed_dependent():
     x, y = make_data(1)
-    a = compare_methods(x, y, ["ts"], n_splits=2, cal_size=200, seed=0).to_dict()
-    b = compare_methods(x, y, ["ts"], n_splits=2, cal_size=200, seed=0).to_dict()
-    c = compare_methods(x, y, ["ts"], n_splits=2, cal_size=200, seed=1).to_dict()
+    a = compare_methods(x, y, ["ts"], n_splits=2, cal_size=200, random_state=0).to_dict()
+    b = compare_methods(x, y, ["ts"], n_splits=2, cal_size=200, random_state=0).to_dict()
+    c = compare_methods(x, y, ["ts"], n_splits=2, cal_size=200, random_state=1).to_dict()
     for d in (a, b, c):
         for row in d["per_split"].values():
             row["values"].pop("fit_seconds")
@@ -172,7 +172,7 @@ def test_probs_input_is_log_of_probs():
 # ------------------------------------------------------------------ failures are results
 def test_failing_methods_are_recorded_not_raised():
     x, y = make_data(5)
-    splits = split_indices(len(y), 6, 150, seed=0)
+    splits = split_indices(len(y), 6, 150, random_state=0)
     odd = [bool(y[cal][0] % 2) for cal, _ in splits]
     assert any(odd) and not all(odd)  # the data exercises partial failure
     res = compare_methods(x, y, ["test-flaky", "test-nan", "grouped-ts", "ts"], n_splits=6, cal_size=150)
@@ -243,7 +243,7 @@ def test_temperature_scaling_rows_obey_their_invariants(seed, n_splits, frac):
     T = 1, so its fitted calibration-set NLL is never above the uncalibrated one."""
     x, y = make_data(seed, n=120, k=3)
     cal_size = int(frac * 120)
-    res = compare_methods(x, y, ["ts"], n_splits=n_splits, cal_size=cal_size, seed=seed)
+    res = compare_methods(x, y, ["ts"], n_splits=n_splits, cal_size=cal_size, random_state=seed)
     base, ts = res[UNCALIBRATED], res["ts"]
     assert ts.values["error"] == base.values["error"]
     assert all(a <= b + 1e-9 for a, b in zip(ts.values["cal_nll"], base.values["cal_nll"]))
@@ -278,8 +278,8 @@ def _without_times(res):
 def test_jobs_give_results_identical_to_one_process():
     x, y = make_data(8, n=300, k=4)
     methods = ["ts", "vs", "pb", "ts+pb", "grouped-ts"]  # grouped-ts fails (no domains): errors too
-    one = compare_methods(x, y, methods, n_splits=3, cal_size=150, seed=2, jobs=1)
-    two = compare_methods(x, y, methods, n_splits=3, cal_size=150, seed=2, jobs=2)
+    one = compare_methods(x, y, methods, n_splits=3, cal_size=150, random_state=2, jobs=1)
+    two = compare_methods(x, y, methods, n_splits=3, cal_size=150, random_state=2, jobs=2)
     assert _without_times(one) == _without_times(two)
     assert two["ts+pb"].fallback == one["ts+pb"].fallback and len(one["ts+pb"].fallback) == 3
     assert all(f is None for f in one["ts"].fallback)

@@ -59,7 +59,7 @@ def result(domains):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return evaluate_split(domains["src"], {"c1": domains["c1"], "c2": domains["c2"]}, domains["tgt"],
-                              split=Split("src", ("c1", "c2"), "tgt"), n_draws=200, seed=4)
+                              split=Split("src", ("c1", "c2"), "tgt"), n_draws=200, random_state=4)
 
 
 def test_all_splits():
@@ -106,7 +106,7 @@ def test_every_method_matches_an_independent_recomputation(domains, result):
         }
     assert list(result.methods) == list(METHODS)
     for m in METHODS:
-        ref = bootstrap_ece(probs[m], y, n_draws=200, seed=4)
+        ref = bootstrap_ece(probs[m], y, n_draws=200, random_state=4)
         r = result.methods[m]
         assert r.ece_mean == pytest.approx(ref.mean, abs=1e-10), m
         assert (r.ece_lo, r.ece_hi, r.ece_std) == pytest.approx((ref.lo, ref.hi, ref.std), abs=1e-10)
@@ -193,7 +193,7 @@ def test_method_summary_per_seed(domains):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         rs = [evaluate_split(domains["src"], {"c1": domains["c1"]}, domains[t], split=Split("src", ("c1",), t),
-                             n_draws=20, seed=s, gate_params={"n_neighbors": 5})
+                             n_draws=20, random_state=s, gate_params={"n_neighbors": 5})
               for s in (0, 1) for t in ("c2", "tgt")]
     rows = method_summary(rs, margin=0.01)
     assert [(r["seed"], r["method"]) for r in rows] == [(s, m) for s in (0, 1) for m in METHODS]

@@ -78,7 +78,7 @@ def test_multilabel_is_told_from_one_hot_labels():
 
 def test_compare_scores_each_split_as_a_direct_refit():
     z, y = _head(n=500, seed=3)
-    out = compare_multilabel_methods(z, y, ["ts-multilabel"], n_splits=3, cal_size=250, seed=7)
+    out = compare_multilabel_methods(z, y, ["ts-multilabel"], n_splits=3, cal_size=250, random_state=7)
     assert [r["method"] for r in out["rows"]] == ["uncalibrated", "ts-multilabel"]
     eces = []
     for sp in range(3):

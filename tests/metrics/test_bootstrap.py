@@ -20,7 +20,7 @@ def data(n=2000, k=4, seed=0):
 @pytest.mark.parametrize("n_bins", [1, 10, 15])
 def test_each_draw_is_the_ece_of_its_resample(binning, n_bins):
     p, y = data()
-    res = bootstrap_ece(p, y, n_draws=40, n_samples=700, n_bins=n_bins, binning=binning, seed=3)
+    res = bootstrap_ece(p, y, n_draws=40, n_samples=700, n_bins=n_bins, binning=binning, random_state=3)
     idx = bootstrap_indices(len(y), 40, 700, 3)
     oracle = np.array([ece(p[i], y[i], n_bins=n_bins, binning=binning) for i in idx])
     np.testing.assert_allclose(res.values, oracle, rtol=0, atol=1e-12)
@@ -43,9 +43,9 @@ def test_paper_defaults_and_small_targets():
 
 def test_seeded():
     p, y = data()
-    a = bootstrap_ece(p, y, n_draws=30, seed=1)
-    b = bootstrap_ece(p, y, n_draws=30, seed=1)
-    c = bootstrap_ece(p, y, n_draws=30, seed=2)
+    a = bootstrap_ece(p, y, n_draws=30, random_state=1)
+    b = bootstrap_ece(p, y, n_draws=30, random_state=1)
+    c = bootstrap_ece(p, y, n_draws=30, random_state=2)
     np.testing.assert_array_equal(a.values, b.values)
     assert not np.array_equal(a.values, c.values)
 
@@ -92,7 +92,7 @@ def test_properties(seed, n, k, n_bins):
     rng = np.random.default_rng(seed)
     p = rng.dirichlet(np.ones(k), size=n)
     y = rng.integers(0, k, n)
-    res = bootstrap_ece(p, y, n_draws=25, n_samples=max(1, n // 2), n_bins=n_bins, seed=seed)
+    res = bootstrap_ece(p, y, n_draws=25, n_samples=max(1, n // 2), n_bins=n_bins, random_state=seed)
     assert np.all((res.values >= 0) & (res.values <= 1))
     assert res.lo <= res.hi and res.std >= 0
     assert res.values.min() - 1e-12 <= res.mean <= res.values.max() + 1e-12
@@ -124,3 +124,14 @@ def test_improvement_ratio_is_affine_in_ece(e1, e2, s, t):
     ir1, ir2 = improvement_ratio(e1, s, t), improvement_ratio(e2, s, t)
     # a lower ECE means a higher IR exactly when the oracle beats source-only
     assert ir1 - ir2 == pytest.approx((e2 - e1) / (s - t), rel=1e-9, abs=1e-9)
+
+
+def test_seed_is_the_old_name_of_random_state():
+    """One name per idea: ``random_state``; ``seed=`` still works, warns, and draws the same."""
+    p, y = data(n=500)
+    new = bootstrap_ece(p, y, n_draws=20, random_state=7)
+    with pytest.warns(FutureWarning, match="seed= is renamed random_state="):
+        old = bootstrap_ece(p, y, n_draws=20, seed=7)
+    np.testing.assert_array_equal(old.values, new.values)  # the same kernel on the same input in one process
+    with pytest.raises(ValueError, match="give random_state= only"):
+        bootstrap_ece(p, y, n_draws=20, random_state=3, seed=7)

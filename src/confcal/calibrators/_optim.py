@@ -161,15 +161,11 @@ def adam(params: list[torch.Tensor], loss_fn: Callable[[torch.Tensor | None], to
     gen = torch.Generator().manual_seed(int(seed))
     opt = _Adam(params, lr)
     n_steps = 0
-    epoch_iter = range(int(epochs))
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
+    from confcal._progress import progress_bar
 
-        bar = tqdm(epoch_iter, desc=desc, unit="epoch", leave=False, disable=None)  # None: only on a terminal
-        epoch_iter = bar
+    bar = progress_bar(int(epochs), desc, None if progress else False, unit="epoch")  # None: only on a terminal
     loss = None
-    for _ in epoch_iter:
+    for _ in range(int(epochs)):
         perm = torch.randperm(n_samples, generator=gen)
         for start in range(0, n_samples, batch_size):
             idx = perm[start:start + batch_size]
@@ -181,10 +177,10 @@ def adam(params: list[torch.Tensor], loss_fn: Callable[[torch.Tensor | None], to
             loss.backward()
             opt.step()
             n_steps += 1
-        if bar is not None and loss is not None:
+        if loss is not None:
             bar.set_postfix(loss=f"{float(loss.detach()):.4f}", refresh=False)
-    if bar is not None:
-        bar.close()
+        bar.update(1)
+    bar.close()
     for p in params:
         p.grad = None
     with torch.no_grad():

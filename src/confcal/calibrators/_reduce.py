@@ -195,7 +195,7 @@ class _ReportingCalibrator(Calibrator):
     def fit(self, logits, labels, *, sample_weight=None, progress=False, **side):
         from confcal.calibrators.base import _materialise
 
-        # sources and specs (the CLI streams its inputs) are read whole once, for the fit and the report
+        # sources (the CLI streams its inputs) are read whole once, for the fit and the report
         logits, labels = _materialise(logits, "logits"), _materialise(labels, "labels")
         side = {k: _materialise(v, k) for k, v in side.items()}
         super().fit(logits, labels, sample_weight=sample_weight, progress=progress, **side)

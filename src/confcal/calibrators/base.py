@@ -179,8 +179,8 @@ class Calibrator(Estimator, abc.ABC):
         logits : float array ``(n_samples, n_classes)`` (numpy or torch), or a
             one-logit binary head ``(n_samples,)`` / ``(n_samples, 1)``; probabilities
             when the calibrator was made with ``input_kind="probs"`` (their log is used);
-            or a :class:`confcal.sources.Source` or a spec such as ``"val.parquet:logit_*"``
-        labels : int array ``(n_samples,)`` in ``[0, n_classes)`` (or one-hot rows), or a source/spec
+            or a :class:`confcal.sources.Source` (``open_source("val.parquet:logit_*")``)
+        labels : int array ``(n_samples,)`` in ``[0, n_classes)`` (or one-hot rows), or a Source
         sample_weight : optional float ``(n_samples,)``, finite, >= 0, not all 0: the
             fit minimises the weighted mean of its objective (an integer weight is the
             same as repeating the row, weight 0 the same as leaving it out). Methods
@@ -191,8 +191,10 @@ class Calibrator(Estimator, abc.ABC):
         Raises
         ------
         ValueError, TypeError
-            Invalid inputs (the message names the argument and what was wrong).
+            Invalid inputs (the message names the argument and what was wrong); ``TypeError`` for
+            a path or spec string (open it with :func:`confcal.sources.open_source`, or use the CLI).
         """
+        _refuse_paths("fit", logits=logits, labels=labels, sample_weight=sample_weight, **side)
         self._check_hyperparameters()
         if self._fit_source(logits, labels, sample_weight=sample_weight, progress=progress,
                             **side) is not NotImplemented:
@@ -276,7 +278,7 @@ class Calibrator(Estimator, abc.ABC):
 
         ``logits`` as at fit time (``input_kind`` is a hyper-parameter); a one-logit
         binary head ``(n_samples,)`` gives ``(n_samples, 2)``. ``logits`` may also be a
-        :class:`confcal.sources.Source` or a spec; ``progress`` as for :meth:`fit`.
+        :class:`confcal.sources.Source` (a path string raises ``TypeError``); ``progress`` as for :meth:`fit`.
         ``dtype``: float64 (default) or float32. Temperature scaling computes in that dtype,
         chunk by chunk in cache, so the output is written to memory once (float32 logits in,
         float32 out: 2 x 4 bytes per element); the other methods compute in float64 and cast.
@@ -284,6 +286,7 @@ class Calibrator(Estimator, abc.ABC):
         Raises :class:`NotFittedError` before ``fit`` and ``ValueError`` when the
         number of classes differs from the one seen at fit time, or for another ``dtype``.
         """
+        _refuse_paths("predict_proba", logits=logits, **side)
         self._check_fitted()
         want = _result_dtype(dtype)
         out = self._predict_source(logits, progress=progress, dtype=want, **side)
@@ -491,13 +494,25 @@ def _one_logit_as_two(z: np.ndarray, input_kind: str, name: str) -> np.ndarray:
     return check_logits(np.stack([np.zeros_like(z), z], axis=1), name=name)
 
 
-def _materialise(value, name):
-    """Arrays pass through; a :class:`confcal.sources.Source` or a spec string is read whole."""
+def _refuse_paths(method: str, **inputs) -> None:
+    """``TypeError`` (one line) when an input is a path or spec string: estimators take arrays and
+    :class:`confcal.sources.Source` objects; reading files is the job of ``confcal.sources`` / the CLI."""
     import os
 
+    for name, value in inputs.items():
+        if isinstance(value, (str, bytes, os.PathLike)):
+            raise TypeError(f"{name}: {method} takes an array or a confcal.sources.Source, got the path "
+                            f"{os.fspath(value)!r}; open it with confcal.sources.open_source({os.fspath(value)!r}) "
+                            "or use the command line (confcal fit/apply)")
+
+
+def _materialise(value, name):
+    """Arrays pass through; a :class:`confcal.sources.Source` is read whole; a path string is refused
+    (:func:`_refuse_paths`)."""
     from confcal.sources import Source, open_source
 
-    if isinstance(value, (Source, str, os.PathLike)):
+    _refuse_paths("fit", **{name: value})
+    if isinstance(value, Source):
         # a copy: read-only memory maps would make torch-based fits warn, and they need all rows anyway
         return np.array(open_source(value, name=name).to_numpy())
     return value

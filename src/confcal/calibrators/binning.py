@@ -98,7 +98,7 @@ _STEP = {"edges": ListOf(Real()), "values": ListOf(_PROB)}
 _STEP_MAP = Fields(_STEP)
 _BBQ_MAP = Fields({**_STEP, "n_bins": ListOf(Int(ge=1)), "model_weights": ListOf(_PROB)})
 _SB_MAP = Fields({**_STEP, "a": Opt(Real()), "b": Opt(Real())})
-_SB_HYPER = {"n_bins": Int(ge=1), "scaler": Choice("auto", "ts", "platt"), "seed": Int(ge=0)}
+_SB_HYPER = {"n_bins": Int(ge=1), "scaler": Choice("auto", "ts", "platt"), "random_state": Int(ge=0)}
 _SB_SCALER = {"scaler": Choice("ts", "platt"), "temperature": Opt(Real(gt=0))}
 
 
@@ -384,10 +384,10 @@ class _ScalingBinning:
 
     def _check_hyper(self):
         n_bins = _check_positive_int(self.n_bins, "n_bins")
-        seed = _check_positive_int(self.seed, "seed", 0)
+        random_state = _check_positive_int(self.random_state, "random_state", 0)
         if self.scaler not in self.scalers:
             raise ValueError(f"scaler: expected one of {list(self.scalers)}, got {self.scaler!r}")
-        return n_bins, seed
+        return n_bins, random_state
 
     def _sample_weight_refusal(self):
         # the two halves are drawn over rows: a weight of 2 is not the same as a repeated row
@@ -428,7 +428,7 @@ class _ScalingBinning:
 class ScalingBinning(_ScalingBinning, TopLabelCalibrator):
     """Scaling-binning calibrator, top-label (``scaling-binning``); keeps the arg-max.
 
-    The calibration set is split in two halves at random (``seed``). Step 1, on the first
+    The calibration set is split in two halves at random (``random_state``). Step 1, on the first
     half: fit a scaling map -- temperature scaling (``"ts"``: one ``T`` by NLL, confidence
     ``g = max softmax(logits / T)``) or Platt scaling of the top-label confidence
     (``"platt"``: ``g = sigmoid(a logit(c) + b)`` against "the arg-max is right", the paper's
@@ -443,7 +443,7 @@ class ScalingBinning(_ScalingBinning, TopLabelCalibrator):
     ----------
     n_bins : int, default 10 (the paper's ``B = 10``)
     scaler : ``"auto"`` (default), ``"ts"`` or ``"platt"``
-    seed : int, default 0 -- the split into halves
+    random_state : int, default 0 -- the seed of the split into halves
 
     Attributes
     ----------
@@ -470,10 +470,10 @@ class ScalingBinning(_ScalingBinning, TopLabelCalibrator):
     hyper_constraints = _SB_HYPER
     fitted_constraints = Fields({**_SB_SCALER, "map": _SB_MAP})
 
-    def __init__(self, n_bins: int = 10, scaler: str = "auto", seed: int = 0, input_kind: str = "logits"):
+    def __init__(self, n_bins: int = 10, scaler: str = "auto", random_state: int = 0, input_kind: str = "logits"):
         self.n_bins = n_bins
         self.scaler = scaler
-        self.seed = seed
+        self.random_state = random_state
         self.input_kind = input_kind
 
     def _scaled(self, logits, top, scaler, params):
@@ -482,9 +482,9 @@ class ScalingBinning(_ScalingBinning, TopLabelCalibrator):
         return apply_platt(params, top_label_log_odds(logits, top))
 
     def _fit(self, logits, labels, sample_weight=None, **side):
-        n_bins, seed = self._check_hyper()
+        n_bins, random_state = self._check_hyper()
         w = np.ones(labels.size) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
-        first, second = random_halves(labels.size, seed)
+        first, second = random_halves(labels.size, random_state)
         top = predicted_class(softmax(logits))
         correct = (labels == top).astype(np.float64)
         best = None
@@ -538,7 +538,7 @@ class MarginalScalingBinning(_ScalingBinning, OneVsRestCalibrator):
     ----------
     n_bins : int, default 10
     scaler : ``"auto"`` (default), ``"ts"`` or ``"platt"``
-    seed : int, default 0
+    random_state : int, default 0 -- the seed of the split into halves
 
     Source: Kumar, Liang & Ma, NeurIPS 2019, sec. 4 (marginal calibration error, sec. 3).
 
@@ -558,10 +558,10 @@ class MarginalScalingBinning(_ScalingBinning, OneVsRestCalibrator):
     hyper_constraints = _SB_HYPER
     fitted_constraints = Fields({**_SB_SCALER, "maps": ListOf(_SB_MAP)})
 
-    def __init__(self, n_bins: int = 10, scaler: str = "auto", seed: int = 0, input_kind: str = "logits"):
+    def __init__(self, n_bins: int = 10, scaler: str = "auto", random_state: int = 0, input_kind: str = "logits"):
         self.n_bins = n_bins
         self.scaler = scaler
-        self.seed = seed
+        self.random_state = random_state
         self.input_kind = input_kind
 
     def _scores(self, logits):
@@ -574,9 +574,9 @@ class MarginalScalingBinning(_ScalingBinning, OneVsRestCalibrator):
         return apply_step(params["edges"], params["values"], g)
 
     def _fit(self, logits, labels, sample_weight=None, **side):
-        n_bins, seed = self._check_hyper()
+        n_bins, random_state = self._check_hyper()
         w = np.ones(labels.size) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
-        first, second = random_halves(labels.size, seed)
+        first, second = random_halves(labels.size, random_state)
         classes = [1] if logits.shape[1] == 2 else list(range(logits.shape[1]))
         best = None
         for scaler in self._candidates():

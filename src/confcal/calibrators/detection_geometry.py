@@ -295,7 +295,7 @@ class _PenalisedBasisMap(_GeometryBoxMap):
     hyper_common = {"box_features": Nullable(Text()), "reg": Choice("cv", "fixed"), "reg_lambda": Real(ge=0),
                     "clip_levels": Bool(), "per_class": Bool(), "min_samples": Int(ge=1),
                     "dependent": Bool(), "eps": Real(gt=0, lt=0.5), "cv_folds": Int(ge=2),
-                    "seed": Int(ge=0)}
+                    "random_state": Int(ge=0)}
 
     def _basis(self, s, f) -> np.ndarray:
         raise NotImplementedError
@@ -332,7 +332,7 @@ class _PenalisedBasisMap(_GeometryBoxMap):
         z = (phi - mean) / std
         yf = y.astype(np.float64)
         if self.reg == "cv" and min(int(yf.sum()), int((1 - yf).sum())) >= self.cv_folds:
-            lam, self.cv_scores_ = select_penalty(z, yf, sample_weight, n_folds=self.cv_folds, seed=self.seed)
+            lam, self.cv_scores_ = select_penalty(z, yf, sample_weight, n_folds=self.cv_folds, seed=self.random_state)
         else:
             lam, self.cv_scores_ = float(self.reg_lambda), []
         theta = fit_penalised_logistic(z, yf, sample_weight, lam)
@@ -412,7 +412,7 @@ class GeometryLogisticCalibration(_PenalisedBasisMap):
         module docstring); a manifest written before this option loads without them
     score_transform : ``"logit"`` (default; scores clipped to ``[eps, 1 - eps]``, so raw scores above 1 are
         clipped) or ``"raw"`` (the score as it is, for detectors whose scores are not probabilities)
-    eps, cv_folds, seed : the clip of the scores; folds and seed of the cross-validation
+    eps, cv_folds, random_state : the clip of the scores; folds and seed of the cross-validation
     per_class : one map per ``category_ids`` value (needs ``category_ids=`` at fit and predict time);
         ``domains=`` given at fit time also groups the boxes (crossed with the classes). Each group's
         map is this method fitted on its boxes alone; groups with fewer than ``min_samples`` boxes or
@@ -446,7 +446,7 @@ class GeometryLogisticCalibration(_PenalisedBasisMap):
 
     def __init__(self, box_features: str | None = None, reg: str = "cv", reg_lambda: float = 1e-4,
                  dependent: bool = True, score_transform: str = "logit", clip_levels: bool = True,
-                 eps: float = 1e-4, cv_folds: int = 3, seed: int = 0, per_class: bool = False,
+                 eps: float = 1e-4, cv_folds: int = 3, random_state: int = 0, per_class: bool = False,
                  min_samples: int = 50, input_kind: str = "logits"):
         self.box_features = box_features
         self.clip_levels = clip_levels
@@ -458,7 +458,7 @@ class GeometryLogisticCalibration(_PenalisedBasisMap):
         self.score_transform = score_transform
         self.eps = eps
         self.cv_folds = cv_folds
-        self.seed = seed
+        self.random_state = random_state
         self.input_kind = input_kind
 
     def _n_basis(self, d):
@@ -505,7 +505,7 @@ class GeometryBetaCalibration(_PenalisedBasisMap):
 
     def __init__(self, box_features: str | None = None, reg: str = "cv", reg_lambda: float = 1e-4,
                  dependent: bool = True, feature_scaling: str = "auto", clip_levels: bool = True,
-                 eps: float = 1e-4, cv_folds: int = 3, seed: int = 0, per_class: bool = False,
+                 eps: float = 1e-4, cv_folds: int = 3, random_state: int = 0, per_class: bool = False,
                  min_samples: int = 50, input_kind: str = "logits"):
         self.box_features = box_features
         self.clip_levels = clip_levels
@@ -517,7 +517,7 @@ class GeometryBetaCalibration(_PenalisedBasisMap):
         self.dependent = dependent
         self.eps = eps
         self.cv_folds = cv_folds
-        self.seed = seed
+        self.random_state = random_state
         self.input_kind = input_kind
 
     def _n_basis(self, d):

@@ -77,6 +77,23 @@ def to_manifest(cal) -> dict[str, Any]:
     }
 
 
+#: hyper-parameter names of older manifests -> today's name (one name per idea: a seed is
+#: ``random_state`` everywhere, as in scikit-learn)
+LEGACY_HYPERPARAMETERS = {"seed": "random_state"}
+
+
+def _renamed_hyperparameters(hyper, names) -> dict:
+    """``hyper`` with the legacy names of :data:`LEGACY_HYPERPARAMETERS` renamed where the method
+    takes the new name and not the old one (a manifest that names both keeps both, and is refused)."""
+    if not isinstance(hyper, dict):
+        return hyper
+    out = dict(hyper)
+    for old, new in LEGACY_HYPERPARAMETERS.items():
+        if old in out and old not in names and new in names and new not in out:
+            out[new] = out.pop(old)
+    return out
+
+
 def calibrator_from_dict(manifest: dict[str, Any], *, n_classes: int | None = None):
     """Rebuild a fitted calibrator from :meth:`Calibrator.to_dict` output.
 
@@ -100,7 +117,7 @@ def calibrator_from_dict(manifest: dict[str, Any], *, n_classes: int | None = No
                          f"{n_classes} classes")
     cls = METHODS[method]
     target = cls.cls if isinstance(cls, Preset) else cls
-    hyper = manifest["hyperparameters"]
+    hyper = _renamed_hyperparameters(manifest["hyperparameters"], cls._param_names())
     unknown = sorted(set(hyper) - set(cls._param_names()))
     if unknown:
         raise ValueError(f"manifest: hyperparameters.{unknown[0]}: unknown hyper-parameter of {method!r} "

@@ -141,6 +141,6 @@ def run_compare(args, inputs, methods) -> int:
         cal_size = n // 2
         print(f"note: --cal-size {args.cal_size} >= {n} rows; calibrating on half ({cal_size})", file=sys.stderr)
     result = compare_multilabel_methods(logits, labels, methods, n_splits=args.splits, cal_size=cal_size,
-                                        seed=args.seed, input_kind=args.input_kind or "logits")
+                                        random_state=args.seed, input_kind=args.input_kind or "logits")
     print(json.dumps(result, indent=2) if args.json else format_multilabel_comparison(result))
     return 0

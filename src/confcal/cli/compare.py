@@ -76,7 +76,7 @@ def run(args) -> int:
             side[key] = load_array(spec, name=key)
     result = compare_methods(
         scores, load_array(args.labels, name="labels"), methods,
-        n_splits=args.splits, cal_size=args.cal_size, seed=args.seed, input_kind=args.input_kind or "logits",
+        n_splits=args.splits, cal_size=args.cal_size, random_state=args.seed, input_kind=args.input_kind or "logits",
         jobs=args.jobs, progress=args.progress, **fixed, **side)
     if args.json:
         print(result.to_json(indent=2))
@@ -111,6 +111,6 @@ def _run_boxes(args, scores, methods) -> int:
         features = read_box_features(args.logits, names_of(args.box_features))
     result = compare_box_methods(scores, load_array(args.labels, name="labels"), methods, features=features,
                                  feature_names=args.box_features, n_splits=args.splits, cal_size=cal_size,
-                                 seed=args.seed)
+                                 random_state=args.seed)
     print(json.dumps(result, indent=2) if args.json else format_box_comparison(result))
     return 0

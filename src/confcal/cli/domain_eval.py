@@ -130,7 +130,7 @@ def run(args) -> int:
             results.append(evaluate_split(
                 data[split.source], {c: data[c] for c in split.calibration}, data[split.target], split=split,
                 n_draws=args.draws, n_samples=args.n_samples, n_bins=args.n_bins,
-                oracle_fraction=args.oracle_fraction, seed=seed, domain_weighting=args.domain_weighting,
+                oracle_fraction=args.oracle_fraction, random_state=seed, domain_weighting=args.domain_weighting,
                 cluster_params=cluster_params, gate_params=gate_params,
                 tag=f"seed {seed}" if len(seeds) > 1 else ""))
     print(f"ECE in % (bootstrap mean ± std over {args.draws} draws of min({args.n_samples}, n) target samples); "

@@ -22,7 +22,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from confcal._numeric import softmax
-from confcal._validation import check_domains, check_features, check_labels, check_logits
+from confcal._validation import check_domains, check_features, check_labels, check_logits, renamed_seed
 from confcal.calibrators import METHODS
 from confcal.metrics import accuracy, brier_score, ece, nll, smooth_ece
 
@@ -247,15 +247,16 @@ def fit_and_score(name: str, params: dict, x_cal, y_cal, x_test, y_test, side_ca
     return values, sorted({f"{w.category.__name__}: {w.message}" for w in caught}), extra
 
 
-def split_indices(n_samples: int, n_splits: int, cal_size: int, seed: int = 0):
+def split_indices(n_samples: int, n_splits: int, cal_size: int, random_state: int = 0, *, seed: int | None = None):
     """The random splits of :func:`compare_methods`: a list of ``(cal_idx, test_idx)`` int arrays.
 
-    Split ``s`` permutes ``range(n_samples)`` with ``numpy.random.default_rng([seed, s])``;
-    the first ``cal_size`` indices calibrate, the rest test.
+    Split ``s`` permutes ``range(n_samples)`` with ``numpy.random.default_rng([random_state, s])``;
+    the first ``cal_size`` indices calibrate, the rest test (``seed``: the old name of ``random_state``).
     """
+    random_state = renamed_seed(random_state, seed, "split_indices")
     out = []
     for s in range(n_splits):
-        perm = np.random.default_rng([seed, s]).permutation(n_samples)
+        perm = np.random.default_rng([random_state, s]).permutation(n_samples)
         out.append((perm[:cal_size], perm[cal_size:]))
     return out
 
@@ -287,9 +288,9 @@ def _check_side(arr, n: int, name: str, check) -> np.ndarray | None:
 
 
 def compare_methods(logits, labels, methods: Iterable, *, n_splits: int = 10, cal_size: int = 5000,
-                    seed: int = 0, input_kind: str = "logits", test_logits=None, test_labels=None,
+                    random_state: int = 0, input_kind: str = "logits", test_logits=None, test_labels=None,
                     features=None, domains=None, test_features=None, test_domains=None, jobs: int = 1,
-                    progress: bool = False) -> ComparisonResult:
+                    progress: bool = False, seed: int | None = None) -> ComparisonResult:
     """Fit every method on calibration splits and score it on the matching test splits.
 
     Parameters
@@ -301,11 +302,11 @@ def compare_methods(logits, labels, methods: Iterable, *, n_splits: int = 10, ca
         comma-separated string), or ``(label, name, params)`` tuples to set hyper-parameters.
         The ``uncalibrated`` row (softmax of the logits) is always added first.
     n_splits : number of random splits; split ``s`` permutes the samples with
-        ``numpy.random.default_rng([seed, s])`` and takes the first ``cal_size`` for calibration
+        ``numpy.random.default_rng([random_state, s])`` and takes the first ``cal_size`` for calibration
         and the rest for testing
     cal_size : calibration samples per split, ``1 <= cal_size < n_samples``
-    seed : base seed of the splits (the methods keep their own default seeds, so every fit
-        is deterministic)
+    random_state : base seed of the splits (the methods keep their own default ``random_state``,
+        so every fit is deterministic); ``seed`` is its old name (``FutureWarning``)
     test_logits, test_labels : a fixed test set; then ``logits``/``labels`` are the whole
         calibration set, one split is run and ``n_splits``/``cal_size`` are ignored
     features : float array ``(n_samples, n_features)``, side input split with the logits and given
@@ -334,12 +335,12 @@ def compare_methods(logits, labels, methods: Iterable, *, n_splits: int = 10, ca
         another number of classes, or only one of ``test_logits``/``test_labels``. Errors raised
         by a method's fit or predict are recorded in its row instead.
     """
-    from tqdm.auto import tqdm  # progress bars are outside the core; a well-kept library
+    from confcal._progress import progress_bar
 
     x = check_logits(logits, input_kind=input_kind).astype(np.float64)
     y = check_labels(labels, x.shape[0], x.shape[1])
     specs = _parse_methods(methods)
-    seed = _int_arg(seed, "seed", 0)
+    seed = _int_arg(renamed_seed(random_state, seed, "compare_methods"), "random_state", 0)
     jobs = _int_arg(jobs, "jobs", 1)
     n = x.shape[0]
     side = {k: v for k, v in (("features", _check_side(features, n, "features", check_features)),
@@ -376,7 +377,7 @@ def compare_methods(logits, labels, methods: Iterable, *, n_splits: int = 10, ca
     rows = [MethodResult(UNCALIBRATED, UNCALIBRATED, {})] + [MethodResult(lab, name, p) for lab, name, p in specs]
     for row in rows:
         row.values = {m: [] for m in METRICS}
-    bar = tqdm(total=n_splits * len(specs), disable=not progress, desc="compare", unit="fit")
+    bar = progress_bar(n_splits * len(specs), "compare", progress or False, unit="fit")
     try:
         if jobs == 1 or len(splits) == 1:
             def on_fit(label):

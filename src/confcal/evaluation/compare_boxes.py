@@ -1,7 +1,7 @@
 """Comparing box-score calibrators (``det-*``) on repeated calibration/test splits of boxes, with
 the confidence-only and the geometry D-ECE side by side.
 
-Split ``s`` permutes the boxes with ``numpy.random.default_rng([seed, s])``, calibrates on the
+Split ``s`` permutes the boxes with ``numpy.random.default_rng([random_state, s])``, calibrates on the
 first ``cal_size`` and tests on the rest. Each method is fitted on the calibration part (the
 geometry methods with the ``features`` of those boxes) and scored on the test part: D-ECE (15
 equal-width bins; Küppers et al. 2020, eq. 3 on the confidence), geometry D-ECE (5 confidence bins
@@ -16,7 +16,7 @@ import warnings
 
 import numpy as np
 
-from confcal._validation import check_features
+from confcal._validation import check_features, renamed_seed
 from confcal.calibrators import METHODS
 from confcal.calibrators.base import make_calibrator
 from confcal.metrics.detection import binary_brier, binary_nll, check_pairs, detection_ece
@@ -28,7 +28,7 @@ BOX_METRICS = ("d_ece", "geo_d_ece", "nll", "brier", "fit_seconds")
 
 
 def compare_box_methods(scores, labels, methods, *, features=None, feature_names=None, n_splits: int = 10,
-                        cal_size: int | None = None, seed: int = 0) -> dict:
+                        cal_size: int | None = None, random_state: int = 0, seed: int | None = None) -> dict:
     """Fit every box method on calibration splits and score it on the matching test splits.
 
     Parameters
@@ -36,7 +36,8 @@ def compare_box_methods(scores, labels, methods, *, features=None, feature_names
     scores : float ``(n_boxes,)`` raw box scores; labels : 0/1 ``(n_boxes,)``
     methods : names in :data:`confcal.calibrators.METHODS` (``det-*``; geometry methods need ``features``)
     features : float ``(n_boxes, d)`` box geometry, optional; feature_names : comma-separated names
-    n_splits, cal_size (default half the boxes), seed : the splits
+    n_splits, cal_size (default half the boxes), random_state : the splits (``seed``: its old name,
+        ``FutureWarning``)
 
     Returns
     -------
@@ -59,6 +60,7 @@ def compare_box_methods(scores, labels, methods, *, features=None, feature_names
     >>> [r["method"] for r in out["rows"]], out["rows"][1]["nll"] < out["rows"][0]["nll"]
     (['uncalibrated', 'det-platt'], True)
     """
+    random_state = renamed_seed(random_state, seed, "compare_box_methods")
     s = np.asarray(scores, dtype=np.float64)
     if s.ndim != 1:
         raise ValueError(f"scores: expected 1-D box scores (n_boxes,), got shape {s.shape}")
@@ -77,7 +79,7 @@ def compare_box_methods(scores, labels, methods, *, features=None, feature_names
     values = {m: {k: [] for k in BOX_METRICS} for m in ["uncalibrated", *names]}
     errors = {m: None for m in names}
     for sp in range(int(n_splits)):
-        perm = np.random.default_rng([seed, sp]).permutation(n)
+        perm = np.random.default_rng([random_state, sp]).permutation(n)
         cal, test = perm[:cal_size], perm[cal_size:]
         preds = {"uncalibrated": (np.clip(s[test], 0, 1), 0.0)}
         for m in names:

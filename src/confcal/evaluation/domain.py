@@ -40,7 +40,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from confcal._numeric import softmax
-from confcal._validation import check_features, check_labels, check_logits
+from confcal._validation import check_features, check_labels, check_logits, renamed_seed
 from confcal.calibrators import (
     DomainEnsembleTemperatureScaling,
     SetLevelTemperatureScaling,
@@ -179,9 +179,9 @@ def _oracle_split(n: int, fraction: float, rng) -> tuple[np.ndarray, np.ndarray]
 
 def evaluate_split(source: DomainData, calibration: Mapping[str, DomainData], target: DomainData, *,
                    split: Split | None = None, n_draws: int = 1000, n_samples: int | None = 1500,
-                   n_bins: int = 15, oracle_fraction: float = 0.2, seed: int = 0,
+                   n_bins: int = 15, oracle_fraction: float = 0.2, random_state: int = 0,
                    domain_weighting: str = "sample", cluster_params: Mapping | None = None,
-                   gate_params: Mapping | None = None, tag: str = "") -> SplitResult:
+                   gate_params: Mapping | None = None, tag: str = "", seed: int | None = None) -> SplitResult:
     """Run the protocol on one split.
 
     Parameters
@@ -194,7 +194,8 @@ def evaluate_split(source: DomainData, calibration: Mapping[str, DomainData], ta
     n_draws, n_samples, n_bins : bootstrap ECE settings (paper: 1000 draws of 1500)
     oracle_fraction : share of the target used to fit the target-only oracle; all
         methods are evaluated on the remaining rows
-    seed : seeds the oracle split and the bootstrap draws
+    random_state : seeds the oracle split and the bootstrap draws (recorded as the result's
+        ``seed``); ``seed`` is its old name (``FutureWarning``)
     domain_weighting : passed to the four proposed calibrators
     cluster_params : extra hyper-parameters of the cluster-level calibrators
         (``n_clusters``, ``random_state``, ``min_cluster_size``, ...)
@@ -215,6 +216,7 @@ def evaluate_split(source: DomainData, calibration: Mapping[str, DomainData], ta
         if dom.features.shape[1] != d:
             raise ValueError(f"{name}: features have {dom.features.shape[1]} columns, the target has {d}")
 
+    seed = renamed_seed(random_state, seed, "evaluate_split")
     rng = np.random.default_rng(seed)
     fit_idx, eval_idx = _oracle_split(len(target), oracle_fraction, rng)
     oracle_part, test = target.take(fit_idx), target.take(eval_idx)
@@ -261,7 +263,7 @@ def evaluate_split(source: DomainData, calibration: Mapping[str, DomainData], ta
         t = temps[name]
         probs = softmax(test.logits if t is None else test.logits / t[:, None])
         boot = bootstrap_ece(probs, test.labels, n_draws=n_draws, n_samples=n_samples, n_bins=n_bins,
-                             seed=seed)
+                             random_state=seed)
         results[name] = MethodResult(
             method=name, ece_mean=boot.mean, ece_std=boot.std, ece_lo=boot.lo, ece_hi=boot.hi, ir=None,
             accuracy=accuracy(probs, test.labels), nll=nll(probs, test.labels),

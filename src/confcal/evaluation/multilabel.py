@@ -122,10 +122,10 @@ def format_multilabel(results: dict, label_names=None) -> str:
 
 
 def compare_multilabel_methods(logits, labels, methods, *, n_splits: int = 10, cal_size: int | None = None,
-                               seed: int = 0, n_bins: int = 15, input_kind: str = "logits") -> dict:
+                               random_state: int = 0, n_bins: int = 15, input_kind: str = "logits") -> dict:
     """Fit every sigmoid-head method on calibration splits, score it per label on the test splits.
 
-    Split ``s`` permutes the rows with ``numpy.random.default_rng([seed, s])``, calibrates on the
+    Split ``s`` permutes the rows with ``numpy.random.default_rng([random_state, s])``, calibrates on the
     first ``cal_size`` (default half) and tests on the rest.
 
     Returns
@@ -163,7 +163,7 @@ def compare_multilabel_methods(logits, labels, methods, *, n_splits: int = 10, c
     per_label = {m: [] for m in names}
     errors = {m: None for m in names}
     for sp in range(int(n_splits)):
-        perm = np.random.default_rng([seed, sp]).permutation(n)
+        perm = np.random.default_rng([random_state, sp]).permutation(n)
         tr, te = perm[:cal_size], perm[cal_size:]
         preds = {"uncalibrated": (_as_logits(z[te], input_kind), 0.0)}
         for m in methods:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from confcal._validation import renamed_seed
 from confcal.metrics._binning import BINNINGS, assign_bins, bin_edges, check_n_bins
 from confcal.metrics.calibration import _confidence_correct, _ece_from_pairs
 
@@ -73,7 +74,7 @@ def bootstrap_indices(n: int, n_draws: int, n_samples: int | None, seed) -> np.n
 
 
 def bootstrap_ece(probs, labels, *, n_draws: int = 1000, n_samples: int | None = 1500,
-                  n_bins: int = 15, binning: str = "equal_width", seed=0) -> BootstrapResult:
+                  n_bins: int = 15, binning: str = "equal_width", random_state=0, seed=None) -> BootstrapResult:
     """ECE over ``n_draws`` bootstrap draws of ``m`` samples.
 
     Each draw takes ``m = min(n_samples, n)`` rows with replacement (so the
@@ -97,8 +98,9 @@ def bootstrap_ece(probs, labels, *, n_draws: int = 1000, n_samples: int | None =
         As in :func:`confcal.metrics.ece`.
     binning : {"equal_width", "equal_mass"}, default="equal_width"
         As in :func:`confcal.metrics.ece`.
-    seed : int, numpy.random.Generator or None, default=0
+    random_state : int, numpy.random.Generator or None, default=0
         Seed of the draws (anything ``numpy.random.default_rng`` takes).
+    seed : deprecated name of ``random_state`` (``FutureWarning``).
 
     Returns
     -------
@@ -124,7 +126,7 @@ def bootstrap_ece(probs, labels, *, n_draws: int = 1000, n_samples: int | None =
     In general the full-sample ECE lies within the percentile interval:
 
     >>> probs = np.array([[0.9, 0.1], [0.25, 0.75], [0.55, 0.45], [0.3, 0.7]])
-    >>> res = bootstrap_ece(probs, [0, 0, 0, 1], n_draws=200, n_bins=5, seed=0)
+    >>> res = bootstrap_ece(probs, [0, 0, 0, 1], n_draws=200, n_bins=5, random_state=0)
     >>> res.values.shape, bool(res.lo <= ece(probs, [0, 0, 0, 1], n_bins=5) <= res.hi)
     ((200,), True)
     """
@@ -132,7 +134,7 @@ def bootstrap_ece(probs, labels, *, n_draws: int = 1000, n_samples: int | None =
     n_bins = check_n_bins(n_bins)
     if binning not in BINNINGS:
         raise ValueError(f"binning: expected one of {BINNINGS}, got {binning!r}")
-    idx = bootstrap_indices(conf.shape[0], n_draws, n_samples, seed)
+    idx = bootstrap_indices(conf.shape[0], n_draws, n_samples, renamed_seed(random_state, seed, "bootstrap_ece"))
     b, m = idx.shape
     if binning == "equal_width":
         # Signed gap per sample; a bin's |sum of gaps| / m is its ECE term.

@@ -1,0 +1,64 @@
+"""Manifests written before a hyper-parameter was renamed still load, under today's name.
+
+The fixture ``fixtures/seed_manifests_v1.json`` was written by confcal at commit 2a7ef23, when
+scaling-binning and the geometry box maps took ``seed``; today every seed is ``random_state``
+(as in scikit-learn). The loaded calibrator must carry ``random_state`` and predict what a fresh
+fit with that ``random_state`` predicts (relative tolerance 1e-12: another version of the code).
+"""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from confcal.calibrators import METHODS, calibrator_from_dict
+
+FIXTURE = Path(__file__).parent / "fixtures" / "seed_manifests_v1.json"
+REL = 1e-12
+
+
+def _data():  # the data the fixture script fitted on (same draws, same order)
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(300, 4)) * 3
+    labels = np.where(rng.random(300) < 0.7, logits.argmax(axis=1), rng.integers(0, 4, size=300))
+    s = rng.uniform(0.05, 0.95, 400)
+    cx = rng.uniform(0, 1, 400)
+    y = (rng.uniform(size=400) < s * (cx < 0.5) + s ** 3 * (cx >= 0.5)).astype(int)
+    return logits, labels, s, cx, y
+
+
+MANIFESTS = json.loads(FIXTURE.read_text())["manifests"]
+
+
+@pytest.mark.parametrize("method", sorted(MANIFESTS))
+def test_seed_manifest_loads_as_random_state(method):
+    manifest = MANIFESTS[method]
+    assert "seed" in manifest["hyperparameters"] and "random_state" not in manifest["hyperparameters"]
+    old_seed = manifest["hyperparameters"]["seed"]
+    cal = calibrator_from_dict(manifest)
+    assert cal.get_params()["random_state"] == old_seed and "seed" not in cal.get_params()
+    logits, labels, s, cx, y = _data()
+    if method.startswith("det-"):
+        fresh = METHODS[method](box_features="cx", random_state=old_seed).fit(s, y, features=cx[:, None])
+        got = cal.predict_proba(s, features=cx[:, None])
+        want = fresh.predict_proba(s, features=cx[:, None])
+    else:
+        fresh = METHODS[method](random_state=old_seed).fit(logits, labels)
+        got, want = cal.predict_proba(logits), fresh.predict_proba(logits)
+    np.testing.assert_allclose(got, want, rtol=REL, atol=0)
+    # written again, the manifest carries today's name only
+    again = cal.to_dict()["hyperparameters"]
+    assert again["random_state"] == old_seed and "seed" not in again
+
+
+def test_both_names_is_refused():
+    manifest = json.loads(json.dumps(MANIFESTS["scaling-binning"]))
+    manifest["hyperparameters"]["random_state"] = 1
+    with pytest.raises(ValueError, match=r"hyperparameters\.seed: unknown hyper-parameter"):
+        calibrator_from_dict(manifest)
+
+
+def test_seed_is_not_a_parameter_of_any_estimator():
+    """One name per idea: no registered method takes ``seed``."""
+    takes_seed = [m for m, cls in METHODS.items() if "seed" in cls._param_names()]
+    assert takes_seed == []
