@@ -120,6 +120,16 @@ def _index_name(cal) -> str:
     return "group_index"
 
 
+#: elements (rows x classes) of one block of the exported graph's row loop: 2**21 float64 values
+#: are 16 MiB per intermediate array, so a head's peak memory is its output plus ~10 such arrays
+BLOCK_ELEMENTS = 2 ** 21
+
+
+def chunk_rows(n_classes: int) -> int:
+    """Rows per block of the exported ONNX graph (:data:`BLOCK_ELEMENTS` / ``n_classes``, >= 1024)."""
+    return max(1024, BLOCK_ELEMENTS // max(1, int(n_classes)))
+
+
 def export_onnx(calibrator, path=None, *, dtype: str = "float32"):
     """Write (when ``path`` is given) and return the ONNX ``ModelProto`` of the calibrated head.
 
@@ -132,7 +142,10 @@ def export_onnx(calibrator, path=None, *, dtype: str = "float32"):
         than (grouped) temperature scaling compute in float64 inside either graph.
 
     Inputs ``logits`` ``(n, K)`` (box scores ``(n,)``) and, for grouped maps, ``domain_index`` /
-    ``group_index`` int64 ``(n,)``; output ``probs``. Raises :class:`ExportError`.
+    ``group_index`` int64 ``(n,)``; output ``probs``. The graph runs the head over blocks of
+    :func:`chunk_rows` rows (an ONNX ``Loop``), so its memory does not grow with the batch
+    beyond the output (1M x 100 float32 logits: see ``benchmarks/results/export.md``).
+    Raises :class:`ExportError`.
     """
     from confcal.export._onnx import Graph
 
@@ -141,7 +154,9 @@ def export_onnx(calibrator, path=None, *, dtype: str = "float32"):
     head, table = build_head(cal, _DTYPES[dtype])
     g = Graph()
     index_name = _index_name(cal) if head.grouped else None
-    out = head.emit(g, "logits", index_name, _DTYPES[dtype])
+    rows = chunk_rows(2 if head.box else cal.n_classes_)
+    out = g.chunked(lambda sub, x, i: head.emit(sub, x, i, _DTYPES[dtype]), "logits", index_name, rows,
+                    _DTYPES[dtype])
     k = 2 if head.box else cal.n_classes_
     inputs = [("logits", None, _DTYPES[dtype], ["n"] if head.box else ["n", k])]
     if head.grouped:
