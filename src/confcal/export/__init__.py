@@ -104,12 +104,19 @@ def _metadata(cal, sha: str, table, index_name) -> dict[str, str]:
     meta = {"confcal.method": cal.method, "confcal.n_classes": str(cal.n_classes_),
             "confcal.manifest_sha256": sha, "confcal.library_version": __version__,
             "confcal.input_kind": str(getattr(cal, "input_kind", "logits"))}
+    if getattr(cal, "feature_names_", None) is not None and cal.method in _FEATURE_HEADS:
+        meta["confcal.features_input"] = "features"
+        meta["confcal.feature_names"] = json.dumps(list(cal.feature_names_))  # the columns' order
     if table is not None:
         meta["confcal.index_input"] = index_name
         meta["confcal.index_table"] = json.dumps(table)
         meta["confcal.pooled_index"] = str(max([i for _, i in table], default=-1) + 1 if table else 0)
         meta["confcal.unseen_rule"] = "an index outside [0, pooled_index) uses the pooled fit"
     return meta
+
+
+#: methods whose head takes a ``features`` ``(n, d)`` input, in the manifest's ``feature_names`` order
+_FEATURE_HEADS = ("det-platt-geo", "det-beta-geo", "det-hist-geo")
 
 
 def _index_name(cal) -> str:
@@ -153,7 +160,7 @@ def export_onnx(calibrator, path=None, *, dtype: str = "float32"):
     dtype = _check_dtype(dtype)
     head, table = build_head(cal, _DTYPES[dtype])
     g = Graph()
-    index_name = _index_name(cal) if head.grouped else None
+    index_name = _index_name(cal) if head.grouped else ("features" if head.n_features else None)
     rows = chunk_rows(2 if head.box else cal.n_classes_)
     out = g.chunked(lambda sub, x, i: head.emit(sub, x, i, _DTYPES[dtype]), "logits", index_name, rows,
                     _DTYPES[dtype])
@@ -161,8 +168,10 @@ def export_onnx(calibrator, path=None, *, dtype: str = "float32"):
     inputs = [("logits", None, _DTYPES[dtype], ["n"] if head.box else ["n", k])]
     if head.grouped:
         inputs.append((index_name, None, np.int64, ["n"]))
+    if head.n_features:
+        inputs.append(("features", None, _DTYPES[dtype], ["n", head.n_features]))
     model = g.model(inputs, [("probs", out, _DTYPES[dtype], ["n", k])],
-                    metadata=_metadata(cal, sha, table, index_name),
+                    metadata=_metadata(cal, sha, table, index_name if head.grouped else None),
                     doc=f"confcal {cal.method} head: predict_proba of the manifest with sha256 {sha}")
     if path is not None:
         from confcal.io import atomic_write
