@@ -121,3 +121,42 @@ def test_geometry_head_needs_its_features():
     cal = METHODS["det-platt-geo"](box_features="cx,w", reg="fixed").fit(s, y, features=f)
     with pytest.raises(Exception, match="features"):
         torch.jit.script(to_torch(cal))(torch.as_tensor(st))
+
+
+def _cluster_data():
+    """Office-Caltech10 (amazon) GoogLeNet features, the first 16 columns (real), and seeded stand-in
+    logits (the file has none) whose over-confidence depends on feature 0; test rows 0-2 get -inf / 1e4."""
+    from tests.conftest import require_shared_data
+
+    d = np.load(require_shared_data("domains", "office_caltech10_googlenet", "amazon.npz"))
+    f = d["features"][:, :16].astype(np.float64)
+    y = d["labels"].astype(np.int64)
+    y = np.unique(y, return_inverse=True)[1]
+    rng = np.random.default_rng(3)
+    k = y.max() + 1
+    # over-confident by a factor that depends on the features (so the temperatures differ by cluster)
+    scale = np.where(f[:, 0] > np.median(f[:, 0]), 6.0, 1.5)[:, None]
+    z = scale * (rng.normal(size=(y.size, k)) + 1.5 * np.eye(k)[y])
+    zt = z[600:].copy()
+    zt[0, 3] = -np.inf
+    zt[1, :5], zt[1, 5:] = 1e4, -1e4
+    zt[2, 1], zt[2, 2] = -np.inf, 1e4
+    return z[:600], y[:600], f[:600], zt, f[600:]
+
+
+@pytest.mark.parametrize("method", ["cluster-ts", "cluster-ts-regression", "domain-ensemble"])
+def test_feature_temperature_heads_equal_predict_proba(method):
+    z, y, f, zt, ft = _cluster_data()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cal = METHODS[method](n_clusters=6, n_init=2).fit(z, y, features=f, **(
+            {"domains": np.arange(600) % 2} if method == "domain-ensemble" else {}))
+    _check(cal, zt, ft, lambda x, fx: cal.predict_proba(x, features=fx), cal.n_classes_)
+    # independent oracle: scipy's softmax at the calibrator's own per-sample temperatures
+    from scipy.special import softmax
+
+    t = cal.temperatures_for(ft)
+    assert np.ptp(t) > 1e-3  # the temperature does depend on the features
+    with torch.no_grad():
+        out = to_torch(cal)(torch.as_tensor(zt[3:]), torch.as_tensor(ft[3:])).numpy()
+    np.testing.assert_allclose(out, softmax(zt[3:] / t[3:, None], axis=1), rtol=0, atol=ATOL64)

@@ -104,9 +104,11 @@ def _metadata(cal, sha: str, table, index_name) -> dict[str, str]:
     meta = {"confcal.method": cal.method, "confcal.n_classes": str(cal.n_classes_),
             "confcal.manifest_sha256": sha, "confcal.library_version": __version__,
             "confcal.input_kind": str(getattr(cal, "input_kind", "logits"))}
-    if getattr(cal, "feature_names_", None) is not None and cal.method in _FEATURE_HEADS:
+    if cal.method in _FEATURE_HEADS:
         meta["confcal.features_input"] = "features"
-        meta["confcal.feature_names"] = json.dumps(list(cal.feature_names_))  # the columns' order
+        names = getattr(cal, "feature_names_", None)  # the columns' order (geometry maps: named)
+        meta["confcal.feature_names"] = json.dumps(list(names) if names is not None else
+                                                   [f"f{j}" for j in range(cal.n_features_)])
     if table is not None:
         meta["confcal.index_input"] = index_name
         meta["confcal.index_table"] = json.dumps(table)
@@ -116,7 +118,8 @@ def _metadata(cal, sha: str, table, index_name) -> dict[str, str]:
 
 
 #: methods whose head takes a ``features`` ``(n, d)`` input, in the manifest's ``feature_names`` order
-_FEATURE_HEADS = ("det-platt-geo", "det-beta-geo", "det-hist-geo")
+_FEATURE_HEADS = ("det-platt-geo", "det-beta-geo", "det-hist-geo", "cluster-ts", "cluster-ts-regression",
+                  "domain-ensemble")
 
 
 def _index_name(cal) -> str:

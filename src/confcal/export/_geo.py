@@ -6,10 +6,12 @@
 * :class:`GeoBasisCore`: ``det-platt-geo`` / ``det-beta-geo`` (Kueppers et al., CVPR-W 2020, sec. 3):
   ``v = c + ((phi(s, r) - mean) / std) . coef`` on the method's basis ``phi`` of the box score ``s``
   and its geometry ``r``; output ``[sigmoid(-v), sigmoid(v)]``.
+* :class:`FeatureTemperatureCore`: ``cluster-ts``, ``cluster-ts-regression``, ``domain-ensemble``:
+  ``softmax(z / T(features))``.
 * :class:`GeoHistCore`: ``det-hist-geo``: the feature cell (equal-mass bins per feature, ``(lo, hi]``),
   then that cell's score bin; output ``[1 - p, p]``.
 
-The geometry heads take the features ``(n, d)`` (the manifest's ``feature_names`` order) as their
+The geometry and cluster heads take the features ``(n, d)`` (the manifest's ``feature_names`` order) as their
 second input, where the grouped heads take their index.
 """
 
@@ -25,7 +27,7 @@ from torch import Tensor, nn
 from confcal.export._heads import _buf, _emit_sigmoid, _pad
 from confcal.export._onnx import Graph
 
-__all__ = ["SigmoidLabelCore", "GeoBasisCore", "GeoHistCore"]
+__all__ = ["SigmoidLabelCore", "GeoBasisCore", "GeoHistCore", "FeatureTemperatureCore"]
 
 EPS64 = float(np.finfo(np.float64).eps)
 
@@ -219,3 +221,60 @@ class GeoHistCore(nn.Module):
 
 
 assert math.isclose(EPS64, 2.220446049250313e-16)  # the literal in SigmoidLabelCore.forward (TorchScript)
+
+
+class FeatureTemperatureCore(nn.Module):
+    """Per-sample temperature from the features (Gong et al., ICCV 2021, sec. 4.2 and 5.2):
+    ``x = (features - mean) / scale``; ``T_nn`` = the temperature of the nearest centroid
+    (``argmin ||c||^2 - 2 x.c``, lowest index on ties), ``T_reg = clip(exp(clip(x.w + b, log t_min,
+    log t_max)), t_min, t_max)``; ``kind`` 0: ``T_nn`` (cluster-ts), 1: ``T_reg``
+    (cluster-ts-regression), 2: ``3 / (1/T_set + 1/T_nn + 1/T_reg)`` (domain-ensemble); then
+    ``softmax(z / T)``."""
+
+    def __init__(self, *, kind: int, mean, scale, centroids, cluster_t, set_t: float, coef, intercept: float,
+                 t_min: float, t_max: float):
+        super().__init__()
+        self.kind = int(kind)
+        for name, value in (("mean", mean), ("scale", scale), ("centroids", centroids), ("cluster_t", cluster_t),
+                            ("coef", coef)):
+            self.register_buffer(name, _buf(value))
+        self.set_t = float(set_t)
+        self.intercept = float(intercept)
+        self.t_min, self.t_max = float(t_min), float(t_max)
+        self.log_min, self.log_max = math.log(self.t_min), math.log(self.t_max)
+
+    def forward(self, z: Tensor, index: Optional[Tensor] = None) -> Tensor:
+        x = (_features(index) - self.mean.to(z.device)) / self.scale.to(z.device)
+        c = self.centroids.to(z.device)
+        t_nn = self.cluster_t.to(z.device)[torch.argmin((c * c).sum(dim=1)[None, :] - 2.0 * (x @ c.T), dim=1)]
+        t_reg = torch.exp((x @ self.coef.to(z.device) + self.intercept).clamp(self.log_min, self.log_max))
+        t_reg = t_reg.clamp(self.t_min, self.t_max)
+        if self.kind == 0:
+            t = t_nn
+        elif self.kind == 1:
+            t = t_reg
+        else:
+            t = 1.0 / ((1.0 / self.set_t + 1.0 / t_nn + 1.0 / t_reg) / 3.0)
+        return torch.softmax(z / t[:, None], dim=1)
+
+    def emit(self, g: Graph, z: str, index, dt) -> str:
+        f64, i64 = np.float64, np.int64
+        x = g.op("Div", g.op("Sub", g.op("Cast", index, to=11), g.const(self.mean.numpy(), f64)),
+                 g.const(self.scale.numpy(), f64))
+        c = self.centroids.numpy()
+        d = g.op("Sub", g.const((c * c).sum(axis=1)[None, :], f64),
+                 g.op("Mul", g.const(2.0, f64), g.op("MatMul", x, g.const(c.T, f64))))
+        near = g.op("ArgMin", d, axis=1, keepdims=0, select_last_index=0)
+        t_nn = g.op("Gather", g.const(self.cluster_t.numpy(), f64), near, axis=0)
+        lin = g.op("Add", g.op("MatMul", x, g.const(self.coef.numpy(), f64)), g.const(self.intercept, f64))
+        t_reg = _emit_clip(g, g.op("Exp", _emit_clip(g, lin, self.log_min, self.log_max)), self.t_min, self.t_max)
+        if self.kind == 0:
+            t = t_nn
+        elif self.kind == 1:
+            t = t_reg
+        else:
+            one = g.const(1.0, f64)
+            inv = g.op("Add", g.op("Add", g.const(1.0 / self.set_t, f64), g.op("Div", one, t_nn)),
+                       g.op("Div", one, t_reg))
+            t = g.op("Div", one, g.op("Div", inv, g.const(3.0, f64)))
+        return g.op("Softmax", g.op("Div", z, g.op("Unsqueeze", t, g.const([1], i64))), axis=1)
