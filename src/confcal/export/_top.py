@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from confcal.export._heads import _UP, LOGIT_CLIP
+from confcal.export._heads import _UP, LOGIT_CLIP, _buf
 from confcal.export._onnx import Graph
 
 __all__ = ["TopLabelCore"]
