@@ -3,7 +3,10 @@
 * :func:`to_torch` (also ``Calibrator.to_torch()``): an ``nn.Module`` ``head(logits, index=None)``
   equal to ``predict_proba`` -- logits ``(n, K)`` float32/float64 (box scores ``(n,)`` for
   ``det-ts`` / ``det-platt``), ``index`` int64 ``(n,)`` for grouped maps (:func:`group_index`
-  turns ids into it; an unseen id, or any index outside the table, uses the pooled fit).
+  turns ids into it; an unseen id, or any index outside the table, uses the pooled fit);
+  for the feature maps (``det-*-geo``, ``cluster-ts``, ``cluster-ts-regression``,
+  ``domain-ensemble``) the second input is ``features`` ``(n, d)`` instead, columns in the order of
+  the metadata's ``confcal.feature_names``.
   Output: probabilities ``(n, K)`` (``(n, 2)`` for box scores) in the input's dtype.
 * :func:`export_onnx`: a self-contained graph with inputs ``logits`` (and ``domain_index`` or
   ``group_index``), output ``probs``, a dynamic batch size, opset :data:`OPSET`, and metadata:
