@@ -10,7 +10,10 @@ tiled to N rows of K = 100 float32 logits. For each method and in the same proce
   torchscript     torch.jit.script of the head on the float32 tensor (torch threads = 1)
 
 Each cell is the median wall time of R calls (seconds); "vs pp" is predict_proba time / head
-time (> 1: the head is faster); "max |diff|" the largest absolute difference to predict_proba.
+time (> 1: the head is faster); "max |diff|" the largest absolute difference to predict_proba;
+"peak RSS" the process's peak resident memory during that call's runs (Linux: VmHWM, reset
+through /proc/self/clear_refs before each call), and "above start" that peak minus the RSS
+just before the call (the call's own arrays: its output and intermediates).
 The issue's target: the ONNX TS head at least as fast as predict_proba at N = 1,000,000.
 
 Usage:  python benchmarks/export.py [--rows N] [--repeats R] [--out benchmarks/results/export.md]
@@ -41,13 +44,33 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "cifar" / "dens
 SETUPS = {"ts": {}, "dirichlet": {"reg": "fixed", "max_iter": 50}, "histogram-binning": {}}
 
 
-def _median_time(fn, repeats):
+def _status_mb(field):
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _median_time(fn, repeats, ref):
+    """(median seconds, max |fn() - ref|, peak RSS MB, peak above the RSS at the start MB) of a
+    first, untimed call (its output is compared with ``ref``) and ``repeats`` timed calls."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # reset the peak RSS (VmHWM) to the current RSS
+    except OSError:
+        pass
+    start = _status_mb("VmRSS")
+    out = fn()
+    out = out[0] if isinstance(out, list) else out
+    out = out.numpy() if hasattr(out, "numpy") else out
+    diff = float(np.abs(out - ref).max()) if ref is not None else 0.0
+    del out
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    peak = _status_mb("VmHWM")
+    return statistics.median(times), diff, peak, peak - start
 
 
 def main():
@@ -71,31 +94,31 @@ def main():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             cal = METHODS[method](**params).fit(logits[:5000], labels[:5000])
+        t_pp, *rest = _median_time(lambda: cal.predict_proba(x32), args.repeats, None)
+        cells = {"predict_proba": (t_pp, *rest)}
         ref = cal.predict_proba(x32)
-        t_pp = _median_time(lambda: cal.predict_proba(x32), args.repeats)
-        cells = {"predict_proba": (t_pp, 0.0)}
         for name, dtype, xin in (("onnx f32", "float32", x32), ("onnx f64", "float64", x64)):
             sess = ort.InferenceSession(export_onnx(cal, dtype=dtype).SerializeToString(), opts,
                                         providers=["CPUExecutionProvider"])
-            out = sess.run(None, {"logits": xin})[0]
-            cells[name] = (_median_time(lambda: sess.run(None, {"logits": xin}), args.repeats),
-                           float(np.abs(out - ref).max()))
-            del out
+            cells[name] = _median_time(lambda: sess.run(None, {"logits": xin}), args.repeats, ref)
+            del sess
         head = torch.jit.script(to_torch(cal))
         xt = torch.from_numpy(x32)
         with torch.no_grad():
-            out = head(xt).numpy()
-            cells["torchscript"] = (_median_time(lambda: head(xt), args.repeats), float(np.abs(out - ref).max()))
-        del out, ref
-        for name, (t, diff) in cells.items():
-            rows.append((method, name, t, t_pp / t, diff))
+            cells["torchscript"] = _median_time(lambda: head(xt), args.repeats, ref)
+        del ref
+        for name, (t, diff, peak, above) in cells.items():
+            rows.append((method, name, t, t_pp / t, diff, peak, above))
+        print(*rows[-4:], sep="\n", flush=True)
     lines = [f"# Exported heads vs predict_proba: {args.rows:,} x 100 float32 logits, one thread",
              "",
              f"`python benchmarks/export.py --rows {args.rows} --repeats {args.repeats}`; "
              f"{platform.processor() or platform.machine()}, torch {torch.__version__}, onnxruntime {ort.__version__}. "
              "Median of the repeats, seconds; vs pp = predict_proba time / this time.",
-             "", "| method | call | seconds | vs pp | max abs diff |", "|---|---|---|---|---|"]
-    lines += [f"| {m} | {c} | {t:.3f} | {r:.2f} | {dd:.1e} |" for m, c, t, r, dd in rows]
+             "", "| method | call | seconds | vs pp | max abs diff | peak RSS | above start |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {m} | {c} | {t:.3f} | {r:.2f} | {dd:.1e} | {pk / 1024:.2f} GB | {ab / 1024:.2f} GB |"
+              for m, c, t, r, dd, pk, ab in rows]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -220,7 +220,21 @@ class OneVsRestCalibrator(_MapMixin, _ReportingCalibrator):
             self.maps_ = [self._fit_map(s[:, j], (labels == j).astype(np.float64), sample_weight)
                           for j in range(k)]
 
+    #: rows per block of predict_proba: every row's output depends on that row only, so a long
+    #: batch runs in blocks of ~2**21 values (16 MiB per float64 intermediate) and its memory is
+    #: the output plus one block's intermediates (1M x 100 logits: ~6 GB of intermediates at once before)
+    _block_elements: ClassVar[int] = 2 ** 21
+
     def _predict_proba(self, logits, **side):
+        rows = max(1024, self._block_elements // max(1, logits.shape[1]))
+        if logits.shape[0] <= rows:
+            return self._predict_block(logits)
+        out = np.empty(logits.shape, dtype=np.float64)
+        for start in range(0, logits.shape[0], rows):
+            out[start:start + rows] = self._predict_block(logits[start:start + rows])
+        return out
+
+    def _predict_block(self, logits):
         s = self._scores(logits)
         if len(self.maps_) == 1:
             p1 = np.clip(self._apply_map(self.maps_[0], s[:, 1]), 0.0, 1.0)

@@ -3,7 +3,10 @@
 * :func:`to_torch` (also ``Calibrator.to_torch()``): an ``nn.Module`` ``head(logits, index=None)``
   equal to ``predict_proba`` -- logits ``(n, K)`` float32/float64 (box scores ``(n,)`` for
   ``det-ts`` / ``det-platt``), ``index`` int64 ``(n,)`` for grouped maps (:func:`group_index`
-  turns ids into it; an unseen id, or any index outside the table, uses the pooled fit).
+  turns ids into it; an unseen id, or any index outside the table, uses the pooled fit);
+  for the feature maps (``det-*-geo``, ``cluster-ts``, ``cluster-ts-regression``,
+  ``domain-ensemble``) the second input is ``features`` ``(n, d)`` instead, columns in the order of
+  the metadata's ``confcal.feature_names``.
   Output: probabilities ``(n, K)`` (``(n, 2)`` for box scores) in the input's dtype.
 * :func:`export_onnx`: a self-contained graph with inputs ``logits`` (and ``domain_index`` or
   ``group_index``), output ``probs``, a dynamic batch size, opset :data:`OPSET`, and metadata:
@@ -104,6 +107,11 @@ def _metadata(cal, sha: str, table, index_name) -> dict[str, str]:
     meta = {"confcal.method": cal.method, "confcal.n_classes": str(cal.n_classes_),
             "confcal.manifest_sha256": sha, "confcal.library_version": __version__,
             "confcal.input_kind": str(getattr(cal, "input_kind", "logits"))}
+    if cal.method in _FEATURE_HEADS:
+        meta["confcal.features_input"] = "features"
+        names = getattr(cal, "feature_names_", None)  # the columns' order (geometry maps: named)
+        meta["confcal.feature_names"] = json.dumps(list(names) if names is not None else
+                                                   [f"f{j}" for j in range(cal.n_features_)])
     if table is not None:
         meta["confcal.index_input"] = index_name
         meta["confcal.index_table"] = json.dumps(table)
@@ -112,12 +120,27 @@ def _metadata(cal, sha: str, table, index_name) -> dict[str, str]:
     return meta
 
 
+#: methods whose head takes a ``features`` ``(n, d)`` input, in the manifest's ``feature_names`` order
+_FEATURE_HEADS = ("det-platt-geo", "det-beta-geo", "det-hist-geo", "cluster-ts", "cluster-ts-regression",
+                  "domain-ensemble")
+
+
 def _index_name(cal) -> str:
     by = getattr(cal, "by", "domains")
     if cal.method == "grouped-ts" or (cal.method == "grouped" and by == "domains") or (
             cal.method.startswith("det-") and not cal.per_class):
         return "domain_index"
     return "group_index"
+
+
+#: elements (rows x classes) of one block of the exported graph's row loop: 2**21 float64 values
+#: are 16 MiB per intermediate array, so a head's peak memory is its output plus ~10 such arrays
+BLOCK_ELEMENTS = 2 ** 21
+
+
+def chunk_rows(n_classes: int) -> int:
+    """Rows per block of the exported ONNX graph (:data:`BLOCK_ELEMENTS` / ``n_classes``, >= 1024)."""
+    return max(1024, BLOCK_ELEMENTS // max(1, int(n_classes)))
 
 
 def export_onnx(calibrator, path=None, *, dtype: str = "float32"):
@@ -132,7 +155,10 @@ def export_onnx(calibrator, path=None, *, dtype: str = "float32"):
         than (grouped) temperature scaling compute in float64 inside either graph.
 
     Inputs ``logits`` ``(n, K)`` (box scores ``(n,)``) and, for grouped maps, ``domain_index`` /
-    ``group_index`` int64 ``(n,)``; output ``probs``. Raises :class:`ExportError`.
+    ``group_index`` int64 ``(n,)``; output ``probs``. The graph runs the head over blocks of
+    :func:`chunk_rows` rows (an ONNX ``Loop``), so its memory does not grow with the batch
+    beyond the output (1M x 100 float32 logits: see ``benchmarks/results/export.md``).
+    Raises :class:`ExportError`.
     """
     from confcal.export._onnx import Graph
 
@@ -140,14 +166,18 @@ def export_onnx(calibrator, path=None, *, dtype: str = "float32"):
     dtype = _check_dtype(dtype)
     head, table = build_head(cal, _DTYPES[dtype])
     g = Graph()
-    index_name = _index_name(cal) if head.grouped else None
-    out = head.emit(g, "logits", index_name, _DTYPES[dtype])
+    index_name = _index_name(cal) if head.grouped else ("features" if head.n_features else None)
+    rows = chunk_rows(2 if head.box else cal.n_classes_)
+    out = g.chunked(lambda sub, x, i: head.emit(sub, x, i, _DTYPES[dtype]), "logits", index_name, rows,
+                    _DTYPES[dtype])
     k = 2 if head.box else cal.n_classes_
     inputs = [("logits", None, _DTYPES[dtype], ["n"] if head.box else ["n", k])]
     if head.grouped:
         inputs.append((index_name, None, np.int64, ["n"]))
+    if head.n_features:
+        inputs.append(("features", None, _DTYPES[dtype], ["n", head.n_features]))
     model = g.model(inputs, [("probs", out, _DTYPES[dtype], ["n", k])],
-                    metadata=_metadata(cal, sha, table, index_name),
+                    metadata=_metadata(cal, sha, table, index_name if head.grouped else None),
                     doc=f"confcal {cal.method} head: predict_proba of the manifest with sha256 {sha}")
     if path is not None:
         from confcal.io import atomic_write

@@ -13,7 +13,9 @@ import numpy as np
 
 from confcal.export._heads import (EPS32, EPS64, AffineCore, BoxCore, ETSCore, GroupedCore,
                                    GroupedTemperatureCore, Head, LogitBoundingCore, DualBoundingCore, IsotonicMap, LogisticMap, OneVsRestCore,
-                                   PTSCore, StepMap, TemperatureCore, TopLabelCore)
+                                   PTSCore, StepMap, TemperatureCore)
+from confcal.export._geo import FeatureTemperatureCore, GeoBasisCore, GeoHistCore, SigmoidLabelCore
+from confcal.export._top import TopLabelCore
 
 __all__ = ["build_head", "REFUSALS", "BUILDERS", "ExportError", "exportable"]
 
@@ -27,10 +29,8 @@ _PB = ("BCSoftmax's exact solve (sorted breakpoints, then eq. 24) is not written
        "the head would need it per row")
 REFUSALS = {
     "fc": "needs the model's features and last linear layer at apply time, not only the logits",
-    "cluster-ts": "nearest k-means centroid of the features at apply time: a features input is not exported yet",
-    "cluster-ts-regression": "regresses T on the features at apply time: a features input is not exported yet",
-    "domain-ensemble": "uses the features' nearest centroid and regression at apply time: not exported yet",
-    "source-gated-ts": "kNN source probability of the features at apply time: not exported yet",
+    "source-gated-ts": ("its gate is a kNN source probability over the stored calibration features: the graph would "
+                        "carry the whole reference set and an (n, n_ref) distance matrix"),
     **{m: _PB for m in ("pb", "pb-lower", "pb-upper", "pb-mlp", "ts+pb", "vs+pb", "ms+pb", "dirichlet+pb",
                         "ets+pb", "pts+pb")},
 }
@@ -172,12 +172,50 @@ def _top_label(cal):
                 box=False), None
 
 
+def _multilabel(cal):
+    maps = cal.maps_
+    if cal.method == "ts-multilabel":
+        w, b, divide = [m["temperature"] for m in maps], [0.0] * len(maps), True
+    else:
+        w, b, divide = [m["a"] for m in maps], [m["b"] for m in maps], False
+    core = SigmoidLabelCore(w, b, divide=divide, input_probs=_input_probs(cal))
+    return Head(core, input_probs=False, compute64=True, grouped=False, n_classes=cal.n_classes_, box=False), None
+
+
+def _geometry(cal):
+    d = len(cal.feature_names_)
+    if cal.method == "det-hist-geo":
+        core = GeoHistCore(cal.feature_edges_, cal.score_edges_, cal.values_, cal.n_feature_bins)
+    else:
+        beta = cal.method == "det-beta-geo"
+        core = GeoBasisCore(beta=beta, intercept=cal.intercept_, coef=cal.coef_, mean=cal.phi_mean_,
+                            std=cal.phi_std_, eps=cal.eps, dependent=cal.dependent,
+                            score_logit=not beta and cal.score_transform == "logit", n_features=d,
+                            lo=cal.lo_ if beta else None, hi=cal.hi_ if beta else None)
+    return Head(core, input_probs=False, compute64=True, grouped=False, n_classes=2, box=True, n_features=d), None
+
+
+def _clusters(cal):
+    kind = {"cluster-ts": 0, "cluster-ts-regression": 1, "domain-ensemble": 2}[cal.method]
+    d = cal.n_features_
+    coef = getattr(cal, "reg_coef_", np.zeros(d))
+    core = FeatureTemperatureCore(kind=kind, mean=cal.scaler_mean_, scale=cal.scaler_scale_, centroids=cal.centroids_,
+                                  cluster_t=cal.cluster_temperatures_, set_t=cal.set_temperature_, coef=coef,
+                                  intercept=float(getattr(cal, "reg_intercept_", 0.0)), t_min=cal.t_min,
+                                  t_max=cal.t_max)
+    return Head(core, input_probs=_input_probs(cal), compute64=True, grouped=False, n_classes=cal.n_classes_,
+                box=False, n_features=d), None
+
+
 BUILDERS: dict[str, Callable] = {
     **{m: _simple for m in CORES},
     "grouped-ts": _grouped, "grouped": _grouped,
     "det-ts": _box, "det-platt": _box, "det-beta": _box,
     **{m: _one_vs_rest for m in ("isotonic", "histogram-binning", "bbq", "scaling-binning-marginal", "platt-ovr",
                                  "beta")},
+    "ts-multilabel": _multilabel, "platt-multilabel": _multilabel,
+    **{m: _clusters for m in ("cluster-ts", "cluster-ts-regression", "domain-ensemble")},
+    **{m: _geometry for m in ("det-platt-geo", "det-beta-geo", "det-hist-geo")},
     **{m: _top_label for m in ("isotonic-top", "histogram-binning-top", "bbq-top", "scaling-binning")},
 }
 
