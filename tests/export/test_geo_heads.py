@@ -160,3 +160,25 @@ def test_feature_temperature_heads_equal_predict_proba(method):
     with torch.no_grad():
         out = to_torch(cal)(torch.as_tensor(zt[3:]), torch.as_tensor(ft[3:])).numpy()
     np.testing.assert_allclose(out, softmax(zt[3:] / t[3:, None], axis=1), rtol=0, atol=ATOL64)
+
+
+def test_geometry_clip_levels_are_in_the_head_and_grouped_maps_are_refused():
+    """Scores at or past the clip (``clip_levels``: their own fitted level) give predict_proba's value
+    in the head; a per-class map says in one line that it is not exported."""
+    from confcal.export import ExportError
+
+    s, y, f, st, ft = _geo_data()
+    cal = METHODS["det-platt-geo"](box_features="cx,w", reg="fixed").fit(s, y, features=f)
+    assert cal._n_levels() == 2 and cal.coef_.size == cal._n_basis(2) + 2
+    edge = np.array([0.0, 1e-5, 1.0, 1.3, 0.5])
+    fe = ft[: edge.size]
+    head = torch.jit.script(to_torch(cal).double())
+    got = head(torch.as_tensor(edge), torch.as_tensor(fe)).numpy()
+    np.testing.assert_allclose(got, cal.predict_proba(edge, features=fe), rtol=0, atol=ATOL64)
+    cls = np.arange(s.size) % 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        grouped = METHODS["det-platt-geo"](box_features="cx,w", reg="fixed", per_class=True).fit(
+            s, y, features=f, category_ids=cls)
+    with pytest.raises(ExportError, match="per-class / per-domain geometry map is not exported"):
+        export_onnx(grouped)

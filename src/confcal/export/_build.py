@@ -183,6 +183,9 @@ def _multilabel(cal):
 
 
 def _geometry(cal):
+    if getattr(cal, "group_counts_", None):
+        raise ExportError(f"{cal.method}: a per-class / per-domain geometry map is not exported yet (the graph "
+                          "takes the features, not a group index beside them); fit it without per_class/domains")
     d = len(cal.feature_names_)
     if cal.method == "det-hist-geo":
         core = GeoHistCore(cal.feature_edges_, cal.score_edges_, cal.values_, cal.n_feature_bins)
@@ -191,7 +194,8 @@ def _geometry(cal):
         core = GeoBasisCore(beta=beta, intercept=cal.intercept_, coef=cal.coef_, mean=cal.phi_mean_,
                             std=cal.phi_std_, eps=cal.eps, dependent=cal.dependent,
                             score_logit=not beta and cal.score_transform == "logit", n_features=d,
-                            lo=cal.lo_ if beta else None, hi=cal.hi_ if beta else None)
+                            lo=cal.lo_ if beta else None, hi=cal.hi_ if beta else None,
+                            levels=bool(cal._n_levels()))
     return Head(core, input_probs=False, compute64=True, grouped=False, n_classes=2, box=True, n_features=d), None
 
 

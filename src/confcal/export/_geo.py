@@ -91,12 +91,15 @@ class GeoBasisCore(nn.Module):
     """The penalised logistic map on the basis of ``det-platt-geo`` (``beta=False``: ``[u, r_j]``
     with ``u = logit(clip(s, eps, 1 - eps))`` or ``s``, then all products ``i <= j`` when
     ``dependent``) or ``det-beta-geo`` (``beta=True``: ``u_0 = clip(s)``, ``u_j = clip((r_j - lo_j) /
-    span_j)``, columns ``log u, -log(1 - u)`` per input, then ``logit(u_i) logit(u_j)``, ``i < j``)."""
+    span_j)``, columns ``log u, -log(1 - u)`` per input, then ``logit(u_i) logit(u_j)``, ``i < j``);
+    ``levels``: two last columns, the indicators ``s <= eps`` and ``s >= 1 - eps`` of the raw score
+    (the maps' ``clip_levels``)."""
 
     def __init__(self, *, beta: bool, intercept: float, coef, mean, std, eps: float, dependent: bool,
-                 score_logit: bool, n_features: int, lo=None, hi=None):
+                 score_logit: bool, n_features: int, lo=None, hi=None, levels: bool = False):
         super().__init__()
         self.beta = bool(beta)
+        self.levels = bool(levels)
         self.dependent = bool(dependent)
         self.score_logit = bool(score_logit)
         self.eps = float(eps)
@@ -139,6 +142,9 @@ class GeoBasisCore(nn.Module):
                 for i in range(len(base)):
                     for k in range(i, len(base)):
                         cols.append(base[i] * base[k])
+        if self.levels:
+            cols.append((z <= self.eps).to(z.dtype))
+            cols.append((z >= 1.0 - self.eps).to(z.dtype))
         phi = torch.stack(cols, dim=1)
         v = self.intercept.to(z.device) + ((phi - self.mean.to(z.device)) / self.std.to(z.device)) @ \
             self.coef.to(z.device)
@@ -168,6 +174,10 @@ class GeoBasisCore(nn.Module):
             cols = list(base)
             if self.dependent:
                 cols += [g.op("Mul", base[i], base[k]) for i in range(len(base)) for k in range(i, len(base))]
+        if self.levels:
+            raw = g.op("Unsqueeze", z, axis1)
+            cols += [g.op("Cast", g.op("LessOrEqual", raw, g.const(self.eps, f64)), to=11),
+                     g.op("Cast", g.op("GreaterOrEqual", raw, g.const(1.0 - self.eps, f64)), to=11)]
         phi = g.op("Concat", *cols, axis=1)
         std = g.op("Div", g.op("Sub", phi, g.const(self.mean.numpy()[None, :], f64)),
                    g.const(self.std.numpy()[None, :], f64))
