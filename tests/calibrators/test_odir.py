@@ -188,3 +188,14 @@ def test_real_cifar10_cv_beats_the_weakest_penalty():
     test_nll = {c: nll(c.predict_proba(p[test_i]), y[test_i]) for c in (cv, weak)}
     assert test_nll[cv] <= test_nll[weak] + 1e-3
     assert cv.cv_results_["mean_nll"][cv.cv_results_["best"]] == min(v for v in cv.cv_results_["mean_nll"] if v)
+
+
+@pytest.mark.parametrize("n,k,seed", [(50, 3, 3), (10, 2, 0), (101, 5, 7), (7, 7, 1)])
+def test_folds_equal_scikit_learns_shuffled_kfold(n, k, seed):
+    from sklearn.model_selection import KFold
+
+    ref = list(KFold(n_splits=k, shuffle=True, random_state=seed).split(np.zeros((n, 1))))
+    ours = fold_indices(n, k, seed)
+    assert len(ours) == len(ref)
+    for (tr, te), (rtr, rte) in zip(ours, ref):
+        assert np.array_equal(tr, rtr) and np.array_equal(te, rte)

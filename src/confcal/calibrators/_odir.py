@@ -79,13 +79,23 @@ class CVResult:
 
 
 def fold_indices(n_samples: int, n_folds: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Shuffled k-fold ``(train_idx, heldout_idx)`` pairs (scikit-learn's ``KFold``), deterministic per seed."""
-    from sklearn.model_selection import KFold
-
+    """Shuffled k-fold ``(train_idx, heldout_idx)`` pairs, deterministic per seed: the folds of
+    scikit-learn's ``KFold(n_folds, shuffle=True, random_state=seed)`` (a ``RandomState(seed)``
+    shuffle cut into ``n_folds`` runs, the first ``n % n_folds`` one row longer; both index
+    arrays ascending), computed here so that a fit does not import scikit-learn (~1 s cold)."""
     if n_folds < 2 or n_folds > n_samples:
         raise ValueError(f"cv: expected an integer in [2, n_samples={n_samples}], got {n_folds!r}")
-    kf = KFold(n_splits=n_folds, shuffle=True, random_state=int(seed))
-    return [(tr, te) for tr, te in kf.split(np.zeros((n_samples, 1)))]
+    order = np.arange(n_samples)
+    np.random.RandomState(int(seed)).shuffle(order)
+    sizes = np.full(n_folds, n_samples // n_folds)
+    sizes[: n_samples % n_folds] += 1
+    out, start = [], 0
+    for size in sizes:
+        held = np.zeros(n_samples, dtype=bool)
+        held[order[start:start + size]] = True
+        out.append((np.flatnonzero(~held), np.flatnonzero(held)))
+        start += size
+    return out
 
 
 def _new_map(n_classes: int, on_log_probs: bool) -> MatrixScalingMap:
