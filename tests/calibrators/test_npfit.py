@@ -149,3 +149,16 @@ def test_dirichlet_rows_take_log_probabilities():
     # at W = I, c = 0 the NLL is the uncalibrated one
     f = _npfit.affine_objective(np.r_[np.eye(3).ravel(), np.zeros(3)], d)[0]
     assert f == pytest.approx(-log_softmax(z)[np.arange(50), y].mean(), rel=1e-14)
+
+
+def test_inverse_temperature_is_the_nll_minimiser_along_the_ray():
+    from scipy.optimize import minimize_scalar
+
+    d = _rows(n=200, k=5, seed=7, masked=True, weighted=True)
+    s = _npfit.inverse_temperature(d)
+
+    def f(v):
+        return _npfit.softmax_nll(d.x * v, d)[0]
+
+    ref = minimize_scalar(f, bounds=(1e-3, 20.0), method="bounded", options={"xatol": 1e-12})
+    assert s == pytest.approx(ref.x, rel=1e-6)

@@ -29,7 +29,7 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["Rows", "softmax_nll", "vs_objective", "vs_parts", "vs_hessian", "affine_objective", "affine_hessp", "ets_objective",
+__all__ = ["Rows", "softmax_nll", "inverse_temperature", "vs_objective", "vs_parts", "vs_hessian", "affine_objective", "affine_hessp", "ets_objective",
            "newton", "lbfgs", "newton_cg", "NpResult"]
 
 
@@ -92,6 +92,38 @@ def softmax_nll(a: np.ndarray, d: Rows):
 
 
 # ----------------------------------------------------------------------------- vector scaling
+def inverse_temperature(d: Rows, *, tol: float = 1e-10, max_iter: int = 50) -> float:
+    """``s = 1 / T`` minimising the NLL of ``softmax(s Z)``: 1-D Newton (``f' = sum_i r_i (E_p[z_i] - z_iy)``,
+    ``f'' = sum_i r_i Var_p(z_i)``, convex in ``s``) from ``s = 1`` with backtracking; a start for
+    vector scaling, not the temperature-scaling fit itself (which keeps its bounds and rules)."""
+    zy = d.x[d.rows, d.y]
+
+    def parts(s):
+        a = d.x * s
+        f, p, _ = softmax_nll(a, d)
+        xm = d.x if d.mask is None else np.where(d.mask, 0.0, d.x)
+        mean = np.einsum("ij,ij->i", p, xm)
+        var = np.einsum("ij,ij->i", p, xm * xm) - mean * mean
+        return f, float(d.r @ (mean - zy)), float(d.r @ np.maximum(var, 0.0))
+
+    s = 1.0
+    f, g, h = parts(s)
+    for _ in range(int(max_iter)):
+        if abs(g) <= tol or h <= 0:
+            break
+        step = -g / h
+        t = 1.0
+        while t > 1e-8:
+            fn, gn, hn = parts(s + t * step)
+            if math.isfinite(fn) and fn <= f + 1e-4 * t * g * step:
+                break
+            t *= 0.5
+        else:
+            break
+        s, f, g, h = s + t * step, fn, gn, hn
+    return s
+
+
 def vs_parts(theta: np.ndarray, d: Rows):
     """Vector scaling ``A = Z w + c``, ``theta = [w, c]`` ``(2K,)``: ``(f, grad, P)``."""
     k = d.k

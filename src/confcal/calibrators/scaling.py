@@ -74,7 +74,9 @@ class VectorScaling(MapCalibrator):
         self._check_hyperparameters()
         m, d = _np_rows(self, z, y, sample_weight)
         k = z.shape[1]
-        x0 = np.concatenate([np.ones(k), np.zeros(k)])
+        # start at temperature scaling (w = 1 / T, c = 0): the best point on the identity's ray, a few
+        # Newton steps from the optimum; the objective is convex, so the start changes only the path
+        x0 = np.concatenate([np.full(k, _npfit.inverse_temperature(d)), np.zeros(k)])
         res = _solve(z, lambda: _npfit.newton(lambda x: _npfit.vs_parts(x, d),
                                               lambda p: _npfit.vs_hessian(p, d, np.float32), x0,
                                               tol=self.tol, max_iter=self.max_iter, tol_change=self.tol * 1e-3))
