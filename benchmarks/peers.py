@@ -372,6 +372,28 @@ def to_markdown(rows, header):
     return "\n".join(out) + "\n"
 
 
+def _header(a, reps, t0, partial):
+    import importlib.metadata as md
+
+    vers = []
+    for pkg in ("numpy", "scipy", "torch", "scikit-learn", "netcal", "probmetrics", "torch-uncertainty",
+                "relplot", "torchmetrics"):
+        try:
+            vers.append(f"{pkg} {md.version(pkg)}")
+        except md.PackageNotFoundError:
+            vers.append(f"{pkg} missing")
+    return [f"# confcal vs peers ({'quick' if a.quick else 'full'} run{', PARTIAL: still running or cut short' if partial else ''})", "",
+            f"`benchmarks/peers.py{' --quick' if a.quick else ''}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+            f"{platform.processor() or platform.machine()}, one thread (OMP/BLAS/torch), "
+            f"medians of {reps} interleaved cold fits; {time.time() - t0:.0f} s in all.",
+            "NPY_DISABLE_CPU_FEATURES=" + os.environ.get("NPY_DISABLE_CPU_FEATURES", "(unset)") + ".",
+            "The machine was shared: other engineers' tests ran at the same time, so absolute times are noisy; "
+            "the ratios are measured side by side in this one run.", "", "Versions: " + ", ".join(vers) + ".", "",
+            "ratio = confcal's time / the fastest peer's (below 1: confcal is faster); the numpy bincount and "
+            "numpy/torch softmax rows are bare references, not peers. The first confcal fit of a process "
+            "includes its first-call costs (torch's lazy start-up).", ""]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="one CIFAR file, one rep, small sizes (smoke run)")
@@ -391,11 +413,15 @@ def main(argv=None):
     if a.quick:
         names, reps, n_ts, n_ece, n_large = names[:1], 1, 100_000, 1_000_000, 100_000
     rows = []
+    t0 = time.time()
 
     def log(r):
         print(json.dumps(r, default=str), flush=True)
+        write(rows + [r], partial=True)  # a run cut short still leaves its table
 
-    t0 = time.time()
+    def write(all_rows, partial=False):
+        a.out.write_text(to_markdown(all_rows, _header(a, reps, t0, partial)))
+
     if "fits" in parts:
         rows += bench_fits(names, reps, a.methods.split(","), log)
     if "ts" in parts:
@@ -404,25 +430,7 @@ def main(argv=None):
         rows += bench_metrics(n_ece, 10_000, n_large, log)
     if "startup" in parts:
         rows += bench_startup(log)
-    import importlib.metadata as md
-
-    vers = []
-    for pkg in ("numpy", "scipy", "torch", "scikit-learn", "netcal", "probmetrics", "torch-uncertainty",
-                "relplot", "torchmetrics"):
-        try:
-            vers.append(f"{pkg} {md.version(pkg)}")
-        except md.PackageNotFoundError:
-            vers.append(f"{pkg} missing")
-    header = [f"# confcal vs peers ({'quick' if a.quick else 'full'} run)", "",
-              f"`benchmarks/peers.py{' --quick' if a.quick else ''}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-              f"{platform.processor() or platform.machine()}, one thread (OMP/BLAS/torch), "
-              f"medians of {reps} interleaved cold fits; {time.time() - t0:.0f} s in all.",
-              "NPY_DISABLE_CPU_FEATURES=" + os.environ.get("NPY_DISABLE_CPU_FEATURES", "(unset)") + ".",
-              "The machine was shared: other engineers' tests ran at the same time, so absolute times are noisy; "
-              "the ratios are measured side by side in this one run.", "", "Versions: " + ", ".join(vers) + ".", "",
-              "ratio = confcal's time / the fastest peer's (below 1: confcal is faster); the numpy bincount and "
-              "numpy/torch softmax rows are bare references, not peers.", ""]
-    a.out.write_text(to_markdown(rows, header))
+    write(rows)
     print(f"wrote {a.out}")
 
 
