@@ -117,11 +117,16 @@ def check_logits(logits, *, name: str = "logits", input_kind: str = "logits",
     return x
 
 
-def check_probs(probs, *, name: str = "probs") -> np.ndarray:
+def check_probs(probs, *, name: str = "probs", keep_dtype: bool = False) -> np.ndarray:
     """Validate probabilities and return float64 ``(n_samples, n_classes)``.
 
     A 1-D array is read as positive-class probabilities of a binary problem and
-    returned as the two columns ``[1 - p, p]``.
+    returned as the two columns ``[1 - p, p]``. ``keep_dtype=True`` returns a float32 input
+    as float32 (no float64 copy; for metrics that only read it).
+
+    The checks run in float32 for a float32 input (in float64 otherwise): one min/max pass decides for
+    the common valid input; only an input that fails it gets the row-by-row checks that
+    name the first bad row.
 
     Raises
     ------
@@ -132,7 +137,8 @@ def check_probs(probs, *, name: str = "probs") -> np.ndarray:
     p = as_numpy(probs, name)
     if p.dtype == bool or not (np.issubdtype(p.dtype, np.floating) or np.issubdtype(p.dtype, np.integer)):
         raise TypeError(f"{name}: expected a float array, got dtype {p.dtype}")
-    p = p.astype(np.float64, copy=False)  # validation only reads it
+    if p.dtype != np.float32 or p.ndim == 1:  # 1 - p of a 1-D input is formed in float64, as always
+        p = p.astype(np.float64, copy=False)  # validation only reads it
     if p.ndim == 1:
         p = np.stack([1.0 - p, p], axis=1)
     if p.ndim != 2:
@@ -141,21 +147,22 @@ def check_probs(probs, *, name: str = "probs") -> np.ndarray:
         raise ValueError(f"{name}: expected at least 1 sample, got shape {p.shape}")
     if p.shape[1] < 2:
         raise ValueError(f"{name}: expected n_classes >= 2, got shape {p.shape}")
-    finite = np.isfinite(p)
-    if not finite.all():
-        row = _first_bad_row(~finite.all(axis=1))
-        raise ValueError(f"{name}: expected finite probabilities, found NaN/inf in row {row}")
-    out = (p < 0) | (p > 1)
-    if out.any():
+    lo, hi = p.min(), p.max()  # NaN propagates: a NaN anywhere fails the comparison below
+    if not (lo >= 0 and hi <= 1):
+        finite = np.isfinite(p)
+        if not finite.all():
+            row = _first_bad_row(~finite.all(axis=1))
+            raise ValueError(f"{name}: expected finite probabilities, found NaN/inf in row {row}")
+        out = (p < 0) | (p > 1)
         row = _first_bad_row(out.any(axis=1))
         raise ValueError(f"{name}: expected values in [0, 1], row {row} has min {p[row].min():g}, "
                          f"max {p[row].max():g} (pass probabilities, not logits)")
-    sums = p.sum(axis=1)
+    sums = p.sum(axis=1)  # float32 rounding of a row sum is far below the 1e-3 tolerance
     off = np.abs(sums - 1.0) > 1e-3
     if off.any():
         row = _first_bad_row(off)
         raise ValueError(f"{name}: expected rows summing to 1, row {row} sums to {sums[row]:.6g}")
-    return p
+    return p if keep_dtype or p.dtype == np.float64 else p.astype(np.float64)
 
 
 def check_labels(labels, n_samples: int, n_classes: int, *, name: str = "labels", first_row: int = 0) -> np.ndarray:

@@ -7,7 +7,7 @@ W_ij^2 + mu / K * sum_j c_j^2``). Kull et al. choose ``lambda`` and ``mu`` by
 cross-validating the NLL on the calibration set; so does :func:`select_odir`.
 
 How it is kept fast enough for 100 classes (every L-BFGS step costs a
-``(n, K) x (K, K)`` product and its gradient):
+``(n, K) x (K, K)`` product and its closed-form gradient, :mod:`._npfit`, no autograd):
 
 * one grid point per decade, ``mu = lambda`` (one path instead of a 2-D grid);
 * every fit starts at temperature scaling (``W = I / T``, ``c = 0``, ``T`` fitted
@@ -35,8 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from confcal.calibrators._compose import Composite, Prepared, fit_composite
-from confcal.calibrators._links import SoftmaxLink
+from confcal.calibrators._compose import Prepared
 from confcal.calibrators._maps import MatrixScalingMap
 
 __all__ = ["ODIR_GRID", "ODIR_FOLDS", "CVResult", "select_odir", "fold_indices", "fit_path",
@@ -80,13 +79,23 @@ class CVResult:
 
 
 def fold_indices(n_samples: int, n_folds: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Shuffled k-fold ``(train_idx, heldout_idx)`` pairs (scikit-learn's ``KFold``), deterministic per seed."""
-    from sklearn.model_selection import KFold
-
+    """Shuffled k-fold ``(train_idx, heldout_idx)`` pairs, deterministic per seed: the folds of
+    scikit-learn's ``KFold(n_folds, shuffle=True, random_state=seed)`` (a ``RandomState(seed)``
+    shuffle cut into ``n_folds`` runs, the first ``n % n_folds`` one row longer; both index
+    arrays ascending), computed here so that a fit does not import scikit-learn (~1 s cold)."""
     if n_folds < 2 or n_folds > n_samples:
         raise ValueError(f"cv: expected an integer in [2, n_samples={n_samples}], got {n_folds!r}")
-    kf = KFold(n_splits=n_folds, shuffle=True, random_state=int(seed))
-    return [(tr, te) for tr, te in kf.split(np.zeros((n_samples, 1)))]
+    order = np.arange(n_samples)
+    np.random.RandomState(int(seed)).shuffle(order)
+    sizes = np.full(n_folds, n_samples // n_folds)
+    sizes[: n_samples % n_folds] += 1
+    out, start = [], 0
+    for size in sizes:
+        held = np.zeros(n_samples, dtype=bool)
+        held[order[start:start + size]] = True
+        out.append((np.flatnonzero(~held), np.flatnonzero(held)))
+        start += size
+    return out
 
 
 def _new_map(n_classes: int, on_log_probs: bool) -> MatrixScalingMap:
@@ -111,23 +120,51 @@ def start_at_temperature(m: MatrixScalingMap, prep: Prepared, y: torch.Tensor) -
         m.bias.zero_()
 
 
+def _rows(prep: Prepared, y: torch.Tensor):
+    from confcal.calibrators._npfit import Rows
+
+    mask = None if prep.mask is None else prep.mask.numpy()
+    w = None if prep.weight is None else prep.weight.numpy()
+    return Rows(prep.z.numpy(), y.numpy(), mask, w)
+
+
 def fit_path(m: MatrixScalingMap, prep: Prepared, y: torch.Tensor, pairs, *, max_iter: int, tol: float):
     """Fit ``m`` at each ``(lambda, mu)`` of ``pairs`` in turn, warm-starting from the previous point.
 
-    Yields the :class:`~confcal.calibrators._optim.OptimResult` after each point; ``m`` holds that fit.
+    Each point runs L-BFGS (at most ``max_iter`` steps) on the closed-form NLL + ODIR gradient
+    (:func:`confcal.calibrators._npfit.affine_objective`). Yields the
+    :class:`~confcal.calibrators._optim.OptimResult` after each point; ``m`` holds that fit.
     """
-    model = Composite(m, SoftmaxLink())
+    from confcal.calibrators import _npfit
+    from confcal.calibrators._compose import logits_scale_error
+    from confcal.calibrators._optim import OptimResult
+
+    d = _rows(prep, y)
+    k = m.n_classes
+    x = np.concatenate([m.weight.detach().numpy().ravel(), m.bias.detach().numpy()])
     for lam, mu in pairs:
         m.reg_lambda, m.reg_mu = float(lam), float(mu)
-        yield fit_composite(model, prep, y, trainer="lbfgs", max_iter=max_iter, tol=tol)
+        lam_f, mu_f = m.reg_lambda, m.reg_mu
+        try:
+            res = _npfit.lbfgs(lambda v: _npfit.affine_objective(v, d, lam_f, mu_f)[:2], x, max_iter=max_iter,
+                               tol_grad=tol, tol_change=tol * 1e-3)
+        except FloatingPointError as exc:
+            raise logits_scale_error(prep.z, exc) from exc
+        x = res.x
+        with torch.no_grad():
+            m.weight.copy_(torch.from_numpy(x[:k * k].reshape(k, k)))
+            m.bias.copy_(torch.from_numpy(x[k * k:]))
+        yield OptimResult(res.loss, res.n_iter, res.converged)
 
 
 def _heldout_nll_sum(m: MatrixScalingMap, prep: Prepared, y: torch.Tensor) -> tuple[float, float]:
     """(sum of the held-out rows' NLL, their total weight); weighted when the rows carry weights."""
-    model = Composite(m, SoftmaxLink())
+    from confcal.calibrators import _npfit
+
     total = float(y.shape[0]) if prep.weight is None else float(prep.weight.sum())
-    with torch.no_grad():
-        return float(model.nll(prep, y, with_penalty=False)) * total, total
+    d = _rows(prep, y)
+    x = np.concatenate([m.weight.detach().numpy().ravel(), m.bias.detach().numpy()])
+    return _npfit.affine_objective(x, d)[0] * total, total
 
 
 def select_odir(z: torch.Tensor, y: torch.Tensor, *, on_log_probs: bool, grid=ODIR_GRID, n_folds: int = ODIR_FOLDS,

@@ -8,13 +8,17 @@ Atarashi et al., arXiv 2506.10572:
 Differences from the original: ``T`` and ``w`` are fitted jointly by NLL (the
 objective used throughout confcal and by Atarashi et al.) with full-batch LBFGS
 on ``t' = log T`` and ``w = softmax(w')``, started at the temperature-scaling
-fit, instead of fitting ``T`` first and then ``w`` by squared error.
+fit, instead of fitting ``T`` first and then ``w`` by squared error. The gradient is
+closed-form (:func:`confcal.calibrators._npfit.ets_objective`: only the label's mixture
+probability enters the NLL, one softmax of ``z / T`` per evaluation); logits with masked
+(``-inf``) classes take the autograd path, whose link renormalises over the unmasked classes.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from confcal.calibrators._compose import MapCalibrator
@@ -69,6 +73,30 @@ class EnsembleTemperatureScaling(MapCalibrator):
         t = fit_temperature(z.numpy(), y.numpy(), sample_weight=sample_weight, warn=False).temperature
         with torch.no_grad():
             m.log_t.fill_(math.log(t))
+
+    def _fit_map(self, z, y, features=None, sample_weight=None):
+        from confcal.calibrators import _npfit
+        from confcal.calibrators._compose import Prepared, logits_scale_error
+        from confcal.calibrators._maps import build_map
+        from confcal.calibrators._optim import OptimResult
+
+        self._check_hyperparameters()
+        m = build_map(self.map_name, self._map_config(z.shape[1]))
+        prep = Prepared(m, z, None, sample_weight)
+        if prep.mask is not None:
+            return super()._fit_map(z, y, features, sample_weight)
+        self._init_map(m, z, y, features, sample_weight)
+        e = _npfit.ETSData(_npfit.Rows(prep.z.numpy(), y.numpy(), None, sample_weight))
+        x0 = np.concatenate([[float(m.log_t.detach())], m.mix_logits.detach().numpy()])
+        try:
+            res = _npfit.lbfgs(lambda x: _npfit.ets_objective(x, e), x0, max_iter=self.max_iter,
+                               tol_grad=self.tol, tol_change=self.tol * 1e-3)
+        except FloatingPointError as exc:
+            raise logits_scale_error(z, exc) from exc
+        with torch.no_grad():
+            m.log_t.fill_(float(res.x[0]))
+            m.mix_logits.copy_(torch.from_numpy(res.x[1:].copy()))
+        return m, OptimResult(res.loss, res.n_iter, res.converged)
 
     @property
     def temperature_(self) -> float:

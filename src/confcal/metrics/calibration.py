@@ -17,10 +17,10 @@ from confcal.metrics._binning import bin_sums, binned_gap, check_n_bins
 __all__ = ["ece", "mce", "classwise_ece", "reliability_table", "ECEAccumulator"]
 
 def _confidence_correct(probs, labels):
-    p = check_probs(probs)
+    p = check_probs(probs, keep_dtype=True)  # float32 stays float32: argmax and the gather are exact
     y = check_labels(labels, p.shape[0], p.shape[1])
     pred = np.argmax(p, axis=1)  # ties: lowest index wins, as in accuracy()
-    conf = p[np.arange(p.shape[0]), pred]
+    conf = p[np.arange(p.shape[0]), pred].astype(np.float64, copy=False)
     return conf, (pred == y)
 
 

@@ -1,0 +1,440 @@
+"""confcal against its peers, side by side in one process, one thread (issue 26).
+
+Peers: scikit-learn, netcal 1.4, probmetrics 1.3, torch-uncertainty 0.13 (needs lightning),
+relplot (smECE). They are installed only in the benchmark's own environment, never in the
+project's::
+
+    python3 -m venv /tmp/benchvenv
+    /tmp/benchvenv/bin/pip install -c constraints.txt -e . 'netcal==1.4.*' 'probmetrics==1.3.*' \\
+        'torch-uncertainty==0.13.*' lightning relplot
+    flock /tmp/bench.lock /tmp/benchvenv/bin/python benchmarks/peers.py [--quick] [--out FILE]
+
+Fits: the CIFAR outputs in ``../shared/data/cifar`` (probabilities; logits = their log),
+5,000 / 5,000 calibration / test split (seed 0), medians of ``--reps`` cold fits interleaved
+over the peers (rep 1 of every peer, then rep 2, ...); test ECE (15 equal-width bins,
+top-label), NLL and accuracy are all computed with confcal's metrics from each peer's
+probabilities. Then TS on 1M x 100 synthetic logits, ``predict_proba`` after TS on 1M x 100
+float32, ECE on 10M x 10, smECE on 10k and 1M rows, and the start-up of the CLI as
+subprocesses (wall and peak RSS). Each row gives the ratio of confcal's time to the fastest
+peer's (< 1: confcal is faster). ``--quick`` runs one CIFAR file, one rep and small sizes.
+"""
+
+from __future__ import annotations
+
+import os
+
+for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_v] = "1"
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data" / "cifar"
+FILES = {"densenet-c100": "densenet-bc-100-cifar-100.npz", "wrn-c100": "wideresnet-16-4-cifar-100.npz",
+         "wrn-c10": "wideresnet-16-4-cifar-10.npz", "lenet-c10": "lenet-5-cifar-10.npz"}
+warnings.filterwarnings("ignore")
+logging.disable(logging.WARNING)
+
+
+def _softmax(z):
+    z = z - z.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def load(name):
+    d = np.load(DATA / FILES[name])
+    p = d["predictions"].astype(np.float64)
+    y = d["ground_truth"].astype(np.int64)
+    z = np.log(np.maximum(p, np.finfo(np.float64).tiny))
+    perm = np.random.default_rng(0).permutation(len(y))
+    c, t = perm[:5000], perm[5000:]
+    return z[c], y[c], z[t], y[t]
+
+
+# ----------------------------------------------------------------------------- adapters
+# each returns predict(z_test) -> probabilities after fitting on (z, y)
+def confcal_fit(method, **kw):
+    def run(z, y):
+        from confcal.calibrators import METHODS
+
+        cal = METHODS[method](**kw).fit(z, y)
+        return lambda zt: cal.predict_proba(zt, dtype=np.float64)
+    return run
+
+
+def sklearn_fit(method):
+    def run(z, y):
+        from sklearn.base import BaseEstimator, ClassifierMixin
+        from sklearn.calibration import CalibratedClassifierCV
+        from sklearn.frozen import FrozenEstimator
+
+        class Scores(ClassifierMixin, BaseEstimator):
+            def fit(self, x, yy):
+                self.classes_ = np.arange(x.shape[1])
+                return self
+
+            def decision_function(self, x):
+                return x
+
+            def predict_proba(self, x):
+                return _softmax(x)
+
+            def predict(self, x):
+                return np.argmax(x, axis=1)
+
+        est = Scores().fit(z, y)
+        cal = CalibratedClassifierCV(FrozenEstimator(est), method=method).fit(z, y)
+        return lambda zt: cal.predict_proba(zt)
+    return run
+
+
+def probmetrics_fit(method, **config):
+    def run(z, y):
+        from probmetrics.calibrators import get_calibrator
+
+        cal = get_calibrator(method, **config)
+        cal.fit(_softmax(z), y)
+        return lambda zt: cal.predict_proba(_softmax(zt))
+    return run
+
+
+def torchunc_fit(cls_name, **kw):
+    def run(z, y):
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        import torch_uncertainty.post_processing as pp
+
+        cls = getattr(pp, cls_name)
+        if cls_name != "TemperatureScaler":
+            kw.setdefault("num_classes", z.shape[1])
+        scaler = cls(model=None, **kw)
+        dl = DataLoader(TensorDataset(torch.as_tensor(z, dtype=torch.float32), torch.as_tensor(y)),
+                        batch_size=len(y))
+        scaler.fit(dl, progress=False)
+
+        def predict(zt):
+            with torch.no_grad():
+                return torch.softmax(scaler(torch.as_tensor(zt, dtype=torch.float32)), 1).double().numpy()
+        return predict
+    return run
+
+
+def netcal_fit(cls_name, **kw):
+    def run(z, y):
+        import netcal.scaling as ns
+
+        cal = getattr(ns, cls_name)(**kw)
+        cal.fit(_softmax(z), y)
+        return lambda zt: np.asarray(cal.transform(_softmax(zt)), dtype=np.float64)
+    return run
+
+
+#: method -> [(peer, adapter)], confcal first
+FITS = {
+    "ts": [("confcal", confcal_fit("ts")), ("scikit-learn", sklearn_fit("temperature")),
+           ("netcal", netcal_fit("TemperatureScaling")), ("probmetrics", probmetrics_fit("temp-scaling")),
+           ("torch-uncertainty", torchunc_fit("TemperatureScaler"))],
+    "vs": [("confcal", confcal_fit("vs")), ("probmetrics svs", probmetrics_fit("svs", svs_print_init_info=False)),
+           ("torch-uncertainty", torchunc_fit("VectorScaler"))],
+    "ms (cv)": [("confcal", confcal_fit("ms")), ("probmetrics sms", probmetrics_fit("sms", sms_print_init_info=False)),
+                ("torch-uncertainty (unreg.)", torchunc_fit("MatrixScaler"))],
+    "dirichlet (cv)": [("confcal", confcal_fit("dirichlet")), ("probmetrics dircal-cv", probmetrics_fit("dircal-cv"))],
+    "dirichlet (fixed 1e-3)": [("confcal", confcal_fit("dirichlet", reg="fixed", reg_lambda=1e-3, reg_mu=1e-3)),
+                               ("probmetrics dircal", probmetrics_fit("dircal")),
+                               ("torch-uncertainty", torchunc_fit("DirichletScaler"))],
+    "ets": [("confcal", confcal_fit("ets")), ("probmetrics ts-mix", probmetrics_fit("ts-mix"))],
+    "platt-ovr": [("confcal", confcal_fit("platt-ovr")), ("scikit-learn", sklearn_fit("sigmoid")),
+                  ("probmetrics platt", probmetrics_fit("platt"))],
+}
+
+
+def _timed(fn, *a):
+    t0 = time.perf_counter()
+    out = fn(*a)
+    return time.perf_counter() - t0, out
+
+
+def bench_fits(names, reps, methods, log):
+    from confcal.metrics import ece, nll
+
+    rows = []
+    for name in names:
+        z, y, zt, yt = load(name)
+        for method in methods:
+            peers = FITS[method]
+            times = {p: [] for p, _ in peers}
+            quality = {}
+            for rep in range(reps):
+                for peer, adapter in peers:
+                    try:
+                        dt, pred = _timed(adapter, z, y)
+                    except Exception as exc:  # a peer that fails is reported, not fatal
+                        quality[peer] = f"failed: {type(exc).__name__}: {str(exc)[:80]}"
+                        continue
+                    times[peer].append(dt)
+                    if rep == 0:
+                        p = np.clip(pred(zt), 0, None)
+                        p = p / p.sum(axis=1, keepdims=True)
+                        quality[peer] = (ece(p, yt), nll(p, yt), float((p.argmax(1) == yt).mean()))
+            for peer, _ in peers:
+                med = statistics.median(times[peer]) if times[peer] else None
+                rows.append({"data": name, "method": method, "peer": peer, "time_s": med,
+                             "quality": quality.get(peer)})
+                log(rows[-1])
+    return rows
+
+
+def bench_ts_large(n, log):
+    import torch
+
+    rng = np.random.default_rng(1)
+    k = 100
+    y = rng.integers(0, k, size=n)
+    z = (rng.normal(size=(n, k)) * 2.0).astype(np.float32)
+    z[np.arange(n), y] += 3.0
+    z *= 2.5
+    rows = []
+    from confcal.calibrators import TemperatureScaling
+
+    # fit
+    fits = [("confcal", lambda: TemperatureScaling().fit(z, y)),
+            ("probmetrics", lambda: probmetrics_fit("temp-scaling")(z.astype(np.float64), y)),
+            ("torch-uncertainty", lambda: torchunc_fit("TemperatureScaler")(z, y))]
+    # scikit-learn's temperature fit is left out at this size: 19 s on 5,000 x 100 already, and
+    # its float64 copies of 1M x 100 would pass the machine's per-process memory budget
+    for peer, fn in fits:
+        try:
+            dt, _ = _timed(fn)
+        except Exception as exc:
+            rows.append({"data": f"synthetic {n}x{k}", "method": "ts fit", "peer": peer, "time_s": None,
+                         "quality": f"failed: {type(exc).__name__}"})
+            continue
+        rows.append({"data": f"synthetic {n}x{k}", "method": "ts fit", "peer": peer, "time_s": dt, "quality": None})
+        log(rows[-1])
+    # predict_proba after TS (float32 in)
+    cal = TemperatureScaling().fit(z, y)
+    t = float(cal.temperature_)
+    zt = torch.as_tensor(z)
+    preds = [("confcal (float32 out)", lambda: cal.predict_proba(z, dtype=np.float32)),
+             ("confcal (float64 out)", lambda: cal.predict_proba(z, dtype=np.float64)),
+             ("torch softmax(z / T), float32", lambda: torch.softmax(zt / t, 1)),
+             ("numpy softmax(z / T), float32", lambda: _softmax(z / np.float32(t)))]
+    for peer, fn in preds:
+        times = []
+        for _ in range(3):
+            dt, out = _timed(fn)
+            del out
+            times.append(dt)
+        rows.append({"data": f"synthetic {n}x{k} float32", "method": "predict_proba after TS", "peer": peer,
+                     "time_s": statistics.median(times), "quality": None})
+        log(rows[-1])
+    return rows
+
+
+def bench_metrics(n_ece, n_small, n_large, log):
+    from confcal.metrics import ece, smooth_ece
+
+    rows = []
+    rng = np.random.default_rng(2)
+    k = 10
+    y = rng.integers(0, k, size=n_ece)
+    p = rng.dirichlet(np.full(k, 0.3), size=n_ece).astype(np.float32)
+
+    def bare():
+        conf = p.max(1)
+        acc = (p.argmax(1) == y)
+        b = np.clip(np.ceil(conf * 15).astype(np.int64) - 1, 0, 14)
+        cnt = np.bincount(b, minlength=15)
+        sc = np.bincount(b, conf, minlength=15)
+        sa = np.bincount(b, acc, minlength=15)
+        return float(np.abs(sa - sc).sum() / len(conf))
+
+    def torchmetrics_ece():
+        import torch
+        from torchmetrics.functional.classification import multiclass_calibration_error
+
+        return float(multiclass_calibration_error(torch.as_tensor(p), torch.as_tensor(y), num_classes=k,
+                                                  n_bins=15, norm="l1"))
+
+    def relplot_ece():
+        import relplot
+
+        conf = p.max(1).astype(np.float64)
+        return float(relplot.metrics.binnedECE(conf, (p.argmax(1) == y).astype(np.float64), nbins=15))
+
+    for peer, fn in (("confcal", lambda: ece(p, y)), ("numpy bincount (10 lines)", bare),
+                     ("torchmetrics", torchmetrics_ece), ("relplot (binned ECE)", relplot_ece)):
+        times, val = [], None
+        for _ in range(3):
+            try:
+                dt, val = _timed(fn)
+            except Exception as exc:
+                val = f"failed: {type(exc).__name__}"
+                break
+            times.append(dt)
+        rows.append({"data": f"{n_ece}x{k} float32", "method": "ECE (15 bins)", "peer": peer,
+                     "time_s": statistics.median(times) if times else None, "quality": val})
+        log(rows[-1])
+    for n in (n_small, n_large):
+        pp, yy = p[:n].astype(np.float64), y[:n]
+        conf = pp.max(1)
+        corr = (pp.argmax(1) == yy).astype(np.float64)
+
+        def relplot_sm():
+            import relplot
+
+            return float(relplot.smECE(conf, corr))
+
+        for peer, fn in (("confcal", lambda: smooth_ece(pp, yy)), ("relplot", relplot_sm)):
+            times, val = [], None
+            for _ in range(3):
+                dt, val = _timed(fn)
+                times.append(dt)
+            rows.append({"data": f"{n} rows", "method": "smECE", "peer": peer, "time_s": statistics.median(times),
+                         "quality": float(val)})
+            log(rows[-1])
+    return rows
+
+
+def bench_startup(log):
+    exe = Path(sys.executable).with_name("confcal")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        rng = np.random.default_rng(3)
+        y = rng.integers(0, 10, size=10_000)
+        z = rng.normal(size=(10_000, 10)) * 3
+        z[np.arange(10_000), y] += 2
+        np.save(f"{tmp}/z.npy", z)
+        np.save(f"{tmp}/y.npy", y)
+        subprocess.run([str(exe), "fit", "--logits", f"{tmp}/z.npy", "--labels", f"{tmp}/y.npy", "--method", "ts",
+                        "-o", f"{tmp}/ts.json", "-q"], check=True, capture_output=True)
+        cmds = {"confcal --help": [str(exe), "--help"],
+                "confcal evaluate (TS manifest, 10k x 10)": [str(exe), "evaluate", "--logits", f"{tmp}/z.npy",
+                                                            "--labels", f"{tmp}/y.npy", "--calibrator",
+                                                            f"{tmp}/ts.json", "-q"],
+                "confcal apply (TS manifest, 10k x 10)": [str(exe), "apply", "--calibrator", f"{tmp}/ts.json",
+                                                         "--logits", f"{tmp}/z.npy", "-o", f"{tmp}/out.npy", "-q"]}
+        for name, cmd in cmds.items():
+            walls, rss = [], []
+            for i in range(5):
+                if os.path.exists(f"{tmp}/out.npy"):
+                    os.remove(f"{tmp}/out.npy")
+                t0 = time.perf_counter()
+                r = subprocess.run(["/usr/bin/time", "-f", "%M", *cmd], capture_output=True, text=True)
+                walls.append(time.perf_counter() - t0)
+                rss.append(int(r.stderr.strip().splitlines()[-1]) / 1024)
+                if r.returncode != 0:
+                    raise RuntimeError(f"{name}: exit {r.returncode}: {r.stderr[-300:]}")
+            rows.append({"data": "subprocess", "method": name, "peer": "confcal", "time_s": statistics.median(walls),
+                         "quality": f"peak RSS {statistics.median(rss):.0f} MB"})
+            log(rows[-1])
+    return rows
+
+
+def _fmt_q(q):
+    if q is None:
+        return ""
+    if isinstance(q, str):
+        return q
+    if isinstance(q, float):
+        return f"{q:.5f}"
+    return f"ECE {q[0]:.4f} / NLL {q[1]:.4f} / acc {q[2]:.4f}"
+
+
+def to_markdown(rows, header):
+    out = list(header)
+    out += ["| data | method | peer | time (s) | ratio vs fastest peer | test ECE / NLL / acc (or value) |",
+            "|---|---|---|---|---|---|"]
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["data"], r["method"]), []).append(r)
+    for (data, method), rs in groups.items():
+        peers = [r["time_s"] for r in rs if not r["peer"].startswith("confcal") and r["time_s"] is not None
+                 and not r["peer"].startswith("numpy")]
+        fastest = min(peers) if peers else None
+        for r in rs:
+            t = r["time_s"]
+            ratio = f"{t / fastest:.2f}x" if (fastest and t is not None and r["peer"].startswith("confcal")) else ""
+            out.append(f"| {data} | {method} | {r['peer']} | {'' if t is None else f'{t:.3f}'} | {ratio} | "
+                       f"{_fmt_q(r['quality'])} |")
+    return "\n".join(out) + "\n"
+
+
+def _header(a, reps, t0, partial):
+    import importlib.metadata as md
+
+    vers = []
+    for pkg in ("numpy", "scipy", "torch", "scikit-learn", "netcal", "probmetrics", "torch-uncertainty",
+                "relplot", "torchmetrics"):
+        try:
+            vers.append(f"{pkg} {md.version(pkg)}")
+        except md.PackageNotFoundError:
+            vers.append(f"{pkg} missing")
+    return [f"# confcal vs peers ({'quick' if a.quick else 'full'} run{', PARTIAL: still running or cut short' if partial else ''})", "",
+            f"`benchmarks/peers.py{' --quick' if a.quick else ''}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+            f"{platform.processor() or platform.machine()}, one thread (OMP/BLAS/torch), "
+            f"medians of {reps} interleaved cold fits; {time.time() - t0:.0f} s in all.",
+            "NPY_DISABLE_CPU_FEATURES=" + os.environ.get("NPY_DISABLE_CPU_FEATURES", "(unset)") + ".",
+            "The machine was shared: other engineers' tests ran at the same time, so absolute times are noisy; "
+            "the ratios are measured side by side in this one run.", "", "Versions: " + ", ".join(vers) + ".", "",
+            "ratio = confcal's time / the fastest peer's (below 1: confcal is faster); the numpy bincount and "
+            "numpy/torch softmax rows are bare references, not peers. The first confcal fit of a process "
+            "includes its first-call costs (torch's lazy start-up).", ""]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="one CIFAR file, one rep, small sizes (smoke run)")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--parts", default="fits,ts,metrics,startup")
+    ap.add_argument("--methods", default=",".join(FITS))
+    ap.add_argument("--data", default=",".join(FILES))
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "peers.md")
+    a = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    parts = a.parts.split(",")
+    names = a.data.split(",")
+    reps = a.reps
+    n_ts, n_ece, n_large = 1_000_000, 10_000_000, 1_000_000
+    if a.quick:
+        names, reps, n_ts, n_ece, n_large = names[:1], 1, 100_000, 1_000_000, 100_000
+    rows = []
+    t0 = time.time()
+
+    def log(r):
+        print(json.dumps(r, default=str), flush=True)
+        write(rows + [r], partial=True)  # a run cut short still leaves its table
+
+    def write(all_rows, partial=False):
+        a.out.write_text(to_markdown(all_rows, _header(a, reps, t0, partial)))
+
+    # cheap parts first, so that a run cut short by its time limit keeps them
+    if "startup" in parts:
+        rows += bench_startup(log)
+    if "metrics" in parts:
+        rows += bench_metrics(n_ece, 10_000, n_large, log)
+    if "ts" in parts:
+        rows += bench_ts_large(n_ts, log)
+    if "fits" in parts:
+        rows += bench_fits(names, reps, a.methods.split(","), log)
+    write(rows)
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()

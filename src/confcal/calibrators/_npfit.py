@@ -1,0 +1,395 @@
+"""Closed-form objectives of the affine and mixture logit maps, and the numpy solvers that fit them.
+
+The torch maps (:mod:`._maps`) stay the fitted objects and the manifest layout; this module
+only computes their training objective without autograd. Every objective is the weighted
+mean softmax NLL of new logits ``A`` (``-inf`` where a class is masked) plus a quadratic
+penalty, and is convex in the parameters for vector / matrix scaling and Dirichlet
+calibration (a log-sum-exp of an affine map), so a Newton method with a backtracking line
+search converges from any start.
+
+With ``r_i`` the row weights (``1/n``, or ``w_i / sum w``), ``P = softmax(A)`` and ``Y`` the
+one-hot labels, ``f = sum_i r_i (logsumexp(A_i) - A_{i,y_i})`` and ``df/dA = r (P - Y)``; the
+Hessian with respect to ``A_i`` is ``r_i (diag(p_i) - p_i p_i^T)`` (the softmax Jacobian; e.g.
+Böhning, "Multinomial logistic regression algorithm", Ann. Inst. Stat. Math. 1992).
+
+* vector scaling ``A = Z w + c`` (Guo et al. 2017, sec. 4.2): exact gradient and the full
+  ``2K x 2K`` Hessian, fitted by damped Newton (:func:`newton`);
+* matrix scaling / Dirichlet ``A = X W^T + c`` with ODIR's penalty (Kull et al. 2019): exact
+  gradient and Hessian-vector products, fitted by L-BFGS (:func:`lbfgs`) or Newton-CG;
+* ETS (Zhang et al. 2020, eq. 47 of Atarashi et al., arXiv 2506.10572): only the label's
+  mixture probability enters the NLL, so the gradient in ``(log T, w')`` needs one softmax
+  of ``Z / T`` per evaluation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+__all__ = ["Rows", "softmax_nll", "inverse_temperature", "vs_objective", "vs_parts", "vs_hessian", "affine_objective", "affine_hessp", "ets_objective",
+           "newton", "lbfgs", "newton_cg", "NpResult"]
+
+
+@dataclass(frozen=True)
+class NpResult:
+    x: np.ndarray
+    loss: float
+    n_iter: int
+    converged: bool
+
+
+class Rows:
+    """Inputs of a map fit in float64: ``x`` ``(n, K)`` finite map inputs (masked entries hold a
+    finite stand-in), ``mask`` ``(n, K)`` bool or None, labels ``y`` ``(n,)`` int, row weights
+    ``r`` ``(n,)`` summing to 1 (``1/n`` without sample weights)."""
+
+    __slots__ = ("x", "mask", "y", "r", "n", "k", "rows")
+
+    def __init__(self, x, y, mask=None, sample_weight=None):
+        self.x = np.ascontiguousarray(x, dtype=np.float64)
+        self.n, self.k = self.x.shape
+        self.y = np.asarray(y, dtype=np.int64)
+        self.mask = None if mask is None or not np.any(mask) else np.asarray(mask, dtype=bool)
+        if sample_weight is None:
+            self.r = np.full(self.n, 1.0 / self.n)
+        else:
+            w = np.asarray(sample_weight, dtype=np.float64)
+            self.r = w / w.sum()
+        self.rows = np.arange(self.n)
+
+    def take(self, idx) -> "Rows":
+        """The rows ``idx`` (weights renormalised)."""
+        out = object.__new__(Rows)
+        out.x = np.ascontiguousarray(self.x[idx])
+        out.n, out.k = out.x.shape
+        out.y = self.y[idx]
+        out.mask = None if self.mask is None else self.mask[idx]
+        r = self.r[idx]
+        out.r = r / r.sum()
+        out.rows = np.arange(out.n)
+        return out
+
+
+def softmax_nll(a: np.ndarray, d: Rows):
+    """``(f, P, G)``: weighted mean NLL of logits ``a`` (modified in place: masked entries set to
+    ``-inf``), their softmax ``P`` and ``G = df/da = r (P - Y)``."""
+    if d.mask is not None:
+        a[d.mask] = -math.inf
+    m = a.max(axis=1, keepdims=True)
+    a_y = a[d.rows, d.y]
+    np.subtract(a, m, out=a)
+    np.exp(a, out=a)
+    s = a.sum(axis=1)
+    np.divide(a, s[:, None], out=a)
+    p = a
+    f = float(d.r @ (m[:, 0] + np.log(s) - a_y))
+    g = p * d.r[:, None]
+    g[d.rows, d.y] -= d.r
+    return f, p, g
+
+
+# ----------------------------------------------------------------------------- vector scaling
+def inverse_temperature(d: Rows, *, tol: float = 1e-10, max_iter: int = 50) -> float:
+    """``s = 1 / T`` minimising the NLL of ``softmax(s Z)``: 1-D Newton (``f' = sum_i r_i (E_p[z_i] - z_iy)``,
+    ``f'' = sum_i r_i Var_p(z_i)``, convex in ``s``) from ``s = 1`` with backtracking; a start for
+    vector scaling, not the temperature-scaling fit itself (which keeps its bounds and rules)."""
+    zy = d.x[d.rows, d.y]
+
+    def parts(s):
+        a = d.x * s
+        f, p, _ = softmax_nll(a, d)
+        xm = d.x if d.mask is None else np.where(d.mask, 0.0, d.x)
+        mean = np.einsum("ij,ij->i", p, xm)
+        var = np.einsum("ij,ij->i", p, xm * xm) - mean * mean
+        return f, float(d.r @ (mean - zy)), float(d.r @ np.maximum(var, 0.0))
+
+    s = 1.0
+    f, g, h = parts(s)
+    for _ in range(int(max_iter)):
+        if abs(g) <= tol or h <= 0:
+            break
+        step = -g / h
+        t = 1.0
+        while t > 1e-8:
+            fn, gn, hn = parts(s + t * step)
+            if math.isfinite(fn) and fn <= f + 1e-4 * t * g * step:
+                break
+            t *= 0.5
+        else:
+            break
+        s, f, g, h = s + t * step, fn, gn, hn
+    return s
+
+
+def vs_parts(theta: np.ndarray, d: Rows):
+    """Vector scaling ``A = Z w + c``, ``theta = [w, c]`` ``(2K,)``: ``(f, grad, P)``."""
+    k = d.k
+    w, c = theta[:k], theta[k:]
+    a = d.x * w
+    a += c
+    f, p, g = softmax_nll(a, d)
+    return f, np.concatenate([np.einsum("ij,ij->j", g, d.x), g.sum(axis=0)]), p
+
+
+def vs_hessian(p: np.ndarray, d: Rows, dtype=np.float64) -> np.ndarray:
+    """The ``2K x 2K`` Hessian of :func:`vs_parts` at the point whose softmax is ``p``.
+
+    ``dtype=np.float32`` runs the three ``(K, n) x (n, K)`` products in float32 (half the time);
+    a Newton direction needs no more, the gradient that decides convergence stays float64."""
+    k = d.k
+    rp = p * d.r[:, None]
+    rpz = rp * d.x
+    lo = rpz.astype(dtype, copy=False), rp.astype(dtype, copy=False)
+    pz = (p * d.x).astype(dtype, copy=False)
+    p_ = p.astype(dtype, copy=False)
+    h = np.empty((2 * k, 2 * k))
+    h[:k, :k] = -(lo[0].T @ pz)
+    h[:k, k:] = -(lo[0].T @ p_)
+    h[k:, k:] = -(lo[1].T @ p_)
+    i = np.arange(k)
+    h[i, i] += np.einsum("ij,ij->j", rpz, d.x)
+    h[i, k + i] += rpz.sum(axis=0)
+    h[k + i, k + i] += rp.sum(axis=0)
+    h[k:, :k] = h[:k, k:].T
+    h[:k, :k] = 0.5 * (h[:k, :k] + h[:k, :k].T)
+    h[k:, k:] = 0.5 * (h[k:, k:] + h[k:, k:].T)
+    return h
+
+
+def vs_objective(theta: np.ndarray, d: Rows, hessian: bool = True):
+    """Vector scaling ``A = Z w + c``, ``theta = [w, c]`` ``(2K,)``: ``(f, grad, Hessian or None)``."""
+    f, g, p = vs_parts(theta, d)
+    return f, g, (vs_hessian(p, d) if hessian else None)
+
+
+# --------------------------------------------------------------------- matrix scaling / Dirichlet
+def _odir_scales(k: int, reg_lambda: float, reg_mu: float) -> tuple[float, float]:
+    return (reg_lambda / (k * (k - 1)) if k > 1 else 0.0), reg_mu / k
+
+
+def affine_objective(theta: np.ndarray, d: Rows, reg_lambda: float = 0.0, reg_mu: float = 0.0):
+    """Matrix scaling ``A = X W^T + c``, ``theta = [W.ravel(), c]`` ``(K^2 + K,)``, plus the ODIR penalty
+    ``reg_lambda / (K (K-1)) sum_{i != j} W_ij^2 + reg_mu / K sum_j c_j^2``: ``(f, grad, P)``."""
+    k = d.k
+    wm = theta[:k * k].reshape(k, k)
+    c = theta[k * k:]
+    a = d.x @ wm.T
+    a += c
+    f, p, g = softmax_nll(a, d)
+    gw = g.T @ d.x
+    gc = g.sum(axis=0)
+    sl, sm = _odir_scales(k, reg_lambda, reg_mu)
+    if sl:
+        off = wm.copy()
+        np.fill_diagonal(off, 0.0)
+        f += sl * float(np.vdot(off, off))
+        gw += 2.0 * sl * off
+    if sm:
+        f += sm * float(c @ c)
+        gc = gc + 2.0 * sm * c
+    return f, np.concatenate([gw.ravel(), gc]), p
+
+
+def affine_hessp(v: np.ndarray, p: np.ndarray, d: Rows, reg_lambda: float = 0.0, reg_mu: float = 0.0):
+    """Hessian-vector product of :func:`affine_objective` at the point whose softmax is ``p``."""
+    k = d.k
+    vw = v[:k * k].reshape(k, k)
+    vc = v[k * k:]
+    da = d.x @ vw.T
+    da += vc
+    t = p * da
+    t -= p * t.sum(axis=1, keepdims=True)
+    t *= d.r[:, None]
+    hw = t.T @ d.x
+    hc = t.sum(axis=0)
+    sl, sm = _odir_scales(k, reg_lambda, reg_mu)
+    if sl:
+        off = vw.copy()
+        np.fill_diagonal(off, 0.0)
+        hw += 2.0 * sl * off
+    if sm:
+        hc = hc + 2.0 * sm * vc
+    return np.concatenate([hw.ravel(), hc])
+
+
+# ------------------------------------------------------------------------------------------ ETS
+class ETSData:
+    """Per-fit constants of ETS: ``z`` (finite, masked entries at the row minimum), the label's
+    untempered probability ``softmax(z)_y`` and the uniform ``1 / K``."""
+
+    __slots__ = ("d", "s2y", "zy")
+
+    def __init__(self, d: Rows):
+        self.d = d
+        a = d.x.copy()
+        _, p, _ = softmax_nll(a, d)
+        self.s2y = p[d.rows, d.y].copy()
+        self.zy = d.x[d.rows, d.y]
+
+
+def ets_objective(theta: np.ndarray, e: ETSData):
+    """ETS ``p_y = w1 softmax(z / T)_y + w2 softmax(z)_y + w3 / K`` with ``theta = [log T, w'_1..3]``
+    and ``w = softmax(w')``: ``(f, grad)`` of the weighted mean ``-log p_y``."""
+    d = e.d
+    log_t, mix = theta[0], theta[1:]
+    wts = np.exp(mix - mix.max())
+    wts /= wts.sum()
+    inv_t = math.exp(-log_t)
+    a = d.x * inv_t
+    if d.mask is not None:
+        a[d.mask] = -math.inf
+    m = a.max(axis=1, keepdims=True)
+    np.subtract(a, m, out=a)
+    ea = np.exp(a, out=a)
+    s = ea.sum(axis=1)
+    # sum_j s1_j z_j / T: the softmax-weighted mean of the tempered logits (masked entries weigh 0)
+    xm = np.where(d.mask, 0.0, d.x) if d.mask is not None else d.x
+    mean_a = (ea * xm).sum(axis=1) / s * inv_t
+    s1y = np.exp(e.zy * inv_t - m[:, 0]) / s
+    comps = np.stack([s1y, e.s2y, np.full(d.n, 1.0 / d.k)])  # (3, n)
+    py = wts @ comps
+    f = -float(d.r @ np.log(py))
+    q = d.r / py                                     # -df/dp_y per row
+    # d s1y / d log T = s1y * (mean_a - z_y / T)
+    g_t = -float(q @ (wts[0] * s1y * (mean_a - e.zy * inv_t)))
+    dw = -(comps @ q)                                 # df/dw_c
+    g_mix = wts * (dw - wts @ dw)                     # chain rule through softmax(w')
+    return f, np.concatenate([[g_t], g_mix])
+
+
+# -------------------------------------------------------------------------------------- solvers
+def _no_progress(f: float, fn: float, tol_change: float) -> bool:
+    """L-BFGS-B's ``ftol`` rule: the decrease relative to ``max(|f|, |f_new|, 1)``."""
+    return (f - fn) <= tol_change * max(abs(f), abs(fn), 1.0)
+
+
+def newton(fgp: Callable, hess: Callable, x0: np.ndarray, *, tol: float = 1e-7, max_iter: int = 100,
+           tol_change: float = 1e-12) -> NpResult:
+    """Damped Newton on a convex objective: ``fgp(x) -> (f, g, state)``, ``hess(state) -> H``.
+
+    Direction ``(H + delta I) d = -g`` by Cholesky (``delta`` raised from ``1e-12 max diag H``
+    until it factors: a softmax objective is singular along the shift of all intercepts);
+    Armijo backtracking from the full step (the Hessian is formed at accepted points only).
+    Stops when ``max |g| <= tol``, when an accepted step lowers ``f`` by at most
+    ``tol_change * max(|f|, 1)``, or when the line search finds no decrease.
+    """
+    from scipy.linalg import LinAlgError, cho_factor, cho_solve
+
+    x = np.array(x0, dtype=np.float64)
+    f, g, st = fgp(x)
+    if not math.isfinite(f):
+        raise FloatingPointError("the objective is not finite at the initial parameters")
+    for it in range(1, int(max_iter) + 1):
+        if np.max(np.abs(g)) <= tol:
+            return NpResult(x, f, it - 1, True)
+        h = hess(st)
+        scale = max(float(np.max(np.abs(np.diag(h)))), 1e-300)
+        delta = 1e-12 * scale
+        while True:
+            try:
+                step = -cho_solve(cho_factor(h + delta * np.eye(len(x)), check_finite=False), g,
+                                  check_finite=False)
+                break
+            except LinAlgError:
+                delta *= 100.0
+                if delta > 1e6 * scale:
+                    step = -g / scale
+                    break
+        slope = float(g @ step)
+        if slope >= 0:
+            step, slope = -g / scale, -float(g @ g) / scale
+        xn, fn, gn, stn = _armijo(fgp, x, f, step, slope)
+        if xn is None:
+            return NpResult(x, f, it, bool(np.max(np.abs(g)) <= max(tol, 1e-6)))
+        done = _no_progress(f, fn, tol_change)
+        x, f, g, st = xn, fn, gn, stn
+        if done:
+            return NpResult(x, f, it, True)
+    return NpResult(x, f, int(max_iter), bool(np.max(np.abs(g)) <= tol))
+
+
+def _armijo(fgp, x, f, step, slope):
+    """Backtracking from the full step to the Armijo condition; ``(None, ...)`` below ``t = 1e-10``."""
+    t = 1.0
+    while t >= 1e-10:
+        xn = x + t * step
+        fn, gn, stn = fgp(xn)
+        if math.isfinite(fn) and fn <= f + 1e-4 * t * slope:
+            return xn, fn, gn, stn
+        t *= 0.5
+    return None, None, None, None
+
+
+def lbfgs(fg: Callable, x0: np.ndarray, *, max_iter: int = 500, tol_grad: float = 1e-8,
+          tol_change: float = 1e-12, history_size: int = 20) -> NpResult:
+    """scipy's L-BFGS-B on ``fg(x) -> (f, g)`` with the options of :func:`._optim.lbfgs` (same stopping
+    rules; the best point seen is returned)."""
+    from scipy.optimize import minimize
+
+    best = {"f": math.inf, "x": None}
+
+    def fun(x):
+        f, g = fg(x)
+        if not math.isfinite(f):
+            return 1e300, np.zeros_like(x)
+        if f < best["f"]:
+            best["f"], best["x"] = f, x.copy()
+        return f, g
+
+    x0 = np.array(x0, dtype=np.float64)
+    f0, _ = fun(x0)
+    if not math.isfinite(f0) or f0 >= 1e300:
+        raise FloatingPointError("the objective is not finite at the initial parameters")
+    res = minimize(fun, x0, jac=True, method="L-BFGS-B",
+                   options={"maxiter": int(max_iter), "gtol": float(tol_grad), "ftol": float(tol_change),
+                            "maxcor": int(history_size), "maxls": 40})
+    return NpResult(best["x"], best["f"], int(res.nit), int(res.nit) < int(max_iter))
+
+
+def newton_cg(fgp: Callable, hessp: Callable, x0: np.ndarray, *, tol: float = 1e-7, max_iter: int = 100,
+              max_cg: int = 50, tol_change: float = 1e-12) -> NpResult:
+    """Truncated Newton (Nocedal & Wright, alg. 7.1) on a convex objective: ``fgp(x) -> (f, g, state)``
+    and ``hessp(v, state) -> H v``. CG stops at the forcing tolerance ``min(0.5, sqrt|g|) |g|``
+    or ``max_cg`` products; Armijo backtracking. Stops as :func:`newton`."""
+    x = np.array(x0, dtype=np.float64)
+    f, g, st = fgp(x)
+    if not math.isfinite(f):
+        raise FloatingPointError("the objective is not finite at the initial parameters")
+    for it in range(1, int(max_iter) + 1):
+        if np.max(np.abs(g)) <= tol:
+            return NpResult(x, f, it - 1, True)
+        gn = float(np.linalg.norm(g))
+        eps = min(0.5, math.sqrt(gn)) * gn
+        zv = np.zeros_like(x)
+        r = g.copy()
+        dv = -r
+        rr = float(r @ r)
+        for j in range(int(max_cg)):
+            hd = hessp(dv, st)
+            curv = float(dv @ hd)
+            if curv <= 1e-300:
+                if j == 0:
+                    zv = -g
+                break
+            alpha = rr / curv
+            zv = zv + alpha * dv
+            r = r + alpha * hd
+            rr_new = float(r @ r)
+            if math.sqrt(rr_new) <= eps:
+                break
+            dv = -r + (rr_new / rr) * dv
+            rr = rr_new
+        slope = float(g @ zv)
+        if slope >= 0:
+            zv, slope = -g, -float(g @ g)
+        xn, fn, gnew, stn = _armijo(fgp, x, f, zv, slope)
+        if xn is None:
+            return NpResult(x, f, it, bool(np.max(np.abs(g)) <= max(tol, 1e-6)))
+        done = _no_progress(f, fn, tol_change)
+        x, f, g, st = xn, fn, gnew, stn
+        if done:
+            return NpResult(x, f, it, True)
+    return NpResult(x, f, int(max_iter), bool(np.max(np.abs(g)) <= tol))

@@ -1,0 +1,164 @@
+"""The closed-form objectives of :mod:`confcal.calibrators._npfit` against independent oracles:
+central finite differences of their own values (gradients, Hessians, Hessian-vector products),
+torch autograd of the torch maps (values and gradients), and scipy's solvers (optima)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.optimize import minimize
+
+from confcal.calibrators import _npfit
+from tests.calibrators._oracles import log_softmax, simulate
+
+
+def _rows(n=60, k=4, seed=0, masked=False, weighted=False):
+    z, y = simulate(n, k, seed=seed, scale=3.0, temperature=2.0)
+    mask = None
+    if masked:
+        mask = np.zeros_like(z, dtype=bool)
+        mask[::7, 0] = True
+        y[::7] = np.where(y[::7] == 0, 1, y[::7])
+        z[mask] = z[~mask].min()  # the finite stand-in the maps see
+    w = np.random.default_rng(seed).uniform(0.2, 3.0, size=n) if weighted else None
+    return _npfit.Rows(z, y, mask, w)
+
+
+def _fd_grad(f, x, h=1e-6):
+    g = np.empty_like(x)
+    for i in range(len(x)):
+        e = np.zeros_like(x)
+        e[i] = h
+        g[i] = (f(x + e) - f(x - e)) / (2 * h)
+    return g
+
+
+CASES = [dict(), dict(masked=True), dict(weighted=True), dict(masked=True, weighted=True, k=3)]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_vs_gradient_and_hessian_match_finite_differences(case):
+    d = _rows(**case)
+    rng = np.random.default_rng(1)
+    x = np.concatenate([1 + 0.3 * rng.normal(size=d.k), 0.5 * rng.normal(size=d.k)])
+    f, g, h = _npfit.vs_objective(x, d)
+    np.testing.assert_allclose(g, _fd_grad(lambda v: _npfit.vs_objective(v, d, False)[0], x), atol=1e-8)
+    h_fd = np.stack([_fd_grad(lambda v, i=i: _npfit.vs_objective(v, d, False)[1][i], x) for i in range(len(x))])
+    np.testing.assert_allclose(h, h_fd, atol=1e-7)
+    np.testing.assert_allclose(h, h.T, atol=1e-15)
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("reg", [(0.0, 0.0), (0.7, 0.3)])
+def test_affine_gradient_and_hessp_match_finite_differences(case, reg):
+    d = _rows(**case)
+    k = d.k
+    rng = np.random.default_rng(2)
+    x = np.concatenate([(np.eye(k) + 0.2 * rng.normal(size=(k, k))).ravel(), 0.4 * rng.normal(size=k)])
+    f, g, p = _npfit.affine_objective(x, d, *reg)
+    np.testing.assert_allclose(g, _fd_grad(lambda v: _npfit.affine_objective(v, d, *reg)[0], x), atol=1e-8)
+    for seed in range(3):
+        v = np.random.default_rng(10 + seed).normal(size=len(x))
+        hv = _npfit.affine_hessp(v, p, d, *reg)
+        eps = 1e-6
+        hv_fd = (_npfit.affine_objective(x + eps * v, d, *reg)[1] - _npfit.affine_objective(x - eps * v, d, *reg)[1]) \
+            / (2 * eps)
+        np.testing.assert_allclose(hv, hv_fd, atol=1e-7)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_ets_gradient_matches_finite_differences(case):
+    d = _rows(**case)
+    e = _npfit.ETSData(d)
+    for x in (np.array([0.4, 2.0, 0.0, -2.0]), np.array([-0.3, -0.5, 1.0, 0.2])):
+        g = _npfit.ets_objective(x, e)[1]
+        np.testing.assert_allclose(g, _fd_grad(lambda v: _npfit.ets_objective(v, e)[0], x), atol=1e-8)
+
+
+def test_objectives_equal_torch_autograd_of_the_maps():
+    torch = pytest.importorskip("torch")
+    from confcal.calibrators._maps import ETSMap, MatrixScalingMap, VectorScalingMap
+
+    d = _rows(n=80, k=5, weighted=True)
+    zt, yt, rt = torch.from_numpy(d.x), torch.from_numpy(d.y), torch.from_numpy(d.r)
+    rng = np.random.default_rng(3)
+
+    def torch_nll(m):
+        logp = torch.log_softmax(m(zt), 1).gather(1, yt[:, None])[:, 0]
+        return -(logp * rt).sum() + m.penalty()
+
+    vs = VectorScalingMap(5)
+    x = np.concatenate([1 + 0.3 * rng.normal(size=5), rng.normal(size=5)])
+    with torch.no_grad():
+        vs.weight.copy_(torch.from_numpy(x[:5]))
+        vs.bias.copy_(torch.from_numpy(x[5:]))
+    loss = torch_nll(vs)
+    loss.backward()
+    f, g, _ = _npfit.vs_objective(x, d)
+    assert f == pytest.approx(float(loss.detach()), rel=1e-13)
+    np.testing.assert_allclose(g, np.concatenate([vs.weight.grad.numpy(), vs.bias.grad.numpy()]), atol=1e-13)
+
+    ms = MatrixScalingMap(5, reg_lambda=0.5, reg_mu=0.2)
+    w = np.eye(5) + 0.3 * rng.normal(size=(5, 5))
+    c = rng.normal(size=5)
+    with torch.no_grad():
+        ms.weight.copy_(torch.from_numpy(w))
+        ms.bias.copy_(torch.from_numpy(c))
+    loss = torch_nll(ms)
+    loss.backward()
+    f, g, _ = _npfit.affine_objective(np.concatenate([w.ravel(), c]), d, 0.5, 0.2)
+    assert f == pytest.approx(float(loss.detach()), rel=1e-13)
+    np.testing.assert_allclose(g, np.concatenate([ms.weight.grad.numpy().ravel(), ms.bias.grad.numpy()]),
+                               atol=1e-13)
+
+    ets = ETSMap(5, temperature=1.7)
+    loss = torch_nll(ets)
+    loss.backward()
+    x = np.concatenate([[ets.log_t.item()], ets.mix_logits.detach().numpy()])
+    f, g = _npfit.ets_objective(x, _npfit.ETSData(d))
+    assert f == pytest.approx(float(loss.detach()), rel=1e-12)
+    np.testing.assert_allclose(g, np.concatenate([[ets.log_t.grad.item()], ets.mix_logits.grad.numpy()]),
+                               atol=1e-12)
+
+
+def test_newton_reaches_the_scipy_optimum_of_vector_scaling():
+    d = _rows(n=300, k=5, seed=4, weighted=True)
+    x0 = np.r_[np.ones(5), np.zeros(5)]
+    res = _npfit.newton(lambda x: _npfit.vs_parts(x, d), lambda p: _npfit.vs_hessian(p, d, np.float32), x0,
+                        tol=1e-10, tol_change=0.0)
+    ref = minimize(lambda x: _npfit.vs_objective(x, d, False)[:2], x0, jac=True, method="BFGS",
+                   options={"gtol": 1e-11})
+    assert res.converged and res.loss == pytest.approx(ref.fun, abs=1e-12)
+    assert res.n_iter < 30
+
+
+def test_newton_cg_reaches_the_scipy_optimum_of_regularised_matrix_scaling():
+    d = _rows(n=300, k=4, seed=5)
+    x0 = np.r_[np.eye(4).ravel(), np.zeros(4)]
+    res = _npfit.newton_cg(lambda x: _npfit.affine_objective(x, d, 0.1, 0.1),
+                           lambda v, p: _npfit.affine_hessp(v, p, d, 0.1, 0.1), x0, tol=1e-10,
+                           tol_change=0.0)
+    ref = minimize(lambda x: _npfit.affine_objective(x, d, 0.1, 0.1)[:2], x0, jac=True, method="L-BFGS-B",
+                   options={"gtol": 1e-12, "ftol": 1e-16, "maxiter": 5000})
+    assert res.converged and res.loss == pytest.approx(ref.fun, abs=1e-11)
+
+
+def test_dirichlet_rows_take_log_probabilities():
+    z, y = simulate(50, 3, seed=6)
+    d = _npfit.Rows(log_softmax(z), y)
+    # at W = I, c = 0 the NLL is the uncalibrated one
+    f = _npfit.affine_objective(np.r_[np.eye(3).ravel(), np.zeros(3)], d)[0]
+    assert f == pytest.approx(-log_softmax(z)[np.arange(50), y].mean(), rel=1e-14)
+
+
+def test_inverse_temperature_is_the_nll_minimiser_along_the_ray():
+    from scipy.optimize import minimize_scalar
+
+    d = _rows(n=200, k=5, seed=7, masked=True, weighted=True)
+    s = _npfit.inverse_temperature(d)
+
+    def f(v):
+        return _npfit.softmax_nll(d.x * v, d)[0]
+
+    ref = minimize_scalar(f, bounds=(1e-3, 20.0), method="bounded", options={"xatol": 1e-12})
+    assert s == pytest.approx(ref.x, rel=1e-6)
