@@ -43,7 +43,10 @@ def test_path_strings_are_refused_and_sources_accepted(tmp_path, method, as_path
     ref = METHODS[method](**kw).fit(x, y)
     with pytest.raises(TypeError, match=MESSAGE):
         ref.predict_proba(px)
-    # the same files opened as sources fit the same map (another read path: relative tolerance)
+    # the same files opened as sources fit the same map (another read path: relative tolerance). A source
+    # fits vs by the full-data job (Newton on pass sums) and an array by the in-memory solver: both stop at
+    # the optimum within their solver tolerance, not at the same last bits
+    rtol = 1e-8 if method == "vs" else 1e-12
     cal = METHODS[method](**kw).fit(open_source(str(tmp_path / "x.npy")), open_source(str(tmp_path / "y.npy")))
     np.testing.assert_allclose(cal.predict_proba(open_source(str(tmp_path / "x.npy"))), ref.predict_proba(x),
-                               rtol=1e-12, atol=1e-15)
+                               rtol=rtol, atol=1e-15)
