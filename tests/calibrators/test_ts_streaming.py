@@ -236,3 +236,31 @@ def test_weighted_streamed_fit_equals_the_weighted_in_memory_fit(batch_rows):
         TemperatureScaling().fit(x, y, sample_weight=np.where(np.arange(len(y)) == 7, -1.0, 1.0))
     with pytest.raises(ValueError, match="every weight is 0"):
         TemperatureScaling().fit(x, y, sample_weight=np.zeros(len(y)))
+
+
+@settings(max_examples=40)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 300), k=st.integers(1, 70), f64=st.booleans())
+def test_row_kernels_equal_numpy_reductions(seed, n, k, f64):
+    """The pass's row kernels (max by columns, sums and dot products by BLAS matrix-vector
+    products, the top-label test without a row-wise argmax) against numpy's own reductions, on
+    rows with ties, -inf (masked classes) and NaN."""
+    from confcal.calibrators._ts_batch import _top_is_label
+    from confcal.calibrators._tsfit import _rowdot, _rowmax, _rowsum
+
+    rng = np.random.default_rng(seed)
+    a = rng.integers(-3, 3, size=(n, k)).astype(np.float64 if f64 else np.float32)  # integers: many ties
+    a[rng.random((n, k)) < 0.1] = -np.inf
+    a[np.isneginf(a).all(axis=1), 0] = 0.0
+    b = rng.normal(size=(n, k)).astype(a.dtype)
+    y = rng.integers(0, k, size=n)
+    hi = _rowmax(a)
+    np.testing.assert_array_equal(hi, a.max(axis=1))
+    zy = np.take_along_axis(a, y[:, None], axis=1)[:, 0].astype(np.float64) - hi
+    np.testing.assert_array_equal(_top_is_label(a, hi, y, zy), np.argmax(a, axis=1) == y)
+    rel = 1e-12 if f64 else 1e-5
+    np.testing.assert_allclose(_rowsum(b), b.sum(axis=1, dtype=np.float64), rtol=rel, atol=rel * k)
+    np.testing.assert_allclose(_rowdot(b, b), (b.astype(np.float64) ** 2).sum(axis=1), rtol=rel, atol=rel * k)
+    if n:
+        c = b.copy()
+        c[0, -1] = np.nan
+        assert np.isnan(_rowmax(c)[0]) and np.isnan(_rowsum(c)[0])

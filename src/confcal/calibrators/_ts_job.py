@@ -79,7 +79,9 @@ def _ts_batch(batch: dict, first: int, *, input_kind: str, validate: bool, by_do
     from confcal._validation import check_domains, check_labels, check_logits
 
     x = batch["logits"]
-    if validate or input_kind == "probs" or x.dtype not in (np.float32, np.float64) or x.ndim != 2:
+    # float logits need no check of their own: NaN, +inf and all -inf rows make the pass's sums
+    # non-finite, and then check_logits names the first bad row (below), at no extra pass
+    if input_kind == "probs" or x.dtype not in (np.float32, np.float64) or x.ndim != 2 or x.shape[1] < 2:
         x = check_logits(x, input_kind=input_kind, first_row=first, whole=False)
     y = batch["labels"]
     y = check_labels(y, x.shape[0], x.shape[1], first_row=first) if validate else y.astype(np.int64, copy=False)
@@ -102,16 +104,7 @@ def _ts_batch(batch: dict, first: int, *, input_kind: str, validate: bool, by_do
                 h.update(str(a.dtype).encode() + str(a.shape).encode())
                 h.update(repr(a.tolist()).encode() if a.dtype == object else np.ascontiguousarray(a).data)
             out["digest"] = [(first, h.hexdigest())]
-        if input_kind == "logits":
-            raw = np.asarray(batch["logits"])
-            unit = raw.dtype.kind == "f" and bool(np.min(raw) >= 0) and bool(np.max(raw) <= 1)
-            out["unit"] = unit
-            if unit:
-                tol = 1e-3 if raw.dtype == np.float16 else 1e-4
-                out["sums_to_one"] = bool(np.all(np.abs(raw.sum(axis=1, dtype=np.float64) - 1.0) <= tol))
-                out["inside"] = not bool(np.all((raw == 0) | (raw == 1)))
-        else:
-            out["unit"] = False
+        out["unit"] = input_kind == "logits"  # every row in [0, 1]: set from the pooled stats below
     rows_of = {}
     if d is not None:
         ids, codes = np.unique(d, return_inverse=True)
@@ -123,7 +116,8 @@ def _ts_batch(batch: dict, first: int, *, input_kind: str, validate: bool, by_do
     if POOLED in requests:
         t, exact, after, before, near = requests[POOLED]
         out["stats"][POOLED] = ts_batch_stats(x, y, t, sample_weight=w, exact=exact, metrics=after, before=before,
-                                              n_bins=n_bins, first_row=first, near=near, check_unit=False)
+                                              n_bins=n_bins, first_row=first, near=near,
+                                              check_unit=validate and out["unit"])
     for g, rows in rows_of.items():
         req = requests.get(g, wildcard)
         if req is not None:
@@ -132,6 +126,15 @@ def _ts_batch(batch: dict, first: int, *, input_kind: str, validate: bool, by_do
                                                         before=before, n_bins=n_bins, near=near, check_unit=False)
     if not all(math.isfinite(v) for st in out["stats"].values() for v in (st.loss, st.grad, st.hess)):
         check_logits(x, input_kind="logits", first_row=first, whole=False)  # names the bad row, if any
+    if out["unit"]:  # (the probabilities-as-logits rule of check_logits, over every batch)
+        raw = np.asarray(batch["logits"])
+        unit = raw.dtype.kind == "f" and (out["stats"][POOLED].unit_rows if POOLED in out["stats"] else
+                                          bool(np.min(raw) >= 0) and bool(np.max(raw) <= 1))
+        out["unit"] = unit
+        if unit:
+            tol = 1e-3 if raw.dtype == np.float16 else 1e-4
+            out["sums_to_one"] = bool(np.all(np.abs(raw.sum(axis=1, dtype=np.float64) - 1.0) <= tol))
+            out["inside"] = not bool(np.all((raw == 0) | (raw == 1)))
     return out
 
 

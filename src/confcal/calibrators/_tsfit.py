@@ -50,10 +50,36 @@ def _as_float_array(a) -> np.ndarray:
     return z if z.dtype in (np.float32, np.float64) else z.astype(np.float32)
 
 
+# Row reductions of cache-sized (rows, k) chunks. numpy's reductions along the last axis pay a
+# per-row overhead that dominates at small k: measured here per 2**18 float32 elements, row sum
+# 558 us (k = 10) / 97 us (k = 100) against 64 / 19 us as a matrix-vector product with ones
+# (BLAS), and row max 1,372 / 226 us against ~220 us as k elementwise maxima over the columns.
+_ONES: dict = {}
+
+
+def _rowsum(a: np.ndarray) -> np.ndarray:
+    """Row sums of a ``(rows, k)`` float array (in its dtype), as ``a @ ones(k)``."""
+    key = (a.shape[1], a.dtype)
+    ones = _ONES.get(key)
+    if ones is None:
+        ones = _ONES[key] = np.ones(a.shape[1], dtype=a.dtype)
+    return a @ ones
+
+
 def _rowdot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Row-wise dot products of two ``(rows, k)`` arrays, by numpy's stacked ``matmul``: 21 ms
-    against 42 for ``torch.linalg.vecdot`` per 1e8 float64 elements here."""
-    return np.matmul(a[:, None, :], b[:, :, None]).reshape(-1)
+    """Row-wise dot products of two ``(rows, k)`` arrays of one dtype."""
+    return _rowsum(a * b)
+
+
+def _rowmax(a: np.ndarray) -> np.ndarray:
+    """Row maxima of a ``(rows, k)`` array (NaN propagates, as ``a.max(axis=1)``)."""
+    k = a.shape[1]
+    if k > 32 or k < 2:
+        return a.max(axis=1)
+    m = a[:, 0].copy()
+    for j in range(1, k):
+        np.maximum(m, a[:, j], out=m)
+    return m
 
 
 class _Stats:
@@ -71,7 +97,7 @@ class _Stats:
         self.has_masked = False
         for i in range(0, n, self.rows):
             c = z[i:i + self.rows]
-            np.max(c, axis=1, out=self.m[i:i + self.rows])
+            self.m[i:i + self.rows] = _rowmax(c)
             self.has_masked = self.has_masked or bool(np.isneginf(c.min()))
         self.m64 = self.m.astype(np.float64)
         self.zy_c = np.take_along_axis(z, y[:, None], axis=1)[:, 0].astype(np.float64) - self.m64
@@ -101,8 +127,8 @@ class _Stats:
                 if self.has_masked:
                     zc[np.isinf(zc)] = 0
                 ez = e * zc
-                np.sum(e, axis=1, out=s0[i:i + self.rows])
-                np.sum(ez, axis=1, out=s1[i:i + self.rows])
+                s0[i:i + self.rows] = _rowsum(e)
+                s1[i:i + self.rows] = _rowsum(ez)
                 s2[i:i + self.rows] = _rowdot(ez, zc)
             mean_z = s1 / s0
             loss = self._mean(np.log(s0) - s * self.zy_c)
