@@ -13,6 +13,10 @@ Then it runs, as users do, the CLI commands as subprocesses:
 * the same with ``--engine dask --workers N`` (a LocalCluster of N one-thread worker
   processes, started by the command; workers forked from it, one thread each for numpy, torch and Arrow).
 
+A *bare pass* is timed in the same run, as a floor: one process (one thread) reading every row
+group of the logits and labels with pyarrow and computing a numpy log-sum-exp of each 64k-row
+batch; each job's wall time is also given in bare passes.
+
 For each: wall time, CPU seconds of the command and all its processes (user + sys, from
 ``getrusage``: less noisy than wall time on a shared machine), rows/s, passes over the data,
 peak RSS of the command's own process and of its largest worker process (``VmHWM`` from /proc,
@@ -59,6 +63,26 @@ def generate(folder: Path, rows: int, classes: int) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     os.replace(tmp / "v.parquet", folder / "v.parquet")
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+def bare_pass(path: Path, classes: int, batch_rows: int = 1 << 16) -> float:
+    """One pass over the data as cheap as it gets: pyarrow reads each row group's logit and label
+    columns, numpy stacks the logits to ``(rows, classes)`` float32 and takes a log-sum-exp per
+    batch. Returns the sum (so nothing is optimised away)."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(path)
+    names = [f"logit_{j}" for j in range(classes)]
+    total = 0.0
+    for g in range(pf.num_row_groups):
+        t = pf.read_row_group(g, columns=names + ["label"])
+        x = np.stack([t.column(c).to_numpy() for c in names], axis=1)
+        for i in range(0, len(x), batch_rows):
+            c = x[i:i + batch_rows]
+            m = c.max(axis=1)
+            total += float(np.log(np.exp(c - m[:, None]).sum(axis=1)).sum() + m.sum())
+    return total
 
 
 def _vm_hwm_mb(pid: int) -> float:
@@ -123,7 +147,11 @@ def main() -> None:
     ap.add_argument("--engines", default="single,single-1t,dask", help="comma list of single, single-1t, dask")
     ap.add_argument("--jobs", default="fit ts,evaluate,apply", help="comma list of 'fit ts', evaluate, apply")
     ap.add_argument("--calibrator", help="manifest for evaluate/apply when 'fit ts' is not run")
+    ap.add_argument("--bare-pass", metavar="PARQUET", help=argparse.SUPPRESS)  # internal: one bare pass
     args = ap.parse_args()
+    if args.bare_pass:
+        print(bare_pass(Path(args.bare_pass), args.classes))
+        return
 
     data = Path(args.data) if args.data else Path(f"/tmp/confcal-dask-bench/{args.rows}x{args.classes}")
     t0 = time.perf_counter()
@@ -154,6 +182,15 @@ def main() -> None:
                    "dask": (["--engine", "dask", "--workers", str(args.workers)], None)}
     engines = {e: all_engines[e] for e in args.engines.split(",")}
     rows = []
+    bare = run([py, str(Path(__file__).resolve()), "--bare-pass", str(src), "--classes", str(args.classes)],
+               child_env(1))
+    if bare["rc"] != 0:
+        raise SystemExit(f"bare pass failed: {bare['err'].strip()}")
+    rows.append({"engine": "one process, 1 thread", "job": "bare pass", "wall": bare["wall"], "cpu": bare["cpu"],
+                 "rows_per_s": args.rows / bare["wall"], "own_mb": bare["own_mb"], "worker_mb": 0.0, "info": "",
+                 "passes": 1})
+    print(f"bare pass {bare['wall']:8.1f} s  cpu {bare['cpu']:7.1f} s  {args.rows / bare['wall'] / 1e6:7.2f} M rows/s",
+          flush=True)
     for engine, (extra, threads) in engines.items():
         jobs = {
             "fit ts": base + ["fit", "--method", "ts", "--logits", f"{src}:logit_*", "--labels", f"{src}:label",
@@ -191,13 +228,14 @@ def main() -> None:
     print(f"load average before {load_before[0]:.2f} / {load_before[1]:.2f} / {load_before[2]:.2f}, after "
           f"{load_after[0]:.2f} / {load_after[1]:.2f} / {load_after[2]:.2f} (1 / 5 / 15 min)")
     print()
-    print("| job | engine | wall s | CPU s (all processes) | M rows/s | passes | peak RSS command MB | "
-          "peak RSS largest worker MB | notes |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| job | engine | wall s | wall in bare passes | CPU s (all processes) | M rows/s | passes | "
+          "peak RSS command MB | peak RSS largest worker MB | notes |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         worker = f"{r['worker_mb']:.0f}" if r["engine"] == "dask" else "–"
-        print(f"| {r['job']} | {r['engine']} | {r['wall']:.1f} | {r['cpu']:.1f} | {r['rows_per_s'] / 1e6:.2f} | "
-              f"{r['passes'] if r['passes'] is not None else '?'} | {r['own_mb']:.0f} | {worker} | {r['info']} |")
+        print(f"| {r['job']} | {r['engine']} | {r['wall']:.1f} | {r['wall'] / bare['wall']:.2f} | {r['cpu']:.1f} | "
+              f"{r['rows_per_s'] / 1e6:.2f} | {r['passes'] if r['passes'] is not None else '?'} | {r['own_mb']:.0f} | "
+              f"{worker} | {r['info']} |")
     by = {(r["engine"], r["job"]): r for r in rows}
     print()
     for job in ("fit ts", "evaluate", "apply"):

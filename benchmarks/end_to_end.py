@@ -79,12 +79,9 @@ def library_section(n, k, repeats):
 
     from confcal.calibrators import TemperatureScaling, fit_temperature
 
-    from confcal.calibrators._tsfit import fit_temperature_stream
-
     x, y = next(make_logits(n, k, chunk=n))
     t_core, fit = timed(lambda: fit_temperature(x, y), repeats)
     t_ts, cal = timed(lambda: TemperatureScaling().fit(x, y), repeats)
-    t_bare, _ = timed(lambda: fit_temperature_stream(x, y, metrics=False), repeats)
     xt = torch.from_numpy(x)
     t_lse, _ = timed(lambda: torch.logsumexp(xt, dim=1), repeats)
     # The first ~1.6 GB of fresh memory a process writes costs ~1 s per 800 MB on this VM (huge-page
@@ -102,7 +99,6 @@ def library_section(n, k, repeats):
         {"call": "fit_temperature (the search alone)", "wall s": f"{t_core:.3f}", "T": f"{fit.temperature:.6f}"},
         {"call": "TemperatureScaling().fit (what users call)", "wall s": f"{t_ts:.3f}",
          "T": f"{cal.temperature_:.6f}"},
-        {"call": "fit_temperature_stream(metrics=False) (the fit's passes, no record)", "wall s": f"{t_bare:.3f}"},
         {"call": "sklearn 1.9 _TemperatureScaling().fit (float64)", "wall s": f"{t_sk_total:.3f}",
          "T": f"{1 / sk_t:.6f}" if sk_t == sk_t else "?"},
         {"call": "one torch.logsumexp pass", "wall s": f"{t_lse:.3f}"},
@@ -112,7 +108,6 @@ def library_section(n, k, repeats):
     ratios = {
         "TS.fit / fit_temperature (target <= 1.5)": t_ts / t_core,
         "sklearn / TS.fit (target >= 5)": t_sk_total / t_ts,
-        "TS.fit / its passes without the record (the metrics' cost)": t_ts / t_bare,
         "predict_proba / logsumexp pass (target <= 4)": t_pred / t_lse,
         "predict_proba first call / logsumexp pass": t_first / t_lse,
     }

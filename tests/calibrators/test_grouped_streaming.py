@@ -14,9 +14,22 @@ import pyarrow.parquet as pq
 import pytest
 
 from confcal.calibrators import GroupedTemperatureScaling, fit_temperature
-from confcal.calibrators._tsfit import CalibrationWarning, fit_grouped_temperature_stream
+from confcal._digest import DataDigest, data_sha256
+from confcal.calibrators._ts_job import temperature_job
+from confcal.calibrators._tsfit import DEFAULT_T_BOUNDS, CalibrationWarning
 from confcal.calibrators.base import summary_metrics
+from confcal.passes import LocalEngine, run_job
+from confcal.sources import open_source
 from tests.conftest import REPO, require_shared_data
+
+
+def grouped_stream_fit(x, y, d, *, batch_rows=None, **kw):
+    """The grouped job on a LocalEngine (what GroupedTemperatureScaling().fit runs): (result, passes)."""
+    engine = LocalEngine({"logits": open_source(x), "labels": open_source(y), "domains": open_source(d)},
+                         batch_rows=batch_rows)
+    res = run_job(temperature_job(t_bounds=DEFAULT_T_BOUNDS, by_domain=True, n_rows=engine.n_rows,
+                                  digest=DataDigest(3), **kw), engine)
+    return res, engine.n_passes
 
 
 def cifar_with_domains(n=None, name="densenet-bc-100-cifar-100.npz"):
@@ -38,8 +51,9 @@ def in_memory(x, y, d):
 @pytest.mark.parametrize(("batch_rows", "n"), [(1, 200), (7, 1200), (1000, None)])
 def test_streamed_grouped_equals_per_domain_fits(batch_rows, n):
     x, y, d = cifar_with_domains(n)
-    res = fit_grouped_temperature_stream(x, y, d, batch_rows=batch_rows)
+    res, _ = grouped_stream_fit(x, y, d, batch_rows=batch_rows)
     ref = in_memory(x, y, d)
+    assert res.data_sha256 == data_sha256(x, y, d)
     assert sorted(res.groups) == sorted(ref) and res.counts == {g: int((d == g).sum()) for g in ref}
     for g, t in ref.items():
         assert abs(math.log(res.groups[g].temperature / t)) < 1e-9, g
@@ -57,9 +71,12 @@ def test_streamed_grouped_equals_per_domain_fits(batch_rows, n):
 
 def test_all_domains_share_the_passes():
     x, y, d = cifar_with_domains(6000)
-    res = fit_grouped_temperature_stream(x, y, d, metrics=False)
+    _, n_passes = grouped_stream_fit(x, y, d)
     slowest = max(fit_temperature(x[d == g], y[d == g]).n_iter for g in np.unique(d))
-    assert res.n_passes <= max(slowest, fit_temperature(x, y).n_iter) + 1  # not one pass set per domain
+    # every Newton in lockstep, plus one pass for the fit record's metrics: not one pass set per domain
+    assert n_passes <= max(slowest, fit_temperature(x, y).n_iter) + 1
+    cal = GroupedTemperatureScaling().fit(x, y, domains=d)  # the same job on the same engine
+    assert cal.fit_record_["n_passes"] == n_passes
 
 
 def test_the_estimator_streams_and_matches_its_in_memory_path():

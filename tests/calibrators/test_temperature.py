@@ -5,7 +5,6 @@ import warnings
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from scipy.optimize import minimize_scalar
@@ -114,8 +113,18 @@ def test_masked_class_minus_inf():
 
 
 def test_float16_logits():
+    cal = TemperatureScaling().fit(np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]], dtype=np.float16), [0, 1, 1])
+    cal.temperature_ = 1.0
+    np.testing.assert_allclose(cal.predict_proba(np.array([[12.0, 0.0]], dtype=np.float16))[0],
+                               [0.999994, 6.1e-6], rtol=1e-2)
+
+
+def test_torch_tensor_logits():
+    torch = pytest.importorskip("torch")
     z = torch.tensor([[12.0, 0.0]], dtype=torch.float16)
-    cal = TemperatureScaling().fit(np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]]), [0, 1, 1])
+    cal = TemperatureScaling().fit(torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]]), torch.tensor([0, 1, 1]))
+    ref = TemperatureScaling().fit(np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]], dtype=np.float32), [0, 1, 1])
+    assert cal.temperature_ == pytest.approx(ref.temperature_, rel=1e-12)
     cal.temperature_ = 1.0
     np.testing.assert_allclose(cal.predict_proba(z)[0], [0.999994, 6.1e-6], rtol=1e-2)
 

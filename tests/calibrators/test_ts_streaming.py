@@ -1,4 +1,5 @@
-"""The streamed temperature fit equals the in-memory one; per-batch statistics add up."""
+"""The streamed temperature fit (the job of ``_ts_job`` on a ``LocalEngine``, what
+``TemperatureScaling().fit`` runs) equals the in-memory one; per-batch statistics add up."""
 
 from __future__ import annotations
 
@@ -14,10 +15,23 @@ from hypothesis import strategies as st
 from confcal._numeric import softmax
 from confcal.calibrators import TemperatureScaling, fit_temperature
 from confcal.calibrators._stream import predict_into
-from confcal.calibrators._tsfit import TSPassStats, _Stats, fit_temperature_stream, ts_batch_stats
+from confcal._digest import DataDigest, data_sha256
+from confcal.calibrators._ts_job import temperature_job
+from confcal.calibrators._ts_batch import TSPassStats, ts_batch_stats
+from confcal.calibrators._tsfit import DEFAULT_T_BOUNDS, _Stats
 from confcal.calibrators.base import summary_metrics
+from confcal.passes import LocalEngine, run_job
 from confcal.sources import open_source
 from tests.conftest import require_shared_data
+
+
+def stream_fit(x, y, *, batch_rows, w=None, **kw):
+    """The job on a LocalEngine with ``batch_rows`` rows per batch: (result, passes made)."""
+    engine = LocalEngine({"logits": open_source(x), "labels": open_source(y),
+                          "sample_weight": None if w is None else open_source(w)}, batch_rows=batch_rows)
+    res = run_job(temperature_job(t_bounds=DEFAULT_T_BOUNDS, weighted=w is not None, n_rows=engine.n_rows,
+                                  digest=DataDigest(len(engine.sources)), **kw), engine)
+    return res, engine.n_passes
 
 
 def cifar(name="densenet-bc-100-cifar-100.npz", n=None):
@@ -56,9 +70,10 @@ def test_batch_stats_add_up_to_the_whole_pass(seed, n, k, cuts, t, weighted, exa
 def test_streamed_fit_equals_in_memory_on_cifar(batch_rows, n):
     x, y = cifar(n=n)
     ref = fit_temperature(x, y)
-    got = fit_temperature_stream(x, y, batch_rows=batch_rows)
-    assert abs(math.log(got.fit.temperature) - math.log(ref.temperature)) < 1e-9
-    p_before, p_after = softmax(x), softmax(x.astype(np.float64) / got.fit.temperature)
+    got, _ = stream_fit(x, y, batch_rows=batch_rows)
+    assert abs(math.log(got.pooled.temperature) - math.log(ref.temperature)) < 1e-9
+    assert got.data_sha256 == data_sha256(x, y)  # in-order engine: the digest of the whole arrays
+    p_before, p_after = softmax(x), softmax(x.astype(np.float64) / got.pooled.temperature)
     for key, ref_value in summary_metrics(p_before, y).items():
         assert got.metrics_before[key] == pytest.approx(ref_value, rel=1e-12, abs=1e-15), key
     for key, ref_value in summary_metrics(p_after, y).items():
@@ -94,9 +109,9 @@ def test_streamed_validation_names_whole_data_rows():
     bad = x.copy()
     bad[23, 1] = np.nan
     with pytest.raises(ValueError, match="NaN/\\+inf in row 23"):
-        fit_temperature_stream(bad, y, batch_rows=7)
+        stream_fit(bad, y, batch_rows=7)
     with pytest.raises(ValueError, match="got 100 at index 31"):
-        fit_temperature_stream(x, np.where(np.arange(50) == 31, 100, y), batch_rows=7)
+        stream_fit(x, np.where(np.arange(50) == 31, 100, y), batch_rows=7)
     probs = np.exp(x.astype(np.float64))
     probs /= probs.sum(1, keepdims=True)
     with pytest.raises(ValueError, match="look like probabilities"):
@@ -108,7 +123,7 @@ def test_streamed_validation_names_whole_data_rows():
     masked = x.copy()
     masked[5, y[5]] = -np.inf
     with pytest.raises(ValueError, match="sample 5 has label"):
-        fit_temperature_stream(masked, y, batch_rows=3)
+        stream_fit(masked, y, batch_rows=3)
 
 
 def test_predict_proba_writes_rows_in_place_and_matches_the_oracle():
@@ -187,16 +202,69 @@ def test_near_metrics_refuse_a_far_temperature():
 def test_streamed_fit_takes_after_metrics_from_its_newton_passes(monkeypatch):
     """The fit needs no pass at the final T (same passes as fit_temperature, plus none), and the
     fallback pass (when the expansion is refused) gives the same record."""
-    from confcal.calibrators import _tsfit
+    from confcal.calibrators import _ts_batch
 
     x, y = cifar(n=4000)
     core = fit_temperature(x, y)
-    res = fit_temperature_stream(x, y, batch_rows=999)
-    assert res.fit.temperature == core.temperature
-    assert res.n_passes == core.n_iter
-    monkeypatch.setattr(_tsfit.NearMetrics, "resolve", lambda self, s_final: None)
-    slow = fit_temperature_stream(x, y, batch_rows=999)
-    assert slow.n_passes == core.n_iter + 1 and slow.fit.temperature == core.temperature
+    res, n_passes = stream_fit(x, y, batch_rows=999)
+    assert abs(math.log(res.pooled.temperature / core.temperature)) < 1e-12
+    assert n_passes == core.n_iter
+    public = TemperatureScaling().fit(x, y)  # the same job on the same engine
+    assert public.fit_record_["n_passes"] == core.n_iter
+    assert abs(math.log(public.temperature_ / core.temperature)) < 1e-12
+    monkeypatch.setattr(_ts_batch.NearMetrics, "resolve", lambda self, s_final: None)
+    slow, slow_passes = stream_fit(x, y, batch_rows=999)
+    assert slow_passes == core.n_iter + 1 and slow.pooled.temperature == res.pooled.temperature
     for key in res.metrics_after:
         assert res.metrics_after[key] == pytest.approx(slow.metrics_after[key], rel=1e-12, abs=1e-15), key
         assert res.metrics_before[key] == slow.metrics_before[key]
+
+
+@pytest.mark.parametrize("batch_rows", [1, 13, 10_000])
+def test_weighted_streamed_fit_equals_the_weighted_in_memory_fit(batch_rows):
+    """Weights ride in the job's batches: T equals fit_temperature's weighted fit, integer weights
+    equal repeated rows, and the digest is Calibrator.fit's (logits, labels, weights)."""
+    x, y = cifar(n=600)
+    rng = np.random.default_rng(3)
+    w = rng.integers(0, 4, size=len(y)).astype(np.float64)
+    ref = fit_temperature(x, y, sample_weight=w)
+    got, _ = stream_fit(x, y, w=w, batch_rows=batch_rows)
+    assert abs(math.log(got.pooled.temperature / ref.temperature)) < 1e-10
+    rep = np.repeat(np.arange(len(y)), w.astype(int))
+    assert abs(math.log(got.pooled.temperature / fit_temperature(x[rep], y[rep]).temperature)) < 1e-9
+    public = TemperatureScaling().fit(x, y, sample_weight=w)
+    assert abs(math.log(public.temperature_ / ref.temperature)) < 1e-10
+    assert public.fit_record_["data_sha256"] == data_sha256(x, y, w) == got.data_sha256
+    assert public.fit_record_["sample_weight"] is True
+    with pytest.raises(ValueError, match="got -1.0 at index 7"):
+        TemperatureScaling().fit(x, y, sample_weight=np.where(np.arange(len(y)) == 7, -1.0, 1.0))
+    with pytest.raises(ValueError, match="every weight is 0"):
+        TemperatureScaling().fit(x, y, sample_weight=np.zeros(len(y)))
+
+
+@settings(max_examples=40)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 300), k=st.integers(1, 70), f64=st.booleans())
+def test_row_kernels_equal_numpy_reductions(seed, n, k, f64):
+    """The pass's row kernels (max by columns, sums and dot products by BLAS matrix-vector
+    products, the top-label test without a row-wise argmax) against numpy's own reductions, on
+    rows with ties, -inf (masked classes) and NaN."""
+    from confcal.calibrators._ts_batch import _top_is_label
+    from confcal.calibrators._tsfit import _rowdot, _rowmax, _rowsum
+
+    rng = np.random.default_rng(seed)
+    a = rng.integers(-3, 3, size=(n, k)).astype(np.float64 if f64 else np.float32)  # integers: many ties
+    a[rng.random((n, k)) < 0.1] = -np.inf
+    a[np.isneginf(a).all(axis=1), 0] = 0.0
+    b = rng.normal(size=(n, k)).astype(a.dtype)
+    y = rng.integers(0, k, size=n)
+    hi = _rowmax(a)
+    np.testing.assert_array_equal(hi, a.max(axis=1))
+    zy = np.take_along_axis(a, y[:, None], axis=1)[:, 0].astype(np.float64) - hi
+    np.testing.assert_array_equal(_top_is_label(a, hi, y, zy), np.argmax(a, axis=1) == y)
+    rel = 1e-12 if f64 else 1e-5
+    np.testing.assert_allclose(_rowsum(b), b.sum(axis=1, dtype=np.float64), rtol=rel, atol=rel * k)
+    np.testing.assert_allclose(_rowdot(b, b), (b.astype(np.float64) ** 2).sum(axis=1), rtol=rel, atol=rel * k)
+    if n:
+        c = b.copy()
+        c[0, -1] = np.nan
+        assert np.isnan(_rowmax(c)[0]) and np.isnan(_rowsum(c)[0])

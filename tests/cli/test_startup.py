@@ -127,36 +127,13 @@ def manifests(tmp_path_factory):
         data = (s, c) if box else (x, y)
         try:
             cal = METHODS[name]().fit(*data, **side)
-        except MissingExtraError:  # the TS fit's Newton passes still need torch: a manifest by hand
-            if name not in ("ts", "grouped-ts"):
-                continue
-            cal = _hand_fitted_ts(name, x, y, dom)
+        except MissingExtraError:
+            continue
         m = cal.to_dict()
         m["fit"]["data_summary"] = data_summary(data[0], input_kind="logits", domains=side.get("domains"))
         paths[name] = d / f"{name}.json"
         paths[name].write_text(json.dumps(m))
     return d, paths
-
-
-def _hand_fitted_ts(name, x, y, dom):
-    """A TS / grouped-TS calibrator with set temperatures (for environments without torch)."""
-    from confcal.calibrators import GroupedTemperatureScaling, TemperatureScaling
-    from confcal.calibrators.manifest import fit_record
-
-    def ts(t):
-        cal = TemperatureScaling()
-        cal.temperature_, cal.nll_, cal.n_iter_, cal.at_bound_, cal.n_classes_ = t, 0.5, 3, False, x.shape[1]
-        return cal
-
-    cal = ts(1.7)
-    if name == "grouped-ts":
-        cal = GroupedTemperatureScaling()
-        cal.pooled_, cal.groups_ = ts(1.7), {"a": ts(1.5), "b": ts(1.9)}
-        cal.group_counts_ = {"a": int(np.sum(dom == "a")), "b": int(np.sum(dom == "b"))}
-        cal.fallback_groups_, cal.n_classes_ = [], x.shape[1]
-    cal.fit_record_ = fit_record(n_samples=len(y), data_sha256="0" * 64, input_kind="logits",
-                                 metrics_before={}, metrics_after={})
-    return cal
 
 
 def _commands(d, path, name):
@@ -191,6 +168,29 @@ def test_apply_evaluate_drift_run_where_torch_cannot_be_imported(manifests, name
         rc, mods, err = run_cli(*argv, block_torch=True)
         assert rc == 0, (command, err)
         assert "torch" not in mods
+
+
+@pytest.mark.parametrize("name", ["ts", "grouped-ts"])
+def test_ts_fits_run_where_torch_cannot_be_imported(manifests, name, tmp_path):
+    """The TS fits are numpy only: `confcal fit` of ts / grouped-ts with torch unimportable
+    writes the same temperatures as the fit in this process, and loads no torch or sklearn."""
+    import math
+
+    from confcal import load_calibrator
+
+    d, paths = manifests
+    side = ["--domains", f"{d}/cls.npz:domains"] if name == "grouped-ts" else []
+    out = tmp_path / f"{name}.json"
+    rc, mods, err = run_cli("fit", "--method", name, "--logits", f"{d}/cls.npz:logits", "--labels",
+                            f"{d}/cls.npz:labels", "-o", str(out), "-q", *side, block_torch=True)
+    assert rc == 0, err
+    assert not loaded(mods, RUN_FORBIDDEN), sorted(loaded(mods, RUN_FORBIDDEN))
+    got, ref = load_calibrator(str(out)), load_calibrator(str(paths[name]))
+    assert abs(math.log(got.temperature_ / ref.temperature_)) < 1e-12
+    if name == "grouped-ts":
+        assert got.temperatures_.keys() == ref.temperatures_.keys()
+        for g, t in ref.temperatures_.items():
+            assert abs(math.log(got.temperatures_[g] / t)) < 1e-12
 
 
 def test_a_torch_method_without_torch_fails_in_one_line_naming_the_extra(manifests, tmp_path):

@@ -72,7 +72,6 @@ def test_per_domain_bonferroni_and_unseen():
         drift_check(s, rng.normal(size=(5, 3)))
 
 
-@pytest.mark.torch  # fits TS, whose Newton passes still run on torch
 def test_cli_drift_apply_warning_and_provenance(tmp_path, capsys):
     rng = np.random.default_rng(0)
     y = rng.integers(0, 4, 2000)

@@ -69,7 +69,6 @@ def test_any_permutation_any_offset_sorts_back(perm, start, prefix):
     assert order_column_group(names, spec="*") == [f"{prefix}{start + k}" for k in range(13)]
 
 
-@pytest.mark.torch  # `fit --method ts` runs the streamed Newton passes, which still use torch
 def test_fit_records_the_order_and_is_right(tmp_path, capsys):
     rng = np.random.default_rng(1)
     y = rng.integers(0, 12, 600)

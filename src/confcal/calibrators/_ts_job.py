@@ -23,7 +23,6 @@ from functools import partial
 import numpy as np
 
 from confcal.calibrators._ts_batch import _summary, ts_batch_stats
-from confcal.calibrators._ts_stream import _sorted_ids
 from confcal.calibrators._tsfit import _NEAR_DMAX, _WARM_START_ROWS, CalibrationWarning, _newton_steps, _result, fit_temperature
 from confcal.passes import Pass, SpreadBlocks
 
@@ -50,38 +49,62 @@ def _plain(v):
     return v.item() if hasattr(v, "item") else v
 
 
+def _sorted_ids(keys) -> list:
+    try:
+        return sorted(keys)
+    except TypeError:  # mixed types: a stable order all the same
+        return sorted(keys, key=repr)
+
+
+def _check_weights(w, first: int) -> np.ndarray:
+    w = np.asarray(w)
+    if w.dtype == bool or w.dtype.kind not in "fiu":
+        raise TypeError(f"sample_weight: expected a float array of shape (n_samples,), got dtype {w.dtype}")
+    w = w.astype(np.float64, copy=False)
+    if w.ndim != 1:
+        raise ValueError(f"sample_weight: expected shape (n_samples,) (one weight per sample), got {w.shape}")
+    bad = ~np.isfinite(w) | (w < 0)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"sample_weight: expected finite weights >= 0, got {float(w[i])!r} at index {first + i}")
+    return w
+
+
 def _ts_batch(batch: dict, first: int, *, input_kind: str, validate: bool, by_domain: bool, requests: dict,
-              wildcard=None):
+              wildcard=None, n_bins: int = 15, digest=None):
     """``{"stats": {group: TSPassStats}, ...}`` of one batch for every requested group
-    ``{group: (t, exact, after, before, near)}``; ``wildcard``: a request for every domain seen."""
+    ``{group: (t, exact, after, before, near)}``; ``wildcard``: a request for every domain seen.
+    ``digest``: a :class:`confcal._digest.DataDigest` updated in row order on the validating pass
+    (in-order engines: the digest of the whole arrays), else each batch's sha256 is returned."""
     from confcal._validation import check_domains, check_labels, check_logits
 
     x = batch["logits"]
-    if validate or input_kind == "probs" or x.dtype not in (np.float32, np.float64) or x.ndim != 2:
+    # float logits need no check of their own: NaN, +inf and all -inf rows make the pass's sums
+    # non-finite, and then check_logits names the first bad row (below), at no extra pass
+    if input_kind == "probs" or x.dtype not in (np.float32, np.float64) or x.ndim != 2 or x.shape[1] < 2:
         x = check_logits(x, input_kind=input_kind, first_row=first, whole=False)
     y = batch["labels"]
     y = check_labels(y, x.shape[0], x.shape[1], first_row=first) if validate else y.astype(np.int64, copy=False)
     d = None
     if by_domain:
         d = check_domains(batch["domains"], x.shape[0]) if validate else np.asarray(batch["domains"])
+    w = batch.get("sample_weight")
+    if w is not None:
+        w = _check_weights(w, first) if validate else np.asarray(w, dtype=np.float64)
     out = {"stats": {}, "n": int(x.shape[0]), "k": int(x.shape[1]), "counts": {}, "digest": [],
            "unit": True, "sums_to_one": True, "inside": False}
     if validate:
-        h = hashlib.sha256()
-        for a in (x, y) + (() if d is None else (d,)):
-            h.update(str(a.dtype).encode() + str(a.shape).encode())
-            h.update(repr(a.tolist()).encode() if a.dtype == object else np.ascontiguousarray(a).data)
-        out["digest"] = [(first, h.hexdigest())]
-        if input_kind == "logits":
-            raw = np.asarray(batch["logits"])
-            unit = raw.dtype.kind == "f" and bool(np.min(raw) >= 0) and bool(np.max(raw) <= 1)
-            out["unit"] = unit
-            if unit:
-                tol = 1e-3 if raw.dtype == np.float16 else 1e-4
-                out["sums_to_one"] = bool(np.all(np.abs(raw.sum(axis=1, dtype=np.float64) - 1.0) <= tol))
-                out["inside"] = not bool(np.all((raw == 0) | (raw == 1)))
+        arrays = (x, y) + (() if d is None else (d,)) + (() if w is None else (w,))  # as Calibrator.fit
+        if digest is not None:
+            for i, a in enumerate(arrays):
+                digest.update(i, a)
         else:
-            out["unit"] = False
+            h = hashlib.sha256()
+            for a in arrays:
+                h.update(str(a.dtype).encode() + str(a.shape).encode())
+                h.update(repr(a.tolist()).encode() if a.dtype == object else np.ascontiguousarray(a).data)
+            out["digest"] = [(first, h.hexdigest())]
+        out["unit"] = input_kind == "logits"  # every row in [0, 1]: set from the pooled stats below
     rows_of = {}
     if d is not None:
         ids, codes = np.unique(d, return_inverse=True)
@@ -92,16 +115,26 @@ def _ts_batch(batch: dict, first: int, *, input_kind: str, validate: bool, by_do
                 out["counts"][_plain(g)] = int(np.count_nonzero(rows))
     if POOLED in requests:
         t, exact, after, before, near = requests[POOLED]
-        out["stats"][POOLED] = ts_batch_stats(x, y, t, exact=exact, metrics=after, before=before, first_row=first,
-                                              near=near, check_unit=False)
+        out["stats"][POOLED] = ts_batch_stats(x, y, t, sample_weight=w, exact=exact, metrics=after, before=before,
+                                              n_bins=n_bins, first_row=first, near=near,
+                                              check_unit=validate and out["unit"])
     for g, rows in rows_of.items():
         req = requests.get(g, wildcard)
         if req is not None:
             t, exact, after, before, near = req
             out["stats"][("group", g)] = ts_batch_stats(x[rows], y[rows], t, exact=exact, metrics=after,
-                                                        before=before, near=near, check_unit=False)
+                                                        before=before, n_bins=n_bins, near=near, check_unit=False)
     if not all(math.isfinite(v) for st in out["stats"].values() for v in (st.loss, st.grad, st.hess)):
         check_logits(x, input_kind="logits", first_row=first, whole=False)  # names the bad row, if any
+    if out["unit"]:  # (the probabilities-as-logits rule of check_logits, over every batch)
+        raw = np.asarray(batch["logits"])
+        unit = raw.dtype.kind == "f" and (out["stats"][POOLED].unit_rows if POOLED in out["stats"] else
+                                          bool(np.min(raw) >= 0) and bool(np.max(raw) <= 1))
+        out["unit"] = unit
+        if unit:
+            tol = 1e-3 if raw.dtype == np.float16 else 1e-4
+            out["sums_to_one"] = bool(np.all(np.abs(raw.sum(axis=1, dtype=np.float64) - 1.0) <= tol))
+            out["inside"] = not bool(np.all((raw == 0) | (raw == 1)))
     return out
 
 
@@ -138,34 +171,52 @@ def _warm_start(blocks: dict, input_kind: str, t_bounds, t_default: float) -> tu
 
 
 def temperature_job(*, t_bounds, tol: float = 1e-12, max_iter: int = 100, input_kind: str = "logits",
-                    by_domain: bool = False, min_samples: int = 1, n_bins: int = 15):
+                    by_domain: bool = False, min_samples: int = 1, n_bins: int = 15, weighted: bool = False,
+                    digest=None, n_rows: int | None = None):
     """Fit ``T`` (and one per ``"domains"`` value with ``by_domain``) on batches of ``"logits"``
-    ``(rows, n_classes)`` and ``"labels"``; a job of :mod:`confcal.passes` (run with
-    :func:`confcal.passes.run_job`). Domains with fewer than ``min_samples`` rows use the pooled
-    fit. Returns a :class:`TemperatureJobResult`; the digest is of the batches' digests in row
-    order (engine-specific batch boundaries: not comparable across engines).
+    ``(rows, n_classes)`` and ``"labels"`` (and ``"sample_weight"`` with ``weighted``, pooled fit
+    only); a job of :mod:`confcal.passes` (run with :func:`confcal.passes.run_job`). Domains with
+    fewer than ``min_samples`` rows use the pooled fit. Returns a :class:`TemperatureJobResult`.
 
-    Raises ``ValueError`` on invalid rows (named by their index in the whole data), no rows, or
-    probabilities passed as logits.
+    ``digest``: a :class:`confcal._digest.DataDigest` for an in-order engine (the digest of the
+    whole arrays, as :meth:`Calibrator.fit` computes it); without it, the digest of the
+    batches' digests in row order (engine-specific batch boundaries: not comparable across
+    engines). ``n_rows``: the row count when the engine knows it; up to ``_WARM_START_ROWS``
+    rows (or with weights) the fit starts at ``T = 1`` as :func:`fit_temperature` does, else
+    from a fit on spread-out row blocks.
+
+    Raises ``ValueError`` on invalid rows (named by their index in the whole data), no rows,
+    probabilities passed as logits, or weights that are all 0.
     """
     t_min, t_max = (float(b) for b in t_bounds)
     if not (0 < t_min < t_max and math.isfinite(t_max)):
         raise ValueError(f"t_bounds: expected 0 < T_min < T_max < inf, got {t_bounds!r}")
+    if weighted and by_domain:
+        raise ValueError("sample_weight: the grouped temperature job takes no weights")
     t_default = min(max(0.0, math.log(t_min)), math.log(t_max))
-    blocks = yield SpreadBlocks(("logits", "labels"), rows=_WARM_START_ROWS)
-    t0, exact_input = _warm_start(blocks, input_kind, (t_min, t_max), t_default)
+    if weighted or (n_rows is not None and n_rows <= _WARM_START_ROWS):
+        blocks = yield SpreadBlocks(("logits",), rows=1, n_blocks=1)  # the dtype only
+        x = blocks.get("logits")
+        t0, exact_input = t_default, x is not None and np.asarray(x).dtype == np.float64
+    else:
+        blocks = yield SpreadBlocks(("logits", "labels"), rows=_WARM_START_ROWS)
+        t0, exact_input = _warm_start(blocks, input_kind, (t_min, t_max), t_default)
     exact0 = exact_input or input_kind == "probs"
-    cols = ("logits", "labels", "domains") if by_domain else ("logits", "labels")
+    cols = ("logits", "labels") + (("domains",) if by_domain else ()) + (("sample_weight",) if weighted else ())
     state = {"before": None, "after": None, "after_t": None, "near": None, "info": None}
 
     def one_pass(requests, wildcard=None):
         validate = state["info"] is None
         res = yield Pass(partial(_ts_batch, input_kind=input_kind, validate=validate, by_domain=by_domain,
-                                 requests=requests, wildcard=wildcard), _merge_ts, columns=cols,
+                                 requests=requests, wildcard=wildcard, n_bins=n_bins,
+                                 digest=digest if validate else None), _merge_ts, columns=cols,
                          desc="temperature pass")
         if res is None or res["n"] == 0:
             raise ValueError("logits: expected at least 1 sample, the data has no rows")
         if validate:
+            pooled = res["stats"].get(POOLED)
+            if weighted and pooled is not None and not pooled.weight > 0:
+                raise ValueError("sample_weight: every weight is 0; at least one sample must count")
             if res["unit"] and res["sums_to_one"] and res["inside"]:
                 raise ValueError("logits: every row is in [0, 1] and sums to 1, so these look like "
                                  "probabilities, not logits; pass input_kind='probs' (CLI: --input-kind probs) "
@@ -246,7 +297,8 @@ def temperature_job(*, t_bounds, tol: float = 1e-12, max_iter: int = 100, input_
             else:
                 after[0].merge(pair[0])
                 after[1].merge(pair[1])
-    digest = hashlib.sha256("".join(h for _, h in sorted(info["digest"])).encode()).hexdigest()
+    sha = (digest.hexdigest() if digest is not None else
+           hashlib.sha256("".join(h for _, h in sorted(info["digest"])).encode()).hexdigest())
     return TemperatureJobResult(pooled=pooled, groups=groups, counts=counts, fallback=fallback,
-                                n_samples=int(info["n"]), n_classes=int(info["k"]), data_sha256=digest,
+                                n_samples=int(info["n"]), n_classes=int(info["k"]), data_sha256=sha,
                                 metrics_before=_summary(state["before"]), metrics_after=_summary(after))

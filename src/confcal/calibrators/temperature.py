@@ -9,18 +9,14 @@ accuracy is unchanged by construction.
 from __future__ import annotations
 
 import warnings
+from functools import partial
 
 import numpy as np
 
 from confcal._numeric import softmax
 from confcal.calibrators._constraints import NLL, N_ITER, T_BOUNDS, T_RULE, TEMPERATURE, Bool, Fields, Int, Opt, \
     temperature_within_bounds
-from confcal.calibrators._tsfit import (
-    DEFAULT_T_BOUNDS,
-    CalibrationWarning,
-    fit_temperature,
-    fit_temperature_stream,
-)
+from confcal.calibrators._tsfit import DEFAULT_T_BOUNDS, CalibrationWarning, fit_temperature
 from confcal.calibrators.base import Calibrator, register
 from confcal.calibrators.grouping import GroupedCalibrator, grouped_fields, route_groups
 
@@ -134,25 +130,21 @@ class TemperatureScaling(Calibrator):
         self.at_bound_ = res.at_bound
 
     def _fit_source(self, logits, labels, *, sample_weight, progress, **side):
-        # the fit is a sum over rows: stream it, with the fit record's metrics from the same passes
+        """The fit is a sum over rows: :func:`confcal.calibrators._ts_job.temperature_job` on a
+        :class:`confcal.passes.LocalEngine` over row batches of the sources (arrays too), the same
+        job the Dask engine runs; the fit record's metrics come from the fit's own passes."""
         from confcal.sources import open_source
 
         xs = open_source(logits, name="logits")
         if xs.ndim != 2 or xs.shape[1] < 2:
             return NotImplemented  # a one-logit binary head (or a shape error): the in-memory path
         self._check_side(side, 0)
-        kind = self._input_kind()
-        res = fit_temperature_stream(xs, labels, sample_weight=sample_weight, t_bounds=(self.t_min, self.t_max),
-                                     input_kind=kind, progress=progress)
-        self.temperature_ = res.fit.temperature
-        self.nll_ = res.fit.nll
-        self.n_iter_ = res.fit.n_iter
-        self.at_bound_ = res.fit.at_bound
-        self.n_classes_ = res.n_classes
-        self.fit_record_ = self._fit_record(n_samples=res.n_samples, data_sha256=res.data_sha256,
-                                            input_kind=kind, metrics_before=res.metrics_before,
-                                            metrics_after=res.metrics_after,
-                                            sample_weight=sample_weight is not None)
+        ws = None if sample_weight is None else open_source(sample_weight, name="sample_weight")
+        if ws is not None and (ws.dtype == bool or ws.dtype.kind not in "fiu"):
+            raise TypeError(f"sample_weight: expected a float array of shape ({xs.n_rows},), got dtype {ws.dtype}")
+        run_local_ts_job(self, partial(self._run_ts_job, by_domain=False, weighted=ws is not None),
+                         {"logits": xs, "labels": open_source(labels, name="labels"), "sample_weight": ws},
+                         progress)
         return self
 
     def fit_job(self, inputs):
@@ -163,17 +155,19 @@ class TemperatureScaling(Calibrator):
             return None
         return self._run_ts_job(by_domain=False)
 
-    def _run_ts_job(self, by_domain: bool, min_samples: int = 1):
+    def _run_ts_job(self, by_domain: bool, min_samples: int = 1, weighted: bool = False, digest=None,
+                    n_rows=None):
         from confcal.calibrators._ts_job import temperature_job
 
         kind = self._input_kind()
         res = yield from temperature_job(t_bounds=(self.t_min, self.t_max), input_kind=kind, by_domain=by_domain,
-                                         min_samples=min_samples)
+                                         min_samples=min_samples, weighted=weighted, digest=digest, n_rows=n_rows)
         self._set_fitted({"temperature": res.pooled.temperature, "nll": res.pooled.nll,
                           "n_iter": res.pooled.n_iter, "at_bound": res.pooled.at_bound})
         self.n_classes_ = res.n_classes
         self.fit_record_ = self._fit_record(n_samples=res.n_samples, data_sha256=res.data_sha256, input_kind=kind,
-                                            metrics_before=res.metrics_before, metrics_after=res.metrics_after)
+                                            metrics_before=res.metrics_before, metrics_after=res.metrics_after,
+                                            sample_weight=weighted)
         return res
 
     def _predict_source(self, logits, *, progress, dtype=None, **side):
@@ -310,38 +304,16 @@ class GroupedTemperatureScaling(GroupedCalibrator):
         return TemperatureScaling(t_min=self.t_min, t_max=self.t_max)
 
     def _fit_source(self, logits, labels, *, sample_weight, progress, **side):
-        # every domain's Newton shares the passes over the source (fit_grouped_temperature_stream)
-        from confcal.calibrators._tsfit import fit_grouped_temperature_stream
+        """Every domain's Newton in lockstep, sharing the passes over the sources: the job of
+        :meth:`fit_job` on a :class:`confcal.passes.LocalEngine` (as the Dask engine runs it)."""
         from confcal.sources import open_source
 
         xs = open_source(logits, name="logits")
         if sample_weight is not None or xs.ndim != 2 or xs.shape[1] < 2 or side.get("domains") is None:
             return NotImplemented  # weights, a one-logit head or missing domains: the in-memory path
         self._check_side({**side, "domains": np.empty(0)}, 0)  # unknown side inputs: the usual message
-        kind = self._input_kind()
-        res = fit_grouped_temperature_stream(xs, labels, side["domains"], t_bounds=(self.t_min, self.t_max),
-                                             min_samples=self.min_samples, input_kind=kind, progress=progress)
-
-        def base(fit):
-            cal = self._make_base()
-            cal.temperature_, cal.nll_, cal.n_iter_, cal.at_bound_ = (fit.temperature, fit.nll, fit.n_iter,
-                                                                      fit.at_bound)
-            cal.n_classes_ = res.n_classes
-            return cal
-
-        if res.fallback:
-            sizes = [res.counts[g] for g in res.fallback]
-            reason = next(iter(res.fallback.values()))
-            warnings.warn(f"{self._what}s {list(res.fallback)} have {reason} (sizes {sizes}); they use "
-                          f"the pooled {self._what} fit", CalibrationWarning, stacklevel=3)
-        self.pooled_ = base(res.pooled)
-        self.groups_ = {key: base(fit) for key, fit in res.groups.items()}
-        self.group_counts_ = dict(res.counts)
-        self.fallback_groups_ = list(res.fallback)
-        self.n_classes_ = res.n_classes
-        self.fit_record_ = self._fit_record(n_samples=res.n_samples, data_sha256=res.data_sha256,
-                                            input_kind=kind, metrics_before=res.metrics_before,
-                                            metrics_after=res.metrics_after)
+        run_local_ts_job(self, self._run_job, {"logits": xs, "labels": open_source(labels, name="labels"),
+                                               "domains": open_source(side["domains"], name="domains")}, progress)
         return self
 
     def fit_job(self, inputs):
@@ -351,9 +323,10 @@ class GroupedTemperatureScaling(GroupedCalibrator):
             return None
         return self._run_job()
 
-    def _run_job(self):
+    def _run_job(self, digest=None, n_rows=None):
         base = self._make_base()
-        res = yield from base._run_ts_job(by_domain=True, min_samples=self.min_samples)
+        res = yield from base._run_ts_job(by_domain=True, min_samples=self.min_samples, digest=digest,
+                                          n_rows=n_rows)
         kind = self._input_kind()
 
         def one(fit):
@@ -402,6 +375,22 @@ class GroupedTemperatureScaling(GroupedCalibrator):
 
     def _predict_proba(self, logits, domains):
         return _scaled_softmax(logits, self.temperatures_for(domains)[:, None])
+
+
+def run_local_ts_job(cal, make_job, sources: dict, progress) -> None:
+    """Run the temperature job ``make_job(digest=, n_rows=)`` of ``cal`` on a
+    :class:`confcal.passes.LocalEngine` over ``sources``: the digest is that of the whole arrays
+    (this engine reads the rows in order) and ``fit.n_passes`` is recorded."""
+    from confcal._digest import DataDigest
+    from confcal.passes import LocalEngine, run_job
+
+    xs = sources["logits"]
+    if xs.n_rows == 0:
+        raise ValueError(f"logits: expected at least 1 sample, got shape {xs.shape}")
+    engine = LocalEngine(sources, progress=progress, reference="logits")
+    digest = DataDigest(len(engine.sources))  # logits, labels[, domains][, weights]: as Calibrator.fit
+    run_job(make_job(digest=digest, n_rows=engine.n_rows), engine)
+    cal.fit_record_ = {**cal.fit_record_, "n_passes": engine.n_passes}
 
 
 def _id_key(d):
