@@ -198,10 +198,16 @@ def load_manifest(path) -> dict:
     def refuse(const):
         raise ValueError(f"calibrator: {str(path)!r} holds {const}, which is not a finite number; the file is damaged")
 
+    if not path.is_file():
+        raise ValueError(f"calibrator: {str(path)!r} is not a regular file; expected a JSON manifest")
     try:
-        return json.loads(path.read_text(), parse_constant=refuse)
+        manifest = json.loads(path.read_text(encoding="utf-8"), parse_constant=refuse)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"calibrator: {str(path)!r} is not a JSON manifest ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise ValueError(f"calibrator: {str(path)!r} holds a JSON {type(manifest).__name__}, not a manifest "
+                         "(a JSON object written by 'confcal fit')")
+    return manifest
 
 
 def load_calibrator(manifest, *, n_classes: int | None = None):

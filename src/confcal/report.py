@@ -158,7 +158,8 @@ def build_report(stages: dict, labels, *, domains=None, manifest: dict | None = 
     labels : int ``(n_samples,)``
     domains : ``(n_samples,)`` ids, optional (one diagram and table rows per domain)
     manifest : the calibrator's manifest dict, optional (its ``fit.provenance`` and fit record are shown)
-    queue_csv : path of a ``confcal rank`` queue, optional (its first ``queue_head`` rows are shown)
+    queue_csv : path of a ``confcal rank`` queue, or its rows as dicts, optional (the first ``queue_head``
+        rows are shown)
     n_draws : bootstrap resamples for the 95% intervals of ECE/D-ECE and Brier
     max_ece : optional limit; the page opens with pass / fail per group (:func:`report_verdict`)
     verdict_out : optional list, extended with that verdict
@@ -212,8 +213,11 @@ def build_report(stages: dict, labels, *, domains=None, manifest: dict | None = 
 
         parts.append(geometry_section(stages, labels, box_features))
     if queue_csv is not None:
-        with open(queue_csv, newline="") as fh:
-            q = list(csv.DictReader(fh))
+        if isinstance(queue_csv, list):  # rows already read (and checked) by the caller
+            q = queue_csv
+        else:
+            with open(queue_csv, newline="", encoding="utf-8-sig") as fh:
+                q = list(csv.DictReader(fh))
         parts.append(f"<h2>Annotation queue (first {min(queue_head, len(q))} of {len(q)} tiles)</h2>")
         parts.append(_table(q[:queue_head], list(q[0]) if q else []))
     if manifest is not None:

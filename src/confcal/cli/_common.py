@@ -69,6 +69,26 @@ def load_repeated(args, name: str, what: str | None = None):
     return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
 
+def read_json(path, option: str):
+    """The JSON document in ``path``; ``ValueError`` naming ``option`` and the file when it is missing,
+    a folder, not UTF-8 or not JSON (NaN/Infinity refused too)."""
+    import os
+
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{option}: no such file {str(path)!r}")
+    if not os.path.isfile(path):
+        raise ValueError(f"{option}: {str(path)!r} is not a regular file; expected a JSON file")
+
+    def refuse(const):
+        raise ValueError(f"{const} is not a JSON number")
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh, parse_constant=refuse)
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise ValueError(f"{option}: {str(path)!r} is not a JSON file ({str(exc).splitlines()[0]})") from None
+
+
 def progress_of(args):
     """``None`` (bars when stderr is a terminal) unless ``--quiet``."""
     return False if getattr(args, "quiet", False) else None
@@ -151,7 +171,7 @@ def load_logits_labels(args):
 _BOOL_WORDS = {"true": True, "false": False, "1": True, "0": False}
 
 
-def parse_params(items, method: str | None = None) -> dict:
+def parse_params(items, method: str | None = None, *, option: str = "--param") -> dict:
     """``["t_min=0.05", "n_clusters=8"]`` -> ``{"t_min": 0.05, "n_clusters": 8}`` (JSON values, else str).
 
     With ``method``, its boolean hyper-parameters also take True/False/true/false/1/0; other
@@ -161,7 +181,7 @@ def parse_params(items, method: str | None = None) -> dict:
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"--param: expected KEY=VALUE, got {item!r}")
+            raise ValueError(f"{option}: expected KEY=VALUE, got {item!r}")
         if key in flags and value.strip().lower() in _BOOL_WORDS:
             out[key] = _BOOL_WORDS[value.strip().lower()]
             continue

@@ -47,6 +47,10 @@ def run(args) -> int:
     from confcal.evaluation.compare import compare_methods
     from confcal.io import atomic_write, load_array
 
+    from confcal.io import check_output_path
+
+    if args.csv:  # before any work: a missing folder is said at once, not after the fits
+        check_output_path(args.csv, name="--csv")
     if (args.test_logits is None) != (args.test_labels is None):
         raise ValueError("--test-logits, --test-labels: give both for a fixed test set, or neither")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]

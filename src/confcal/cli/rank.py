@@ -183,7 +183,10 @@ def run(args) -> int:
         raise ValueError("--per-domain-quota: no domains found; give --gt with --domain-key, or --domain-map")
     quota = None
     if args.per_domain_quota is not None:
-        quota = "equal" if args.per_domain_quota == "equal" else float(args.per_domain_quota)
+        try:
+            quota = "equal" if args.per_domain_quota == "equal" else float(args.per_domain_quota)
+        except ValueError:
+            quota = math.nan
         if quota != "equal" and not (0 < quota <= 1 and math.isfinite(quota)):
             raise ValueError(f"--per-domain-quota: expected a share in (0, 1], got {args.per_domain_quota!r}")
 
@@ -214,6 +217,11 @@ def run(args) -> int:
         raw = load_array(args.mc_scores, name="mc_scores")
         if raw.ndim != 2 or raw.shape[1] != scores.size:
             raise ValueError(f"--mc-scores: expected shape (n_samples_mc, {scores.size}), got {raw.shape}")
+        if raw.dtype.kind not in "fiu" or not np.all(np.isfinite(raw)):
+            bad = "not numbers" if raw.dtype.kind not in "fiu" else \
+                f"not finite at {tuple(int(v) for v in np.argwhere(~np.isfinite(raw))[0])}"
+            raise ValueError(f"--mc-scores: {args.mc_scores} holds scores that are {bad}; expected finite box "
+                             f"scores (dtype {raw.dtype})")
         mc = np.stack([calibrate(row) for row in raw])
     queue = rank_tiles(probs if args.by != "bald" else None, tiles, by=args.by, aggregate=args.aggregate,
                        domains=domains, quota=quota, threshold=args.threshold, mc_probs=mc,

@@ -42,6 +42,7 @@ def run(args) -> int:
         raise ValueError(f"--max-ece: expected a number in [0, 1], got {args.max_ece!r}")
     if args.bootstrap < 1:
         raise ValueError(f"--bootstrap: expected a positive number of resamples, got {args.bootstrap}")
+    queue = read_queue(args.queue) if args.queue else None
     side = load_side(args)
     manifest = load_manifest(args.calibrator)
     if args.input_kind is None:
@@ -58,7 +59,7 @@ def run(args) -> int:
         stages = {"uncalibrated": softmax(x), cal.method: cal.predict_proba(x, **side)}
     verdict = []
     text = build_report(stages, np.asarray(y), domains=side.get("domains"), manifest=manifest,
-                        queue_csv=args.queue, n_bins=args.n_bins, n_draws=args.bootstrap, max_ece=args.max_ece,
+                        queue_csv=queue, n_bins=args.n_bins, n_draws=args.bootstrap, max_ece=args.max_ece,
                         box_features=geo, verdict_out=verdict)
     with atomic_write(args.output, "w") as fh:
         fh.write(text)
@@ -80,3 +81,27 @@ def _box_features(args, cal):
         return None
     f = read_box_features(args.logits, names)
     return {k: f[:, j] for j, k in enumerate(names)}
+
+
+def read_queue(path) -> list[dict]:
+    """The rows of a ``confcal rank`` queue CSV; ``ValueError`` naming ``--queue`` and the file when it
+    is not one (empty, not UTF-8 text, or without the queue's ``rank`` and ``image_id`` columns)."""
+    import csv
+    import os
+
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"--queue: no such file {str(path)!r}")
+    if not os.path.isfile(path):
+        raise ValueError(f"--queue: {str(path)!r} is not a regular file; expected the CSV of 'confcal rank'")
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            reader = csv.DictReader(fh)
+            rows = list(reader)
+            columns = reader.fieldnames or []
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise ValueError(f"--queue: {str(path)!r} is not a CSV text file ({exc})") from None
+    missing = [c for c in ("rank", "image_id") if c not in columns]
+    if missing:
+        raise ValueError(f"--queue: {str(path)!r} is not a queue written by 'confcal rank' (no column "
+                         f"{', '.join(map(repr, missing))}; it has {columns[:8]})")
+    return rows
