@@ -25,7 +25,7 @@ import numpy as np
 from confcal.sources import SOURCE_SUFFIXES, open_source, split_spec
 
 __all__ = ["load_array", "split_spec", "atomic_write", "check_output_path", "check_not_an_input", "guard_outputs",
-           "is_parquet_dataset", "save_array",
+           "is_parquet_dataset", "save_array", "check_finite_rows",
            "open_array_writer", "save_manifest", "load_manifest", "load_calibrator", "OUTPUT_SUFFIXES"]
 
 ARRAY_SUFFIXES = SOURCE_SUFFIXES
@@ -172,6 +172,7 @@ def save_array(path, array: np.ndarray, *, key: str = "probs") -> None:
         raise ValueError(f"output: unsupported file type {path.suffix.lower()!r} for {str(path)!r}; "
                          f"use {', '.join(OUTPUT_SUFFIXES)}")
     if array.ndim == 1 and path.suffix.lower() in (".npy", ".npz"):  # keep 1-D arrays 1-D
+        check_finite_rows(array, path=path)
         with atomic_write(path) as fh:
             if path.suffix.lower() == ".npy":
                 np.save(fh, array, allow_pickle=False)
@@ -181,6 +182,25 @@ def save_array(path, array: np.ndarray, *, key: str = "probs") -> None:
     arr2 = array.reshape(len(array), -1)
     with open_array_writer(path, arr2.shape[0], arr2.shape[1], dtype=array.dtype, key=key) as w:
         w.write(arr2)
+
+
+def check_finite_rows(batch: np.ndarray, *, first: int = 0, path=None) -> None:
+    """Refuse to write rows holding NaN or inf: ``ValueError`` naming the output, the first rows
+    (``first`` is the row number of ``batch[0]`` in the whole output) and how many there are.
+
+    Every array confcal writes passes here, so a calibrator that overflows on some inputs (e.g. a
+    bound-family map at logits near the float64 limit) ends in one line, with no file, instead of
+    all-NaN rows on disk."""
+    if batch.dtype.kind not in "fc" or batch.size == 0:
+        return
+    ok = np.isfinite(batch).reshape(batch.shape[0], -1).all(axis=1)
+    if ok.all():
+        return
+    bad = np.flatnonzero(~ok)
+    rows = ", ".join(str(first + int(i)) for i in bad[:5]) + (", ..." if bad.size > 5 else "")
+    raise ValueError(f"output: {bad.size} row(s) of the result are not finite (NaN/inf), rows {rows}; "
+                     f"nothing was written to {str(path)!r}. The calibrator cannot map these inputs (check "
+                     "them with 'confcal evaluate', or use another method)")
 
 
 def save_manifest(calibrator, path) -> None:
@@ -264,6 +284,7 @@ class _Writer:
     def write(self, batch: np.ndarray) -> None:
         batch = np.ascontiguousarray(batch, dtype=self.dtype)
         first, n = self.next_row, batch.shape[0]
+        check_finite_rows(batch, first=first, path=self.path)
         if batch.shape[1:] != (self.n_cols,) or first + n > self.n_rows:
             raise ValueError(f"output: batch of shape {batch.shape} does not fit rows {first}.. of "
                              f"({self.n_rows}, {self.n_cols})")
