@@ -32,7 +32,7 @@ ARRAY_SUFFIXES = SOURCE_SUFFIXES
 OUTPUT_SUFFIXES = (".npy", ".npz", ".csv", ".parquet")
 
 
-def load_array(spec: str, *, name: str = "array", csv_header: str = "first") -> np.ndarray:
+def load_array(spec: str, *, name: str = "array", csv_header: str | None = None) -> np.ndarray:
     """Load one whole array from ``PATH`` or ``PATH:KEY`` (see :mod:`confcal.sources`).
 
     Raises ``FileNotFoundError`` for a missing file and ``ValueError`` for an

@@ -94,8 +94,12 @@ def _main(argv=None) -> int:
     try:
         from confcal.cli._outputs import guard_command_outputs
 
+        from confcal.sources import csv_header_default
+
         guard_command_outputs(args)  # one output-path guard for every command, before any work
-        return int(args.func(args) or 0)
+        # one CSV header rule for every file the command reads (--csv-header), not per call site
+        with csv_header_default(getattr(args, "csv_header", None) or "first"):
+            return int(args.func(args) or 0)
     except BrokenPipeError:
         # `confcal fit ... | head`: the reader left; outputs were already written. Point stdout at
         # /dev/null so the interpreter's final flush does not fail again.

@@ -33,9 +33,7 @@ def add_logits_args(p, *, labels: bool, side: bool = True, labels_required: bool
     again = "; repeat to concatenate several files" if repeatable else ""
     p.add_argument("--logits", required=True, metavar="SPEC",
                    help=f"logits (n_samples, n_classes): {SPEC_HELP}{again}", **rep)
-    p.add_argument("--csv-header", choices=CSV_HEADERS, default="first",
-                   help="CSV inputs: 'first' (default) = the first row names the columns; 'none' = no header "
-                        "(a first row of numbers is refused unless you say so)")
+    add_csv_header_arg(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars (they show only on a terminal)")
     p.add_argument("--input-kind", choices=["logits", "probs"], default=None,
                    help="'probs' if the file holds probabilities (their log is used as logits); default "
@@ -47,6 +45,13 @@ def add_logits_args(p, *, labels: bool, side: bool = True, labels_required: bool
         p.add_argument("--domains", metavar="SPEC", help=f"domain/sensor ids (n_samples,): {SPEC_HELP}", **rep)
         p.add_argument("--features", metavar="SPEC", help=f"features (n_samples, n_features): {SPEC_HELP}",
                        **rep)
+
+
+def add_csv_header_arg(p):
+    """``--csv-header``: every command that reads array specs takes it (one rule for all its CSV inputs)."""
+    p.add_argument("--csv-header", choices=CSV_HEADERS, default="first",
+                   help="CSV inputs: 'first' (default) = the first row names the columns; 'none' = no header "
+                        "(a first row of numbers is refused unless you say so)")
 
 
 def load_repeated(args, name: str, what: str | None = None):

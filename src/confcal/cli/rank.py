@@ -54,6 +54,9 @@ def register(sub):
     p.add_argument("--domain-map", help="JSON file {image_id: domain}")
     p.add_argument("--mc-scores", metavar="SPEC",
                    help="with --by bald: Monte-Carlo box scores (n_samples_mc, n_boxes), file order")
+    from confcal.cli._common import add_csv_header_arg
+
+    add_csv_header_arg(p)  # for --mc-scores
     p.add_argument("-o", "--output", required=True, help="queue CSV")
     p.set_defaults(func=run)
 

@@ -1,0 +1,83 @@
+"""Valid input accepted consistently (issue 21): every command that reads the same kind of input
+accepts the same input flags (compared over the parsers), and they take effect in every command."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import pytest
+
+from confcal.cli import build_parser, main
+from confcal.cli._outputs import INPUT_DESTS
+
+#: input options whose values are array specs (PATH or PATH:KEY of .npy/.npz/.csv/.parquet/...)
+ARRAY_DESTS = set(INPUT_DESTS) - {"calibrator", "gt", "detections", "domain_map", "queue", "verify"} | {"domain"}
+#: flags that say how array specs are read: every command reading array specs has each of them
+READING_FLAGS = {"--csv-header"}
+#: flags that say what logits mean: every command reading --logits has each of them
+LOGITS_FLAGS = {"--input-kind"}
+
+
+def _commands():
+    out = {}
+
+    def walk(p, prefix):
+        subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs and prefix:
+            out[" ".join(prefix)] = p
+        for a in subs:
+            for name, sp in a.choices.items():
+                walk(sp, [*prefix, name])
+
+    walk(build_parser(), [])
+    return out
+
+
+def test_every_command_reading_array_specs_takes_the_same_reading_flags():
+    missing = {}
+    for name, p in _commands().items():
+        dests = {a.dest for a in p._actions}
+        flags = {s for a in p._actions for s in a.option_strings}
+        if dests & ARRAY_DESTS and not READING_FLAGS <= flags:
+            missing[name] = sorted(READING_FLAGS - flags)
+        if "logits" in dests and not LOGITS_FLAGS <= flags:
+            missing[name] = sorted(LOGITS_FLAGS - flags)
+    assert not missing, missing
+    readers = [n for n, p in _commands().items() if {a.dest for a in p._actions} & ARRAY_DESTS]
+    assert {"fit", "apply", "evaluate", "compare", "report", "drift", "rank", "domain-eval"} <= set(readers)
+
+
+@pytest.fixture
+def headerless(tmp_path):
+    rng = np.random.default_rng(3)
+    y = rng.integers(0, 3, 150)
+    z = rng.normal(size=(150, 3)) + 2 * np.eye(3)[y]
+    np.savetxt(tmp_path / "z.csv", z, delimiter=",")
+    np.savetxt(tmp_path / "y.csv", y, fmt="%d")
+    np.save(tmp_path / "z.npy", z)
+    np.save(tmp_path / "y.npy", y)
+    assert main(["fit", "--logits", str(tmp_path / "z.npy"), "--labels", str(tmp_path / "y.npy"), "--method", "ts",
+                 "-q", "-o", str(tmp_path / "c.json")]) == 0
+    return tmp_path
+
+
+@pytest.mark.parametrize("argv", [
+    ["report", "--logits", "{d}/z.csv", "--labels", "{d}/y.csv", "--calibrator", "{d}/c.json", "--bootstrap", "2",
+     "-o", "{d}/r.html"],
+    ["drift", "--logits", "{d}/z.csv", "--calibrator", "{d}/c.json"],
+    ["evaluate", "--logits", "{d}/z.csv", "--labels", "{d}/y.csv", "--calibrator", "{d}/c.json", "--max-ece", "1"],
+    ["compare", "--logits", "{d}/z.csv", "--labels", "{d}/y.csv", "--methods", "ts", "--splits", "1",
+     "--cal-size", "75"],
+])
+def test_csv_header_none_is_honoured_by_every_reader(headerless, argv, capsys):
+    """Without --csv-header none the first data row is refused (it looks like data); with it, the command
+    runs on the same numbers as the .npy files."""
+    argv = [a.format(d=headerless) for a in argv]
+    assert main(argv) == 2
+    assert "--csv-header none" in capsys.readouterr().err
+    assert main([*argv, "--csv-header", "none"]) == 0
+    if argv[0] == "drift":  # the same statistic as on the .npy logits
+        out_csv = capsys.readouterr().out
+        assert main(["drift", "--logits", str(headerless / "z.npy"), "--calibrator", str(headerless / "c.json")]) == 0
+        assert capsys.readouterr().out == out_csv
