@@ -81,3 +81,32 @@ def test_csv_header_none_is_honoured_by_every_reader(headerless, argv, capsys):
         out_csv = capsys.readouterr().out
         assert main(["drift", "--logits", str(headerless / "z.npy"), "--calibrator", str(headerless / "c.json")]) == 0
         assert capsys.readouterr().out == out_csv
+
+
+def test_csv_column_glob_in_class_order(tmp_path, capsys):
+    """``file.csv:logit_*`` is a column group as on Parquet (the --help promise): stored in string order
+    (logit_0, logit_1, logit_10, ...), it reads back in class order; a fit on it equals the .npy fit."""
+    import json
+
+    from confcal.sources import open_source
+
+    rng = np.random.default_rng(5)
+    y = rng.integers(0, 12, 400)
+    z = rng.normal(size=(400, 12)) + 3 * np.eye(12)[y]
+    order = sorted(range(12), key=lambda j: f"logit_{j}")
+    lines = ["id,label," + ",".join(f"logit_{j}" for j in order)]
+    lines += [f"{i},{y[i]}," + ",".join(repr(float(z[i, j])) for j in order) for i in range(len(y))]
+    (tmp_path / "s.csv").write_text("\n".join(lines) + "\n")
+    np.testing.assert_array_equal(open_source(f"{tmp_path}/s.csv:logit_*").to_numpy(), z)
+    assert open_source(f"{tmp_path}/s.csv:logit_1?").shape == (400, 2)  # logit_10, logit_11
+    np.save(tmp_path / "z.npy", z)
+    np.save(tmp_path / "y.npy", y)
+    assert main(["fit", "-q", "--logits", f"{tmp_path}/s.csv:logit_*", "--labels", f"{tmp_path}/s.csv:label",
+                 "--method", "ts", "-o", str(tmp_path / "a.json")]) == 0
+    assert main(["fit", "-q", "--logits", str(tmp_path / "z.npy"), "--labels", str(tmp_path / "y.npy"),
+                 "--method", "ts", "-o", str(tmp_path / "b.json")]) == 0
+    t = [json.loads((tmp_path / f"{k}.json").read_text())["parameters"]["temperature"] for k in "ab"]
+    assert t[0] == pytest.approx(t[1], rel=1e-10)
+    assert main(["fit", "-q", "--logits", f"{tmp_path}/s.csv:nope_*", "--labels", f"{tmp_path}/s.csv:label",
+                 "--method", "ts", "-o", str(tmp_path / "c.json")]) == 2
+    assert "no column of" in capsys.readouterr().err
