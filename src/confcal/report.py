@@ -148,7 +148,7 @@ def _verdict_html(verdict: list[dict], stage: str) -> str:
 def build_report(stages: dict, labels, *, domains=None, manifest: dict | None = None, queue_csv=None,
                  queue_head: int = 20, n_bins: int = 15, n_draws: int = 200, max_ece: float | None = None,
                  title: str = "confcal calibration report", box_features: dict | None = None,
-                 verdict_out: list | None = None) -> str:
+                 verdict_out: list | None = None, numbers_out: dict | None = None) -> str:
     """The report as an HTML string.
 
     Parameters
@@ -163,6 +163,9 @@ def build_report(stages: dict, labels, *, domains=None, manifest: dict | None = 
     n_draws : bootstrap resamples for the 95% intervals of ECE/D-ECE and Brier
     max_ece : optional limit; the page opens with pass / fail per group (:func:`report_verdict`)
     verdict_out : optional list, extended with that verdict
+    numbers_out : optional dict, filled with the page's numbers at full precision (the HTML rounds them):
+        ``verdict``, ``metrics`` (one row per stage and group, with the bootstrap intervals as
+        ``[lo, hi]``), ``n_bins``, ``n_draws``, ``max_ece`` and ``metric`` (the gated metric's name)
     box_features : ``{name: (n_boxes,) values}``, optional, box scores only: adds the geometry section
         (:func:`confcal.report_geometry.geometry_section`: heat map over ``cx, cy``, gap against the others)
 
@@ -184,7 +187,7 @@ def build_report(stages: dict, labels, *, domains=None, manifest: dict | None = 
         d = np.asarray(domains).astype(str)
         groups.update({str(g): np.flatnonzero(d == g) for g in np.unique(d)})
     e_fn = (lambda p, y: detection_ece(p, y, n_bins)) if binary else (lambda p, y: ece(p, y, n_bins=n_bins))
-    rows = []
+    rows, exact = [], []
     for stage, a in audits.items():
         p = np.asarray(stages[stage], dtype=np.float64)
         for g, idx in groups.items():
@@ -195,6 +198,12 @@ def build_report(stages: dict, labels, *, domains=None, manifest: dict | None = 
             rows.append({"stage": stage, "domain": g, "n": m["n"], acc: m[acc],
                          key: f"{m[key]:.4f} [{lo:.4f}, {hi:.4f}]" + (" (above limit)" if flag else ""),
                          "nll": m["nll"], "brier": f"{m['brier']:.4f} [{blo:.4f}, {bhi:.4f}]"})
+            exact.append({"stage": stage, "domain": g, "n": int(m["n"]), acc: float(m[acc]), key: float(m[key]),
+                          f"{key}_interval": [float(lo), float(hi)], "nll": float(m["nll"]),
+                          "brier": float(m["brier"]), "brier_interval": [float(blo), float(bhi)]})
+    if numbers_out is not None:
+        numbers_out.update({"metric": key, "max_ece": max_ece, "n_bins": int(n_bins), "n_draws": int(n_draws),
+                            "verdict": verdict, "metrics": exact})
     parts = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
              f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>",
              f"<p>{labels.shape[0]} {'boxes (box scores)' if binary else 'samples'}; {n_bins} equal-width bins; "
