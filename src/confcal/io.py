@@ -25,7 +25,7 @@ import numpy as np
 from confcal.sources import SOURCE_SUFFIXES, open_source, split_spec
 
 __all__ = ["load_array", "split_spec", "atomic_write", "check_output_path", "check_not_an_input", "guard_outputs",
-           "is_parquet_dataset", "save_array", "check_finite_rows",
+           "is_parquet_dataset", "save_array", "check_finite_rows", "csv_cell", "neutralise_csv",
            "open_array_writer", "save_manifest", "load_manifest", "load_calibrator", "OUTPUT_SUFFIXES"]
 
 ARRAY_SUFFIXES = SOURCE_SUFFIXES
@@ -201,6 +201,34 @@ def check_finite_rows(batch: np.ndarray, *, first: int = 0, path=None) -> None:
     raise ValueError(f"output: {bad.size} row(s) of the result are not finite (NaN/inf), rows {rows}; "
                      f"nothing was written to {str(path)!r}. The calibrator cannot map these inputs (check "
                      "them with 'confcal evaluate', or use another method)")
+
+
+#: first characters that make a spreadsheet run a text cell as a formula (OWASP's CSV-injection list)
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value):
+    """A CSV cell a spreadsheet will not run: text starting with ``=``, ``+``, ``-``, ``@``, tab or CR gets
+    a leading ``'``; numbers (also as text, e.g. ``-0.25`` or ``-inf``) are left as they are."""
+    if isinstance(value, str) and value[:1] in FORMULA_STARTS:
+        try:
+            float(value)
+            return value
+        except ValueError:
+            return "'" + value
+    return value
+
+
+def neutralise_csv(text: str) -> str:
+    """CSV text with every cell passed through :func:`csv_cell` (the one rule for every CSV confcal
+    writes: ``compare --csv``, ``domain-eval --csv``, ``rank``'s queue)."""
+    import io as _io
+
+    out = _io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    for row in csv.reader(_io.StringIO(text)):
+        w.writerow([csv_cell(c) for c in row])
+    return out.getvalue()
 
 
 def save_manifest(calibrator, path) -> None:

@@ -110,3 +110,24 @@ def test_csv_column_glob_in_class_order(tmp_path, capsys):
     assert main(["fit", "-q", "--logits", f"{tmp_path}/s.csv:nope_*", "--labels", f"{tmp_path}/s.csv:label",
                  "--method", "ts", "-o", str(tmp_path / "c.json")]) == 2
     assert "no column of" in capsys.readouterr().err
+
+
+def test_report_domains_with_a_ts_manifest(headerless, capsys):
+    """--domains with a calibrator that takes none (TS) is for the per-domain rows: accepted by report as
+    by evaluate, with one row per domain in the JSON side-file; --features it cannot use is still refused."""
+    import json
+
+    d = headerless
+    np.save(d / "dom.npy", np.where(np.arange(150) % 3 == 0, "x", "y"))
+    args = ["--logits", str(d / "z.npy"), "--labels", str(d / "y.npy"), "--calibrator", str(d / "c.json"),
+            "--domains", str(d / "dom.npy")]
+    assert main(["report", *args, "--bootstrap", "2", "-o", str(d / "r.html")]) == 0
+    rows = json.loads((d / "r.json").read_text())["metrics"]
+    assert sorted({r["domain"] for r in rows}) == sorted({"x", "y", next(r["domain"] for r in rows
+                                                                         if r["domain"] not in ("x", "y"))})
+    assert sum(r["n"] for r in rows if r["domain"] in ("x", "y") and r["stage"] == "ts") == 150
+    assert main(["evaluate", *args]) == 0
+    np.save(d / "f.npy", np.ones((150, 2)))
+    capsys.readouterr()
+    assert main(["report", *args, "--features", str(d / "f.npy"), "-o", str(d / "r2.html")]) == 2
+    assert "--features" in capsys.readouterr().err

@@ -19,6 +19,15 @@ from confcal.io import load_array, load_calibrator, load_manifest
 EXIT_ECE_EXCEEDED = 3
 
 
+def taken(cal, side: dict) -> dict:
+    """The side inputs ``cal`` takes: ``--domains`` may be given for the per-domain table only (a TS
+    manifest audited per domain), and is then not passed to the calibrator."""
+    takes = set(getattr(cal, "side_inputs", ())) | set(getattr(cal, "optional_side_inputs", ()))
+    # only the domains have a use without the calibrator (the table); any other side input it does not
+    # take is passed on, so it is refused in one line rather than silently ignored
+    return {k: v for k, v in side.items() if k in takes or k != "domains"}
+
+
 def box_score_predictions(args, cal, side):
     """``(stages, labels)`` for 1-D box scores: ``{"uncalibrated": clipped scores, method: p(TP)}``."""
     s = load_array(args.logits, name="logits").astype(np.float64)
@@ -40,7 +49,7 @@ def box_score_predictions(args, cal, side):
 
             side = {**side, "features": read_box_features(args.logits, cal.feature_names_, option="--logits",
                                                           fitted=True)}
-        stages[cal.method] = cal.predict_proba(s, **side)[:, 1]
+        stages[cal.method] = cal.predict_proba(s, **taken(cal, side))[:, 1]
     return stages, y
 
 
@@ -118,8 +127,7 @@ def run_audit(args) -> int:
         if manifest:
             cal = load_calibrator(manifest, n_classes=x.shape[1])
             cal.set_params(input_kind="logits")  # x holds validated logits (log-probabilities for probs)
-            takes = set(cal.side_inputs) | set(cal.optional_side_inputs)  # --domains may be for the table only
-            stages[cal.method] = cal.predict_proba(x, **{k: v for k, v in side.items() if k in takes})
+            stages[cal.method] = cal.predict_proba(x, **taken(cal, side))
     if cal is not None:
         record = getattr(cal, "fit_record_", None) or {}
         if record.get("data_sha256") == _sha256(x if x.shape[1] > 1 else load_array(args.logits, name="logits"),

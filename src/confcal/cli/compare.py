@@ -78,8 +78,10 @@ def run(args) -> int:
         print(result.to_json(indent=2))
         return 0
     if args.csv:
+        from confcal.io import neutralise_csv
+
         with atomic_write(args.csv, "w") as fh:
-            fh.write(result.to_csv())
+            fh.write(neutralise_csv(result.to_csv()))  # method names are typed by the user
     print(result.to_text())
     if args.csv:
         print(f"summary -> {args.csv}")

@@ -116,9 +116,7 @@ def run(args) -> int:
         split_table,
         target_summary_table,
     )
-    from confcal.io import atomic_write
-
-    from confcal.io import check_output_path
+    from confcal.io import atomic_write, check_output_path, neutralise_csv
 
     for name in ("draws", "n_samples", "n_bins"):  # before any fit: said at once, not after minutes
         v = getattr(args, name)
@@ -163,6 +161,6 @@ def run(args) -> int:
     print(method_summary_table(results))
     if args.csv:
         with atomic_write(args.csv, "w") as fh:
-            fh.write(rows_to_csv(results_to_rows(results)))
+            fh.write(neutralise_csv(rows_to_csv(results_to_rows(results))))  # domain names are the user's
         print(f"\nrows -> {args.csv}")
     return 0

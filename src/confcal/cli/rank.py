@@ -157,11 +157,11 @@ def _tile_boxes(tiles, u, probs, det_ids, cut):
 
 
 def _cell(value):
-    """A text cell a spreadsheet would run as a formula (``=``, ``+``, ``-``, ``@``, tab, CR first)
-    gets a leading ``'`` (OWASP's CSV-injection rule); numbers are written as they are."""
-    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
-        return "'" + value
-    return value
+    """A text cell a spreadsheet would run as a formula gets a leading ``'`` (:func:`confcal.io.csv_cell`,
+    the one rule of every CSV confcal writes); numbers are written as they are."""
+    from confcal.io import csv_cell
+
+    return csv_cell(value)
 
 
 def run(args) -> int:

@@ -65,7 +65,7 @@ def run(args) -> int:
         x, y = load_logits_labels(args)
         cal = load_calibrator(manifest, n_classes=x.shape[1])
         cal.set_params(input_kind="logits")  # x holds validated logits (log-probabilities for probs)
-        stages = {"uncalibrated": softmax(x), cal.method: cal.predict_proba(x, **side)}
+        stages = {"uncalibrated": softmax(x), cal.method: cal.predict_proba(x, **_audit.taken(cal, side))}
     verdict, numbers = [], {}
     text = build_report(stages, np.asarray(y), domains=side.get("domains"), manifest=manifest,
                         queue_csv=queue, n_bins=args.n_bins, n_draws=args.bootstrap, max_ece=args.max_ece,
