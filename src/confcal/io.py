@@ -250,8 +250,12 @@ def load_manifest(path) -> dict:
         raise ValueError(f"calibrator: {str(path)!r} is not a regular file; expected a JSON manifest")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"), parse_constant=refuse)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"calibrator: {str(path)!r} is not a JSON manifest ({exc})") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        # JSONDecodeError, an integer of thousands of digits, arrays nested past the recursion limit
+        if str(exc).startswith("calibrator:"):
+            raise
+        raise ValueError(f"calibrator: {str(path)!r} is not a JSON manifest ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
     if not isinstance(manifest, dict):
         raise ValueError(f"calibrator: {str(path)!r} holds a JSON {type(manifest).__name__}, not a manifest "
                          "(a JSON object written by 'confcal fit')")

@@ -93,8 +93,10 @@ def one_line(exc: BaseException, args, options: dict) -> str:
         if msg is not None:
             return msg
     if isinstance(exc, MemoryError):
-        return ("out of memory (MemoryError); use smaller inputs or a numeric option within its documented "
-                "cap (see --help)")
+        params = [p for p in (getattr(args, "param", None) or []) if any(ch.isdigit() for ch in p)]
+        suspects = f" (check --param {', '.join(params)})" if params else ""
+        return (f"out of memory (MemoryError: {_raw(exc)}){suspects}; use smaller inputs or numeric options "
+                "within their documented caps (see --help)")
     msg = _raw(exc)
     names = {**{k: k for k in options}, **{alias: dest for alias, dest in ALIASES.items() if dest in options}}
     given_outputs = [d for d, _ in _values(args, OUTPUT_DESTS)]
