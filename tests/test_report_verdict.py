@@ -90,3 +90,23 @@ def test_json_side_file_never_replaces_an_input(files, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("confcal: error: --output (its JSON side-file):") and "--calibrator" in err
     assert (files / "c.json").read_bytes() == before and not (files / "c.html").exists()
+
+
+@pytest.mark.parametrize("name", ["cost $5", "$x_1^2$", "a_b^c"])
+def test_mathtext_characters_in_a_domain_name_are_drawn_as_text(name):
+    """A '$' alone made matplotlib's mathtext parser raise; '$x_1^2$' was drawn as a formula."""
+    import matplotlib
+
+    from confcal.report import build_report
+
+    rng = np.random.default_rng(2)
+    s = rng.random(200)
+    y = (rng.random(200) < s).astype(int)
+    dom = np.where(np.arange(200) < 100, name, "plain")
+    with matplotlib.rc_context({"svg.fonttype": "none"}):  # text as <text>, so the literal can be found
+        page = build_report({"uncalibrated": s, "det-platt": s}, y, domains=dom, n_draws=2)
+    import html
+    import re
+
+    drawn = re.findall(r"<text[^>]*>([^<]*)</text>", page)  # the drawn texts (not the SVG's comments)
+    assert html.escape(f"domain {name}", quote=False) in drawn  # the chart title, literally

@@ -71,11 +71,14 @@ def reliability_svg(stages: dict, title: str) -> str:
             top.set_ylim(0, 1)
             g = stages[name]
             key = "d_ece" if "d_ece" in g else "ece"
-            top.set_title(f"{name}: {key.upper().replace('_', '-')} {100 * g[key]:.2f}%", fontsize=12)
+            # parse_math=False: a '$', '_' or '^' in a method or domain name is text, not mathtext
+            # (a lone '$' raised a parse error; '$x_1$' was drawn as a formula)
+            top.set_title(f"{name}: {key.upper().replace('_', '-')} {100 * g[key]:.2f}%", fontsize=12,
+                          parse_math=False)
             top.set_ylabel("observed frequency" if j == 0 else "")
             bottom.bar(lo, cnt / max(1.0, cnt.sum()), width=w, align="edge", color="#999", edgecolor="black", lw=0.5)
             bottom.set_xlabel("confidence")
-        fig.suptitle(title, fontsize=14)
+        fig.suptitle(title, fontsize=14, parse_math=False)
         fig.tight_layout()
         buf = io.StringIO()
         fig.savefig(buf, format="svg")
