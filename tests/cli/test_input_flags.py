@@ -131,3 +131,29 @@ def test_report_domains_with_a_ts_manifest(headerless, capsys):
     capsys.readouterr()
     assert main(["report", *args, "--features", str(d / "f.npy"), "-o", str(d / "r2.html")]) == 2
     assert "--features" in capsys.readouterr().err
+
+
+def test_evaluate_on_a_one_logit_head(tmp_path, capsys):
+    """A binary sigmoid head: logits (n, 1), or (n,) with --input-kind logits, are evaluated as
+    p = sigmoid(z) (they were refused, or clipped to [0, 1] as box scores). Oracle: closed forms."""
+    import json
+
+    from confcal.metrics.detection import detection_ece
+
+    rng = np.random.default_rng(4)
+    z = rng.normal(0, 3, 400)
+    y = (rng.random(400) < 1 / (1 + np.exp(-z / 2))).astype(int)
+    np.save(tmp_path / "z1.npy", z[:, None])
+    np.save(tmp_path / "z0.npy", z)
+    np.save(tmp_path / "y.npy", y)
+    p = 1 / (1 + np.exp(-z))
+    nll = np.mean(np.where(y == 1, np.logaddexp(0, -z), np.logaddexp(0, z)))
+    results = []
+    for argv in (["--logits", str(tmp_path / "z1.npy")], ["--logits", str(tmp_path / "z0.npy"), "--input-kind", "logits"]):
+        assert main(["evaluate", *argv, "--labels", str(tmp_path / "y.npy"), "--json"]) == 0
+        m = json.loads(capsys.readouterr().out)["metrics"]["uncalibrated"]
+        assert m["nll"] == pytest.approx(nll, rel=1e-12)
+        assert m["brier"] == pytest.approx(np.mean((p - y) ** 2), rel=1e-12)
+        assert m["d_ece"] == pytest.approx(detection_ece(p, y, 15), rel=1e-12)
+        results.append(m)
+    assert results[0] == results[1]

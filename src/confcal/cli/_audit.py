@@ -31,14 +31,20 @@ def taken(cal, side: dict) -> dict:
 def box_score_predictions(args, cal, side):
     """``(stages, labels)`` for 1-D box scores: ``{"uncalibrated": clipped scores, method: p(TP)}``."""
     s = load_array(args.logits, name="logits").astype(np.float64)
+    if s.ndim == 2 and s.shape[1] == 1:  # a one-logit head
+        s = s[:, 0]
     y = load_array(args.labels, name="labels")
     if not np.all(np.isfinite(s)):
         raise ValueError("--logits: box scores must be finite")
-    n_out = int(np.count_nonzero((s < 0) | (s > 1)))
-    if n_out:
-        print(f"note: {n_out} of {s.size} box scores lie outside [0, 1]; the uncalibrated metrics use them "
-              "clipped to [0, 1]", file=sys.stderr)
-    stages = {"uncalibrated": np.clip(s, 0.0, 1.0)}
+    if getattr(args, "score_kind", "probs") == "logits":  # sigmoid logits: p = 1 / (1 + exp(-s))
+        # the 2-class softmax of [0, s]: stable at any finite s (no exp overflow)
+        stages = {"uncalibrated": softmax(np.stack([np.zeros_like(s), s], axis=1))[:, 1]}
+    else:
+        n_out = int(np.count_nonzero((s < 0) | (s > 1)))
+        if n_out:
+            print(f"note: {n_out} of {s.size} box scores lie outside [0, 1]; the uncalibrated metrics use them "
+                  "clipped to [0, 1] (for sigmoid logits pass --input-kind logits)", file=sys.stderr)
+        stages = {"uncalibrated": np.clip(s, 0.0, 1.0)}
     if cal is not None:
         if not getattr(cal, "takes_box_scores", False):
             raise ValueError(f"--calibrator: {cal.method} calibrates class vectors, but --logits holds 1-D box "
@@ -114,9 +120,15 @@ def run_audit(args) -> int:
         raise ValueError(f"--max-ece: expected a number in [0, 1], got {args.max_ece!r}")
     side = load_side(args)
     manifest = load_manifest(args.calibrator) if args.calibrator else None
-    if getattr(args, "input_kind", None) is None:  # default: what the calibrator was fitted on
+    given = getattr(args, "input_kind", None)
+    if given is None:  # default: what the calibrator was fitted on
         args.input_kind = load_calibrator(manifest).input_kind if manifest else "logits"
-    if load_array(args.logits, name="logits").ndim == 1:  # box scores (n_boxes,) with 0/1 labels
+    raw = load_array(args.logits, name="logits")
+    if raw.ndim == 1 or (raw.ndim == 2 and raw.shape[1] == 1):
+        # 1-D box scores (probabilities of a true positive) with 0/1 labels; or a one-logit head (a binary
+        # sigmoid logit, (n,) with --input-kind logits or (n, 1)): its probability is sigmoid(logit)
+        one_logit = raw.ndim == 2
+        args.score_kind = "logits" if given == "logits" or (one_logit and given != "probs") else "probs"
         cal = load_calibrator(manifest) if manifest else None
         stages, y = box_score_predictions(args, cal, side)
         x = stages["uncalibrated"][:, None]
