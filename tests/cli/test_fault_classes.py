@@ -191,3 +191,40 @@ def test_library_argument_names_become_options(tmp_path, capsys):
         ["fit", "--logits", "a.npy", "--labels", "b.npy", "--method", "histogram-binning", "--param",
          "n_bins=1000000000000", "-o", "c.json"]), opts)
     assert msg.startswith("out of memory") and "--param n_bins=1000000000000" in msg
+
+
+def test_tester_raw_messages_name_their_options(tmp_path, capsys):
+    """Tester dm-iou-*, rank-count-no-threshold, rank-quota-too-much, rank-bald-mc-nan, dm-bbox-nan,
+    dm-gt-list: the library's argument names come out as the options."""
+    from confcal.cli import build_parser
+    from confcal.cli._errors import one_line, options_of
+
+    parser = build_parser()
+    match = parser.parse_args(["detections", "match", "--gt", "g.json", "--detections", "d.json", "-o", "m.npz"])
+    rank = parser.parse_args(["rank", "--detections", "d.json", "--by", "bald", "--mc-scores", "mc.npy",
+                              "--per-domain-quota", "0.9", "-o", "q.csv"])
+    cases = [(match, "iou_threshold: expected a value in (0, 1], got 0.0", "--iou-threshold: "),
+             (match, "det_boxes: box 2 = [nan, 1.0, 2.0, 3.0] needs finite values", "--detections: "),
+             (match, "gt_boxes: box 0 = [nan, 0.0, 1.0, 1.0] needs finite values", "--gt: "),
+             (match, "gt: expected a COCO dict with 'images' and 'annotations', got list", "--gt: "),
+             (rank, "threshold: how='count' counts boxes with value >= threshold; give a threshold", "--threshold: "),
+             (rank, "quota: shares of the domains present sum to 2.7 > 1", "--per-domain-quota: "),
+             (rank, "mc_probs: expected finite probabilities, found NaN/inf in row 0", "--mc-scores: ")]
+    for args, raw, start in cases:
+        assert one_line(ValueError(raw), args, options_of(parser, args)).startswith(start), raw
+
+
+def test_a_corrupt_onnx_head_is_an_input_error(tmp_path, capsys):
+    """Tester exp-verify-garbage: protobuf's DecodeError went out as a traceback."""
+    pytest.importorskip("onnx")
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "z.npy", rng.normal(size=(100, 3)))
+    np.save(tmp_path / "y.npy", rng.integers(0, 3, 100))
+    assert main(["fit", "--logits", str(tmp_path / "z.npy"), "--labels", str(tmp_path / "y.npy"), "--method", "ts",
+                 "-q", "-o", str(tmp_path / "c.json")]) == 0
+    (tmp_path / "g.onnx").write_bytes(bytes(range(256)) * 8)
+    capsys.readouterr()
+    rc = main(["export", "--calibrator", str(tmp_path / "c.json"), "--format", "onnx", "-o", str(tmp_path / "x.onnx"),
+               "--verify", str(tmp_path / "g.onnx")])
+    err = _one_line_error(capsys)
+    assert rc == 2 and ("--verify" in err or "g.onnx" in err)

@@ -119,7 +119,11 @@ def _main(argv=None) -> int:
     except Exception as exc:  # a defect of confcal, not of the input: one line, and how to see more
         if args.debug:
             raise
-        from confcal.cli._errors import one_line, options_of
+        from confcal.cli._errors import is_input_error, one_line, options_of
+
+        if is_input_error(exc):  # a damaged file (corrupt ONNX, zip, zlib stream): the input's fault
+            print(f"confcal: error: {one_line(exc, args, options_of(parser, args))}", file=sys.stderr)
+            return 2
 
         print(f"confcal: internal error: {type(exc).__name__}: {one_line(exc, args, options_of(parser, args))} "
               "(a bug in confcal: rerun with --debug for the traceback and report it)", file=sys.stderr)

@@ -16,7 +16,18 @@ import re
 
 #: library argument names whose CLI option has another spelling
 ALIASES = {"scores": "logits", "probs": "logits", "manifest": "calibrator", "domain names": "domain_name",
-           "box_scores": "logits", "n_splits": "splits", "n_draws": "draws", "n_domains": "n_calibration"}
+           "box_scores": "logits", "n_splits": "splits", "n_draws": "draws", "n_domains": "n_calibration",
+           "quota": "per_domain_quota", "mc_probs": "mc_scores", "det_boxes": "detections", "gt_boxes": "gt"}
+
+#: exception types (by name: their packages are optional) that mean a damaged input file, not a defect
+#: of confcal: protobuf's DecodeError (an ONNX file), zipfile's BadZipFile, zlib's error, EOFError, ...
+INPUT_ERROR_NAMES = {"DecodeError", "BadZipFile", "LargeZipFile", "EOFError", "UnpicklingError", "error"}
+
+
+def is_input_error(exc: BaseException) -> bool:
+    """True for an exception that reports a damaged input (see :data:`INPUT_ERROR_NAMES`)."""
+    t = type(exc)
+    return t.__name__ in INPUT_ERROR_NAMES and (t.__name__ != "error" or t.__module__ == "zlib")
 
 
 def options_of(parser, args) -> dict:
