@@ -228,3 +228,17 @@ def test_a_corrupt_onnx_head_is_an_input_error(tmp_path, capsys):
                "--verify", str(tmp_path / "g.onnx")])
     err = _one_line_error(capsys)
     assert rc == 2 and ("--verify" in err or "g.onnx" in err)
+
+
+def test_rank_threshold_without_count_is_refused(tmp_path, capsys):
+    """Tester rank-threshold-no-count: --threshold with another --aggregate was silently ignored."""
+    import json as _json
+
+    dets = [{"image_id": i, "category_id": 1, "bbox": [0, 0, 5, 5], "score": 0.2 + 0.1 * i} for i in range(5)]
+    (tmp_path / "d.json").write_text(_json.dumps(dets))
+    assert main(["rank", "--detections", str(tmp_path / "d.json"), "--threshold", "0.5", "-o",
+                 str(tmp_path / "q.csv")]) == 2
+    assert "--threshold: only with --aggregate count" in _one_line_error(capsys)
+    assert not (tmp_path / "q.csv").exists()
+    assert main(["rank", "--detections", str(tmp_path / "d.json"), "--threshold", "0.5", "--aggregate", "count",
+                 "-o", str(tmp_path / "q.csv")]) == 0

@@ -175,6 +175,9 @@ def run(args) -> int:
         v = getattr(args, name)
         if v is not None and not math.isfinite(v):
             raise ValueError(f"--{name.replace('_', '-')}: expected a finite number, got {v!r}")
+    if args.threshold is not None and args.aggregate != "count":  # it would be silently ignored
+        raise ValueError(f"--threshold: only with --aggregate count (it counts boxes whose uncertainty is >= "
+                         f"the threshold), not with --aggregate {args.aggregate}")
     if args.tie_tolerance < 0:
         raise ValueError(f"--tie-tolerance: expected a value >= 0, got {args.tie_tolerance!r}")
     check_output_path(args.output, suffixes=(".csv",), name="--output")
