@@ -58,3 +58,55 @@ def test_layout_rounded_folded(files):
     assert cells
     for full, shown in cells:  # shown = the full value to 4 significant digits
         assert float(shown) == pytest.approx(float(full), rel=5e-4, abs=1e-12) and len(shown) <= 10
+
+
+def test_json_side_file_holds_the_numbers_at_full_precision(files, capsys):
+    """The HTML rounds to 4 digits; the JSON side-file beside it holds each number as the metric
+    functions give it (oracle: ``detection_ece`` / ``binary_brier`` on the same calibrated scores)."""
+    import json
+
+    from confcal.io import load_calibrator
+    from confcal.metrics.detection import detection_ece
+
+    assert main(["report", *_args(files, "--max-ece", "0.08", "--bootstrap", "5", "-o", str(files / "r.html"))]) in (0, 3)
+    numbers = json.loads((files / "r.json").read_text())
+    assert numbers["metric"] == "d_ece" and numbers["max_ece"] == 0.08 and numbers["n_draws"] == 5
+    z = np.load(files / "m.npz")
+    p = load_calibrator(str(files / "c.json")).predict_proba(z["score"])[:, 1]
+    row = next(r for r in numbers["metrics"] if r["stage"] == "det-platt" and r["domain"] == "b")
+    b = z["domain"] == "b"
+    assert row["d_ece"] == pytest.approx(detection_ece(p[b], z["correct"][b], 15), rel=1e-12)
+    assert row["brier"] == pytest.approx(np.mean((p[b] - z["correct"][b]) ** 2), rel=1e-12)
+    assert row["d_ece_interval"][0] <= row["d_ece_interval"][1]
+    html = (files / "r.html").read_text()
+    assert f"{row['d_ece']:.4f}" in html and repr(row["d_ece"]) not in html.split("title=")[0]
+    assert [v["pass"] for v in numbers["verdict"]] == [v["value"] <= 0.08 for v in numbers["verdict"]]
+
+
+def test_json_side_file_never_replaces_an_input(files, capsys):
+    """``-o c.html`` would put the side-file on the calibrator c.json: refused before any work."""
+    before = (files / "c.json").read_bytes()
+    assert main(["report", *_args(files, "-o", str(files / "c.html"))]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("confcal: error: --output (its JSON side-file):") and "--calibrator" in err
+    assert (files / "c.json").read_bytes() == before and not (files / "c.html").exists()
+
+
+@pytest.mark.parametrize("name", ["cost $5", "$x_1^2$", "a_b^c"])
+def test_mathtext_characters_in_a_domain_name_are_drawn_as_text(name):
+    """A '$' alone made matplotlib's mathtext parser raise; '$x_1^2$' was drawn as a formula."""
+    import matplotlib
+
+    from confcal.report import build_report
+
+    rng = np.random.default_rng(2)
+    s = rng.random(200)
+    y = (rng.random(200) < s).astype(int)
+    dom = np.where(np.arange(200) < 100, name, "plain")
+    with matplotlib.rc_context({"svg.fonttype": "none"}):  # text as <text>, so the literal can be found
+        page = build_report({"uncalibrated": s, "det-platt": s}, y, domains=dom, n_draws=2)
+    import html
+    import re
+
+    drawn = re.findall(r"<text[^>]*>([^<]*)</text>", page)  # the drawn texts (not the SVG's comments)
+    assert html.escape(f"domain {name}", quote=False) in drawn  # the chart title, literally

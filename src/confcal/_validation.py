@@ -228,6 +228,8 @@ def check_domains(domains, n_samples: int, *, name: str = "domains") -> np.ndarr
         d = d.astype(np.int64)
     if d.dtype == object:
         d = d.astype(str)
+    if d.dtype.kind not in "iuUSb":  # complex, datetime, void: no id a manifest could store and match
+        raise TypeError(f"{name}: expected str or int ids, got dtype {d.dtype}")
     return d
 
 

@@ -25,14 +25,14 @@ import numpy as np
 from confcal.sources import SOURCE_SUFFIXES, open_source, split_spec
 
 __all__ = ["load_array", "split_spec", "atomic_write", "check_output_path", "check_not_an_input", "guard_outputs",
-           "is_parquet_dataset", "save_array",
+           "is_parquet_dataset", "save_array", "check_finite_rows", "csv_cell", "neutralise_csv",
            "open_array_writer", "save_manifest", "load_manifest", "load_calibrator", "OUTPUT_SUFFIXES"]
 
 ARRAY_SUFFIXES = SOURCE_SUFFIXES
 OUTPUT_SUFFIXES = (".npy", ".npz", ".csv", ".parquet")
 
 
-def load_array(spec: str, *, name: str = "array", csv_header: str = "first") -> np.ndarray:
+def load_array(spec: str, *, name: str = "array", csv_header: str | None = None) -> np.ndarray:
     """Load one whole array from ``PATH`` or ``PATH:KEY`` (see :mod:`confcal.sources`).
 
     Raises ``FileNotFoundError`` for a missing file and ``ValueError`` for an
@@ -172,6 +172,7 @@ def save_array(path, array: np.ndarray, *, key: str = "probs") -> None:
         raise ValueError(f"output: unsupported file type {path.suffix.lower()!r} for {str(path)!r}; "
                          f"use {', '.join(OUTPUT_SUFFIXES)}")
     if array.ndim == 1 and path.suffix.lower() in (".npy", ".npz"):  # keep 1-D arrays 1-D
+        check_finite_rows(array, path=path)
         with atomic_write(path) as fh:
             if path.suffix.lower() == ".npy":
                 np.save(fh, array, allow_pickle=False)
@@ -181,6 +182,53 @@ def save_array(path, array: np.ndarray, *, key: str = "probs") -> None:
     arr2 = array.reshape(len(array), -1)
     with open_array_writer(path, arr2.shape[0], arr2.shape[1], dtype=array.dtype, key=key) as w:
         w.write(arr2)
+
+
+def check_finite_rows(batch: np.ndarray, *, first: int = 0, path=None) -> None:
+    """Refuse to write rows holding NaN or inf: ``ValueError`` naming the output, the first rows
+    (``first`` is the row number of ``batch[0]`` in the whole output) and how many there are.
+
+    Every array confcal writes passes here, so a calibrator that overflows on some inputs (e.g. a
+    bound-family map at logits near the float64 limit) ends in one line, with no file, instead of
+    all-NaN rows on disk."""
+    if batch.dtype.kind not in "fc" or batch.size == 0:
+        return
+    ok = np.isfinite(batch).reshape(batch.shape[0], -1).all(axis=1)
+    if ok.all():
+        return
+    bad = np.flatnonzero(~ok)
+    rows = ", ".join(str(first + int(i)) for i in bad[:5]) + (", ..." if bad.size > 5 else "")
+    raise ValueError(f"output: {bad.size} row(s) of the result are not finite (NaN/inf), rows {rows}; "
+                     f"nothing was written to {str(path)!r}. The calibrator cannot map these inputs (check "
+                     "them with 'confcal evaluate', or use another method)")
+
+
+#: first characters that make a spreadsheet run a text cell as a formula (OWASP's CSV-injection list)
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value):
+    """A CSV cell a spreadsheet will not run: text starting with ``=``, ``+``, ``-``, ``@``, tab or CR gets
+    a leading ``'``; numbers (also as text, e.g. ``-0.25`` or ``-inf``) are left as they are."""
+    if isinstance(value, str) and value[:1] in FORMULA_STARTS:
+        try:
+            float(value)
+            return value
+        except ValueError:
+            return "'" + value
+    return value
+
+
+def neutralise_csv(text: str) -> str:
+    """CSV text with every cell passed through :func:`csv_cell` (the one rule for every CSV confcal
+    writes: ``compare --csv``, ``domain-eval --csv``, ``rank``'s queue)."""
+    import io as _io
+
+    out = _io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    for row in csv.reader(_io.StringIO(text)):
+        w.writerow([csv_cell(c) for c in row])
+    return out.getvalue()
 
 
 def save_manifest(calibrator, path) -> None:
@@ -198,10 +246,20 @@ def load_manifest(path) -> dict:
     def refuse(const):
         raise ValueError(f"calibrator: {str(path)!r} holds {const}, which is not a finite number; the file is damaged")
 
+    if not path.is_file():
+        raise ValueError(f"calibrator: {str(path)!r} is not a regular file; expected a JSON manifest")
     try:
-        return json.loads(path.read_text(), parse_constant=refuse)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"calibrator: {str(path)!r} is not a JSON manifest ({exc})") from None
+        manifest = json.loads(path.read_text(encoding="utf-8"), parse_constant=refuse)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        # JSONDecodeError, an integer of thousands of digits, arrays nested past the recursion limit
+        if str(exc).startswith("calibrator:"):
+            raise
+        raise ValueError(f"calibrator: {str(path)!r} is not a JSON manifest ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+    if not isinstance(manifest, dict):
+        raise ValueError(f"calibrator: {str(path)!r} holds a JSON {type(manifest).__name__}, not a manifest "
+                         "(a JSON object written by 'confcal fit')")
+    return manifest
 
 
 def load_calibrator(manifest, *, n_classes: int | None = None):
@@ -258,6 +316,7 @@ class _Writer:
     def write(self, batch: np.ndarray) -> None:
         batch = np.ascontiguousarray(batch, dtype=self.dtype)
         first, n = self.next_row, batch.shape[0]
+        check_finite_rows(batch, first=first, path=self.path)
         if batch.shape[1:] != (self.n_cols,) or first + n > self.n_rows:
             raise ValueError(f"output: batch of shape {batch.shape} does not fit rows {first}.. of "
                              f"({self.n_rows}, {self.n_cols})")

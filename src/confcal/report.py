@@ -71,11 +71,14 @@ def reliability_svg(stages: dict, title: str) -> str:
             top.set_ylim(0, 1)
             g = stages[name]
             key = "d_ece" if "d_ece" in g else "ece"
-            top.set_title(f"{name}: {key.upper().replace('_', '-')} {100 * g[key]:.2f}%", fontsize=12)
+            # parse_math=False: a '$', '_' or '^' in a method or domain name is text, not mathtext
+            # (a lone '$' raised a parse error; '$x_1$' was drawn as a formula)
+            top.set_title(f"{name}: {key.upper().replace('_', '-')} {100 * g[key]:.2f}%", fontsize=12,
+                          parse_math=False)
             top.set_ylabel("observed frequency" if j == 0 else "")
             bottom.bar(lo, cnt / max(1.0, cnt.sum()), width=w, align="edge", color="#999", edgecolor="black", lw=0.5)
             bottom.set_xlabel("confidence")
-        fig.suptitle(title, fontsize=14)
+        fig.suptitle(title, fontsize=14, parse_math=False)
         fig.tight_layout()
         buf = io.StringIO()
         fig.savefig(buf, format="svg")
@@ -148,7 +151,7 @@ def _verdict_html(verdict: list[dict], stage: str) -> str:
 def build_report(stages: dict, labels, *, domains=None, manifest: dict | None = None, queue_csv=None,
                  queue_head: int = 20, n_bins: int = 15, n_draws: int = 200, max_ece: float | None = None,
                  title: str = "confcal calibration report", box_features: dict | None = None,
-                 verdict_out: list | None = None) -> str:
+                 verdict_out: list | None = None, numbers_out: dict | None = None) -> str:
     """The report as an HTML string.
 
     Parameters
@@ -158,10 +161,14 @@ def build_report(stages: dict, labels, *, domains=None, manifest: dict | None = 
     labels : int ``(n_samples,)``
     domains : ``(n_samples,)`` ids, optional (one diagram and table rows per domain)
     manifest : the calibrator's manifest dict, optional (its ``fit.provenance`` and fit record are shown)
-    queue_csv : path of a ``confcal rank`` queue, optional (its first ``queue_head`` rows are shown)
+    queue_csv : path of a ``confcal rank`` queue, or its rows as dicts, optional (the first ``queue_head``
+        rows are shown)
     n_draws : bootstrap resamples for the 95% intervals of ECE/D-ECE and Brier
     max_ece : optional limit; the page opens with pass / fail per group (:func:`report_verdict`)
     verdict_out : optional list, extended with that verdict
+    numbers_out : optional dict, filled with the page's numbers at full precision (the HTML rounds them):
+        ``verdict``, ``metrics`` (one row per stage and group, with the bootstrap intervals as
+        ``[lo, hi]``), ``n_bins``, ``n_draws``, ``max_ece`` and ``metric`` (the gated metric's name)
     box_features : ``{name: (n_boxes,) values}``, optional, box scores only: adds the geometry section
         (:func:`confcal.report_geometry.geometry_section`: heat map over ``cx, cy``, gap against the others)
 
@@ -183,7 +190,7 @@ def build_report(stages: dict, labels, *, domains=None, manifest: dict | None = 
         d = np.asarray(domains).astype(str)
         groups.update({str(g): np.flatnonzero(d == g) for g in np.unique(d)})
     e_fn = (lambda p, y: detection_ece(p, y, n_bins)) if binary else (lambda p, y: ece(p, y, n_bins=n_bins))
-    rows = []
+    rows, exact = [], []
     for stage, a in audits.items():
         p = np.asarray(stages[stage], dtype=np.float64)
         for g, idx in groups.items():
@@ -194,6 +201,12 @@ def build_report(stages: dict, labels, *, domains=None, manifest: dict | None = 
             rows.append({"stage": stage, "domain": g, "n": m["n"], acc: m[acc],
                          key: f"{m[key]:.4f} [{lo:.4f}, {hi:.4f}]" + (" (above limit)" if flag else ""),
                          "nll": m["nll"], "brier": f"{m['brier']:.4f} [{blo:.4f}, {bhi:.4f}]"})
+            exact.append({"stage": stage, "domain": g, "n": int(m["n"]), acc: float(m[acc]), key: float(m[key]),
+                          f"{key}_interval": [float(lo), float(hi)], "nll": float(m["nll"]),
+                          "brier": float(m["brier"]), "brier_interval": [float(blo), float(bhi)]})
+    if numbers_out is not None:
+        numbers_out.update({"metric": key, "max_ece": max_ece, "n_bins": int(n_bins), "n_draws": int(n_draws),
+                            "verdict": verdict, "metrics": exact})
     parts = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
              f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>",
              f"<p>{labels.shape[0]} {'boxes (box scores)' if binary else 'samples'}; {n_bins} equal-width bins; "
@@ -212,8 +225,11 @@ def build_report(stages: dict, labels, *, domains=None, manifest: dict | None = 
 
         parts.append(geometry_section(stages, labels, box_features))
     if queue_csv is not None:
-        with open(queue_csv, newline="") as fh:
-            q = list(csv.DictReader(fh))
+        if isinstance(queue_csv, list):  # rows already read (and checked) by the caller
+            q = queue_csv
+        else:
+            with open(queue_csv, newline="", encoding="utf-8-sig") as fh:
+                q = list(csv.DictReader(fh))
         parts.append(f"<h2>Annotation queue (first {min(queue_head, len(q))} of {len(q)} tiles)</h2>")
         parts.append(_table(q[:queue_head], list(q[0]) if q else []))
     if manifest is not None:

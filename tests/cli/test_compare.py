@@ -116,7 +116,7 @@ def test_failing_method_is_a_row_not_a_crash(data, capsys):
     (["--methods", "ts,nope"], "unknown method 'nope'"),
     (["--methods", " , "], "--methods: expected comma-separated"),
     (["--methods", "ts", "--test-logits", "x.npy"], "--test-logits, --test-labels"),
-    (["--methods", "ts", "--cal-size", 300], "cal_size"),
+    (["--methods", "ts", "--cal-size", 300], "--cal-size"),  # the library name cal_size, as the option
 ])
 def test_errors_are_one_line(data, capsys, extra, message):
     d, _, _ = data

@@ -128,3 +128,117 @@ def test_report_max_ece_out_of_range(tmp_path, capsys):
     assert main(["report", "--logits", f"{tmp_path}/m.npz:score", "--labels", f"{tmp_path}/m.npz:correct",
                  "--calibrator", str(tmp_path / "c.json"), "--max-ece", "-1", "-o", str(tmp_path / "r.html")]) == 2
     assert "--max-ece" in _one_line_error(capsys) and not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+@pytest.mark.parametrize("cmd", ["apply", "drift", "report", "rank"])
+def test_fifo_refused_for_every_input_kind(tmp_path, capsys, cmd):
+    """Tester man-fifo: a FIFO as --calibrator (a JSON reader, not the array reader) blocked forever; the
+    check now runs once for every input option before dispatch."""
+    fifo = tmp_path / "f.json"
+    os.mkfifo(fifo)
+    np.save(tmp_path / "z.npy", np.zeros((4, 3)))
+    np.save(tmp_path / "y.npy", np.zeros(4, dtype=int))
+    argv = {"apply": ["apply", "--calibrator", str(fifo), "--logits", str(tmp_path / "z.npy"), "-o",
+                      str(tmp_path / "p.npy")],
+            "drift": ["drift", "--calibrator", str(fifo), "--logits", str(tmp_path / "z.npy")],
+            "report": ["report", "--calibrator", str(tmp_path / "c.json"), "--logits", str(tmp_path / "z.npy"),
+                       "--labels", str(tmp_path / "y.npy"), "--queue", str(fifo), "-o", str(tmp_path / "r.html")],
+            "rank": ["rank", "--detections", str(fifo), "-o", str(tmp_path / "q.csv")]}[cmd]
+    done = []
+    t = threading.Thread(target=lambda: done.append(main(argv)), daemon=True)
+    t.start()
+    t.join(20)
+    if not done:  # unblock the reader so the thread ends, then fail
+        with open(fifo, "w") as fh:
+            fh.write("{}")
+        t.join(5)
+    assert done == [2]
+    err = _one_line_error(capsys)
+    assert "not a regular file" in err and str(fifo) in err
+
+
+@pytest.mark.parametrize("text, word", [("[" * 100000 + "]" * 100000, "RecursionError"),
+                                        ('{"method": "ts", "n_classes": ' + "9" * 5000 + "}", "ValueError")])
+def test_pathological_manifest_json_names_the_file(tmp_path, capsys, text, word):
+    """Tester man-deep-nest / man-huge-number: raw messages that named no file."""
+    (tmp_path / "bad.json").write_text(text)
+    np.save(tmp_path / "z.npy", np.zeros((4, 3)))
+    assert main(["apply", "--calibrator", str(tmp_path / "bad.json"), "--logits", str(tmp_path / "z.npy"), "-o",
+                 str(tmp_path / "p.npy")]) == 2
+    err = _one_line_error(capsys)
+    assert err.startswith("confcal: error: --calibrator: ") and "bad.json" in err and word in err
+    assert not (tmp_path / "p.npy").exists()
+
+
+def test_library_argument_names_become_options(tmp_path, capsys):
+    """Tester apply-det-2d (``scores:``) and fit-sample-rows-0 (``sample_rows:``): the one error path
+    speaks in options."""
+    from confcal.cli import build_parser
+    from confcal.cli._errors import one_line, options_of
+
+    parser = build_parser()
+    args = parser.parse_args(["fit", "--logits", "a.npy", "--labels", "b.npy", "--method", "ts", "-o", "c.json"])
+    opts = options_of(parser, args)
+    assert one_line(ValueError("sample_rows: expected a positive number of rows, got 0"), args, opts) == \
+        "--sample-rows: expected a positive number of rows, got 0"
+    assert one_line(ValueError("scores: det-platt takes 1-D box scores"), args, opts).startswith("--logits: ")
+    assert one_line(OSError(27, "File too large"), args, opts) == \
+        "--output: cannot write 'c.json': File too large (the file size limit, ulimit -f)"
+    assert one_line(KeyError('Field "logit_1" does not exist in schema'), args, opts).startswith(
+        'Field "logit_1" does not exist in schema (while reading --logits a.npy')
+    msg = one_line(MemoryError(), parser.parse_args(
+        ["fit", "--logits", "a.npy", "--labels", "b.npy", "--method", "histogram-binning", "--param",
+         "n_bins=1000000000000", "-o", "c.json"]), opts)
+    assert msg.startswith("out of memory") and "--param n_bins=1000000000000" in msg
+
+
+def test_tester_raw_messages_name_their_options(tmp_path, capsys):
+    """Tester dm-iou-*, rank-count-no-threshold, rank-quota-too-much, rank-bald-mc-nan, dm-bbox-nan,
+    dm-gt-list: the library's argument names come out as the options."""
+    from confcal.cli import build_parser
+    from confcal.cli._errors import one_line, options_of
+
+    parser = build_parser()
+    match = parser.parse_args(["detections", "match", "--gt", "g.json", "--detections", "d.json", "-o", "m.npz"])
+    rank = parser.parse_args(["rank", "--detections", "d.json", "--by", "bald", "--mc-scores", "mc.npy",
+                              "--per-domain-quota", "0.9", "-o", "q.csv"])
+    cases = [(match, "iou_threshold: expected a value in (0, 1], got 0.0", "--iou-threshold: "),
+             (match, "det_boxes: box 2 = [nan, 1.0, 2.0, 3.0] needs finite values", "--detections: "),
+             (match, "gt_boxes: box 0 = [nan, 0.0, 1.0, 1.0] needs finite values", "--gt: "),
+             (match, "gt: expected a COCO dict with 'images' and 'annotations', got list", "--gt: "),
+             (rank, "threshold: how='count' counts boxes with value >= threshold; give a threshold", "--threshold: "),
+             (rank, "quota: shares of the domains present sum to 2.7 > 1", "--per-domain-quota: "),
+             (rank, "mc_probs: expected finite probabilities, found NaN/inf in row 0", "--mc-scores: ")]
+    for args, raw, start in cases:
+        assert one_line(ValueError(raw), args, options_of(parser, args)).startswith(start), raw
+
+
+def test_a_corrupt_onnx_head_is_an_input_error(tmp_path, capsys):
+    """Tester exp-verify-garbage: protobuf's DecodeError went out as a traceback."""
+    pytest.importorskip("onnx")
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "z.npy", rng.normal(size=(100, 3)))
+    np.save(tmp_path / "y.npy", rng.integers(0, 3, 100))
+    assert main(["fit", "--logits", str(tmp_path / "z.npy"), "--labels", str(tmp_path / "y.npy"), "--method", "ts",
+                 "-q", "-o", str(tmp_path / "c.json")]) == 0
+    (tmp_path / "g.onnx").write_bytes(bytes(range(256)) * 8)
+    capsys.readouterr()
+    rc = main(["export", "--calibrator", str(tmp_path / "c.json"), "--format", "onnx", "-o", str(tmp_path / "x.onnx"),
+               "--verify", str(tmp_path / "g.onnx")])
+    err = _one_line_error(capsys)
+    assert rc == 2 and ("--verify" in err or "g.onnx" in err)
+
+
+def test_rank_threshold_without_count_is_refused(tmp_path, capsys):
+    """Tester rank-threshold-no-count: --threshold with another --aggregate was silently ignored."""
+    import json as _json
+
+    dets = [{"image_id": i, "category_id": 1, "bbox": [0, 0, 5, 5], "score": 0.2 + 0.1 * i} for i in range(5)]
+    (tmp_path / "d.json").write_text(_json.dumps(dets))
+    assert main(["rank", "--detections", str(tmp_path / "d.json"), "--threshold", "0.5", "-o",
+                 str(tmp_path / "q.csv")]) == 2
+    assert "--threshold: only with --aggregate count" in _one_line_error(capsys)
+    assert not (tmp_path / "q.csv").exists()
+    assert main(["rank", "--detections", str(tmp_path / "d.json"), "--threshold", "0.5", "--aggregate", "count",
+                 "-o", str(tmp_path / "q.csv")]) == 0

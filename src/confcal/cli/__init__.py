@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import re
 import signal
 import sys
 import warnings
@@ -16,8 +15,16 @@ from confcal import __version__
 SUBCOMMANDS = ["fit", "apply", "evaluate", "compare", "domain_eval", "demo", "detections", "rank", "drift", "report", "export"]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser with its errors on one line (the usage is one ``--help`` away), exit 2."""
+
+    def error(self, message):
+        self.exit(2, f"confcal: error: {self.prog.removeprefix('confcal ')}: {message} "
+                     f"(see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="confcal",
         description="Post-hoc confidence calibration of classifiers and object detectors.")
     parser.add_argument("--version", action="version", version=f"confcal {__version__}")
@@ -56,24 +63,6 @@ def install_signal_handlers():
 _PREVIOUS_HUP = [None]
 
 
-#: library argument names that are CLI options of the same meaning (``category_ids`` -> ``--category-ids``)
-_OPTION_NAMES = ("logits", "labels", "domains", "features", "category_ids", "box_format", "n_bins")
-
-
-def cli_message(msg: str, args) -> str:
-    """A library error in the CLI's words, for the options this subcommand has.
-
-    ``domains: ... pass domains= ...`` becomes ``--domains: ... pass --domains ...``."""
-    for name in _OPTION_NAMES:
-        if not hasattr(args, name):
-            continue
-        opt = "--" + name.replace("_", "-")
-        msg = re.sub(rf"^{name}:", f"{opt}:", msg)
-        msg = re.sub(rf"\b(?:pass |choose ){name}=?\s?", f"pass {opt} ", msg)
-        msg = re.sub(rf"\b{name}=\s*", opt + " ", msg)
-    return msg
-
-
 def main(argv=None) -> int:
     previous = install_signal_handlers()
     try:
@@ -105,8 +94,12 @@ def _main(argv=None) -> int:
     try:
         from confcal.cli._outputs import guard_command_outputs
 
+        from confcal.sources import csv_header_default
+
         guard_command_outputs(args)  # one output-path guard for every command, before any work
-        return int(args.func(args) or 0)
+        # one CSV header rule for every file the command reads (--csv-header), not per call site
+        with csv_header_default(getattr(args, "csv_header", None) or "first"):
+            return int(args.func(args) or 0)
     except BrokenPipeError:
         # `confcal fit ... | head`: the reader left; outputs were already written. Point stdout at
         # /dev/null so the interpreter's final flush does not fail again.
@@ -114,14 +107,27 @@ def _main(argv=None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (ValueError, TypeError, KeyError, OSError, RuntimeError, ImportError) as exc:
+    except (ValueError, TypeError, KeyError, OSError, RuntimeError, ImportError, MemoryError) as exc:
         # ImportError: a method whose optional extra is missing (the message names the extra)
         if args.debug:
             raise
-        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        msg = cli_message(msg, args)
-        print(f"confcal: error: {msg}", file=sys.stderr)
+        from confcal.cli._errors import one_line, options_of
+
+        # the one error path: the option (and file) named in the CLI's words, on one line
+        print(f"confcal: error: {one_line(exc, args, options_of(parser, args))}", file=sys.stderr)
         return 2
+    except Exception as exc:  # a defect of confcal, not of the input: one line, and how to see more
+        if args.debug:
+            raise
+        from confcal.cli._errors import is_input_error, one_line, options_of
+
+        if is_input_error(exc):  # a damaged file (corrupt ONNX, zip, zlib stream): the input's fault
+            print(f"confcal: error: {one_line(exc, args, options_of(parser, args))}", file=sys.stderr)
+            return 2
+
+        print(f"confcal: internal error: {type(exc).__name__}: {one_line(exc, args, options_of(parser, args))} "
+              "(a bug in confcal: rerun with --debug for the traceback and report it)", file=sys.stderr)
+        return 1
     finally:
         warnings.showwarning = old
 

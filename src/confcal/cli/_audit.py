@@ -19,17 +19,32 @@ from confcal.io import load_array, load_calibrator, load_manifest
 EXIT_ECE_EXCEEDED = 3
 
 
+def taken(cal, side: dict) -> dict:
+    """The side inputs ``cal`` takes: ``--domains`` may be given for the per-domain table only (a TS
+    manifest audited per domain), and is then not passed to the calibrator."""
+    takes = set(getattr(cal, "side_inputs", ())) | set(getattr(cal, "optional_side_inputs", ()))
+    # only the domains have a use without the calibrator (the table); any other side input it does not
+    # take is passed on, so it is refused in one line rather than silently ignored
+    return {k: v for k, v in side.items() if k in takes or k != "domains"}
+
+
 def box_score_predictions(args, cal, side):
     """``(stages, labels)`` for 1-D box scores: ``{"uncalibrated": clipped scores, method: p(TP)}``."""
     s = load_array(args.logits, name="logits").astype(np.float64)
+    if s.ndim == 2 and s.shape[1] == 1:  # a one-logit head
+        s = s[:, 0]
     y = load_array(args.labels, name="labels")
     if not np.all(np.isfinite(s)):
         raise ValueError("--logits: box scores must be finite")
-    n_out = int(np.count_nonzero((s < 0) | (s > 1)))
-    if n_out:
-        print(f"note: {n_out} of {s.size} box scores lie outside [0, 1]; the uncalibrated metrics use them "
-              "clipped to [0, 1]", file=sys.stderr)
-    stages = {"uncalibrated": np.clip(s, 0.0, 1.0)}
+    if getattr(args, "score_kind", "probs") == "logits":  # sigmoid logits: p = 1 / (1 + exp(-s))
+        # the 2-class softmax of [0, s]: stable at any finite s (no exp overflow)
+        stages = {"uncalibrated": softmax(np.stack([np.zeros_like(s), s], axis=1))[:, 1]}
+    else:
+        n_out = int(np.count_nonzero((s < 0) | (s > 1)))
+        if n_out:
+            print(f"note: {n_out} of {s.size} box scores lie outside [0, 1]; the uncalibrated metrics use them "
+                  "clipped to [0, 1] (for sigmoid logits pass --input-kind logits)", file=sys.stderr)
+        stages = {"uncalibrated": np.clip(s, 0.0, 1.0)}
     if cal is not None:
         if not getattr(cal, "takes_box_scores", False):
             raise ValueError(f"--calibrator: {cal.method} calibrates class vectors, but --logits holds 1-D box "
@@ -42,7 +57,7 @@ def box_score_predictions(args, cal, side):
 
             side = {**side, "features": read_box_features(args.logits, cal.feature_names_, option="--logits",
                                                           fitted=True)}
-        stages[cal.method] = cal.predict_proba(s, **side)[:, 1]
+        stages[cal.method] = cal.predict_proba(s, **taken(cal, side))[:, 1]
     return stages, y
 
 
@@ -107,9 +122,15 @@ def run_audit(args) -> int:
         raise ValueError(f"--max-ece: expected a number in [0, 1], got {args.max_ece!r}")
     side = load_side(args)
     manifest = load_manifest(args.calibrator) if args.calibrator else None
-    if getattr(args, "input_kind", None) is None:  # default: what the calibrator was fitted on
+    given = getattr(args, "input_kind", None)
+    if given is None:  # default: what the calibrator was fitted on
         args.input_kind = load_calibrator(manifest).input_kind if manifest else "logits"
-    if load_array(args.logits, name="logits").ndim == 1:  # box scores (n_boxes,) with 0/1 labels
+    raw = load_array(args.logits, name="logits")
+    if raw.ndim == 1 or (raw.ndim == 2 and raw.shape[1] == 1):
+        # 1-D box scores (probabilities of a true positive) with 0/1 labels; or a one-logit head (a binary
+        # sigmoid logit, (n,) with --input-kind logits or (n, 1)): its probability is sigmoid(logit)
+        one_logit = raw.ndim == 2
+        args.score_kind = "logits" if given == "logits" or (one_logit and given != "probs") else "probs"
         cal = load_calibrator(manifest) if manifest else None
         stages, y = box_score_predictions(args, cal, side)
         x = stages["uncalibrated"][:, None]
@@ -120,8 +141,7 @@ def run_audit(args) -> int:
         if manifest:
             cal = load_calibrator(manifest, n_classes=x.shape[1])
             cal.set_params(input_kind="logits")  # x holds validated logits (log-probabilities for probs)
-            takes = set(cal.side_inputs) | set(cal.optional_side_inputs)  # --domains may be for the table only
-            stages[cal.method] = cal.predict_proba(x, **{k: v for k, v in side.items() if k in takes})
+            stages[cal.method] = cal.predict_proba(x, **taken(cal, side))
     if cal is not None:
         record = getattr(cal, "fit_record_", None) or {}
         if record.get("data_sha256") == _sha256(x if x.shape[1] > 1 else load_array(args.logits, name="logits"),

@@ -33,9 +33,7 @@ def add_logits_args(p, *, labels: bool, side: bool = True, labels_required: bool
     again = "; repeat to concatenate several files" if repeatable else ""
     p.add_argument("--logits", required=True, metavar="SPEC",
                    help=f"logits (n_samples, n_classes): {SPEC_HELP}{again}", **rep)
-    p.add_argument("--csv-header", choices=CSV_HEADERS, default="first",
-                   help="CSV inputs: 'first' (default) = the first row names the columns; 'none' = no header "
-                        "(a first row of numbers is refused unless you say so)")
+    add_csv_header_arg(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars (they show only on a terminal)")
     p.add_argument("--input-kind", choices=["logits", "probs"], default=None,
                    help="'probs' if the file holds probabilities (their log is used as logits); default "
@@ -47,6 +45,13 @@ def add_logits_args(p, *, labels: bool, side: bool = True, labels_required: bool
         p.add_argument("--domains", metavar="SPEC", help=f"domain/sensor ids (n_samples,): {SPEC_HELP}", **rep)
         p.add_argument("--features", metavar="SPEC", help=f"features (n_samples, n_features): {SPEC_HELP}",
                        **rep)
+
+
+def add_csv_header_arg(p):
+    """``--csv-header``: every command that reads array specs takes it (one rule for all its CSV inputs)."""
+    p.add_argument("--csv-header", choices=CSV_HEADERS, default="first",
+                   help="CSV inputs: 'first' (default) = the first row names the columns; 'none' = no header "
+                        "(a first row of numbers is refused unless you say so)")
 
 
 def load_repeated(args, name: str, what: str | None = None):
@@ -67,6 +72,26 @@ def load_repeated(args, name: str, what: str | None = None):
         raise ValueError(f"--{name.replace('_', '-')}: the files have different row shapes "
                          f"{[a.shape[1:] for a in arrays]}; they cannot be concatenated")
     return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+
+def read_json(path, option: str):
+    """The JSON document in ``path``; ``ValueError`` naming ``option`` and the file when it is missing,
+    a folder, not UTF-8 or not JSON (NaN/Infinity refused too)."""
+    import os
+
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{option}: no such file {str(path)!r}")
+    if not os.path.isfile(path):
+        raise ValueError(f"{option}: {str(path)!r} is not a regular file; expected a JSON file")
+
+    def refuse(const):
+        raise ValueError(f"{const} is not a JSON number")
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh, parse_constant=refuse)
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise ValueError(f"{option}: {str(path)!r} is not a JSON file ({str(exc).splitlines()[0]})") from None
 
 
 def progress_of(args):
@@ -151,7 +176,7 @@ def load_logits_labels(args):
 _BOOL_WORDS = {"true": True, "false": False, "1": True, "0": False}
 
 
-def parse_params(items, method: str | None = None) -> dict:
+def parse_params(items, method: str | None = None, *, option: str = "--param") -> dict:
     """``["t_min=0.05", "n_clusters=8"]`` -> ``{"t_min": 0.05, "n_clusters": 8}`` (JSON values, else str).
 
     With ``method``, its boolean hyper-parameters also take True/False/true/false/1/0; other
@@ -161,7 +186,7 @@ def parse_params(items, method: str | None = None) -> dict:
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"--param: expected KEY=VALUE, got {item!r}")
+            raise ValueError(f"{option}: expected KEY=VALUE, got {item!r}")
         if key in flags and value.strip().lower() in _BOOL_WORDS:
             out[key] = _BOOL_WORDS[value.strip().lower()]
             continue

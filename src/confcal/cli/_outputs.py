@@ -6,7 +6,7 @@ from __future__ import annotations
 #: options (argparse dests) naming files a command reads
 INPUT_DESTS = ("logits", "labels", "domains", "features", "category_ids", "calibrator", "queue", "gt",
                "detections", "domain_map", "mc_scores", "test_logits", "test_labels", "test_features",
-               "test_domains")
+               "test_domains", "verify")
 #: options naming files a command writes
 OUTPUT_DESTS = ("output", "csv", "holdout_output")
 
@@ -26,6 +26,25 @@ def command_inputs(args) -> dict:
     return inputs
 
 
+def check_regular_inputs(args) -> None:
+    """Refuse, naming the option, an input path that exists but is neither a regular file nor a folder
+    (a FIFO would block the read forever, ``/dev/zero`` would fill the memory), whatever reader the
+    command uses for it (arrays, manifests, COCO JSON, queue CSV)."""
+    import os
+
+    from confcal.sources import split_spec
+
+    for opt, specs in command_inputs(args).items():
+        for spec in [specs] if isinstance(specs, str) else specs:
+            text = str(spec)
+            if "://" in text:
+                continue
+            path = str(split_spec(text)[0])
+            if os.path.exists(path) and not (os.path.isfile(path) or os.path.isdir(path)):
+                raise ValueError(f"{opt}: {path!r} is not a regular file (a pipe, device or socket); save the "
+                                 "data to a file first")
+
+
 def guard_command_outputs(args) -> None:
     """Refuse a numeric option outside its cap (:mod:`confcal.cli._caps`), an output that is, contains
     or lies inside an input, two outputs on one path, or an existing folder that is not a dataset of
@@ -34,6 +53,7 @@ def guard_command_outputs(args) -> None:
     from confcal.io import guard_outputs
 
     check_caps(args)  # numeric options inside their documented caps, before any work
+    check_regular_inputs(args)  # only regular files (and dataset folders) are read: no FIFO, device, socket
     outputs = {_option(d): getattr(args, d) for d in OUTPUT_DESTS
                if isinstance(getattr(args, d, None), str) and getattr(args, d)}
     if not outputs:

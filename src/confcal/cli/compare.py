@@ -50,6 +50,10 @@ def run(args) -> int:
     from confcal.evaluation.compare import compare_methods
     from confcal.io import atomic_write, load_array
 
+    from confcal.io import check_output_path
+
+    if args.csv:  # before any work: a missing folder is said at once, not after the fits
+        check_output_path(args.csv, name="--csv")
     if (args.test_logits is None) != (args.test_labels is None):
         raise ValueError("--test-logits, --test-labels: give both for a fixed test set, or neither")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -82,8 +86,10 @@ def run(args) -> int:
         print(result.to_json(indent=2))
         return 0
     if args.csv:
+        from confcal.io import neutralise_csv
+
         with atomic_write(args.csv, "w") as fh:
-            fh.write(result.to_csv())
+            fh.write(neutralise_csv(result.to_csv()))  # method names are typed by the user
     print(result.to_text())
     if args.csv:
         print(f"summary -> {args.csv}")

@@ -71,8 +71,9 @@ def parse_image_size(text):
 def load_domain_map(path):
     if path is None:
         return None
-    with open(path) as fh:
-        d = json.load(fh)
+    from confcal.cli._common import read_json
+
+    d = read_json(path, "--domain-map")
     if not isinstance(d, dict):
         raise ValueError(f"--domain-map: expected a JSON object {{image_id: domain}}, got {type(d).__name__}")
     return d
@@ -127,6 +128,11 @@ def run_match(args) -> int:
             raise ValueError(f"--holdout: expected a fraction in (0, 1), got {args.holdout!r}")
         if not str(args.holdout_output).lower().endswith(".npz"):
             raise ValueError(f"--holdout-output: expected a .npz path, got {args.holdout_output!r}")
+    from confcal.io import check_output_path
+
+    check_output_path(args.output, name="--output")  # both outputs writable before any work
+    if args.holdout_output is not None:
+        check_output_path(args.holdout_output, name="--holdout-output")
     size = parse_image_size(args.image_size)
     geo = {"geometry": "auto" if size is None else True, "image_size": size}
     if names:
@@ -152,9 +158,11 @@ def run_match(args) -> int:
         outputs = [(args.output, cal_part), (args.holdout_output, test_part)]
         print(f"held out {int(test.sum())} of {len(res)} detections ({args.holdout:g} of the "
               f"{'images' if args.holdout_by == 'image' else 'boxes'} of each domain) -> {args.holdout_output}")
-    for path, part in outputs:
-        with atomic_write(path) as fh:
-            np.savez(fh, **part.to_arrays())
+    import contextlib
+
+    with contextlib.ExitStack() as stack:  # both files or neither: a failed second write removes the first
+        for path, part in outputs:
+            np.savez(stack.enter_context(atomic_write(path)), **part.to_arrays())
     print(f"matched {len(res)} detections at IoU >= {args.iou_threshold:g} (crowd rule {args.crowd!r}, "
           f"{n_ignored} on crowd regions {'dropped' if args.drop_ignored else 'flagged ignore'}) -> {args.output}")
     print("box geometry features: " + (", ".join(res.geometry) if res.geometry else

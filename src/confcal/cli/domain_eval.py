@@ -55,6 +55,9 @@ def register(sub):
     p.add_argument("--seeds", type=int, nargs="+", metavar="SEED",
                    help="run the protocol once per seed (overrides --seed); the tables are per seed")
     p.add_argument("--csv", metavar="PATH", help="also write one row per (split, method) as CSV (atomically)")
+    from confcal.cli._common import add_csv_header_arg
+
+    add_csv_header_arg(p)  # for --domain files given as headed CSV (their --keys are columns)
     p.set_defaults(func=run)
 
 
@@ -113,8 +116,16 @@ def run(args) -> int:
         split_table,
         target_summary_table,
     )
-    from confcal.io import atomic_write
+    from confcal.io import atomic_write, check_output_path, neutralise_csv
 
+    for name in ("draws", "n_samples", "n_bins"):  # before any fit: said at once, not after minutes
+        v = getattr(args, name)
+        if v < 1:
+            raise ValueError(f"--{name.replace('_', '-')}: expected a positive integer, got {v}")
+    if not 0.0 < args.oracle_fraction < 1.0:  # also refuses nan
+        raise ValueError(f"--oracle-fraction: expected a fraction in (0, 1), got {args.oracle_fraction!r}")
+    if args.csv:  # before any work: a missing folder is said at once, not after the bootstrap
+        check_output_path(args.csv, name="--csv")
     data = _load_domains(args.domain, args.keys)
     splits = splits_for(list(data), args.source, args.target, args.n_calibration)
     for name in sorted({c for s in splits for c in s.calibration}):
@@ -123,16 +134,23 @@ def run(args) -> int:
                           "statistics (feature mean, fitted temperature) are noise; give it more rows or leave it "
                           "out", UserWarning, stacklevel=2)
     seeds = list(dict.fromkeys(args.seeds)) if args.seeds else [args.seed]
-    cluster_params, gate_params = parse_params(args.param), parse_params(args.gate_param)
+    cluster_params, gate_params = parse_params(args.param), parse_params(args.gate_param, option="--gate-param")
     results = []
     for seed in seeds:
         for split in splits:
-            results.append(evaluate_split(
-                data[split.source], {c: data[c] for c in split.calibration}, data[split.target], split=split,
-                n_draws=args.draws, n_samples=args.n_samples, n_bins=args.n_bins,
-                oracle_fraction=args.oracle_fraction, random_state=seed, domain_weighting=args.domain_weighting,
-                cluster_params=cluster_params, gate_params=gate_params,
-                tag=f"seed {seed}" if len(seeds) > 1 else ""))
+            try:
+                results.append(evaluate_split(
+                    data[split.source], {c: data[c] for c in split.calibration}, data[split.target], split=split,
+                    n_draws=args.draws, n_samples=args.n_samples, n_bins=args.n_bins,
+                    oracle_fraction=args.oracle_fraction, random_state=seed, domain_weighting=args.domain_weighting,
+                    cluster_params=cluster_params, gate_params=gate_params,
+                    tag=f"seed {seed}" if len(seeds) > 1 else ""))
+            except ValueError as exc:  # name the domain (and so its file) the library's role word means
+                role, sep, rest = str(exc).partition(": ")
+                domain = {"target": split.target, "source": split.source}.get(role)
+                if not sep or domain is None:
+                    raise
+                raise ValueError(f"--domain {domain} ({role}): {rest}") from None
     print(f"ECE in % (bootstrap mean ± std over {args.draws} draws of min({args.n_samples}, n) target samples); "
           "IR = improvement ratio, eq. 19 (n/a where the oracle is no better than source-only)\n")
     print("per split:")
@@ -143,6 +161,6 @@ def run(args) -> int:
     print(method_summary_table(results))
     if args.csv:
         with atomic_write(args.csv, "w") as fh:
-            fh.write(rows_to_csv(results_to_rows(results)))
+            fh.write(neutralise_csv(rows_to_csv(results_to_rows(results))))  # domain names are the user's
         print(f"\nrows -> {args.csv}")
     return 0

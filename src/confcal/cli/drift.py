@@ -26,6 +26,9 @@ def register(sub):
     p.add_argument("--input-kind", choices=["logits", "probs"],
                    help="'probs' if the file holds probabilities (default: what the calibrator was fitted on)")
     p.add_argument("--domains", metavar="SPEC", help="domain/sensor ids of the new data (n_samples,)")
+    from confcal.cli._common import add_csv_header_arg
+
+    add_csv_header_arg(p)
     p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
                    help=f"family-wise false-alarm level (default {DEFAULT_ALPHA:g})")
     p.add_argument("--fail-on-drift", action="store_true", help=f"exit {EXIT_DRIFT} when drift is flagged")

@@ -55,7 +55,9 @@ def run(args) -> int:
     from confcal.evaluation.streamed import evaluate_sources
     from confcal.io import load_calibrator
 
-    if args.max_ece is not None or args.domains or source(args, "logits").ndim == 1:
+    xs0 = source(args, "logits")
+    if args.max_ece is not None or args.domains or xs0.ndim == 1 or (xs0.ndim == 2 and xs0.shape[1] == 1):
+        # (a one-logit head, (n, 1), is a binary sigmoid logit: the audit's 1-D path)
         # the audit (box scores, per-domain table, --max-ece gate) holds the data in memory
         return _audit.run_audit(args)
     if args.input_kind is None:  # default: the calibrator's (its manifest), else logits

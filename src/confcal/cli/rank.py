@@ -54,6 +54,9 @@ def register(sub):
     p.add_argument("--domain-map", help="JSON file {image_id: domain}")
     p.add_argument("--mc-scores", metavar="SPEC",
                    help="with --by bald: Monte-Carlo box scores (n_samples_mc, n_boxes), file order")
+    from confcal.cli._common import add_csv_header_arg
+
+    add_csv_header_arg(p)  # for --mc-scores
     p.add_argument("-o", "--output", required=True, help="queue CSV")
     p.set_defaults(func=run)
 
@@ -154,11 +157,11 @@ def _tile_boxes(tiles, u, probs, det_ids, cut):
 
 
 def _cell(value):
-    """A text cell a spreadsheet would run as a formula (``=``, ``+``, ``-``, ``@``, tab, CR first)
-    gets a leading ``'`` (OWASP's CSV-injection rule); numbers are written as they are."""
-    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
-        return "'" + value
-    return value
+    """A text cell a spreadsheet would run as a formula gets a leading ``'`` (:func:`confcal.io.csv_cell`,
+    the one rule of every CSV confcal writes); numbers are written as they are."""
+    from confcal.io import csv_cell
+
+    return csv_cell(value)
 
 
 def run(args) -> int:
@@ -172,6 +175,9 @@ def run(args) -> int:
         v = getattr(args, name)
         if v is not None and not math.isfinite(v):
             raise ValueError(f"--{name.replace('_', '-')}: expected a finite number, got {v!r}")
+    if args.threshold is not None and args.aggregate != "count":  # it would be silently ignored
+        raise ValueError(f"--threshold: only with --aggregate count (it counts boxes whose uncertainty is >= "
+                         f"the threshold), not with --aggregate {args.aggregate}")
     if args.tie_tolerance < 0:
         raise ValueError(f"--tie-tolerance: expected a value >= 0, got {args.tie_tolerance!r}")
     check_output_path(args.output, suffixes=(".csv",), name="--output")
@@ -183,7 +189,10 @@ def run(args) -> int:
         raise ValueError("--per-domain-quota: no domains found; give --gt with --domain-key, or --domain-map")
     quota = None
     if args.per_domain_quota is not None:
-        quota = "equal" if args.per_domain_quota == "equal" else float(args.per_domain_quota)
+        try:
+            quota = "equal" if args.per_domain_quota == "equal" else float(args.per_domain_quota)
+        except ValueError:
+            quota = math.nan
         if quota != "equal" and not (0 < quota <= 1 and math.isfinite(quota)):
             raise ValueError(f"--per-domain-quota: expected a share in (0, 1], got {args.per_domain_quota!r}")
 
@@ -214,6 +223,11 @@ def run(args) -> int:
         raw = load_array(args.mc_scores, name="mc_scores")
         if raw.ndim != 2 or raw.shape[1] != scores.size:
             raise ValueError(f"--mc-scores: expected shape (n_samples_mc, {scores.size}), got {raw.shape}")
+        if raw.dtype.kind not in "fiu" or not np.all(np.isfinite(raw)):
+            bad = "not numbers" if raw.dtype.kind not in "fiu" else \
+                f"not finite at {tuple(int(v) for v in np.argwhere(~np.isfinite(raw))[0])}"
+            raise ValueError(f"--mc-scores: {args.mc_scores} holds scores that are {bad}; expected finite box "
+                             f"scores (dtype {raw.dtype})")
         mc = np.stack([calibrate(row) for row in raw])
     queue = rank_tiles(probs if args.by != "bald" else None, tiles, by=args.by, aggregate=args.aggregate,
                        domains=domains, quota=quota, threshold=args.threshold, mc_probs=mc,

@@ -21,7 +21,9 @@ def register(sub):
     p.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples for the intervals (default 200)")
     p.add_argument("--max-ece", type=float, metavar="X", help="the page opens with pass/fail per group against X (calibrated ECE; D-ECE for box "
                         "scores); exit 3 when any fails, as evaluate")
-    p.add_argument("-o", "--output", required=True, help="output .html")
+    p.add_argument("-o", "--output", required=True,
+                   help="output .html; the numbers at full precision go beside it as the JSON side-file "
+                        "(same name, .json)")
     from confcal.cli._boxfeatures import add_box_features_arg
 
     add_box_features_arg(p, what="for box scores: adds the gap heat map over cx, cy and the gap against the "
@@ -44,10 +46,18 @@ def run(args) -> int:
     from confcal.report import build_report
 
     check_output_path(args.output, suffixes=(".html", ".htm"), name="--output")
+    from pathlib import Path
+
+    from confcal.cli._outputs import command_inputs
+    from confcal.io import guard_outputs
+
+    side_file = str(Path(args.output).with_suffix(".json"))  # the HTML rounds; this file does not
+    guard_outputs({"--output": args.output, "--output (its JSON side-file)": side_file}, command_inputs(args))
     if args.max_ece is not None and not 0.0 <= args.max_ece <= 1.0:  # also refuses nan, as evaluate does
         raise ValueError(f"--max-ece: expected a number in [0, 1], got {args.max_ece!r}")
     if args.bootstrap < 1:
         raise ValueError(f"--bootstrap: expected a positive number of resamples, got {args.bootstrap}")
+    queue = read_queue(args.queue) if args.queue else None
     from confcal.cli import _multilabel
 
     inputs = _multilabel.multilabel_inputs(args, calibrator_path=args.calibrator)
@@ -66,14 +76,23 @@ def run(args) -> int:
         x, y = load_logits_labels(args)
         cal = load_calibrator(manifest, n_classes=x.shape[1])
         cal.set_params(input_kind="logits")  # x holds validated logits (log-probabilities for probs)
-        stages = {"uncalibrated": softmax(x), cal.method: cal.predict_proba(x, **side)}
-    verdict = []
+        stages = {"uncalibrated": softmax(x), cal.method: cal.predict_proba(x, **_audit.taken(cal, side))}
+    verdict, numbers = [], {}
     text = build_report(stages, np.asarray(y), domains=side.get("domains"), manifest=manifest,
-                        queue_csv=args.queue, n_bins=args.n_bins, n_draws=args.bootstrap, max_ece=args.max_ece,
-                        box_features=geo, verdict_out=verdict)
-    with atomic_write(args.output, "w") as fh:
-        fh.write(text)
-    print(f"wrote report ({len(text) // 1024} KiB, {text.count('<svg')} charts) -> {args.output}")
+                        queue_csv=queue, n_bins=args.n_bins, n_draws=args.bootstrap, max_ece=args.max_ece,
+                        box_features=geo, verdict_out=verdict, numbers_out=numbers)
+    import contextlib
+    import json
+
+    from confcal.cli._provenance import file_sha256
+
+    numbers["calibrator_sha256"] = file_sha256(args.calibrator)
+    with contextlib.ExitStack() as stack:  # both files or neither
+        stack.enter_context(atomic_write(side_file, "w")).write(json.dumps(numbers, indent=2, allow_nan=False)
+                                                                 + "\n")
+        stack.enter_context(atomic_write(args.output, "w")).write(text)
+    print(f"wrote report ({len(text) // 1024} KiB, {text.count('<svg')} charts) -> {args.output} "
+          f"(numbers: {side_file})")
     failed = [v for v in verdict if not v["pass"]]
     if failed:  # the same exit status as `confcal evaluate --max-ece`
         print(f"confcal: {failed[0]['metric']} above --max-ece {args.max_ece:g}: "
@@ -91,3 +110,27 @@ def _box_features(args, cal):
         return None
     f = read_box_features(args.logits, names)
     return {k: f[:, j] for j, k in enumerate(names)}
+
+
+def read_queue(path) -> list[dict]:
+    """The rows of a ``confcal rank`` queue CSV; ``ValueError`` naming ``--queue`` and the file when it
+    is not one (empty, not UTF-8 text, or without the queue's ``rank`` and ``image_id`` columns)."""
+    import csv
+    import os
+
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"--queue: no such file {str(path)!r}")
+    if not os.path.isfile(path):
+        raise ValueError(f"--queue: {str(path)!r} is not a regular file; expected the CSV of 'confcal rank'")
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            reader = csv.DictReader(fh)
+            rows = list(reader)
+            columns = reader.fieldnames or []
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise ValueError(f"--queue: {str(path)!r} is not a CSV text file ({exc})") from None
+    missing = [c for c in ("rank", "image_id") if c not in columns]
+    if missing:
+        raise ValueError(f"--queue: {str(path)!r} is not a queue written by 'confcal rank' (no column "
+                         f"{', '.join(map(repr, missing))}; it has {columns[:8]})")
+    return rows

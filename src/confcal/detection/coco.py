@@ -21,8 +21,10 @@ def _read_json(src, name: str):
         try:
             with open(src) as fh:
                 return json.load(fh)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ValueError(f"{name}: {src} is not valid JSON ({exc})") from None
+        except IsADirectoryError:
+            raise ValueError(f"{name}: {src} is a folder, expected a JSON file") from None
     return src
 
 

@@ -18,6 +18,8 @@ Specs are ``PATH`` or ``PATH:KEY``:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 from pathlib import Path
 
@@ -35,7 +37,7 @@ from confcal.sources.csv import CSV_HEADERS, CsvSource
 
 __all__ = ["Source", "ArraySource", "NpySource", "NpzSource", "ArrowSource", "CsvSource", "open_source",
            "split_spec", "iter_aligned", "check_aligned", "batch_rows_for", "DEFAULT_BATCH_BYTES",
-           "SOURCE_SUFFIXES", "CSV_HEADERS", "order_column_group"]
+           "SOURCE_SUFFIXES", "CSV_HEADERS", "order_column_group", "csv_header_default"]
 
 SOURCE_SUFFIXES = (".npy", ".npz", ".pt", ".pth", ".csv") + ARROW_SUFFIXES
 
@@ -51,10 +53,28 @@ def split_spec(spec) -> tuple[Path, str | None]:
     return Path(spec), None
 
 
-def open_source(spec, *, name: str = "array", csv_header: str = "first") -> Source:
+#: the CSV header rule of specs opened without an explicit ``csv_header`` (the command line's --csv-header)
+_CSV_HEADER = contextvars.ContextVar("confcal_csv_header", default="first")
+
+
+@contextlib.contextmanager
+def csv_header_default(header: str):
+    """Within the block, CSV specs opened without ``csv_header=`` use ``header`` (``"first"`` or
+    ``"none"``): one setting for every file a command reads (``confcal ... --csv-header none``)."""
+    if header not in CSV_HEADERS:
+        raise ValueError(f"csv_header: expected one of {CSV_HEADERS}, got {header!r}")
+    token = _CSV_HEADER.set(header)
+    try:
+        yield
+    finally:
+        _CSV_HEADER.reset(token)
+
+
+def open_source(spec, *, name: str = "array", csv_header: str | None = None) -> Source:
     """A :class:`Source` for an array (numpy, torch, list), an existing source, or a spec string.
 
-    Raises ``FileNotFoundError`` for a missing file and ``ValueError`` for an
+    ``csv_header`` (``"first"`` or ``"none"``) defaults to the one set by :func:`csv_header_default`
+    (``"first"`` outside it). Raises ``FileNotFoundError`` for a missing file and ``ValueError`` for an
     unknown file type, a missing key/column, an object array, or unreadable data;
     every message names ``name`` (the argument) and the file.
 
@@ -78,6 +98,7 @@ def open_source(spec, *, name: str = "array", csv_header: str = "first") -> Sour
         raise ValueError(f"{name}: {str(path)!r} is not a regular file (a pipe, device or socket); "
                          "save the data to a file first")
     suffix = "" if path.is_dir() else path.suffix.lower()
+    csv_header = csv_header or _CSV_HEADER.get()
     try:
         return _open(path, key, suffix, name, csv_header)
     except (ValueError, FileNotFoundError, TypeError) as exc:

@@ -52,7 +52,16 @@ class Source(abc.ABC):
         start = max(0, int(start))
         if stop <= start:
             return np.empty((0, *self.row_shape), dtype=self.dtype)
-        out = self._read(start, stop)
+        try:
+            out = self._read(start, stop)
+        except (MemoryError, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # a corrupt member, a schema that changed between files, ...: name the input
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            if text.startswith(f"{self.name}:"):
+                raise
+            raise ValueError(f"{self.name}: could not read rows {start}..{stop} of {self.label} "
+                             f"({type(exc).__name__}: {text.strip(chr(39))})") from None
         if out.dtype.byteorder not in "=|" and out.dtype.byteorder != np.dtype(out.dtype.type).byteorder:
             # a big-endian .npy on a little-endian machine (or the reverse): native rows for torch/numba
             out = out.astype(out.dtype.newbyteorder("="))

@@ -11,6 +11,7 @@ as float64, the rest as strings.
 from __future__ import annotations
 
 import csv as _csv
+import fnmatch
 from pathlib import Path
 
 import numpy as np
@@ -75,7 +76,8 @@ def _column_array(values: list[str], col: str, path, name: str, first_line: int)
 
 
 class CsvSource(Source):
-    """One column (``(n,)``), a comma-separated list of columns, or all columns (``(n, k)``) of a CSV file.
+    """One column (``(n,)``), a comma-separated list or a glob (``logit_*``) of columns, or all columns
+    (``(n, k)``) of a CSV file.
 
     Without ``columns`` a one-column file gives ``(n,)`` (labels, domain ids) and a
     wider file ``(n, k)`` (logits).
@@ -85,17 +87,28 @@ class CsvSource(Source):
         self.path, self.spec, self.header, self.name = Path(path), columns, header, name
         self.label = f"{path}:{columns}" if columns else str(path)
         head, body = read_csv_columns(self.path, header=header, name=name)
-        cols = head if columns is None else columns.split(",")
+        glob = columns is not None and columns not in head and any(ch in columns for ch in "*?[")
+        if glob:  # logit_*: the matching columns, in class order (numeric suffix), as the Parquet reader
+            cols = [c for c in head if fnmatch.fnmatchcase(c, columns)]
+            if not cols:
+                raise ValueError(f"{name}: no column of {path} matches {columns!r}; columns are {head}")
+            cols = order_column_group(cols, spec=columns, name=name, where=str(path))
+        else:
+            cols = head if columns is None else columns.split(",")
         missing = [c for c in cols if c not in head]
         if missing:
             raise ValueError(f"{name}: {path} has no column(s) {missing}; columns are {head}")
-        if columns is not None:  # a column group in class order (numeric suffix), as every reader does
+        if columns is not None and not glob:  # a column group in class order (numeric suffix), as every reader does
             cols = order_column_group(cols, spec=columns, name=name, where=str(path), explicit=True)
+        if glob and len(cols) == 1:
+            arrays_2d = True
+        else:
+            arrays_2d = False
         self.columns = cols
         first_line = 2 if header == "first" else 1
         arrays = [_column_array([r[head.index(c)] for r in body], c, path, name, first_line) for c in cols]
         if len(arrays) == 1:
-            arr = arrays[0]
+            arr = arrays[0][:, None] if arrays_2d else arrays[0]  # a group stays (n, k), k = 1 included
         else:
             kinds = {a.dtype.kind for a in arrays}
             if "U" in kinds and kinds != {"U"}:
