@@ -43,7 +43,8 @@ def test_det_platt_negated_slope_refused_unless_not_increasing():
 
 
 @pytest.mark.parametrize("damage", [{"n": 0}, {"n": 1e300}, {"confidence_quantiles": "x"},
-                                    {"confidence_quantiles": []}, {"class_frequencies": None}])
+                                    {"confidence_quantiles": []}, {"class_frequencies": None},
+                                    {"confidence_quantiles": [0.9, 0.5, 0.7]}])
 def test_damaged_fit_record_never_blocks_apply(tmp_path, damage, capsys):
     rng = np.random.default_rng(2)
     np.save(tmp_path / "z.npy", rng.normal(size=(300, 3)) * 3)

@@ -562,7 +562,20 @@ class _NonEmpty(Spec):
         return value
 
 
-_QUANTILES = _NonEmpty(Real())
+class _Sorted(_NonEmpty):
+    """A non-empty, non-decreasing list of ``item``: quantiles out of order describe no distribution, and the
+    KS test of drift would read them as one without a word."""
+
+    def check(self, value, path, ctx):
+        super().check(value, path, ctx)
+        bad = next((i for i in range(1, len(value)) if value[i] < value[i - 1]), None)
+        if bad is not None:
+            ctx.fail(f"{path}[{bad}]", f"quantiles in non-decreasing order (>= {value[bad - 1]!r}, the entry before)",
+                     got=repr(value[bad]))
+        return value
+
+
+_QUANTILES = _Sorted(Real())
 #: ``fit.data_summary`` (confcal.metrics.drift.data_summary), as drift and apply read it
 DATA_SUMMARY = Fields({
     "statistic": Choice("ks_top_confidence"),
