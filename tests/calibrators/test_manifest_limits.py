@@ -63,3 +63,14 @@ def test_damaged_fit_record_never_blocks_apply(tmp_path, damage, capsys):
     code = main(["drift", "--calibrator", f"{tmp_path}/c.json", "--logits", f"{tmp_path}/z.npy"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.startswith("confcal: error:") and "\n" not in err and "data_summary" in err
+
+
+@pytest.mark.parametrize("method", ["histogram-binning", "histogram-binning-top", "scaling-binning"])
+def test_binning_n_bins_has_a_cap(method):
+    """``--param n_bins=1e12`` ran out of memory allocating the bins; the cap is the metrics' own limit."""
+    from confcal.calibrators import METHODS
+
+    z = np.random.default_rng(0).normal(size=(60, 3))
+    with pytest.raises(ValueError, match=r"n_bins: expected an integer >= 1 and <= 100000, got 1000000000000"):
+        METHODS[method](n_bins=10 ** 12).fit(z, z.argmax(1))
+    METHODS[method](n_bins=100_000).fit(z, z.argmax(1))  # at the cap: fits (most bins stay empty)

@@ -96,9 +96,12 @@ _PROB = Real(ge=0, le=1)
 _ISO_MAP = Fields({"x": ListOf(Real()), "y": ListOf(_PROB)})
 _STEP = {"edges": ListOf(Real()), "values": ListOf(_PROB)}
 _STEP_MAP = Fields(_STEP)
+#: the most bins a binning map takes: the metrics' own limit (confcal.metrics check_n_bins); beyond it
+#: the bins' arrays alone exhaust memory long before the data could fill them
+MAX_BINS = 100_000
 _BBQ_MAP = Fields({**_STEP, "n_bins": ListOf(Int(ge=1)), "model_weights": ListOf(_PROB)})
 _SB_MAP = Fields({**_STEP, "a": Opt(Real()), "b": Opt(Real())})
-_SB_HYPER = {"n_bins": Int(ge=1), "scaler": Choice("auto", "ts", "platt"), "random_state": Int(ge=0)}
+_SB_HYPER = {"n_bins": Int(ge=1, le=MAX_BINS), "scaler": Choice("auto", "ts", "platt"), "random_state": Int(ge=0)}
 _SB_SCALER = {"scaler": Choice("ts", "platt"), "temperature": Opt(Real(gt=0))}
 
 
@@ -241,7 +244,7 @@ class HistogramBinning(_Histogram, OneVsRestCalibrator):
     """
 
     method = "histogram-binning"
-    hyper_constraints = {"n_bins": Int(ge=1)}
+    hyper_constraints = {"n_bins": Int(ge=1, le=MAX_BINS)}
     fitted_constraints = Fields({"maps": ListOf(_STEP_MAP)})
 
     def __init__(self, n_bins: int = 15, input_kind: str = "logits"):
@@ -271,7 +274,7 @@ class TopLabelHistogramBinning(_Histogram, TopLabelCalibrator):
     """
 
     method = "histogram-binning-top"
-    hyper_constraints = {"n_bins": Int(ge=1)}
+    hyper_constraints = {"n_bins": Int(ge=1, le=MAX_BINS)}
     fitted_constraints = Fields({"map": _STEP_MAP})
 
     def __init__(self, n_bins: int = 15, input_kind: str = "logits"):
