@@ -23,6 +23,24 @@ def _top_label_log_odds(z: Tensor, top: Tensor) -> Tensor:
     return lo.clamp(-36.04365338911715, 36.04365338911715)
 
 
+def _softmax_as_library(z: Tensor) -> Tensor:
+    """``softmax(z)`` by the library's own op order (:func:`confcal._numeric.softmax`: ``exp(z - max - lse)``
+    renormalised): the top-label confidence is compared with bin edges that are calibration scores, so a
+    calibration row must reach the same bits, not a softmax an ulp away on the other side of its edge."""
+    zc = z - z.amax(dim=1, keepdim=True)
+    q = torch.exp(zc - torch.log(torch.exp(zc).sum(dim=1, keepdim=True)))
+    return q / q.sum(dim=1, keepdim=True)
+
+
+def _emit_softmax_as_library(g: Graph, z: str) -> str:
+    """:func:`_softmax_as_library` as graph ops (not ONNX ``Softmax``, whose op order differs)."""
+    axis1 = g.const([1], np.int64)
+    zc = g.op("Sub", z, g.op("ReduceMax", z, axis1, keepdims=1))
+    lse = g.op("Log", g.op("ReduceSum", g.op("Exp", zc), axis1, keepdims=1))
+    q = g.op("Exp", g.op("Sub", zc, lse))
+    return g.op("Div", q, g.op("ReduceSum", q, axis1, keepdims=1))
+
+
 def _emit_is_col(g: Graph, z: str, col: str) -> str:
     """Boolean ``(n, K)``: column == ``col`` ``(n, 1)``."""
     k = g.op("Squeeze", g.op("Slice", g.op("Shape", z), g.const([1], np.int64), g.const([2], np.int64)),
@@ -47,7 +65,7 @@ class TopLabelCore(nn.Module):
 
     def forward(self, z: Tensor, index: Optional[Tensor] = None) -> Tensor:
         k = self.n_classes
-        p = torch.softmax(z, dim=1)
+        p = _softmax_as_library(z)
         top = torch.argmax(p, dim=1, keepdim=True)
         if self.space == 0:
             s = p.gather(1, top)
@@ -91,7 +109,7 @@ class TopLabelCore(nn.Module):
         f, i64 = np.float64, np.int64
         k = self.n_classes
         axis1 = g.const([1], i64)
-        p = g.op("Softmax", z, axis=1)
+        p = _emit_softmax_as_library(g, z)
         top = g.op("ArgMax", p, axis=1, keepdims=1, select_last_index=0)
         is_top = _emit_is_col(g, z, top)
         if self.space == 0:
