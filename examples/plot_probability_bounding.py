@@ -30,7 +30,7 @@ if path is not None:
 else:
     from confcal.demo import digits_logits
 
-    data = digits_logits(seed=0)
+    data = digits_logits(random_state=0)
     cal_x, cal_y, test_x, test_y = data.cal_logits, data.cal_labels, data.test_logits, data.test_labels
     kind, title = "logits", "digits (shared data not found), test half"
 print(title, cal_x.shape)

@@ -12,7 +12,7 @@ calibration half and measured on the other half. The arg-max, so the accuracy, i
 # Held-out logits of the demo classifier, split (seeded) into calibration and test halves.
 from confcal.demo import digits_logits
 
-data = digits_logits(seed=0)
+data = digits_logits(random_state=0)
 print("calibration", data.cal_logits.shape, "test", data.test_logits.shape)
 
 # %%

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from confcal._numeric import softmax
+from confcal._validation import renamed_seed
 from confcal.calibrators import TemperatureScaling
 from confcal.metrics import calibration_summary, reliability_table
 
@@ -31,14 +32,14 @@ class DemoData:
     test_labels: np.ndarray
 
 
-def digits_logits(seed: int = 0) -> DemoData:
+def digits_logits(random_state: int = 0, *, seed: int | None = None) -> DemoData:
     """Held-out logits of an over-fitted classifier on ``load_digits``, split into calibration/test."""
     from sklearn.datasets import load_digits
     from sklearn.linear_model import LogisticRegression
 
     x, y = load_digits(return_X_y=True)
     x = x / 16.0
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(renamed_seed(random_state, seed, "digits_logits"))
     perm = rng.permutation(len(y))
     train, held = perm[:N_TRAIN], perm[N_TRAIN:]
     model = LogisticRegression(C=C_REG, max_iter=10_000).fit(x[train], y[train])
@@ -47,7 +48,8 @@ def digits_logits(seed: int = 0) -> DemoData:
     return DemoData(logits[:half], y[held][:half], logits[half:], y[held][half:])
 
 
-def run_demo(output_dir="confcal-demo", *, seed: int = 0, plot: bool = True, echo=print) -> dict:
+def run_demo(output_dir="confcal-demo", *, random_state: int = 0, plot: bool = True, echo=print,
+             seed: int | None = None) -> dict:
     """Fit temperature scaling on the digits calibration half and report on the test half.
 
     Prints a before/after metric table and the reliability tables, writes the
@@ -56,7 +58,7 @@ def run_demo(output_dir="confcal-demo", *, seed: int = 0, plot: bool = True, ech
     from confcal._tables import format_table, metrics_rows
     from confcal.io import save_manifest
 
-    data = digits_logits(seed)
+    data = digits_logits(renamed_seed(random_state, seed, "run_demo"))
     ts = TemperatureScaling().fit(data.cal_logits, data.cal_labels)
     before = softmax(data.test_logits)
     after = ts.predict_proba(data.test_logits)

@@ -161,6 +161,10 @@ def test_demo_improves_calibration(tmp_path):
     assert res["after"]["accuracy"] == res["before"]["accuracy"]
     # seeded and deterministic
     assert run_demo(tmp_path, plot=False, echo=lambda *a: None)["temperature"] == res["temperature"]
+    # the seed is random_state, as everywhere; seed= is the old name and still works
+    with pytest.warns(FutureWarning, match="seed= is renamed random_state="):
+        old = run_demo(tmp_path, seed=0, plot=False, echo=lambda *a: None)
+    assert old["temperature"] == res["temperature"]
 
 
 def test_grouped_method_with_any_base_fits_and_applies(data):

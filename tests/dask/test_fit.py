@@ -65,8 +65,8 @@ def test_grouped_ts_small_domains_use_the_pooled_fit(dask_client, cifar_dataset)
 def test_other_methods_fit_on_a_seeded_sample(dask_client, cifar_dataset):
     folder, logits, labels, _ = cifar_dataset
     frame = read_parquet(str(folder))
-    cal, how = fit("isotonic-top", frame, sample_rows=3000, seed=5, return_how=True)
-    again = fit("isotonic-top", frame, sample_rows=3000, seed=5)
+    cal, how = fit("isotonic-top", frame, sample_rows=3000, random_state=5, return_how=True)
+    again = fit("isotonic-top", frame, sample_rows=3000, random_state=5)
     assert cal.to_dict()["parameters"] == again.to_dict()["parameters"]  # deterministic for a seed
     assert "sample of 3,000 rows" in how and cal.fit_record_["sample"] == {"rows": 3000, "seed": 5}
     assert cal.fit_record_["fitted_on"] == "sample"
@@ -120,11 +120,11 @@ def test_fit_records_the_exact_drift_summary(dask_client, cifar_dataset):
     cal = fit("ts", read_parquet(str(folder)))
     assert cal.fit_record_["data_summary"] == data_summary(logits)
     # a sample-fitted method: the summary of its sample (n = sample rows)
-    cal = fit("isotonic-top", read_parquet(str(folder)), sample_rows=2000, seed=3)
+    cal = fit("isotonic-top", read_parquet(str(folder)), sample_rows=2000, random_state=3)
     rows = np.sort(np.random.default_rng(3).choice(len(labels), 2000, replace=False))
     assert cal.fit_record_["data_summary"] == data_summary(logits[rows])
     # vs sums over every row now: the summary of all rows
-    cal = fit("vs", read_parquet(str(folder)), sample_rows=2000, seed=3)
+    cal = fit("vs", read_parquet(str(folder)), sample_rows=2000, random_state=3)
     assert cal.fit_record_["fitted_on"] == "all rows" and cal.fit_record_["data_summary"] == data_summary(logits)
 
 

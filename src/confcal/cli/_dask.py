@@ -174,7 +174,7 @@ def run_fit(args, params: dict):
     with _client(args):
         cal, how = fit(args.method, _open(path), logits=cols["--logits"], labels=cols["--labels"],
                        domains=cols.get("--domains"), features=cols.get("--features"), params=params,
-                       input_kind=args.input_kind, sample_rows=args.sample_rows, seed=args.seed,
+                       input_kind=args.input_kind, sample_rows=args.sample_rows, random_state=args.seed,
                        return_how=True, category_ids=cols.get("--category-ids"))
     print(f"dask engine: {how}", file=sys.stderr)
     return cal

@@ -17,5 +17,5 @@ def register(sub):
 def run(args) -> int:
     from confcal.demo import run_demo
 
-    run_demo(args.output_dir, seed=args.seed, plot=not args.no_plot)
+    run_demo(args.output_dir, random_state=args.seed, plot=not args.no_plot)
     return 0

@@ -9,6 +9,7 @@ method needs its calibration set in memory: it is fitted on a seeded uniform sam
 
 from __future__ import annotations
 
+from confcal._validation import renamed_seed
 from confcal.dask._data import column_matrix, resolve_columns
 from confcal.dask._engine import DaskEngine
 from confcal.passes import run_job, together
@@ -65,7 +66,8 @@ def fit_modes_line(quote: str = "`") -> str:
 
 def fit(method: str, data, *, logits: str = "logits", labels: str = "label", domains: str | None = None,
         features: str | None = None, params: dict | None = None, input_kind: str | None = None,
-        sample_rows: int = 200_000, seed: int = 0, return_how: bool = False, category_ids: str | None = None):
+        sample_rows: int = 200_000, random_state: int = 0, return_how: bool = False,
+        category_ids: str | None = None, seed: int | None = None):
     """Fit a calibrator on a Dask DataFrame.
 
     Methods with a streamed fit (``full_data_methods()``: ``ts``, ``grouped-ts``, ``det-ts``,
@@ -91,8 +93,8 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
         ``params["input_kind"]`` wins when both are given); None: the method's default.
     sample_rows : int
         Size of the in-memory sample for methods that are not full-data sums.
-    seed : int
-        Seed of that sample.
+    random_state : int
+        Seed of that sample (``seed``: its old name, ``FutureWarning``).
     return_how : bool
         Also return a one-line description of how it was fitted (passes or sample size).
 
@@ -142,6 +144,7 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
     from confcal.dask._sample import sample_rows as draw
     from confcal.metrics.drift import data_summary
 
+    seed = renamed_seed(random_state, seed, "confcal.dask.fit")
     frame = draw(data, sample_rows, seed=seed)
     x = column_matrix(frame, specs["logits"], name="logits")
     y = column_matrix(frame, specs["labels"], name="labels")
