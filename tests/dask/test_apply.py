@@ -126,3 +126,21 @@ def test_bad_scheduler_address_fails_before_connecting():
         with cluster_client("notaurl", timeout=30):
             pass
     assert time.monotonic() - t0 < 5
+
+
+def test_apply_refuses_non_finite_rows(dask_client, tmp_path):
+    """``pts`` at logits near the float64 limit overflows to NaN: the partition is refused naming the rows,
+    as the single-process writers do, instead of NaN probabilities in the output."""
+    from tests.dask.conftest import write_dataset
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 300)
+    z = rng.normal(size=(300, 3)) + 2 * np.eye(3)[y]
+    cal = METHODS["pts"]().fit(z, y)
+    big = z.copy()
+    big[:5] *= 1e307
+    if np.isfinite(cal.predict_proba(big)).all():
+        pytest.skip("pts maps these rows to finite probabilities here: nothing to refuse")
+    write_dataset(tmp_path / "big.parquet", {"logits": big, "label": y}, n_parts=2)
+    with pytest.raises(ValueError, match=r"not finite \(NaN/inf\), rows 0, 1, 2, 3, 4; nothing was written"):
+        apply(cal, read_parquet(str(tmp_path / "big.parquet"))).compute()

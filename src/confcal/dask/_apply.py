@@ -16,6 +16,7 @@ import numpy as np
 
 from confcal.dask._data import (ColumnSpec, ParquetDataset, Piece, read_table, resolve_columns,
                                row_batches)
+from confcal.io import check_finite_rows
 
 __all__ = ["apply", "manifest_text"]
 
@@ -82,6 +83,8 @@ def _apply_partition(part, text, logits, domains, features, keep, dtype, out_col
         if probs is None:
             probs = np.empty((len(x), pb.shape[1]), dtype=pb.dtype)
         probs[b] = pb
+    # the single-process writers refuse non-finite rows (confcal.io.check_finite_rows); so does each partition
+    check_finite_rows(probs, first=first, path=where or "the Dask output")
     k = probs.shape[1]
     values = pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(probs).reshape(-1)), k)
     out = table.select(list(keep)).to_pandas(types_mapper=pd.ArrowDtype) if keep else \
