@@ -9,7 +9,6 @@ method needs its calibration set in memory: it is fitted on a seeded uniform sam
 
 from __future__ import annotations
 
-from confcal._validation import renamed_seed
 from confcal.dask._data import column_matrix, resolve_columns
 from confcal.dask._engine import DaskEngine
 from confcal.passes import run_job, together
@@ -144,7 +143,16 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
     from confcal.dask._sample import sample_rows as draw
     from confcal.metrics.drift import data_summary
 
-    seed = renamed_seed(random_state, seed, "confcal.dask.fit")
+    if seed is not None:  # the old name (every seed is random_state now); same rule as confcal's other functions
+        import warnings
+
+        if random_state not in (0, seed):
+            raise ValueError(f"confcal.dask.fit: give random_state= only (seed= is its old name), got "
+                             f"random_state={random_state!r} and seed={seed!r}")
+        warnings.warn("confcal.dask.fit: seed= is renamed random_state= (same meaning); seed= will be removed",
+                      FutureWarning, stacklevel=2)
+        random_state = seed
+    seed = random_state
     frame = draw(data, sample_rows, seed=seed)
     x = column_matrix(frame, specs["logits"], name="logits")
     y = column_matrix(frame, specs["labels"], name="labels")
