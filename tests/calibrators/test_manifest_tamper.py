@@ -340,6 +340,19 @@ def test_fit_record_must_be_a_dict_or_null(value):
     assert calibrator_from_dict(m).fit_record_ is None
 
 
+@pytest.mark.parametrize("field, value", [("n_samples", -5), ("n_samples", "300"), ("n_samples", 0),
+                                          ("input_kind", "banana"), ("data_sha256", 7), ("sample_weight", "yes")])
+def test_damaged_fit_record_is_named_and_the_map_still_applies(field, value):
+    """A fit record's fields are checked on load; a damaged one is said in one warning naming the field,
+    and never blocks apply (the fitted map is checked apart and used as is)."""
+    m, data, side = _manifest("ts")
+    want = calibrator_from_dict(m).predict_proba(data["z"], **side)
+    m["fit"][field] = value
+    with pytest.warns(UserWarning, match=rf"^manifest: fit\.{field}: expected .*: the fit record is damaged"):
+        cal = calibrator_from_dict(m)
+    np.testing.assert_array_equal(cal.predict_proba(data["z"], **side), want)
+
+
 @pytest.mark.parametrize("method, where", [
     ("pts", ("map_config", "hidden")), ("pts", ("map_config", "top_k")),
     ("pb-mlp", ("link_config", "hidden")), ("pb-mlp", ("link_config", "top_k"))])

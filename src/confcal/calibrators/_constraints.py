@@ -587,6 +587,27 @@ DATA_SUMMARY = Fields({
 }, extra_ok=True)
 
 
+#: the fields of ``fit`` (confcal.calibrators.manifest.fit_record) that apply and drift read; the rest
+#: (metrics, version, time) is for reference
+FIT_RECORD = Fields({
+    "n_samples": Opt(Int(ge=1, le=2 ** 53)),
+    "data_sha256": Opt(Text()),
+    "input_kind": Opt(Nullable(Choice("logits", "probs", "scores"))),
+    "sample_weight": Opt(Bool()),
+}, extra_ok=True)
+
+
+def check_fit_record(record, *, where: str = "manifest") -> None:
+    """Check a manifest's ``fit`` block (the fit record) field by field.
+
+    Raises
+    ------
+    ValueError
+        One line naming the field, e.g. ``manifest: fit.n_samples: expected an integer >= 1 ..., got -5``.
+    """
+    FIT_RECORD.check(record, "fit", _Ctx(where))
+
+
 def check_data_summary(summary, *, where: str = "manifest") -> None:
     """Check a fit record's ``data_summary`` field by field before a drift check reads it.
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from confcal.calibrators._constraints import check_hyperparameters, check_manifest_top, check_parameters
+from confcal.calibrators._constraints import (check_fit_record, check_hyperparameters, check_manifest_top,
+                                              check_parameters)
 from confcal.calibrators.registry import METHODS, Preset, make_calibrator
 
 __all__ = ["MANIFEST_FORMAT", "MANIFEST_VERSION", "INPUT_KINDS", "fit_record", "summary_metrics",
@@ -141,4 +142,12 @@ def calibrator_from_dict(manifest: dict[str, Any], *, n_classes: int | None = No
                          f"({type(exc).__name__}: {text})") from None
     cal.n_classes_ = int(k)
     cal.fit_record_ = manifest.get("fit")
+    if cal.fit_record_ is not None:
+        try:
+            check_fit_record(cal.fit_record_)
+        except ValueError as exc:  # the record describes the fit; the map above is checked and usable
+            import warnings
+
+            warnings.warn(f"{exc}: the fit record is damaged (kept for reference; the fitted map is used as is)",
+                          UserWarning, stacklevel=2)
     return cal
