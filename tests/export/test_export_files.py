@@ -189,8 +189,12 @@ def test_cli_export_onnx_and_torchscript(tmp_path, ts_manifest, capsys):
     loaded = torch.jit.load(str(pt))
     np.testing.assert_allclose(loaded(torch.as_tensor(x)).numpy(), fitted_classifier("ts").predict_proba(x),
                                rtol=0, atol=ATOL64)
-    assert main(["export", "--calibrator", str(ts_manifest), "--format", "onnx", "-o", str(out),
-                 "--verify", str(out)]) == 0
+    # --verify alone (as the export guide writes it): no --format / --output needed
+    assert main(["export", "--verify", str(out), "--calibrator", str(ts_manifest)]) == 0
+    capsys.readouterr()
+    assert main(["export", "--calibrator", str(ts_manifest), "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("confcal: error: --format: required to export") and "\n" not in err
 
 
 def test_cli_export_refusals_exit_2_without_output(tmp_path, ts_manifest, capsys):

@@ -14,12 +14,12 @@ def register(sub):
                     "'probs', equal to predict_proba. The graph's metadata holds the method, the manifest's "
                     "sha256 and the id-to-index table (an index outside it uses the pooled fit).")
     p.add_argument("--calibrator", required=True, help="manifest written by 'confcal fit'")
-    p.add_argument("--format", required=True, choices=["onnx", "torchscript"], help="output format")
-    p.add_argument("-o", "--output", required=True, help="output file (.onnx, or .pt for torchscript)")
+    p.add_argument("--format", choices=["onnx", "torchscript"], help="output format (required to export)")
+    p.add_argument("-o", "--output", help="output file (.onnx, or .pt for torchscript; required to export)")
     p.add_argument("--dtype", choices=["float32", "float64"],
                    help="input/output dtype (default: float32 for onnx, float64 for torchscript)")
     p.add_argument("--verify", metavar="HEAD", help="instead of exporting: check that HEAD was exported from "
-                   "--calibrator (same manifest sha256); exit 2 if not")
+                   "--calibrator (same manifest sha256); exit 2 if not (--format and --output are then not needed)")
     p.set_defaults(func=run)
 
 
@@ -36,6 +36,9 @@ def run(args) -> int:
         export.verify_manifest(args.verify, args.calibrator)
         print(f"{args.verify}: made from {args.calibrator}")
         return 0
+    missing = [o for o, v in (("--format", args.format), ("--output", args.output)) if not v]
+    if missing:
+        raise ValueError(f"{' and '.join(missing)}: required to export (or give --verify HEAD to check a head)")
     suffix = args.output.lower().rsplit(".", 1)[-1] if "." in args.output else ""
     want = {"onnx": ("onnx",), "torchscript": ("pt", "pth", "torchscript")}[args.format]
     if suffix not in want:
