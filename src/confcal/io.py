@@ -294,7 +294,7 @@ class _Writer:
         elif self.suffix == ".csv":
             self._csv = csv.writer(fh)
             names = [f"{key}_{j}" for j in range(n_cols)] if n_cols > 1 else [key]
-            self._csv.writerow([*keep, *names])
+            self._csv.writerow([csv_cell(c) for c in [*keep, *names]])
         elif self.suffix == ".parquet":
             import pyarrow as pa
             import pyarrow.parquet as pq
@@ -328,7 +328,7 @@ class _Writer:
             kept = [np.asarray(src.read(first, first + n)).tolist() for src in self.keep.values()]
             values = batch.tolist() if self.n_cols > 1 else batch[:, 0].tolist()
             for i in range(n):
-                row = [col[i] for col in kept]
+                row = [csv_cell(col[i]) for col in kept]  # kept text a spreadsheet would run: neutralised
                 self._csv.writerow(row + (values[i] if self.n_cols > 1 else [values[i]]))
         else:
             import pyarrow as pa

@@ -56,3 +56,23 @@ def test_compare_csv_goes_through_the_rule(tmp_path, monkeypatch):
                  "ts", "--splits", "1", "--cal-size", "100", "--csv", str(tmp_path / "s.csv")]) == 0
     cells = [c for r in csv.reader((tmp_path / "s.csv").open()) for c in r]
     assert "'=ts()" in " ".join(cells) and not any(c.startswith("=") for c in cells)
+
+
+def test_apply_csv_keep_columns_go_through_the_rule(tmp_path):
+    """``apply -o p.csv --keep-columns name`` copied formula cells of the input verbatim (tester finding)."""
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(len(EVIL), 3))
+    with open(tmp_path / "x.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["name", "logit_0", "logit_1", "logit_2", "label"])
+        for i, name in enumerate(EVIL):
+            w.writerow([name, *z[i], i % 3])
+    assert main(["fit", "--logits", f"{tmp_path}/x.csv:logit_*", "--labels", f"{tmp_path}/x.csv:label",
+                 "--method", "ts", "-q", "-o", str(tmp_path / "c.json")]) == 0
+    assert main(["apply", "--calibrator", str(tmp_path / "c.json"), "--logits", f"{tmp_path}/x.csv:logit_*",
+                 "--keep-columns", "name", "-q", "-o", str(tmp_path / "p.csv")]) == 0
+    with open(tmp_path / "p.csv", newline="") as fh:
+        rows = list(csv.reader(fh))
+    assert rows[0][0] == "name" and len(rows) == len(EVIL) + 1
+    assert [r[0] for r in rows[1:]] == [csv_cell(v) for v in EVIL]
+    assert all(float(c) >= 0 for r in rows[1:] for c in r[1:])  # the probabilities stay numbers
