@@ -98,8 +98,12 @@ def _np_rows(cal, z, y, sample_weight):
 def _solve(z, run):
     from confcal.calibrators._compose import logits_scale_error
 
+    import numpy as np
+
     try:
-        return run()
+        # an overflow means logits too large for float64 here: say so, not a fit stuck at its start
+        with np.errstate(over="raise"):
+            return run()
     except FloatingPointError as exc:
         raise logits_scale_error(z, exc) from exc
 
