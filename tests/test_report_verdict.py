@@ -69,7 +69,7 @@ def test_json_side_file_holds_the_numbers_at_full_precision(files, capsys):
     from confcal.metrics.detection import detection_ece
 
     assert main(["report", *_args(files, "--max-ece", "0.08", "--bootstrap", "5", "-o", str(files / "r.html"))]) in (0, 3)
-    numbers = json.loads((files / "r.json").read_text())
+    numbers = json.loads((files / "r.numbers.json").read_text())
     assert numbers["metric"] == "d_ece" and numbers["max_ece"] == 0.08 and numbers["n_draws"] == 5
     z = np.load(files / "m.npz")
     p = load_calibrator(str(files / "c.json")).predict_proba(z["score"])[:, 1]
@@ -84,12 +84,18 @@ def test_json_side_file_holds_the_numbers_at_full_precision(files, capsys):
 
 
 def test_json_side_file_never_replaces_an_input(files, capsys):
-    """``-o c.html`` would put the side-file on the calibrator c.json: refused before any work."""
+    """The side-file is ``<stem>.numbers.json``, so ``-o c.html`` beside ``--calibrator c.json`` works; a
+    calibrator that is named like the side-file is refused before any work."""
     before = (files / "c.json").read_bytes()
-    assert main(["report", *_args(files, "-o", str(files / "c.html"))]) == 2
+    assert main(["report", *_args(files, "--bootstrap", "5", "-o", str(files / "c.html"))]) == 0
+    assert (files / "c.json").read_bytes() == before and (files / "c.numbers.json").exists()
+    (files / "d.numbers.json").write_bytes(before)
+    args = [a.replace("c.json", "d.numbers.json") for a in _args(files, "-o", str(files / "d.html"))]
+    capsys.readouterr()
+    assert main(["report", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("confcal: error: --output (its JSON side-file):") and "--calibrator" in err
-    assert (files / "c.json").read_bytes() == before and not (files / "c.html").exists()
+    assert (files / "d.numbers.json").read_bytes() == before and not (files / "d.html").exists()
 
 
 @pytest.mark.parametrize("name", ["cost $5", "$x_1^2$", "a_b^c"])

@@ -122,7 +122,7 @@ def test_report_domains_with_a_ts_manifest(headerless, capsys):
     args = ["--logits", str(d / "z.npy"), "--labels", str(d / "y.npy"), "--calibrator", str(d / "c.json"),
             "--domains", str(d / "dom.npy")]
     assert main(["report", *args, "--bootstrap", "2", "-o", str(d / "r.html")]) == 0
-    rows = json.loads((d / "r.json").read_text())["metrics"]
+    rows = json.loads((d / "r.numbers.json").read_text())["metrics"]
     assert sorted({r["domain"] for r in rows}) == sorted({"x", "y", next(r["domain"] for r in rows
                                                                          if r["domain"] not in ("x", "y"))})
     assert sum(r["n"] for r in rows if r["domain"] in ("x", "y") and r["stage"] == "ts") == 150

@@ -9,7 +9,7 @@ the names in the manifest; ``apply`` / ``evaluate`` read the same names from the
 
 from __future__ import annotations
 
-__all__ = ["add_box_features_arg", "add_category_ids_arg", "read_box_features", "names_of"]
+__all__ = ["add_box_features_arg", "add_category_ids_arg", "refuse_category_ids", "read_box_features", "names_of"]
 
 _HINT = ("`confcal detections match` writes cx, cy, w, h, edge for axis-aligned boxes (with the images' "
          "width/height or --image-size W,H) and range, bearing, length_m, width_m for rotated BEV boxes")
@@ -25,6 +25,14 @@ def add_category_ids_arg(p) -> None:
     p.add_argument("--category-ids", metavar="SPEC",
                    help="box scores: category id per box (n_boxes,), for a calibrator fitted --per-class "
                         "(det-ts/det-platt/det-beta and the geometry maps); ids unseen at fit time use the pooled map")
+
+
+def refuse_category_ids(args, logits_kind: str) -> None:
+    """Class vectors take no category ids: a given ``--category-ids`` is refused, not silently ignored
+    (a missing or damaged file there went unnoticed)."""
+    if getattr(args, "category_ids", None):
+        raise ValueError(f"--category-ids: only for 1-D box scores with a calibrator fitted --per-class; "
+                         f"--logits holds {logits_kind}")
 
 
 def names_of(text: str) -> list[str]:

@@ -72,6 +72,9 @@ def run(args) -> int:
         print(f"wrote {probs.shape[0]} x {probs.shape[1]} calibrated probabilities ({cal.method}) -> {args.output}")
         return 0
     xs = source(args, "logits")
+    from confcal.cli._boxfeatures import refuse_category_ids
+
+    refuse_category_ids(args, f"class vectors {xs.shape}")
     if xs.ndim == 2 and xs.shape[1] > 1:
         cal = load_calibrator(args.calibrator, n_classes=xs.shape[1])
     keep = {}

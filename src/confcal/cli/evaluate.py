@@ -63,6 +63,9 @@ def run(args) -> int:
     if args.input_kind is None:  # default: the calibrator's (its manifest), else logits
         args.input_kind = load_calibrator(args.calibrator).input_kind if args.calibrator else "logits"
     xs, ys = source(args, "logits"), source(args, "labels")
+    from confcal.cli._boxfeatures import refuse_category_ids
+
+    refuse_category_ids(args, f"class vectors {xs.shape}")
     side = side_sources(args)
     cal = load_calibrator(args.calibrator, n_classes=xs.shape[1] if xs.ndim == 2 else None) \
         if args.calibrator else None

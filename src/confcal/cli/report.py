@@ -23,7 +23,7 @@ def register(sub):
                         "scores); exit 3 when any fails, as evaluate")
     p.add_argument("-o", "--output", required=True,
                    help="output .html; the numbers at full precision go beside it as the JSON side-file "
-                        "(same name, .json)")
+                        "(same stem, .numbers.json: report.html -> report.numbers.json)")
     from confcal.cli._boxfeatures import add_box_features_arg
 
     add_box_features_arg(p, what="for box scores: adds the gap heat map over cx, cy and the gap against the "
@@ -51,7 +51,9 @@ def run(args) -> int:
     from confcal.cli._outputs import command_inputs
     from confcal.io import guard_outputs
 
-    side_file = str(Path(args.output).with_suffix(".json"))  # the HTML rounds; this file does not
+    # the HTML rounds; this file does not. Not "<stem>.json": -o cal.html beside --calibrator cal.json is
+    # what a user types, and the guard would refuse it
+    side_file = str(Path(args.output).with_suffix(".numbers.json"))
     guard_outputs({"--output": args.output, "--output (its JSON side-file)": side_file}, command_inputs(args))
     if args.max_ece is not None and not 0.0 <= args.max_ece <= 1.0:  # also refuses nan, as evaluate does
         raise ValueError(f"--max-ece: expected a number in [0, 1], got {args.max_ece!r}")
@@ -74,6 +76,9 @@ def run(args) -> int:
         geo = _box_features(args, cal)
     else:
         x, y = load_logits_labels(args)
+        from confcal.cli._boxfeatures import refuse_category_ids
+
+        refuse_category_ids(args, f"class vectors {x.shape}")
         cal = load_calibrator(manifest, n_classes=x.shape[1])
         cal.set_params(input_kind="logits")  # x holds validated logits (log-probabilities for probs)
         stages = {"uncalibrated": softmax(x), cal.method: cal.predict_proba(x, **_audit.taken(cal, side))}
