@@ -15,6 +15,7 @@ from confcal.calibrators import METHODS, calibrator_from_dict
 
 FIXTURE = Path(__file__).parent / "fixtures" / "seed_manifests_v1.json"
 REL = 1e-12
+STEP_ROWS = 0.01  # share of rows a step map may bin differently across numpy's SIMD paths
 
 
 def _data():  # the data the fixture script fitted on (same draws, same order)
@@ -47,7 +48,19 @@ def test_seed_manifest_loads_as_random_state(method):
     else:
         fresh = METHODS[method](random_state=old_seed).fit(logits, labels)
         got, want = cal.predict_proba(logits), fresh.predict_proba(logits)
-    np.testing.assert_allclose(got, want, rtol=REL, atol=0)
+    # the rename alone changes nothing: the manifest with random_state written in place of seed predicts the same
+    renamed = json.loads(json.dumps(manifest))
+    renamed["hyperparameters"]["random_state"] = renamed["hyperparameters"].pop("seed")
+    side = {"features": cx[:, None]} if method.startswith("det-") else {}
+    x = s if method.startswith("det-") else logits
+    np.testing.assert_array_equal(got, calibrator_from_dict(renamed).predict_proba(x, **side))
+    if method.startswith("scaling-binning"):
+        # a step map: a score within an ulp of an equal-mass edge may take the other bin on another SIMD path
+        # of numpy's exp (1 of 300 rows with NPY_DISABLE_CPU_FEATURES); every other row agrees to REL
+        off = ~np.isclose(got, want, rtol=REL, atol=0).all(axis=1)
+        assert off.mean() <= STEP_ROWS, f"{off.sum()} of {len(off)} rows differ"
+    else:
+        np.testing.assert_allclose(got, want, rtol=REL, atol=0)
     # written again, the manifest carries today's name only
     again = cal.to_dict()["hyperparameters"]
     assert again["random_state"] == old_seed and "seed" not in again
