@@ -49,9 +49,10 @@ def full_data_conditions() -> dict:
 
 
 def fit_modes_line(quote: str = "`") -> str:
-    """The one line of the docs (``docs/guide/scale_out.md``, this package's docstring) that says which
-    methods fit on every row and which on a seeded sample, generated from the registry; ``quote``
-    wraps each name (Markdown ````` `` or reStructuredText ``"``"``)."""
+    """The docs line saying which methods fit on every row and which on a seeded sample.
+
+    Generated from the registry for ``docs/guide/scale_out.md`` and this package's docstring;
+    ``quote`` wraps each name: one backtick for Markdown, two for reStructuredText."""
     q = lambda name: f"{quote}{name}{quote}"  # noqa: E731
     full = [m for m, yes in full_data_methods().items() if yes]
     parts = ["full data: " + ", ".join(q(m) for m in full)]

@@ -59,8 +59,10 @@ _CSV_HEADER = contextvars.ContextVar("confcal_csv_header", default="first")
 
 @contextlib.contextmanager
 def csv_header_default(header: str):
-    """Within the block, CSV specs opened without ``csv_header=`` use ``header`` (``"first"`` or
-    ``"none"``): one setting for every file a command reads (``confcal ... --csv-header none``)."""
+    """Within the block, CSV specs opened without ``csv_header=`` use ``header``.
+
+    ``header`` is ``"first"`` or ``"none"``: one setting for every file a command reads
+    (``confcal ... --csv-header none``)."""
     if header not in CSV_HEADERS:
         raise ValueError(f"csv_header: expected one of {CSV_HEADERS}, got {header!r}")
     token = _CSV_HEADER.set(header)
