@@ -30,7 +30,7 @@ from typing import Callable
 import numpy as np
 
 __all__ = ["Rows", "softmax_nll", "inverse_temperature", "vs_objective", "vs_parts", "vs_hessian", "affine_objective", "affine_hessp", "ets_objective",
-           "newton", "lbfgs", "newton_cg", "NpResult"]
+           "newton", "lbfgs", "newton_cg", "NpResult", "AffineProblem"]
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class Rows:
     finite stand-in), ``mask`` ``(n, K)`` bool or None, labels ``y`` ``(n,)`` int, row weights
     ``r`` ``(n,)`` summing to 1 (``1/n`` without sample weights)."""
 
-    __slots__ = ("x", "mask", "y", "r", "n", "k", "rows")
+    __slots__ = ("x", "mask", "y", "r", "n", "k", "rows", "_x32")
 
     def __init__(self, x, y, mask=None, sample_weight=None):
         self.x = np.ascontiguousarray(x, dtype=np.float64)
@@ -59,6 +59,14 @@ class Rows:
             w = np.asarray(sample_weight, dtype=np.float64)
             self.r = w / w.sum()
         self.rows = np.arange(self.n)
+        self._x32 = None
+
+    @property
+    def x32(self) -> np.ndarray:
+        """``x`` in float32 (made on first use, then kept)."""
+        if self._x32 is None:
+            self._x32 = self.x.astype(np.float32)
+        return self._x32
 
     def take(self, idx) -> "Rows":
         """The rows ``idx`` (weights renormalised)."""
@@ -70,6 +78,7 @@ class Rows:
         r = self.r[idx]
         out.r = r / r.sum()
         out.rows = np.arange(out.n)
+        out._x32 = None
         return out
 
 
@@ -170,16 +179,26 @@ def _odir_scales(k: int, reg_lambda: float, reg_mu: float) -> tuple[float, float
     return (reg_lambda / (k * (k - 1)) if k > 1 else 0.0), reg_mu / k
 
 
-def affine_objective(theta: np.ndarray, d: Rows, reg_lambda: float = 0.0, reg_mu: float = 0.0):
+def affine_objective(theta: np.ndarray, d: Rows, reg_lambda: float = 0.0, reg_mu: float = 0.0,
+                     dtype=np.float64):
     """Matrix scaling ``A = X W^T + c``, ``theta = [W.ravel(), c]`` ``(K^2 + K,)``, plus the ODIR penalty
-    ``reg_lambda / (K (K-1)) sum_{i != j} W_ij^2 + reg_mu / K sum_j c_j^2``: ``(f, grad, P)``."""
+    ``reg_lambda / (K (K-1)) sum_{i != j} W_ij^2 + reg_mu / K sum_j c_j^2``: ``(f, grad, P)``.
+
+    ``dtype=np.float32`` runs the two ``(n, K) x (K, K)`` products (``X W^T`` and ``G^T X``, most of
+    the time of an evaluation) in float32; the softmax, the NLL and the sums stay float64."""
     k = d.k
     wm = theta[:k * k].reshape(k, k)
     c = theta[k * k:]
-    a = d.x @ wm.T
+    if dtype == np.float32:
+        a = (d.x32 @ wm.T.astype(np.float32)).astype(np.float64)
+    else:
+        a = d.x @ wm.T
     a += c
     f, p, g = softmax_nll(a, d)
-    gw = g.T @ d.x
+    if dtype == np.float32:
+        gw = (g.astype(np.float32).T @ d.x32).astype(np.float64)
+    else:
+        gw = g.T @ d.x
     gc = g.sum(axis=0)
     sl, sm = _odir_scales(k, reg_lambda, reg_mu)
     if sl:
@@ -213,6 +232,64 @@ def affine_hessp(v: np.ndarray, p: np.ndarray, d: Rows, reg_lambda: float = 0.0,
     if sm:
         hc = hc + 2.0 * sm * vc
     return np.concatenate([hw.ravel(), hc])
+
+
+class AffineProblem:
+    """:func:`affine_objective` at fixed ``(reg_lambda, reg_mu)`` for :func:`newton_cg`: ``fgp``, the
+    Hessian-vector product ``hessp`` and the Hessian's diagonal ``precond``.
+
+    The state of a point is ``(P, P32)``; ``hessp`` runs its two ``(n, K) x (K, K)`` products on
+    float32 copies of ``X`` and ``P`` (half the time of float64): it only shapes the Newton
+    direction, while the float64 gradient of ``fgp`` decides the line search and convergence.
+    The diagonal of the data term is ``sum_i r_i p_ij (1 - p_ij) x_ik^2`` for ``W_jk`` and
+    ``sum_i r_i p_ij (1 - p_ij)`` for ``c_j``, plus the penalty's ``2 reg / scale``."""
+
+    def __init__(self, d: Rows, reg_lambda: float = 0.0, reg_mu: float = 0.0, hvp_dtype=np.float32):
+        self.d, self.reg_lambda, self.reg_mu = d, float(reg_lambda), float(reg_mu)
+        self.x32 = d.x32 if hvp_dtype == np.float32 else d.x
+        self.x2 = d.x * d.x
+        self.r32 = d.r.astype(hvp_dtype)[:, None]
+        self.sl, self.sm = _odir_scales(d.k, self.reg_lambda, self.reg_mu)
+        self.dtype = hvp_dtype
+        self.n_fg = self.n_hvp = 0
+
+    def fgp(self, theta: np.ndarray):
+        self.n_fg += 1
+        f, g, p = affine_objective(theta, self.d, self.reg_lambda, self.reg_mu)
+        return f, g, (p, p.astype(self.dtype, copy=False))
+
+    def hessp(self, v: np.ndarray, st) -> np.ndarray:
+        self.n_hvp += 1
+        k = self.d.k
+        p32 = st[1]
+        vw = v[:k * k].reshape(k, k)
+        vc = v[k * k:]
+        da = self.x32 @ vw.T.astype(self.dtype)
+        da += vc.astype(self.dtype)
+        t = p32 * da
+        t -= p32 * t.sum(axis=1, keepdims=True)
+        t *= self.r32
+        hw = (t.T @ self.x32).astype(np.float64)
+        hc = t.sum(axis=0, dtype=np.float64)
+        if self.sl:
+            off = vw.copy()
+            np.fill_diagonal(off, 0.0)
+            hw += 2.0 * self.sl * off
+        if self.sm:
+            hc += 2.0 * self.sm * vc
+        return np.concatenate([hw.ravel(), hc])
+
+    def precond(self, st) -> np.ndarray:
+        p = st[0]
+        k = self.d.k
+        q = p * (1.0 - p)
+        q *= self.d.r[:, None]
+        dw = q.T @ self.x2
+        dw += 2.0 * self.sl
+        dw[np.arange(k), np.arange(k)] -= 2.0 * self.sl
+        dc = q.sum(axis=0) + 2.0 * self.sm
+        m = np.concatenate([dw.ravel(), dc])
+        return np.maximum(m, 1e-12 * max(float(m.max()), 1e-300))
 
 
 # ------------------------------------------------------------------------------------------ ETS
@@ -272,12 +349,35 @@ def newton(fgp: Callable, hess: Callable, x0: np.ndarray, *, tol: float = 1e-7, 
 
     Direction ``(H + delta I) d = -g`` by Cholesky (``delta`` raised from ``1e-12 max diag H``
     until it factors: a softmax objective is singular along the shift of all intercepts);
-    Armijo backtracking from the full step (the Hessian is formed at accepted points only).
-    Stops when ``max |g| <= tol``, when an accepted step lowers ``f`` by at most
-    ``tol_change * max(|f|, 1)``, or when the line search finds no decrease.
+    the loop and its stopping rules are :func:`_newton_loop`'s.
     """
     from scipy.linalg import LinAlgError, cho_factor, cho_solve
 
+    def direction(g, st):
+        h = hess(st)
+        scale = max(float(np.max(np.abs(np.diag(h)))), 1e-300)
+        delta = 1e-12 * scale
+        while True:
+            try:
+                return -cho_solve(cho_factor(h + delta * np.eye(len(g)), check_finite=False), g,
+                                  check_finite=False), scale
+            except LinAlgError:
+                delta *= 100.0
+                if delta > 1e6 * scale:
+                    return -g / scale, scale
+
+    return _newton_loop(fgp, direction, x0, tol=tol, max_iter=max_iter, tol_change=tol_change)
+
+
+def _newton_loop(fgp: Callable, direction: Callable, x0: np.ndarray, *, tol: float, max_iter: int,
+                 tol_change: float) -> NpResult:
+    """The one (inexact) Newton loop of :func:`newton` and :func:`newton_cg`.
+
+    ``direction(g, state) -> (step, scale)``: a descent step (else ``-g / scale`` is used);
+    Armijo backtracking from the full step (the state is formed at accepted points only).
+    Stops when ``max |g| <= tol``, when an accepted step lowers ``f`` by at most
+    ``tol_change * max(|f|, 1)``, or when the line search finds no decrease.
+    """
     x = np.array(x0, dtype=np.float64)
     f, g, st = fgp(x)
     if not math.isfinite(f):
@@ -285,21 +385,9 @@ def newton(fgp: Callable, hess: Callable, x0: np.ndarray, *, tol: float = 1e-7, 
     for it in range(1, int(max_iter) + 1):
         if np.max(np.abs(g)) <= tol:
             return NpResult(x, f, it - 1, True)
-        h = hess(st)
-        scale = max(float(np.max(np.abs(np.diag(h)))), 1e-300)
-        delta = 1e-12 * scale
-        while True:
-            try:
-                step = -cho_solve(cho_factor(h + delta * np.eye(len(x)), check_finite=False), g,
-                                  check_finite=False)
-                break
-            except LinAlgError:
-                delta *= 100.0
-                if delta > 1e6 * scale:
-                    step = -g / scale
-                    break
+        step, scale = direction(g, st)
         slope = float(g @ step)
-        if slope >= 0:
+        if not slope < 0:
             step, slope = -g / scale, -float(g @ g) / scale
         xn, fn, gn, stn = _armijo(fgp, x, f, step, slope)
         if xn is None:
@@ -325,8 +413,15 @@ def _armijo(fgp, x, f, step, slope):
 
 def lbfgs(fg: Callable, x0: np.ndarray, *, max_iter: int = 500, tol_grad: float = 1e-8,
           tol_change: float = 1e-12, history_size: int = 20) -> NpResult:
-    """scipy's L-BFGS-B on ``fg(x) -> (f, g)`` with the options of :func:`._optim.lbfgs` (same stopping
-    rules; the best point seen is returned)."""
+    """scipy's L-BFGS-B on ``fg(x) -> (f, g)``: the one L-BFGS of the numpy fits and of
+    :func:`._optim.lbfgs` (torch maps). ``fg`` may return a non-finite ``f`` (``g`` then unused):
+    the line search backs off from it.
+
+    Stops when the largest gradient entry is at most ``tol_grad`` or an iteration lowers ``f``
+    by at most ``tol_change * max(|f|, |f_new|, 1)`` (scipy's ``gtol`` / ``ftol``); ``max_iter``
+    iterations. Returns the best point seen; ``converged`` is True when a tolerance was met
+    (not at the iteration limit nor at a failed line search, scipy's status 0).
+    """
     from scipy.optimize import minimize
 
     best = {"f": math.inf, "x": None}
@@ -345,51 +440,43 @@ def lbfgs(fg: Callable, x0: np.ndarray, *, max_iter: int = 500, tol_grad: float 
         raise FloatingPointError("the objective is not finite at the initial parameters")
     res = minimize(fun, x0, jac=True, method="L-BFGS-B",
                    options={"maxiter": int(max_iter), "gtol": float(tol_grad), "ftol": float(tol_change),
-                            "maxcor": int(history_size), "maxls": 40})
-    return NpResult(best["x"], best["f"], int(res.nit), int(res.nit) < int(max_iter))
+                            "maxcor": int(history_size), "maxls": 40, "maxfun": max(15000, 4 * int(max_iter))})
+    return NpResult(best["x"], best["f"], int(res.nit), int(res.status) == 0)
 
 
-def newton_cg(fgp: Callable, hessp: Callable, x0: np.ndarray, *, tol: float = 1e-7, max_iter: int = 100,
-              max_cg: int = 50, tol_change: float = 1e-12) -> NpResult:
+def newton_cg(fgp: Callable, hessp: Callable, x0: np.ndarray, *, precond: Callable | None = None,
+              tol: float = 1e-7, max_iter: int = 100, max_cg: int = 50, tol_change: float = 1e-12) -> NpResult:
     """Truncated Newton (Nocedal & Wright, alg. 7.1) on a convex objective: ``fgp(x) -> (f, g, state)``
-    and ``hessp(v, state) -> H v``. CG stops at the forcing tolerance ``min(0.5, sqrt|g|) |g|``
-    or ``max_cg`` products; Armijo backtracking. Stops as :func:`newton`."""
-    x = np.array(x0, dtype=np.float64)
-    f, g, st = fgp(x)
-    if not math.isfinite(f):
-        raise FloatingPointError("the objective is not finite at the initial parameters")
-    for it in range(1, int(max_iter) + 1):
-        if np.max(np.abs(g)) <= tol:
-            return NpResult(x, f, it - 1, True)
+    and ``hessp(v, state) -> H v``; ``precond(state) -> m`` (optional, ``m > 0`` elementwise) a diagonal
+    preconditioner (preconditioned CG, N&W alg. 5.3, with ``M = diag(m)``). CG stops at the forcing
+    tolerance ``min(0.5, sqrt|g|) |g|`` or after ``max_cg`` products. The loop and its stopping
+    rules are :func:`_newton_loop`'s."""
+
+    def direction(g, st):
         gn = float(np.linalg.norm(g))
         eps = min(0.5, math.sqrt(gn)) * gn
-        zv = np.zeros_like(x)
+        m = None if precond is None else precond(st)
+        zv = np.zeros_like(g)
         r = g.copy()
-        dv = -r
-        rr = float(r @ r)
+        s = r if m is None else r / m
+        dv = -s
+        rs = float(r @ s)
         for j in range(int(max_cg)):
             hd = hessp(dv, st)
             curv = float(dv @ hd)
-            if curv <= 1e-300:
+            if not curv > 1e-300:
                 if j == 0:
-                    zv = -g
+                    zv = -s
                 break
-            alpha = rr / curv
-            zv = zv + alpha * dv
-            r = r + alpha * hd
-            rr_new = float(r @ r)
-            if math.sqrt(rr_new) <= eps:
+            alpha = rs / curv
+            zv += alpha * dv
+            r += alpha * hd
+            if float(np.linalg.norm(r)) <= eps:
                 break
-            dv = -r + (rr_new / rr) * dv
-            rr = rr_new
-        slope = float(g @ zv)
-        if slope >= 0:
-            zv, slope = -g, -float(g @ g)
-        xn, fn, gnew, stn = _armijo(fgp, x, f, zv, slope)
-        if xn is None:
-            return NpResult(x, f, it, bool(np.max(np.abs(g)) <= max(tol, 1e-6)))
-        done = _no_progress(f, fn, tol_change)
-        x, f, g, st = xn, fn, gnew, stn
-        if done:
-            return NpResult(x, f, it, True)
-    return NpResult(x, f, int(max_iter), bool(np.max(np.abs(g)) <= tol))
+            s = r if m is None else r / m
+            rs_new = float(r @ s)
+            dv = -s + (rs_new / rs) * dv
+            rs = rs_new
+        return zv, 1.0
+
+    return _newton_loop(fgp, direction, x0, tol=tol, max_iter=max_iter, tol_change=tol_change)

