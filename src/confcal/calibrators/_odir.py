@@ -19,6 +19,14 @@ How it is kept fast enough for 100 classes (every L-BFGS step costs a
 * the path stops at the first grid point whose mean held-out NLL is above the
   best so far (it is unimodal along the path in practice; the grid points not
   reached are reported as ``None``).
+* from 32 classes on, the two ``(n, K) x (K, K)`` products of each evaluation run
+  in float32 (:func:`fit_path`).
+
+The step budget is part of the regulariser, not only a cost: solving every grid
+point to its optimum (preconditioned Newton-CG, warm-started along the path) was
+measured on the CIFAR-100 outputs (5,000 / 5,000, seed 0) at a worse test NLL
+(DenseNet 0.8766 against 0.8728, WRN 0.9246 against 0.9229) and no faster, so the
+budgeted L-BFGS path stays.
 
 The held-out score is the pooled mean NLL (without the penalty) over the
 held-out rows of all folds. Ties go to the stronger penalty.
