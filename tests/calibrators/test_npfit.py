@@ -231,3 +231,40 @@ def test_lbfgs_reports_the_iteration_limit_as_not_converged():
     assert not short.converged and short.n_iter == 3
     full = _npfit.lbfgs(fg, x0, max_iter=5000, tol_grad=1e-6, tol_change=0.0)
     assert full.converged and np.max(np.abs(fg(full.x)[1])) <= 1e-6
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), k=st.integers(2, 6), reg=st.floats(0.0, 5.0))
+def test_affine_problem_is_equivariant_under_relabelling_the_classes(seed, k, reg):
+    """Permuting the classes (columns of X, the labels, rows and columns of W, entries of c) leaves the
+    ODIR objective unchanged and permutes its gradient, Hessian-vector product and preconditioner alike:
+    the penalty treats every off-diagonal entry and every intercept the same."""
+    rng = np.random.default_rng(seed)
+    n = 40
+    x = rng.normal(size=(n, k)) * 2
+    y = rng.integers(0, k, size=n)
+    perm = rng.permutation(k)
+    inv = np.argsort(perm)
+    w = np.eye(k) + 0.3 * rng.normal(size=(k, k))
+    c = 0.3 * rng.normal(size=k)
+    v = rng.normal(size=k * k + k)
+    d, dp = _npfit.Rows(x, y), _npfit.Rows(x[:, perm], inv[y])
+
+    def pack(wm, cv):
+        return np.concatenate([wm.ravel(), cv])
+
+    def permute(theta):
+        return pack(theta[:k * k].reshape(k, k)[np.ix_(perm, perm)], theta[k * k:][perm])
+
+    th = pack(w, c)
+    pr, prp = _npfit.AffineProblem(d, reg, reg, np.float64), _npfit.AffineProblem(dp, reg, reg, np.float64)
+    f, g, s = pr.fgp(th)
+    fp, gp, sp = prp.fgp(permute(th))
+    assert fp == pytest.approx(f, rel=1e-12)
+    np.testing.assert_allclose(gp, permute(g), atol=1e-12)
+    np.testing.assert_allclose(prp.hessp(permute(v), sp), permute(pr.hessp(v, s)), atol=1e-11)
+    np.testing.assert_allclose(prp.precond(sp), permute(pr.precond(s)), rtol=1e-12, atol=1e-15)
