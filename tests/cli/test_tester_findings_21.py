@@ -96,3 +96,62 @@ def test_t4_dask_sample_options_without_the_dask_engine_are_refused(files, capsy
     err = _err(capsys)
     assert code == 2 and err == f"confcal: error: {flag[0]}: only with --engine dask", err
     assert not (d / "o.json").exists()
+
+
+def _coco(d):
+    import json
+
+    images = [{"id": i, "file_name": f"img{i}.png", "width": 100, "height": 100} for i in range(4)]
+    anns = [{"id": i, "image_id": i, "category_id": 1, "bbox": [10, 10, 20, 20], "area": 400, "iscrowd": 0}
+            for i in range(4)]
+    dets = [{"image_id": i, "category_id": 1, "bbox": [11, 11, 20, 20], "score": 0.5 + 0.1 * i} for i in range(4)]
+    dets += [{"image_id": i, "category_id": 1, "bbox": [60, 60, 10, 10], "score": 0.3} for i in range(4)]
+    (d / "gt.json").write_text(json.dumps({"images": images, "annotations": anns, "categories": [{"id": 1}]}))
+    return dets
+
+
+def test_t5_rank_with_a_geometry_calibrator_is_refused_in_one_line(tmp_path, capsys):
+    """T5: rank --calibrator det-platt-geo.json ended in 'internal error: AttributeError ... kind_'."""
+    import json
+
+    from confcal.calibrators import METHODS
+
+    dets = _coco(tmp_path)
+    (tmp_path / "dets.json").write_text(json.dumps(dets))
+    rng = np.random.default_rng(0)
+    s, cx = rng.uniform(0.05, 0.95, 200), rng.uniform(0, 1, 200)
+    y = (rng.uniform(size=200) < s).astype(int)
+    for method in ("det-platt-geo", "det-beta-geo", "det-hist-geo"):
+        cal = METHODS[method](box_features="cx", min_samples=5).fit(s, y, features=cx[:, None])
+        (tmp_path / "geo.json").write_text(json.dumps(cal.to_dict()))
+        capsys.readouterr()
+        code = main(["rank", "--detections", f"{tmp_path}/dets.json", "--gt", f"{tmp_path}/gt.json",
+                     "--calibrator", f"{tmp_path}/geo.json", "-o", f"{tmp_path}/q.csv"])
+        err = _err(capsys)
+        assert code == 2 and err.startswith("confcal: error: --calibrator: rank takes det-ts") and method in err, err
+        assert not (tmp_path / "q.csv").exists()
+
+
+@pytest.mark.parametrize("bad, where", [({"bbox": [float("nan")] * 4}, "record 5 has box"),
+                                        ({"bbox": [0, 0, -3, 4]}, "record 5 has box [0.0, 0.0, -3.0, 4.0]"),
+                                        ({"category_id": 999}, "record 5 has category_id 999")])
+def test_t6_rank_checks_detections_as_match_does(tmp_path, capsys, bad, where):
+    """T6: rank queued a file with a NaN / negative box or an unknown category that match refuses."""
+    import json
+
+    dets = _coco(tmp_path)
+    dets[5].update(bad)
+    (tmp_path / "dets.json").write_text(json.dumps(dets).replace("NaN", "NaN"))
+    argv = ["rank", "--detections", f"{tmp_path}/dets.json", "--gt", f"{tmp_path}/gt.json", "-o", f"{tmp_path}/q.csv"]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = _err(capsys)
+    assert err.startswith(f"confcal: error: --detections: {tmp_path}/dets.json: {where}"), err
+    assert not (tmp_path / "q.csv").exists()
+    # match says the same of the same file
+    assert main(["detections", "match", "--gt", f"{tmp_path}/gt.json", "--detections", f"{tmp_path}/dets.json",
+                 "-o", f"{tmp_path}/m.npz"]) == 2
+    assert where.split(" has ")[0] in _err(capsys)
+    dets[5] = {"image_id": 1, "category_id": 1, "bbox": [60, 60, 10, 10], "score": 0.3}
+    (tmp_path / "dets.json").write_text(json.dumps(dets))
+    assert main(argv) == 0 and (tmp_path / "q.csv").exists()
