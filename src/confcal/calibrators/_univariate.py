@@ -41,7 +41,7 @@ def equal_mass_edges(scores, n_bins: int, sample_weight=None) -> np.ndarray:
     calibration score: ties at a quantile put the whole tie in one bin, and a
     constant predictor gets a single bin. The stored edge is not ``q_i`` itself
     but the midpoint between ``q_i`` and the next larger calibration score
-    (:func:`edges_between`), so no calibration score lies on an edge and a score
+    of positive weight (:func:`edges_between`), so no calibration score lies on an edge and a score
     an ulp away (another ``exp``, an exported head) stays in its bin; every
     calibration score is in the same bin as under the edge ``q_i``.
 
@@ -55,15 +55,17 @@ def equal_mass_edges(scores, n_bins: int, sample_weight=None) -> np.ndarray:
     total = cw[-1]
     targets = np.arange(1, n_bins) * total / n_bins
     idx = np.minimum(np.searchsorted(cw, targets, side="left"), s.size - 1)
-    return _cuts_between(s_sorted, idx)
+    return _cuts_between(s_sorted, idx, w[order])
 
 
-def _cuts_between(s_sorted, idx) -> np.ndarray:
+def _cuts_between(s_sorted, idx, w_sorted) -> np.ndarray:
     """The edges for the quantile ranks ``idx`` of the sorted scores: distinct quantiles below the
-    largest score, each moved to the midpoint before the next larger score."""
+    largest score, each moved to the midpoint before the next larger score of positive weight (a
+    zero-weight row is a removed row: it must not move an edge)."""
     q = np.unique(s_sorted[idx])
     q = q[q < s_sorted[-1]]
-    return edges_between(q, s_sorted[np.searchsorted(s_sorted, q, side="right")])
+    live = np.append(s_sorted[w_sorted > 0], np.inf)
+    return edges_between(q, live[np.searchsorted(live[:-1], q, side="right")])
 
 
 def edges_between(quantiles, above) -> np.ndarray:
@@ -214,7 +216,7 @@ def fit_bbq(scores, targets, *, spread: float = 10.0, prior_strength: float = 2.
     for b in bbq_bin_range(int(round(total)) if sample_weight is not None else s.size, spread):
         # the edges of equal_mass_edges(s, b, w), from the one sort
         idx = np.minimum(np.searchsorted(cw, np.arange(1, b) * total / b, side="left"), s.size - 1)
-        edges = _cuts_between(s_sorted, idx)
+        edges = _cuts_between(s_sorted, idx, w[order])
         key = edges.tobytes()
         if key in seen:
             continue
