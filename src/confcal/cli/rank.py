@@ -103,12 +103,15 @@ def _check_as_match_does(part: list, path, gt) -> None:
     from confcal.detection.geometry import box_array
 
     fmt = "xywha" if min(len(r["bbox"]) for r in part) >= 5 else "xywh"
+    g = None
+    if gt is not None:  # a damaged GT file is said as --gt's (outside the try)
+        from confcal.detection import load_coco_gt
+
+        g = load_coco_gt(gt)
     try:
         box_array([r["bbox"] for r in part], fmt, "detections", item="record")
-        if gt is not None:
-            from confcal.detection import load_coco_gt
-
-            category_columns(load_coco_gt(gt), part)
+        if g is not None:
+            category_columns(g, part)
     except ValueError as exc:
         msg = str(exc)
         raise ValueError(f"--detections: {path}: {msg.partition(': ')[2] or msg}") from None
