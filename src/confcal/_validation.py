@@ -16,7 +16,20 @@ __all__ = [
     "check_labels",
     "check_domains",
     "check_features",
+    "MIN_SPLIT_ROWS",
+    "min_rows_message",
 ]
+
+#: the fewest calibration rows a method that splits them (scaling-binning's two halves, ms / dirichlet's
+#: cross-validated regularisation) fits on; every other method fits on 1 row. The same minimum for all
+#: of them, and the same message (:func:`min_rows_message`).
+MIN_SPLIT_ROWS = 2
+
+
+def min_rows_message(method: str, n_rows: int, why: str) -> str:
+    """The one-line refusal of a fit on fewer than :data:`MIN_SPLIT_ROWS` rows, e.g.
+    ``logits: scaling-binning needs at least 2 calibration rows (two halves), got 1``."""
+    return f"logits: {method} needs at least {MIN_SPLIT_ROWS} calibration rows ({why}), got {n_rows}"
 
 
 def as_numpy(x, name: str) -> np.ndarray:

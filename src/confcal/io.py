@@ -129,13 +129,26 @@ def _umask() -> int:
 
 def check_output_path(path, *, suffixes: tuple[str, ...] | None = None, name: str = "output") -> Path:
     """Fail early (before any work) if ``path`` cannot be written: missing folder, a folder
-    itself, or (when ``suffixes`` is given) another file type."""
+    itself, an existing path that is not a regular file (a FIFO, device or socket: the atomic rename
+    would replace it, and a reader of the pipe would never get the data), or (when ``suffixes`` is
+    given) another file type."""
+    import stat
+
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise FileNotFoundError(f"{name}: output folder {str(folder)!r} does not exist")
     if path.is_dir():
         raise ValueError(f"{name}: {str(path)!r} is a folder; give a file name")
+    try:
+        mode = path.stat().st_mode
+    except OSError:  # absent (or a dangling link): written as a new file
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+        raise ValueError(f"{name}: {str(path)!r} exists and is {kind}; expected a regular file path (it would be "
+                         "replaced, not written to)")
     if suffixes and path.suffix.lower() not in suffixes:
         raise ValueError(f"{name}: expected a {' or '.join(suffixes)} file, got {str(path)!r}")
     return path
@@ -285,6 +298,12 @@ class _Writer:
         self.suffix = path.suffix.lower()
         if keep and self.suffix in (".npy", ".npz"):  # refused before a zip writer exists
             raise ValueError(f"--keep-columns: only for .parquet or .csv outputs, not {self.suffix}")
+        ours = [key] if self.suffix == ".parquet" else ([f"{key}_{j}" for j in range(n_cols)] if n_cols > 1 else [key])
+        clash = [k for k in keep if k in ours]
+        if clash:  # two columns of one name: a reader by name gets neither (pyarrow: "Multiple matches")
+            raise ValueError(f"--keep-columns: {clash[0]!r} is the name of an output column of {str(path)!r} "
+                             f"({', '.join(ours[:3])}{', ...' if len(ours) > 3 else ''}); rename the input column "
+                             "or leave it out")
         if self.suffix == ".npy":
             self._npy_header(fh)
         elif self.suffix == ".npz":

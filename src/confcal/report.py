@@ -262,11 +262,15 @@ def _provenance_html(manifest: dict) -> list[str]:
 def build_multilabel_report(stages: dict, labels, *, manifest: dict | None = None, n_bins: int = 15,
                             n_draws: int = 200, max_ece: float | None = None, max_diagrams: int = 8,
                             title: str = "confcal calibration report (sigmoid head)",
-                            verdict_out: list | None = None) -> str:
+                            verdict_out: list | None = None, numbers_out: dict | None = None) -> str:
     """The report of a sigmoid head (multi-hot labels) as an HTML string.
 
     ``stages``: ``{name: (n_samples, n_labels) label probabilities}``; ``labels`` multi-hot
-    ``(n_samples, n_labels)``. Sections: the verdict (each label's and the mean ECE of the last stage
+    ``(n_samples, n_labels)``. ``numbers_out`` (optional dict) is filled with the page's numbers at
+    full precision, as :func:`build_report` fills it: ``metric`` (``"ece"``), ``max_ece``, ``n_bins``,
+    ``n_draws``, ``verdict`` and ``metrics`` (one row per stage and label, ``label`` ``"(mean)"`` for the
+    mean over labels with ``ece_interval`` and ``brier_interval`` as ``[lo, hi]``).
+    Sections: the verdict (each label's and the mean ECE of the last stage
     against ``max_ece``; ``verdict_out`` is extended with it), per-label ECE / binary NLL / Brier
     with the mean over labels (its 95% bootstrap interval over ``n_draws`` resamples of the rows),
     reliability diagrams of all labels pooled and of the first ``max_diagrams`` labels, and the
@@ -291,17 +295,25 @@ def build_multilabel_report(stages: dict, labels, *, manifest: dict | None = Non
     def mean_of(key):
         return lambda p, yy: multilabel_metrics(p, yy, n_bins=n_bins)["mean"][key]
 
-    rows = []
+    rows, exact = [], []
     for stage, m in results.items():
         p = np.asarray(stages[stage], dtype=np.float64)
         for j, r in enumerate(m["per_label"]):
             rows.append({"stage": stage, "label": str(j), "prevalence": r["prevalence"], "ece": r["ece"],
                          "nll": r["nll"], "brier": r["brier"]})
+            exact.append({"stage": stage, "label": str(j), "prevalence": float(r["prevalence"]),
+                          "ece": float(r["ece"]), "nll": float(r["nll"]), "brier": float(r["brier"])})
         lo, hi = bootstrap_interval(mean_of("ece"), p, y, n_draws=n_draws)
         blo, bhi = bootstrap_interval(mean_of("brier"), p, y, n_draws=n_draws, seed=1)
         rows.append({"stage": stage, "label": "(mean)", "prevalence": "",
                      "ece": f"{m['mean']['ece']:.4f} [{lo:.4f}, {hi:.4f}]", "nll": m["mean"]["nll"],
                      "brier": f"{m['mean']['brier']:.4f} [{blo:.4f}, {bhi:.4f}]"})
+        exact.append({"stage": stage, "label": "(mean)", "ece": float(m["mean"]["ece"]),
+                      "ece_interval": [float(lo), float(hi)], "nll": float(m["mean"]["nll"]),
+                      "brier": float(m["mean"]["brier"]), "brier_interval": [float(blo), float(bhi)]})
+    if numbers_out is not None:
+        numbers_out.update({"metric": "ece", "max_ece": max_ece, "n_bins": int(n_bins), "n_draws": int(n_draws),
+                            "verdict": verdict, "metrics": exact})
     parts = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
              f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>",
              f"<p>{n} samples, {n_labels} labels, each label a binary problem (rows do not sum to 1); "

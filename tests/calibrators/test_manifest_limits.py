@@ -44,7 +44,9 @@ def test_det_platt_negated_slope_refused_unless_not_increasing():
 
 @pytest.mark.parametrize("damage", [{"n": 0}, {"n": 1e300}, {"confidence_quantiles": "x"},
                                     {"confidence_quantiles": []}, {"class_frequencies": None},
-                                    {"confidence_quantiles": [0.9, 0.5, 0.7]}])
+                                    {"confidence_quantiles": [0.9, 0.5, 0.7]},
+                                    {"confidence_quantiles": [0.5, 0.9, 1.5]}, {"confidence_quantiles": [-0.1, 0.5]},
+                                    {"domains": {"a": {"n": 3, "confidence_quantiles": [0.2, 1.0000001]}}}])
 def test_damaged_fit_record_never_blocks_apply(tmp_path, damage, capsys):
     rng = np.random.default_rng(2)
     np.save(tmp_path / "z.npy", rng.normal(size=(300, 3)) * 3)
@@ -74,3 +76,48 @@ def test_binning_n_bins_has_a_cap(method):
     with pytest.raises(ValueError, match=r"n_bins: expected an integer >= 1 and <= 100000, got 1000000000000"):
         METHODS[method](n_bins=10 ** 12).fit(z, z.argmax(1))
     METHODS[method](n_bins=100_000).fit(z, z.argmax(1))  # at the cap: fits (most bins stay empty)
+
+
+def test_drift_quantile_range_follows_the_fit_input_kind(tmp_path, capsys):
+    """Issue 21: a class-vector fit's summary quantiles are softmax confidences (``[0, 1]`` whatever the
+    input kind; above 1 is refused, test above); a box-score fit's are the detector's scores: raw logit
+    scores (``input_kind="logits"``, det-platt's default) may be any finite value, and a summary of
+    scores in [-4, 6] loads and drift runs on it; box probabilities (``"probs"``) must lie in [0, 1]."""
+    from confcal.calibrators._constraints import check_data_summary, summary_holds_probabilities
+    from confcal.cli.drift import EXIT_DRIFT
+
+    rng = np.random.default_rng(3)
+    s = rng.normal(1.0, 2.0, 400)
+    c = (rng.random(400) < 1 / (1 + np.exp(-s))).astype(np.int64)
+    np.save(tmp_path / "s.npy", s)
+    np.save(tmp_path / "c.npy", c)
+    np.save(tmp_path / "shifted.npy", s + 3.0)
+    assert main(["fit", "--logits", f"{tmp_path}/s.npy", "--labels", f"{tmp_path}/c.npy", "--method", "det-platt",
+                 "-o", f"{tmp_path}/d.json", "-q"]) == 0
+    fit = json.loads((tmp_path / "d.json").read_text())["fit"]
+    summary = fit["data_summary"]
+    q = summary["confidence_quantiles"]
+    assert fit["input_kind"] == "logits" and max(q) > 1 and min(q) < 0 and "class_frequencies" not in summary
+    for kind in ("logits", "scores", None):
+        assert not summary_holds_probabilities(summary, kind)
+        check_data_summary(summary, input_kind=kind)
+    capsys.readouterr()
+    assert main(["drift", "--calibrator", f"{tmp_path}/d.json", "--logits", f"{tmp_path}/s.npy"]) == 0
+    assert main(["drift", "--calibrator", f"{tmp_path}/d.json", "--logits", f"{tmp_path}/shifted.npy",
+                 "--fail-on-drift"]) == EXIT_DRIFT
+    # box probabilities, or class vectors under any kind: the same quantiles are refused
+    pattern = r"confidence_quantiles\[\d+\]: expected a finite number >= 0 and <= 1"
+    for kind, extra in (("probs", {}), ("logits", {"class_frequencies": [0.5, 0.5]}),
+                        ("probs", {"class_frequencies": [0.5, 0.5]}), (None, {"class_frequencies": [0.5, 0.5]})):
+        with pytest.raises(ValueError, match=pattern):
+            check_data_summary({**summary, **extra}, input_kind=kind)
+    # and drift says so in one line for a box-probability fit with a score above 1 in its summary
+    m = json.loads((tmp_path / "d.json").read_text())
+    m["hyperparameters"]["input_kind"] = m["fit"]["input_kind"] = "probs"
+    m["fit"]["data_summary"]["confidence_quantiles"] = [0.1, 0.5, 1.5]
+    (tmp_path / "p.json").write_text(json.dumps(m))
+    np.save(tmp_path / "sp.npy", 1 / (1 + np.exp(-s)))
+    capsys.readouterr()
+    assert main(["drift", "--calibrator", f"{tmp_path}/p.json", "--logits", f"{tmp_path}/sp.npy"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "confidence_quantiles[2]" in err and "p.json" in err, err

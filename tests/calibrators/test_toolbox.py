@@ -101,21 +101,24 @@ def test_isotonic_top_confidence_is_sklearn_fit_on_the_top_label():
 def test_histogram_binning_hand_computation_with_ties_at_an_edge():
     s = np.array([0.1, 0.2, 0.2, 0.2, 0.5, 0.9])
     y = np.array([0, 0, 1, 1, 1, 1])
-    # 3 equal-mass bins: edges at the 2nd and 4th sorted score -> 0.2 and 0.2, merged into one edge
+    # 3 equal-mass bins: cuts after the 2nd and 4th sorted score -> 0.2 and 0.2, merged into one;
+    # the edge sits halfway to the next larger score: (0.2 + 0.5) / 2
     params = fit_histogram(s, y, n_bins=3)
-    assert params["edges"] == [0.2]
+    assert params["edges"] == [0.5 * 0.2 + 0.5 * 0.5]
     assert params["values"] == [0.5, 1.0]  # {0.1, 0.2, 0.2, 0.2} -> 2/4, {0.5, 0.9} -> 2/2
     # a score equal to an edge falls in the lower bin; outside the range: first / last bin
-    np.testing.assert_array_equal(apply_histogram(params, [0.2, 0.2000001, -3.0, 7.0]), [0.5, 1.0, 0.5, 1.0])
+    np.testing.assert_array_equal(apply_histogram(params, [0.2, 0.35, 0.3500001, -3.0, 7.0]),
+                                  [0.5, 0.5, 1.0, 0.5, 1.0])
 
 
 def test_histogram_binning_merges_would_be_empty_bins():
     s = np.array([0.8, 0.1, 0.6, 0.4])
     y = np.array([1, 0, 1, 0])
     # 10 bins on 4 scores: quantile edges repeat (0.1, 0.1, 0.4, 0.4, 0.4, 0.6, 0.6, 0.8, 0.8);
-    # merged and the top one (= max) dropped -> 4 bins of one score each, none empty
+    # merged and the top one (= max) dropped -> 4 bins of one score each, none empty; each edge
+    # halfway to the next score
     params = fit_histogram(s, y, n_bins=10)
-    assert params["edges"] == [0.1, 0.4, 0.6]
+    assert params["edges"] == [0.5 * 0.1 + 0.5 * 0.4, 0.5 * 0.4 + 0.5 * 0.6, 0.5 * 0.6 + 0.5 * 0.8]
     assert params["values"] == [0.0, 0.0, 1.0, 1.0]
 
 
@@ -135,6 +138,8 @@ def test_equal_mass_edges_follow_the_inverted_cdf_rule():
         # edge i: the smallest score whose count of scores <= it reaches i*n/b  (exact fractions)
         expect = sorted({srt[math.ceil(Fraction(i * n, b)) - 1] for i in range(1, b)})
         expect = [e for e in expect if e < srt[-1]]
+        # ... moved halfway to the next larger score
+        expect = [0.5 * e + 0.5 * min(v for v in srt if v > e) for e in expect]
         assert equal_mass_edges(s, b).tolist() == expect
 
 
@@ -142,7 +147,7 @@ def test_equal_mass_edges_follow_the_inverted_cdf_rule():
 def test_scaling_binning_bin_step_is_equal_mass_bins_of_the_scaled_outputs():
     g = np.array([0.6, 0.1, 0.4, 0.2, 0.5, 0.3])
     params = fit_bin_means(g, n_bins=3)
-    assert params["edges"] == [0.2, 0.4]
+    assert params["edges"] == [0.5 * 0.2 + 0.5 * 0.3, 0.5 * 0.4 + 0.5 * 0.5]
     np.testing.assert_allclose(params["values"], [0.15, 0.35, 0.55], atol=1e-15)
 
 
@@ -157,7 +162,7 @@ def test_scaling_binning_fit_bins_the_second_half_by_hand():
     n = g.size
     idx = [math.ceil(Fraction(i * n, 7)) - 1 for i in range(1, 7)]
     edges = sorted({g[i] for i in idx if g[i] < g[-1]})
-    assert cal.map_["edges"] == edges
+    assert cal.map_["edges"] == [0.5 * e + 0.5 * g[g > e].min() for e in edges]
     bins = np.searchsorted(edges, g, side="left")
     np.testing.assert_allclose(cal.map_["values"], [g[bins == b].mean() for b in range(len(edges) + 1)],
                                rtol=1e-14)
@@ -199,7 +204,8 @@ def test_scaling_binning_platt_scaler_and_marginal_variant_fit_and_round_trip():
 
 # -------------------------------------------------------------- BBQ by enumeration
 def _bbq_oracle(s, y, test, spread=10.0, n_prime=2.0):
-    """Every binning written out: inverted-CDF equal-mass edges (exact fractions), the BDeu
+    """Every binning written out: inverted-CDF equal-mass cuts (exact fractions) halfway to the next
+    larger score, the BDeu
     score with math.gamma, the posterior-mean bin values, the score-weighted average."""
     n = len(s)
     srt = sorted(s)
@@ -207,7 +213,7 @@ def _bbq_oracle(s, y, test, spread=10.0, n_prime=2.0):
     root = n ** (1 / 3)
     for b in range(max(1, math.floor(root / spread)), max(1, math.ceil(spread * root)) + 1):
         edges = sorted({srt[math.ceil(Fraction(i * n, b)) - 1] for i in range(1, b)})
-        edges = tuple(e for e in edges if e < srt[-1])
+        edges = tuple(0.5 * e + 0.5 * min(v for v in srt if v > e) for e in edges if e < srt[-1])
         models.setdefault(edges, None)
     scored = []
     for edges in models:
@@ -497,3 +503,24 @@ def test_scaling_binning_on_densenet_cifar100_keeps_accuracy_and_calibrates(shar
     assert accuracy(q, y[test_idx]) == accuracy(p0, y[test_idx])
     # uncalibrated: 14.2 %; the 10-split mean is in benchmarks/results/toolbox_table_cifar.md
     assert ece(p0, y[test_idx], n_bins=15) > 0.12 and ece(q, y[test_idx], n_bins=15) < 0.025
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 0.1, 0.25, 0.5, 0.75, 1.0, 1e-300, 5e-324, 1e-17, 1 - 1e-16]), min_size=1,
+                max_size=40) | st.lists(st.floats(0, 1), min_size=1, max_size=40),
+       st.integers(1, 20))
+def test_equal_mass_edges_lie_between_calibration_scores_and_keep_the_bins(scores, n_bins):
+    """Issue 21: no calibration score on an edge (adjacent floats aside: there is nothing between
+    them), and every score in the bin the quantile edges give it (the inverted-CDF rule)."""
+    s = np.asarray(scores, dtype=np.float64)
+    srt = np.sort(s)
+    n = s.size
+    quantiles = sorted({srt[math.ceil(Fraction(i * n, n_bins)) - 1] for i in range(1, n_bins)})
+    quantiles = np.array([q for q in quantiles if q < srt[-1]])
+    edges = equal_mass_edges(s, n_bins)
+    assert edges.size == quantiles.size and np.all(np.diff(edges) > 0)
+    np.testing.assert_array_equal(np.searchsorted(edges, s, side="left"),
+                                  np.searchsorted(quantiles, s, side="left"))
+    on_edge = np.isin(s, edges)
+    for v in s[on_edge]:  # only where the quantile and the next score are adjacent floats
+        assert np.nextafter(v, 2.0) in s

@@ -221,3 +221,36 @@ def test_fit_accepts_repeated_inputs(tmp_path):
     assert main(["fit", "--method", "det-platt", "--logits", f"{a}:score", "--labels", f"{a}:correct",
                  "--logits", f"{b}:score", "-o", str(tmp_path / "c3.json")]) == 2
     assert not (tmp_path / "c3.json").exists()
+
+
+@pytest.mark.parametrize("bad, where", [
+    ({"bbox": [0, 0, -2, 3]}, "record 3 has box [0.0, 0.0, -2.0, 3.0]"),
+    ({"bbox": [0, 0, 1e400, 3]}, "record 3 has box [0.0, 0.0, inf, 3.0]"),
+    ({"bbox": [0, 0, 2]}, "record 3 has bbox [0, 0, 2]"),
+    ({"score": None}, "record 3 has score None"),
+])
+def test_match_box_errors_name_the_file_and_the_record(tmp_path, capsys, bad, where):
+    """Issue 21: a bad box said '--detections: box 1 = ...', the box's index within its image group,
+    and no file. Record 3 is the second box of image 2: the line names dets.json and record 3."""
+    gt = {"images": [{"id": 1}, {"id": 2}], "categories": [{"id": 1}],
+          "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 4, 4]},
+                          {"id": 2, "image_id": 2, "category_id": 1, "bbox": [0, 0, 4, 4]}]}
+    dets = [{"image_id": i, "category_id": 1, "bbox": [0, 0, 4, 4], "score": 0.5} for i in (1, 2, 1, 2)]
+    dets[3].update(bad)
+    (tmp_path / "gt.json").write_text(json.dumps(gt))
+    (tmp_path / "dets.json").write_text(json.dumps(dets).replace("Infinity", "1e400"))
+    argv = ["detections", "match", "--gt", f"{tmp_path}/gt.json", "--detections", f"{tmp_path}/dets.json",
+            "-o", f"{tmp_path}/m.npz"]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"confcal: error: --detections: {tmp_path}/dets.json: {where}"), err
+    assert not (tmp_path / "m.npz").exists()
+    # a GT box: the annotation's index in the GT file
+    dets[3] = {"image_id": 2, "category_id": 1, "bbox": [0, 0, 4, 4], "score": 0.5}
+    gt["annotations"][1]["bbox"] = [0, 0, 4, -4]
+    (tmp_path / "dets.json").write_text(json.dumps(dets))
+    (tmp_path / "gt.json").write_text(json.dumps(gt))
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"confcal: error: --gt: {tmp_path}/gt.json: annotations[1] has box [0.0, 0.0, 4.0, -4.0]"), err

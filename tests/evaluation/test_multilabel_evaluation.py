@@ -126,6 +126,15 @@ def test_cli_evaluate_report_compare_on_multi_hot_labels(head_files, capsys):
                  "--calibrator", str(man), "-o", str(html), "--bootstrap", "10"]) == 0
     text = html.read_text()
     assert "Per-label metrics" in text and text.count("<svg") == 4 and f"{want[:, 0].mean():.4g}" in text
+    # issue 21: the JSON side-file, as the class-vector report writes it: full precision, checked directly
+    numbers = json.loads((d / "r.numbers.json").read_text())
+    assert numbers["metric"] == "ece" and numbers["n_draws"] == 10 and len(numbers["calibrator_sha256"]) == 64
+    last = [r for r in numbers["metrics"] if r["stage"] == "platt-multilabel"]
+    np.testing.assert_allclose([[r["ece"], r["nll"], r["brier"]] for r in last if r["label"] != "(mean)"], want,
+                               rtol=1e-9, atol=1e-12)
+    mean = next(r for r in last if r["label"] == "(mean)")
+    assert mean["ece"] == pytest.approx(want[:, 0].mean(), rel=1e-9)
+    assert mean["ece_interval"][0] <= mean["ece_interval"][1]
     capsys.readouterr()
     assert main(["compare", "--logits", f"{d}/cal.npz:logits", "--labels", f"{d}/cal.npz:labels",
                  "--methods", "ts-multilabel", "--splits", "2", "--cal-size", "250", "--json"]) == 0

@@ -15,9 +15,10 @@ by passes of counts (Zadrozny & Elkan, ICML 2001, for the map):
 * then one pass of the fit record's metrics after the map (``accuracy_change``,
   ``argmax_changed``, metrics before and after, as the in-memory fit records).
 
-So the edges are the same calibration scores and the bin values the same ratios as the in-memory
-fit on the same rows: the parameters are equal, not just close. The fitted state is written
-through the estimator's own ``_set_fitted`` (the manifest format of the in-memory fit).
+The counts pass also finds, per quantile, the smallest score above it (merged by minimum), so
+the edges are the same midpoints (:func:`confcal.calibrators._univariate.edges_between`) and the bin
+values the same ratios as the in-memory fit on the same rows: the parameters are equal, not just close.
+The fitted state is written through the estimator's own ``_set_fitted`` (the manifest format of the in-memory fit).
 """
 
 from __future__ import annotations
@@ -107,12 +108,15 @@ def _binning_batch(batch: dict, first: int, *, cal, input_kind: str, one_logit: 
         out["before"] = SummaryAccumulator(15, equal_mass=False).update(softmax(x), y)
         out["positives"] = t.sum(axis=0)
     if stage == "counts":
-        counts, pos = [], []
+        counts, pos, above = [], [], []
         for c, e in enumerate(edges):
             idx = np.searchsorted(e, s[:, c], side="left")
             counts.append(np.bincount(idx, minlength=e.size + 1).astype(np.float64))
             pos.append(np.bincount(idx, weights=t[:, c], minlength=e.size + 1))
-        out["counts"], out["pos"] = counts, pos
+            # the smallest score above each quantile (edges_between moves the edge halfway to it)
+            srt = np.append(np.sort(s[:, c]), np.inf)
+            above.append(srt[np.searchsorted(srt[:-1], e, side="right")])
+        out["counts"], out["pos"], out["above"] = counts, pos, above
         return out
     out["select"] = _select(_keys(s), list(targets))
     return out
@@ -130,6 +134,7 @@ def _merge_binning(a: dict, b: dict) -> dict:
     if "counts" in a:
         out["counts"] = [u + v for u, v in zip(a["counts"], b["counts"])]
         out["pos"] = [u + v for u, v in zip(a["pos"], b["pos"])]
+        out["above"] = [np.minimum(u, v) for u, v in zip(a["above"], b["above"])]
     return out
 
 
@@ -160,7 +165,7 @@ def histogram_fit_job(cal, *, collect_at: int = COLLECT_AT):
     Raises ``ValueError`` on invalid rows (named by their index in the whole data), probabilities
     passed as logits, or ``n_bins < 1``.
     """
-    from confcal.calibrators._univariate import _bin_means
+    from confcal.calibrators._univariate import _bin_means, edges_between
 
     cal._check_hyperparameters()
     n_bins = int(cal.n_bins)
@@ -210,8 +215,8 @@ def histogram_fit_job(cal, *, collect_at: int = COLLECT_AT):
     st = yield Pass(partial(_binning_batch, stage="counts", edges=tuple(edges), **common), _merge_binning,
                     columns=cols, desc=f"fit {cal.method}")
     n_passes += 1
-    maps = [{"edges": e.tolist(), "values": _bin_means(cnt, pos, float(positives[c] / n)).tolist()}
-            for c, (e, cnt, pos) in enumerate(zip(edges, st["counts"], st["pos"]))]
+    maps = [{"edges": edges_between(e, up).tolist(), "values": _bin_means(cnt, pos, float(positives[c] / n)).tolist()}
+            for c, (e, cnt, pos, up) in enumerate(zip(edges, st["counts"], st["pos"], st["above"]))]
     cal._set_fitted({"map": maps[0]} if cal.keeps_argmax else {"maps": maps})
     cal.n_classes_ = int(k)
     st = yield Pass(partial(_binning_batch, stage="after", **common), _merge_binning, columns=cols,

@@ -608,20 +608,43 @@ def check_fit_record(record, *, where: str = "manifest") -> None:
     FIT_RECORD.check(record, "fit", _Ctx(where))
 
 
-def check_data_summary(summary, *, where: str = "manifest") -> None:
+#: quantiles of a softmax top-label confidence (class-vector input): probabilities
+_PROB_QUANTILES = _Sorted(Real(ge=0, le=1))
+
+
+def summary_holds_probabilities(summary, input_kind) -> bool:
+    """Whether a data summary's quantiles are probabilities (``[0, 1]``), by what the fit read.
+
+    Class vectors ``(n, K)`` (the summary holds ``class_frequencies``, which only 2-D input writes):
+    always, whatever ``input_kind`` (``"logits"`` or ``"probs"``), since the quantiles are of the softmax
+    top-label confidence. Box scores ``(n,)``: only with ``input_kind="probs"``; with ``"logits"`` (raw
+    detector logit scores, ``det-platt``'s default), ``"scores"`` (older records) or none, any finite value.
+    """
+    if isinstance(summary, dict) and "class_frequencies" in summary:
+        return True
+    return input_kind == "probs"
+
+
+def check_data_summary(summary, *, where: str = "manifest", input_kind=None) -> None:
     """Check a fit record's ``data_summary`` field by field before a drift check reads it.
+
+    ``input_kind`` is the fit record's ``fit.input_kind``: the quantiles must lie in ``[0, 1]`` when
+    :func:`summary_holds_probabilities` says they are probabilities, and be finite otherwise.
 
     Raises
     ------
     ValueError
-        One line naming the field, e.g. ``manifest: fit.data_summary.n: expected an integer >= 1, got 0``.
+        One line naming the field, e.g. ``manifest: fit.data_summary.n: expected an integer >= 1, got 0``
+        or ``manifest: fit.data_summary.confidence_quantiles[3]: expected a finite number in [0, 1] ..., got 1.5``.
     """
     ctx = _Ctx(where)
     DATA_SUMMARY.check(summary, "fit.data_summary", ctx)
+    quantiles = _PROB_QUANTILES if summary_holds_probabilities(summary, input_kind) else _QUANTILES
+    quantiles.check(summary["confidence_quantiles"], "fit.data_summary.confidence_quantiles", ctx)
     domains = summary.get("domains")
     if domains is not None:
         if not isinstance(domains, dict):
             ctx.fail("fit.data_summary.domains", "a JSON object {domain: summary}", domains)
-        part = Fields({"n": Int(ge=1, le=2 ** 53), "confidence_quantiles": _QUANTILES}, extra_ok=True)
+        part = Fields({"n": Int(ge=1, le=2 ** 53), "confidence_quantiles": quantiles}, extra_ok=True)
         for key, value in domains.items():
             part.check(value, f"fit.data_summary.domains.{key}", ctx)

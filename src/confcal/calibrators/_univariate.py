@@ -21,7 +21,7 @@ from scipy.special import expit, gammaln, logsumexp
 
 from confcal.calibrators._constrained_logistic import fit_constrained_logistic
 
-__all__ = ["equal_mass_edges", "bin_index", "fit_histogram", "apply_histogram", "fit_isotonic", "apply_isotonic",
+__all__ = ["equal_mass_edges", "edges_between", "bin_index", "fit_histogram", "apply_histogram", "fit_isotonic", "apply_isotonic",
            "fit_bbq", "apply_bbq", "bbq_bin_range", "bdeu_log_score", "random_halves",
            "fit_bin_means", "fit_platt", "apply_platt", "apply_step"]
 
@@ -34,12 +34,16 @@ def _weights(w, n):
 def equal_mass_edges(scores, n_bins: int, sample_weight=None) -> np.ndarray:
     """Interior edges of ``n_bins`` equal-mass bins of ``scores``; duplicates merged.
 
-    Edge ``i`` (``i = 1..n_bins-1``) is the smallest score whose cumulative
-    (weighted) count reaches ``i / n_bins`` of the total (the inverted-CDF
-    quantile, so every edge is a calibration score). Equal edges (ties) are kept
-    once and edges equal to the largest score are dropped, so that every bin holds
-    at least one calibration score: ties at a quantile put the whole tie in one
-    bin, and a constant predictor gets a single bin.
+    The cut ``i`` (``i = 1..n_bins-1``) falls after the smallest score whose
+    cumulative (weighted) count reaches ``i / n_bins`` of the total (the
+    inverted-CDF quantile ``q_i``). Equal cuts (ties) are kept once and cuts at
+    the largest score are dropped, so that every bin holds at least one
+    calibration score: ties at a quantile put the whole tie in one bin, and a
+    constant predictor gets a single bin. The stored edge is not ``q_i`` itself
+    but the midpoint between ``q_i`` and the next larger calibration score
+    of positive weight (:func:`edges_between`), so no calibration score lies on an edge and a score
+    an ulp away (another ``exp``, an exported head) stays in its bin; every
+    calibration score is in the same bin as under the edge ``q_i``.
 
     Returns float64 ``(n_edges,)``, strictly increasing, ``n_edges <= n_bins - 1``.
     """
@@ -51,8 +55,35 @@ def equal_mass_edges(scores, n_bins: int, sample_weight=None) -> np.ndarray:
     total = cw[-1]
     targets = np.arange(1, n_bins) * total / n_bins
     idx = np.minimum(np.searchsorted(cw, targets, side="left"), s.size - 1)
-    edges = np.unique(s_sorted[idx])
-    return edges[edges < s_sorted[-1]]
+    return _cuts_between(s_sorted, idx, w[order])
+
+
+def _cuts_between(s_sorted, idx, w_sorted) -> np.ndarray:
+    """The edges for the quantile ranks ``idx`` of the sorted scores: distinct quantiles below the
+    largest score, each moved to the midpoint before the next larger score of positive weight (a
+    zero-weight row is a removed row: it must not move an edge)."""
+    q = np.unique(s_sorted[idx])
+    q = q[q < s_sorted[-1]]
+    live = np.append(s_sorted[w_sorted > 0], np.inf)
+    return edges_between(q, live[np.searchsorted(live[:-1], q, side="right")])
+
+
+def edges_between(quantiles, above) -> np.ndarray:
+    """Bin edges strictly between each calibration-score quantile and the next larger calibration score.
+
+    ``quantiles`` ``(E,)`` strictly increasing scores, ``above`` ``(E,)`` the smallest calibration
+    score greater than each (so ``quantiles[i] < above[i] <= quantiles[i + 1]``). Returns float64
+    ``(E,)``: ``quantiles / 2 + above / 2`` (no overflow at the float64 limit), which lies strictly
+    between the two unless they are adjacent floats (or infinite), where the quantile itself is
+    kept. Every score ``<= quantiles[i]`` stays below edge ``i`` and every score ``>= above[i]``
+    above it, so the bins' contents are those of the edges ``quantiles``.
+    """
+    q = np.asarray(quantiles, dtype=np.float64)
+    a = np.asarray(above, dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        mid = 0.5 * q + 0.5 * a
+    ok = np.isfinite(mid) & (mid > q) & (mid < a)
+    return np.where(ok, mid, q)
 
 
 def bin_index(edges, scores) -> np.ndarray:
@@ -185,8 +216,7 @@ def fit_bbq(scores, targets, *, spread: float = 10.0, prior_strength: float = 2.
     for b in bbq_bin_range(int(round(total)) if sample_weight is not None else s.size, spread):
         # the edges of equal_mass_edges(s, b, w), from the one sort
         idx = np.minimum(np.searchsorted(cw, np.arange(1, b) * total / b, side="left"), s.size - 1)
-        edges = np.unique(s_sorted[idx])
-        edges = edges[edges < s_sorted[-1]]
+        edges = _cuts_between(s_sorted, idx, w[order])
         key = edges.tobytes()
         if key in seen:
             continue
@@ -218,8 +248,10 @@ def apply_bbq(params: dict, scores) -> np.ndarray:
 def random_halves(n_samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Scaling-binning's split of the calibration set: ``numpy.random.default_rng(seed)`` permutes
     ``range(n_samples)``; the first ``n // 2`` indices fit the scaling map, the rest the bins."""
-    if n_samples < 2:
-        raise ValueError(f"scaling-binning needs at least 2 calibration samples (two halves), got {n_samples}")
+    from confcal._validation import MIN_SPLIT_ROWS, min_rows_message
+
+    if n_samples < MIN_SPLIT_ROWS:
+        raise ValueError(min_rows_message("scaling-binning", n_samples, "two halves"))
     perm = np.random.default_rng(seed).permutation(n_samples)
     return perm[: n_samples // 2], perm[n_samples // 2:]
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
+from confcal._validation import MIN_SPLIT_ROWS, min_rows_message
 from confcal.calibrators._compose import MapCalibrator, Prepared
 from confcal.calibrators._constraints import AnyJSON, Choice, Int, Nullable, Real
 from confcal.calibrators.base import register
@@ -175,7 +176,11 @@ class _ODIRFit:
                                        reg_mu=cv.reg_mu)
             m.load_state_dict(state)
         else:
-            cv = _odir.select_odir(z, y, on_log_probs=self._on_log_probs, grid=grid, n_folds=self.cv,
+            # at most one fold per row: 2 rows cross-validate as leave-one-out (cv_results_.n_folds says so)
+            n = int(z.shape[0])
+            if n < MIN_SPLIT_ROWS:
+                raise ValueError(min_rows_message(self.method, n, "reg='cv' cross-validates; reg='fixed' fits 1 row"))
+            cv = _odir.select_odir(z, y, on_log_probs=self._on_log_probs, grid=grid, n_folds=min(self.cv, n),
                                    seed=self.random_state, tol=self.tol, sample_weight=sample_weight)
             # final fit on all rows: the procedure the folds validated (the same warm-started
             # path, PATH_MAX_ITER L-BFGS steps per grid point) down to the chosen point
@@ -249,7 +254,8 @@ class MatrixScaling(_ODIRFit, MapCalibrator):
         uses all rows. ``"fixed"``: use ``reg_lambda`` and ``reg_mu`` as given.
     reg_lambda : float >= 0 or None, off-diagonal penalty weight with ``reg="fixed"`` (None: 0)
     reg_mu : float >= 0 or None, intercept penalty weight with ``reg="fixed"`` (None: 0)
-    cv : int >= 2, number of folds (default 3; shuffled, seeded by ``random_state``)
+    cv : int >= 2, number of folds (default 3; shuffled, seeded by ``random_state``; at most one per row, so
+        2 rows cross-validate leave-one-out; 1 row is refused with ``reg='cv'``)
     reg_grid : lambda values (``mu = lambda``) or ``[lambda, mu]`` pairs, strongest first (None: the default grid)
     max_iter : L-BFGS iterations with ``reg="fixed"`` (default 500). With ``reg="cv"`` the final fit
         repeats the procedure the folds validated on all rows: the warm-started path down to the

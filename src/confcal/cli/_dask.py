@@ -23,19 +23,19 @@ def add_engine_args(p, *, fit: bool = False) -> None:
     g.add_argument("--workers", type=int, metavar="N",
                    help="start a local cluster of N worker processes (default 2) when no --scheduler is given")
     if fit:
-        g.add_argument("--sample-rows", type=int, default=DEFAULT_SAMPLE_ROWS, metavar="N",
+        g.add_argument("--sample-rows", type=int, default=None, metavar="N",
                        help="methods that are not full-data sums are fitted on a seeded uniform sample of N rows "
-                            f"(default {DEFAULT_SAMPLE_ROWS})")
-        g.add_argument("--seed", type=int, default=0, help="seed of that sample (default 0)")
+                            f"(default {DEFAULT_SAMPLE_ROWS}; only with --engine dask)")
+        g.add_argument("--seed", type=int, default=None, help="seed of that sample (default 0; only with --engine dask)")
 
 
 def wants_dask(args) -> bool:
     """True for ``--engine dask``; refuses the cluster options without it."""
     if getattr(args, "engine", "local") == "dask":
         return True
-    for opt in ("scheduler", "workers"):
+    for opt in ("scheduler", "workers", "sample_rows", "seed"):
         if getattr(args, opt, None) is not None:
-            raise ValueError(f"--{opt}: only with --engine dask")
+            raise ValueError(f"--{opt.replace('_', '-')}: only with --engine dask")
     return False
 
 
@@ -174,7 +174,9 @@ def run_fit(args, params: dict):
     with _client(args):
         cal, how = fit(args.method, _open(path), logits=cols["--logits"], labels=cols["--labels"],
                        domains=cols.get("--domains"), features=cols.get("--features"), params=params,
-                       input_kind=args.input_kind, sample_rows=args.sample_rows, random_state=args.seed,
+                       input_kind=args.input_kind,
+                       sample_rows=DEFAULT_SAMPLE_ROWS if args.sample_rows is None else args.sample_rows,
+                       random_state=0 if args.seed is None else args.seed,
                        return_how=True, category_ids=cols.get("--category-ids"))
     print(f"dask engine: {how}", file=sys.stderr)
     return cal

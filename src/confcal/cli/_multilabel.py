@@ -110,15 +110,27 @@ def run_report(args, inputs) -> int:
     from confcal.io import atomic_write
     from confcal.report import build_multilabel_report
 
+    import contextlib
+    from pathlib import Path
+
+    from confcal.cli._provenance import file_sha256
+
     logits, labels, manifest = inputs
     max_ece = _max_ece(args)
     stages = _stages(args, logits, manifest)
-    verdict = []
+    verdict, numbers = [], {}
     text = build_multilabel_report(stages, labels, manifest=manifest, n_bins=args.n_bins, n_draws=args.bootstrap,
-                                   max_ece=max_ece, verdict_out=verdict)
-    with atomic_write(args.output, "w") as fh:
-        fh.write(text)
-    print(f"wrote report ({len(text) // 1024} KiB, {text.count('<svg')} charts) -> {args.output}")
+                                   max_ece=max_ece, verdict_out=verdict, numbers_out=numbers)
+    # the same side-file as the class-vector report (report.run has guarded both paths)
+    side_file = str(Path(args.output).with_suffix(".numbers.json"))
+    if getattr(args, "calibrator", None):
+        numbers["calibrator_sha256"] = file_sha256(args.calibrator)
+    with contextlib.ExitStack() as stack:  # both files or neither
+        stack.enter_context(atomic_write(side_file, "w")).write(json.dumps(numbers, indent=2, allow_nan=False)
+                                                                 + "\n")
+        stack.enter_context(atomic_write(args.output, "w")).write(text)
+    print(f"wrote report ({len(text) // 1024} KiB, {text.count('<svg')} charts) -> {args.output} "
+          f"(numbers: {side_file})")
     failed = [v for v in verdict if not v["pass"]]
     if failed:
         from confcal.cli._audit import EXIT_ECE_EXCEEDED

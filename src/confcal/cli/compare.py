@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+
 from confcal.cli._common import SPEC_HELP, add_logits_args
+
+#: calibration rows per split when --cal-size is not given (half the rows when there are not more)
+DEFAULT_CAL_SIZE = 5000
 
 
 def register(sub):
@@ -17,8 +22,9 @@ def register(sub):
     p.add_argument("--methods", required=True, metavar="NAMES",
                    help="comma-separated method names, e.g. ts,pb,ts+pb (see 'confcal fit --help')")
     p.add_argument("--splits", type=int, default=10, help="number of random splits (default 10)")
-    p.add_argument("--cal-size", type=int, default=5000,
-                   help="calibration samples per split; the rest is the test set (default 5000)")
+    p.add_argument("--cal-size", type=int, default=None,
+                   help=f"calibration samples per split; the rest is the test set (default {DEFAULT_CAL_SIZE}, "
+                        "or half the rows when there are not more than that)")
     p.add_argument("--seed", type=int, default=0, help="seed of the splits (default 0)")
     p.add_argument("--test-logits", metavar="SPEC", help=f"fixed test set logits: {SPEC_HELP}")
     p.add_argument("--test-labels", metavar="SPEC", help=f"fixed test set labels: {SPEC_HELP}")
@@ -67,12 +73,20 @@ def run(args) -> int:
         raise ValueError(f"--jobs: expected an integer >= 1, got {args.jobs}")
     from confcal.cli import _multilabel
 
+    cal_size_default = args.cal_size is None
+    if cal_size_default:
+        args.cal_size = DEFAULT_CAL_SIZE
     inputs = _multilabel.multilabel_inputs(args)
     if inputs is not None:  # a sigmoid head: per-label metrics
         return _multilabel.run_compare(args, inputs, methods)
     scores = load_array(args.logits, name="logits")
     if scores.ndim == 1:
         return _run_boxes(args, scores, methods)
+    if cal_size_default and not fixed and args.cal_size >= scores.shape[0]:
+        # the default, not the user's number: half the rows (as for box scores); an explicit size >= n is refused
+        args.cal_size = scores.shape[0] // 2
+        print(f"note: --cal-size default {DEFAULT_CAL_SIZE} >= {scores.shape[0]} rows; calibrating on half "
+              f"({args.cal_size})", file=sys.stderr)
     side = {}
     for key in ("features", "domains", "test_features", "test_domains"):
         spec = getattr(args, key)

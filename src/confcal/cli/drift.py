@@ -53,7 +53,7 @@ def warn_if_drift(cal, logits, *, input_kind: str = "logits", domains=None) -> N
     try:
         from confcal.calibrators._constraints import check_data_summary
 
-        check_data_summary(fit["data_summary"])
+        check_data_summary(fit["data_summary"], input_kind=fit.get("input_kind"))
         rows = check(fit, logits, input_kind=input_kind, domains=domains)
     except Exception as exc:  # a damaged fit record never blocks apply: the check is skipped, said once
         warnings.warn(f"drift check skipped: the manifest's fit.data_summary cannot be used "
@@ -88,7 +88,8 @@ def run(args) -> int:
 
     if "data_summary" in (cal.fit_record_ or {}):  # damaged fields: one line naming the field and file
         try:
-            check_data_summary(cal.fit_record_["data_summary"], where=f"calibrator {args.calibrator}")
+            check_data_summary(cal.fit_record_["data_summary"], where=f"calibrator {args.calibrator}",
+                               input_kind=cal.fit_record_.get("input_kind"))
         except ValueError as exc:
             raise ValueError(f"{exc}; refit to get a drift summary") from None
     try:

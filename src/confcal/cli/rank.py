@@ -96,6 +96,27 @@ def _file_names(dets, gt):
     return [str(r.get("file_name", names.get(r["image_id"], ""))) for r in dets]
 
 
+def _check_as_match_does(part: list, path, gt) -> None:
+    """The record rules of ``detections match``: finite boxes with w, h >= 0 and, with a GT that lists its
+    categories, known category ids; one line naming --detections, the file and the record index."""
+    from confcal.detection.coco import category_columns
+    from confcal.detection.geometry import box_array
+
+    fmt = "xywha" if min(len(r["bbox"]) for r in part) >= 5 else "xywh"
+    g = None
+    if gt is not None:  # a damaged GT file is said as --gt's (outside the try)
+        from confcal.detection import load_coco_gt
+
+        g = load_coco_gt(gt)
+    try:
+        box_array([r["bbox"] for r in part], fmt, "detections", item="record")
+        if g is not None:
+            category_columns(g, part)
+    except ValueError as exc:
+        msg = str(exc)
+        raise ValueError(f"--detections: {path}: {msg.partition(': ')[2] or msg}") from None
+
+
 def _load_pairs(args):
     """``(dets, tiles, domains or None, file_names, det_ids)`` over every --detections file."""
     import numpy as np
@@ -118,6 +139,7 @@ def _load_pairs(args):
         if not part:
             raise ValueError(f"--detections: {path} holds no detections")
         gt = gts[k] if gts else None
+        _check_as_match_does(part, path, gt)
         if gt is not None:  # a queued image must be one the annotators can find
             from confcal.detection import load_coco_gt
 
@@ -210,6 +232,10 @@ def run(args) -> int:
         if not hasattr(cal, "predict_score"):
             raise ValueError(f"--calibrator: method {cal.method!r} does not calibrate box scores; "
                              "fit det-ts or det-platt")
+        if getattr(cal, "takes_box_features", False) or not hasattr(cal, "kind_"):
+            raise ValueError(f"--calibrator: rank takes det-ts / det-platt / det-beta manifests; {cal.method} "
+                             "maps box geometry features, which rank does not compute (apply it to the output "
+                             "of 'confcal detections match' with 'confcal apply')")
         if cal.kind_ != "binary":
             raise ValueError("--calibrator: this manifest was fitted on class vectors; rank takes box scores")
         if cal.by_domain_ and domains is None:

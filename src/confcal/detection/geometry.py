@@ -19,21 +19,23 @@ __all__ = ["box_iou", "box_array", "detect_box_format", "BOX_FORMATS", "box_geom
 BOX_FORMATS = ("auto", "xywh", "xywha")
 
 
-def box_array(boxes, fmt: str, what: str) -> np.ndarray:
-    """``(n, 4)`` or ``(n, 5)`` float64 boxes; ``ValueError`` naming ``what`` for short,
+def box_array(boxes, fmt: str, what: str, item: str = "box") -> np.ndarray:
+    """``(n, 4)`` or ``(n, 5)`` float64 boxes; ``ValueError`` naming ``what`` and the box (``item``
+    followed by its index, or ``item`` with ``{}`` for the index: ``"annotations[{}]"``) for short,
     non-finite or negative-size boxes."""
     width = 4 if fmt == "xywh" else 5
+    label = (lambda i: item.format(i)) if "{}" in item else (lambda i: f"{item} {i}")  # noqa: E731
     if len(boxes) == 0:
         return np.zeros((0, width))
     rows = []
     for i, b in enumerate(boxes):
         if len(b) < width:
-            raise ValueError(f"{what}: box {i} has {len(b)} values; format {fmt!r} needs {width}")
+            raise ValueError(f"{what}: {label(i)} has {len(b)} box values; format {fmt!r} needs {width}")
         rows.append([float(v) for v in b[:width]])
     a = np.asarray(rows, dtype=np.float64)
     if not np.all(np.isfinite(a)) or np.any(a[:, 2:4] < 0):
         i = int(np.flatnonzero(~np.isfinite(a).all(1) | (a[:, 2:4] < 0).any(1))[0])
-        raise ValueError(f"{what}: box {i} = {a[i].tolist()} needs finite values and w, h >= 0")
+        raise ValueError(f"{what}: {label(i)} has box {a[i].tolist()}; expected finite values and w, h >= 0")
     return a
 
 

@@ -58,7 +58,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from confcal.detection.coco import category_columns, load_coco_detections, load_coco_gt
-from confcal.detection.geometry import BOX_FORMATS, GEOMETRY_FEATURES, box_geometry, box_iou, detect_box_format
+from confcal.detection.geometry import (BOX_FORMATS, GEOMETRY_FEATURES, box_array, box_geometry, box_iou,
+                                        detect_box_format)
 
 __all__ = ["MatchedDetections", "match_detections", "match_many", "load_coco_gt", "load_coco_detections",
            "box_iou", "CROWD_RULES", "BOX_FORMATS"]
@@ -216,11 +217,26 @@ def _greedy(scores, ious, crowd_ious, thr):
     return match, ignored
 
 
+def _name_source(exc: ValueError, gt, detections) -> ValueError:
+    """``detections: record 3 ...`` -> ``detections: dets.json: record 3 ...`` when the input was a file
+    (the same for ``gt:``), so a message names the file as well as the record."""
+    import os
+
+    msg = str(exc)
+    for name, src in (("detections", detections), ("gt", gt)):
+        if isinstance(src, (str, os.PathLike)) and msg.startswith(name + ": ") and str(src) not in msg:
+            return ValueError(f"{name}: {src}: {msg[len(name) + 2:]}")
+    return exc
+
+
 def match_detections(gt, detections, *, iou_threshold: float = 0.5, crowd: str = "coco",
                      box_format: str = "auto", class_agnostic: bool = False,
                      domain_key: str | None = "domain", domain_map: Mapping | None = None,
                      geometry: bool | str = "auto", image_size=None) -> MatchedDetections:
     """Match detections to GT and return per-detection ``(score, correct, ...)`` arrays.
+
+    Errors in the inputs name the file (when a path was given) and the record:
+    ``detections: dets.json: record 3 has box [0.0, 0.0, -1.0, 2.0] ...``.
 
     Parameters
     ----------
@@ -259,6 +275,16 @@ def match_detections(gt, detections, *, iou_threshold: float = 0.5, crowd: str =
         raise ValueError(f"crowd: expected one of {CROWD_RULES}, got {crowd!r}")
     if box_format not in BOX_FORMATS:
         raise ValueError(f"box_format: expected one of {BOX_FORMATS}, got {box_format!r}")
+    try:
+        return _match(gt, detections, iou_threshold=iou_threshold, crowd=crowd, box_format=box_format,
+                      class_agnostic=class_agnostic, domain_key=domain_key, domain_map=domain_map,
+                      geometry=geometry, image_size=image_size)
+    except ValueError as exc:
+        raise _name_source(exc, gt, detections) from None
+
+
+def _match(gt, detections, *, iou_threshold, crowd, box_format, class_agnostic, domain_key, domain_map,
+           geometry, image_size) -> MatchedDetections:
     thr = float(iou_threshold)
     if not 0.0 < thr <= 1.0:
         raise ValueError(f"iou_threshold: expected a value in (0, 1], got {iou_threshold!r}")
@@ -266,6 +292,9 @@ def match_detections(gt, detections, *, iou_threshold: float = 0.5, crowd: str =
     g = load_coco_gt(gt)
     dets = load_coco_detections(detections)
     fmt = detect_box_format(g["annotations"], dets) if box_format == "auto" else box_format
+    # every box checked once, by its index in the file (box_iou sees one image's boxes at a time)
+    box_array([r["bbox"] for r in dets], fmt, "detections", item="record")
+    box_array([a["bbox"] for a in g["annotations"]], fmt, "gt", item="annotations[{}]")
     image_ids = {im["id"] for im in g["images"]}
     for i, r in enumerate(dets):
         if r["image_id"] not in image_ids:
@@ -449,6 +478,10 @@ def match_many(pairs: Sequence[tuple], *, iou_threshold: float = 0.5, crowd: str
                                           domain_key=None, domain_map=None, geometry=geometry,
                                           image_size=image_size))
         except ValueError as exc:
+            msg = str(exc)
+            head, sep, rest = msg.partition(": ")
+            if head in ("detections", "gt") and sep:  # keep the argument first: the CLI names its option
+                raise ValueError(f"{head}: pair {name!r}: {rest}") from None
             raise ValueError(f"pair {name!r}: {exc}") from None
     ids = [p.image_id for p in parts]
     if len({a.dtype.kind for a in ids}) > 1:

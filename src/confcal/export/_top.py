@@ -25,8 +25,9 @@ def _top_label_log_odds(z: Tensor, top: Tensor) -> Tensor:
 
 def _softmax_as_library(z: Tensor) -> Tensor:
     """``softmax(z)`` by the library's own op order (:func:`confcal._numeric.softmax`: ``exp(z - max - lse)``
-    renormalised): the top-label confidence is compared with bin edges that are calibration scores, so a
-    calibration row must reach the same bits, not a softmax an ulp away on the other side of its edge."""
+    renormalised): the top-label confidence is compared with bin edges and isotonic knots, so a row should
+    reach the same bits, not a softmax an ulp away (equal-mass edges lie between calibration scores, since
+    issue 21; manifests from before hold edges on calibration scores)."""
     zc = z - z.amax(dim=1, keepdim=True)
     q = torch.exp(zc - torch.log(torch.exp(zc).sum(dim=1, keepdim=True)))
     return q / q.sum(dim=1, keepdim=True)

@@ -1,0 +1,157 @@
+"""The fresh tester's findings of issue 21 (``/tmp/tester/findings.md``, T1...), one test each, in
+process through ``main(argv)``: the command's exit status, its one-line error and no output file."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+import pytest
+
+from confcal.cli import main
+
+
+def _err(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and err[-1].startswith("confcal: error: ") and "Traceback" not in "\n".join(err)
+    assert sum(line.startswith("confcal: error:") for line in err) == 1
+    return err[-1]
+
+
+@pytest.fixture
+def files(tmp_path):
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(300, 3)) * 2
+    y = np.where(rng.random(300) < 0.8, z.argmax(1), rng.integers(0, 3, 300))
+    np.save(tmp_path / "z.npy", z)
+    np.save(tmp_path / "y.npy", y)
+    np.savez(tmp_path / "v.npz", logits=z, labels=y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["fit", "-q", "--logits", f"{tmp_path}/z.npy", "--labels", f"{tmp_path}/y.npy", "--method", "ts",
+                     "-o", f"{tmp_path}/cal.json"]) == 0
+    return tmp_path, z, y
+
+
+@pytest.mark.parametrize("suffix, column", [(".parquet", "probs"), (".csv", "probs_1")])
+def test_t1_kept_column_named_like_an_output_column_is_refused(files, capsys, suffix, column):
+    """T1: --keep-columns probs wrote a Parquet file with two 'probs' columns (unreadable by name)."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    d, z, _ = files
+    pq.write_table(pa.table({**{f"logit_{j}": z[:, j] for j in range(3)}, column: np.arange(300)}), d / "x.parquet")
+    capsys.readouterr()
+    out = d / f"p{suffix}"
+    code = main(["apply", "-q", "--calibrator", f"{d}/cal.json", "--logits", f"{d}/x.parquet:logit_*",
+                 "--keep-columns", column, "-o", str(out)])
+    err = _err(capsys)
+    assert code == 2 and err.startswith(f"confcal: error: --keep-columns: {column!r} is the name of an output column")
+    assert not out.exists() and not [p for p in os.listdir(d) if p.endswith(".tmp")]
+    # another kept column is still copied
+    assert main(["apply", "-q", "--calibrator", f"{d}/cal.json", "--logits", f"{d}/x.parquet:logit_*",
+                 "--keep-columns", "logit_0", "-o", str(out)]) == 0
+
+
+def test_t2_compare_default_cal_size_falls_back_to_half_the_rows(files, capsys):
+    """T2: compare on 300 rows refused the default --cal-size 5000 the user never gave."""
+    d, _, _ = files
+    capsys.readouterr()
+    assert main(["compare", "-q", "--json", "--logits", f"{d}/v.npz:logits", "--labels", f"{d}/v.npz:labels",
+                 "--methods", "ts", "--splits", "1"]) == 0
+    cap = capsys.readouterr()
+    assert "calibrating on half (150)" in cap.err
+    import json
+
+    assert json.loads(cap.out)["protocol"]["cal_size"] == 150
+    # an explicit size >= n is still the user's mistake
+    code = main(["compare", "-q", "--logits", f"{d}/v.npz:logits", "--labels", f"{d}/v.npz:labels",
+                 "--methods", "ts", "--splits", "1", "--cal-size", "300"])
+    assert code == 2 and _err(capsys).startswith("confcal: error: --cal-size: ")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+def test_t3_output_that_is_a_fifo_is_refused(files, capsys):
+    """T3: apply -o FIFO replaced the pipe with a regular file (a reader never got the data)."""
+    d, _, _ = files
+    os.mkfifo(d / "f.npy")
+    capsys.readouterr()
+    code = main(["apply", "-q", "--calibrator", f"{d}/cal.json", "--logits", f"{d}/z.npy", "-o", f"{d}/f.npy"])
+    err = _err(capsys)
+    assert code == 2 and "--output: " in err and "FIFO" in err
+    import stat
+
+    assert stat.S_ISFIFO(os.stat(d / "f.npy").st_mode)  # still the pipe
+
+
+@pytest.mark.parametrize("flag", [["--sample-rows", "-1"], ["--sample-rows", "0"], ["--sample-rows", "5"],
+                                  ["--seed", "3"]])
+def test_t4_dask_sample_options_without_the_dask_engine_are_refused(files, capsys, flag):
+    """T4: --sample-rows -1 (or 0) was silently ignored by the local engine; --workers is refused there."""
+    d, _, _ = files
+    capsys.readouterr()
+    code = main(["fit", "-q", "--logits", f"{d}/z.npy", "--labels", f"{d}/y.npy", "--method", "ts",
+                 "-o", f"{d}/o.json", *flag])
+    err = _err(capsys)
+    assert code == 2 and err == f"confcal: error: {flag[0]}: only with --engine dask", err
+    assert not (d / "o.json").exists()
+
+
+def _coco(d):
+    import json
+
+    images = [{"id": i, "file_name": f"img{i}.png", "width": 100, "height": 100} for i in range(4)]
+    anns = [{"id": i, "image_id": i, "category_id": 1, "bbox": [10, 10, 20, 20], "area": 400, "iscrowd": 0}
+            for i in range(4)]
+    dets = [{"image_id": i, "category_id": 1, "bbox": [11, 11, 20, 20], "score": 0.5 + 0.1 * i} for i in range(4)]
+    dets += [{"image_id": i, "category_id": 1, "bbox": [60, 60, 10, 10], "score": 0.3} for i in range(4)]
+    (d / "gt.json").write_text(json.dumps({"images": images, "annotations": anns, "categories": [{"id": 1}]}))
+    return dets
+
+
+def test_t5_rank_with_a_geometry_calibrator_is_refused_in_one_line(tmp_path, capsys):
+    """T5: rank --calibrator det-platt-geo.json ended in 'internal error: AttributeError ... kind_'."""
+    import json
+
+    from confcal.calibrators import METHODS
+
+    dets = _coco(tmp_path)
+    (tmp_path / "dets.json").write_text(json.dumps(dets))
+    rng = np.random.default_rng(0)
+    s, cx = rng.uniform(0.05, 0.95, 200), rng.uniform(0, 1, 200)
+    y = (rng.uniform(size=200) < s).astype(int)
+    for method in ("det-platt-geo", "det-beta-geo", "det-hist-geo"):
+        cal = METHODS[method](box_features="cx", min_samples=5).fit(s, y, features=cx[:, None])
+        (tmp_path / "geo.json").write_text(json.dumps(cal.to_dict()))
+        capsys.readouterr()
+        code = main(["rank", "--detections", f"{tmp_path}/dets.json", "--gt", f"{tmp_path}/gt.json",
+                     "--calibrator", f"{tmp_path}/geo.json", "-o", f"{tmp_path}/q.csv"])
+        err = _err(capsys)
+        assert code == 2 and err.startswith("confcal: error: --calibrator: rank takes det-ts") and method in err, err
+        assert not (tmp_path / "q.csv").exists()
+
+
+@pytest.mark.parametrize("bad, where", [({"bbox": [float("nan")] * 4}, "record 5 has box"),
+                                        ({"bbox": [0, 0, -3, 4]}, "record 5 has box [0.0, 0.0, -3.0, 4.0]"),
+                                        ({"category_id": 999}, "record 5 has category_id 999")])
+def test_t6_rank_checks_detections_as_match_does(tmp_path, capsys, bad, where):
+    """T6: rank queued a file with a NaN / negative box or an unknown category that match refuses."""
+    import json
+
+    dets = _coco(tmp_path)
+    dets[5].update(bad)
+    (tmp_path / "dets.json").write_text(json.dumps(dets).replace("NaN", "NaN"))
+    argv = ["rank", "--detections", f"{tmp_path}/dets.json", "--gt", f"{tmp_path}/gt.json", "-o", f"{tmp_path}/q.csv"]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = _err(capsys)
+    assert err.startswith(f"confcal: error: --detections: {tmp_path}/dets.json: {where}"), err
+    assert not (tmp_path / "q.csv").exists()
+    # match says the same of the same file
+    assert main(["detections", "match", "--gt", f"{tmp_path}/gt.json", "--detections", f"{tmp_path}/dets.json",
+                 "-o", f"{tmp_path}/m.npz"]) == 2
+    assert where.split(" has ")[0] in _err(capsys)
+    dets[5] = {"image_id": 1, "category_id": 1, "bbox": [60, 60, 10, 10], "score": 0.3}
+    (tmp_path / "dets.json").write_text(json.dumps(dets))
+    assert main(argv) == 0 and (tmp_path / "q.csv").exists()
