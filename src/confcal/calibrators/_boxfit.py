@@ -171,7 +171,8 @@ def box_fit_job(cal, *, by_domain: bool, grouped: bool, digest=None, max_iter: i
     Sets the fitted attributes (as :meth:`_set_fitted` does) and ``fit_record_`` (counts, metrics
     and ``data_sha256``; the caller adds its own entries). ``grouped``: the batches carry group keys
     (``per_class`` and/or ``by_domain``). ``digest``: a :class:`confcal._digest.DataDigest` for an
-    in-order engine (the digest of the whole arrays), else the digest of the batches' digests.
+    in-order engine (the digest of the whole arrays), else the batches' mergeable partial digests
+    (the same value).
     Returns the number of passes made.
 
     Raises ``ValueError`` when there are no rows or every weight is 0.

@@ -75,7 +75,7 @@ def _ts_batch(batch: dict, first: int, *, input_kind: str, validate: bool, by_do
     """``{"stats": {group: TSPassStats}, ...}`` of one batch for every requested group
     ``{group: (t, exact, after, before, near)}``; ``wildcard``: a request for every domain seen.
     ``digest``: a :class:`confcal._digest.DataDigest` updated in row order on the validating pass
-    (in-order engines: the digest of the whole arrays), else each batch's sha256 is returned."""
+    (in-order engines: the digest of the whole arrays), else the batch's mergeable partial digest."""
     from confcal._validation import check_domains, check_labels, check_logits
 
     x = batch["logits"]
@@ -176,9 +176,9 @@ def temperature_job(*, t_bounds, tol: float = 1e-12, max_iter: int = 100, input_
     fewer than ``min_samples`` rows use the pooled fit. Returns a :class:`TemperatureJobResult`.
 
     ``digest``: a :class:`confcal._digest.DataDigest` for an in-order engine (the digest of the
-    whole arrays, as :meth:`Calibrator.fit` computes it); without it, the digest of the
-    batches' digests in row order (engine-specific batch boundaries: not comparable across
-    engines). ``n_rows``: the row count when the engine knows it; up to ``_WARM_START_ROWS``
+    whole arrays, as :meth:`Calibrator.fit` computes it); without it, the batches' mergeable
+    partial digests (:func:`confcal._digest.digest_part`): the same value, whatever the
+    batching or partitioning. ``n_rows``: the row count when the engine knows it; up to ``_WARM_START_ROWS``
     rows (or with weights) the fit starts at ``T = 1`` as :func:`fit_temperature` does, else
     from a fit on spread-out row blocks.
 
