@@ -24,7 +24,7 @@ import math
 import warnings
 from dataclasses import dataclass
 from functools import partial
-import hashlib
+from confcal._digest import digest_part, merge_parts, part_hexdigest
 
 import numpy as np
 
@@ -152,20 +152,15 @@ def _info_batch(batch: dict, first: int, *, cal, digest=None):
     if digest is not None:
         for i, a in enumerate(arrays):
             digest.update(i, a)
-        info["digest"] = []
+        info["digest"] = None
     else:
-        h = hashlib.sha256()
-        for a in arrays:
-            a = np.asarray(a)
-            h.update(str(a.dtype).encode() + str(a.shape[1:]).encode())
-            h.update(repr(a.tolist()).encode() if a.dtype == object else np.ascontiguousarray(a).data)
-        info["digest"] = [(first, h.hexdigest())]
+        info["digest"] = digest_part(first, [np.asarray(a) for a in arrays])
     return info
 
 
 def _merge_info_digest(a: dict, b: dict) -> dict:
     out = merge_info(a, b)
-    out["digest"] = a["digest"] + b["digest"]
+    out["digest"] = merge_parts(a["digest"], b["digest"])
     return out
 
 
@@ -176,7 +171,8 @@ def box_fit_job(cal, *, by_domain: bool, grouped: bool, digest=None, max_iter: i
     Sets the fitted attributes (as :meth:`_set_fitted` does) and ``fit_record_`` (counts, metrics
     and ``data_sha256``; the caller adds its own entries). ``grouped``: the batches carry group keys
     (``per_class`` and/or ``by_domain``). ``digest``: a :class:`confcal._digest.DataDigest` for an
-    in-order engine (the digest of the whole arrays), else the digest of the batches' digests.
+    in-order engine (the digest of the whole arrays), else the batches' mergeable partial digests
+    (the same value).
     Returns the number of passes made.
 
     Raises ``ValueError`` when there are no rows or every weight is 0.
@@ -198,7 +194,7 @@ def box_fit_job(cal, *, by_domain: bool, grouped: bool, digest=None, max_iter: i
                       "raw logits with input_kind='logits' if you have them", CalibrationWarning,
                       stacklevel=stacklevel + 1)
     data_sha256 = (digest.hexdigest() if digest is not None else
-                   hashlib.sha256("".join(h for _, h in sorted(info["digest"])).encode()).hexdigest())
+                   part_hexdigest(info["digest"]))
     groups = info["groups"]
     weighted = any(e[1] != e[0] for e in groups.values())
     min_samples = cal.min_samples

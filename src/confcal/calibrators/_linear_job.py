@@ -33,7 +33,7 @@ on the seeded sample); :data:`confcal.calibrators.registry.FULL_DATA_JOBS` says 
 
 from __future__ import annotations
 
-import hashlib
+from confcal._digest import digest_part, merge_parts, part_hexdigest
 import math
 from functools import partial
 
@@ -157,12 +157,7 @@ def validated_batch(batch: dict, first: int, *, input_kind: str, one_logit: bool
 def first_pass_checks(raw, x, y, first: int, input_kind: str) -> dict:
     """What the first pass of a fit job records of one validated batch: its digest and the flags
     of the probabilities-as-logits check, which needs every row (:func:`refuse_probabilities`)."""
-    out = {"digest": [], "unit": False, "sums_to_one": True, "inside": False}
-    h = hashlib.sha256()
-    for a in (x, y):
-        h.update(str(a.dtype).encode() + str(a.shape).encode())
-        h.update(np.ascontiguousarray(a).data)
-    out["digest"] = [(first, h.hexdigest())]
+    out = {"digest": digest_part(first, (x, y)), "unit": False, "sums_to_one": True, "inside": False}
     if input_kind == "logits" and raw.ndim == 2 and raw.shape[1] > 1:
         out["unit"] = raw.dtype.kind == "f" and bool(np.min(raw) >= 0) and bool(np.max(raw) <= 1)
         if out["unit"]:
@@ -173,7 +168,7 @@ def first_pass_checks(raw, x, y, first: int, input_kind: str) -> dict:
 
 
 def merge_checks(a: dict, b: dict) -> dict:
-    return {"digest": a["digest"] + b["digest"], "unit": a["unit"] and b["unit"],
+    return {"digest": merge_parts(a["digest"], b["digest"]), "unit": a["unit"] and b["unit"],
             "sums_to_one": a["sums_to_one"] and b["sums_to_one"], "inside": a["inside"] or b["inside"]}
 
 
@@ -185,8 +180,9 @@ def refuse_probabilities(st: dict) -> None:
 
 
 def batch_digest(st: dict) -> str:
-    """The fit record's ``data_sha256`` of a job: the sha256 of the batches' digests in row order."""
-    return hashlib.sha256("".join(d for _, d in sorted(st["digest"])).encode()).hexdigest()
+    """The fit record's ``data_sha256`` of a job: :func:`confcal._digest.part_hexdigest` of its merged
+    partial digests (equal to the in-memory fit's digest of the whole arrays, whatever the batching)."""
+    return part_hexdigest(st["digest"], 2)
 
 
 def _linear_batch(batch: dict, first: int, *, kind: str, k: int | None, input_kind: str, one_logit: bool,
@@ -207,7 +203,7 @@ def _linear_batch(batch: dict, first: int, *, kind: str, k: int | None, input_ki
             raise ValueError(f"labels: sample {first + i} has label {int(y[i])}, whose logit is -inf "
                              "(probability 0); the NLL is infinite")
     out = {"n": int(len(y)), "k": int(k), "loss": 0.0, "grad": None, "hess": None, "after": None,
-           "before": None, "digest": [], "unit": False, "sums_to_one": True, "inside": False}
+           "before": None, "digest": None, "unit": False, "sums_to_one": True, "inside": False}
     after = SummaryAccumulator(15, equal_mass=False) if metrics else None
     if validate:
         from confcal._numeric import softmax

@@ -14,7 +14,7 @@ at its domain's temperature.
 
 from __future__ import annotations
 
-import hashlib
+from confcal._digest import digest_part, merge_parts, part_hexdigest
 import math
 import warnings
 from dataclasses import dataclass
@@ -75,7 +75,7 @@ def _ts_batch(batch: dict, first: int, *, input_kind: str, validate: bool, by_do
     """``{"stats": {group: TSPassStats}, ...}`` of one batch for every requested group
     ``{group: (t, exact, after, before, near)}``; ``wildcard``: a request for every domain seen.
     ``digest``: a :class:`confcal._digest.DataDigest` updated in row order on the validating pass
-    (in-order engines: the digest of the whole arrays), else each batch's sha256 is returned."""
+    (in-order engines: the digest of the whole arrays), else the batch's mergeable partial digest."""
     from confcal._validation import check_domains, check_labels, check_logits
 
     x = batch["logits"]
@@ -91,7 +91,7 @@ def _ts_batch(batch: dict, first: int, *, input_kind: str, validate: bool, by_do
     w = batch.get("sample_weight")
     if w is not None:
         w = _check_weights(w, first) if validate else np.asarray(w, dtype=np.float64)
-    out = {"stats": {}, "n": int(x.shape[0]), "k": int(x.shape[1]), "counts": {}, "digest": [],
+    out = {"stats": {}, "n": int(x.shape[0]), "k": int(x.shape[1]), "counts": {}, "digest": None,
            "unit": True, "sums_to_one": True, "inside": False}
     if validate:
         arrays = (x, y) + (() if d is None else (d,)) + (() if w is None else (w,))  # as Calibrator.fit
@@ -99,11 +99,7 @@ def _ts_batch(batch: dict, first: int, *, input_kind: str, validate: bool, by_do
             for i, a in enumerate(arrays):
                 digest.update(i, a)
         else:
-            h = hashlib.sha256()
-            for a in arrays:
-                h.update(str(a.dtype).encode() + str(a.shape).encode())
-                h.update(repr(a.tolist()).encode() if a.dtype == object else np.ascontiguousarray(a).data)
-            out["digest"] = [(first, h.hexdigest())]
+            out["digest"] = digest_part(first, arrays)
         out["unit"] = input_kind == "logits"  # every row in [0, 1]: set from the pooled stats below
     rows_of = {}
     if d is not None:
@@ -145,7 +141,8 @@ def _merge_ts(a: dict, b: dict) -> dict:
     counts = dict(a["counts"])
     for g, c in b["counts"].items():
         counts[g] = counts.get(g, 0) + c
-    return {"stats": stats, "n": a["n"] + b["n"], "k": a["k"], "counts": counts, "digest": a["digest"] + b["digest"],
+    return {"stats": stats, "n": a["n"] + b["n"], "k": a["k"], "counts": counts,
+            "digest": merge_parts(a["digest"], b["digest"]),
             "unit": a["unit"] and b["unit"], "sums_to_one": a["sums_to_one"] and b["sums_to_one"],
             "inside": a["inside"] or b["inside"]}
 
@@ -179,9 +176,9 @@ def temperature_job(*, t_bounds, tol: float = 1e-12, max_iter: int = 100, input_
     fewer than ``min_samples`` rows use the pooled fit. Returns a :class:`TemperatureJobResult`.
 
     ``digest``: a :class:`confcal._digest.DataDigest` for an in-order engine (the digest of the
-    whole arrays, as :meth:`Calibrator.fit` computes it); without it, the digest of the
-    batches' digests in row order (engine-specific batch boundaries: not comparable across
-    engines). ``n_rows``: the row count when the engine knows it; up to ``_WARM_START_ROWS``
+    whole arrays, as :meth:`Calibrator.fit` computes it); without it, the batches' mergeable
+    partial digests (:func:`confcal._digest.digest_part`): the same value, whatever the
+    batching or partitioning. ``n_rows``: the row count when the engine knows it; up to ``_WARM_START_ROWS``
     rows (or with weights) the fit starts at ``T = 1`` as :func:`fit_temperature` does, else
     from a fit on spread-out row blocks.
 
@@ -298,7 +295,7 @@ def temperature_job(*, t_bounds, tol: float = 1e-12, max_iter: int = 100, input_
                 after[0].merge(pair[0])
                 after[1].merge(pair[1])
     sha = (digest.hexdigest() if digest is not None else
-           hashlib.sha256("".join(h for _, h in sorted(info["digest"])).encode()).hexdigest())
+           part_hexdigest(info["digest"]))
     return TemperatureJobResult(pooled=pooled, groups=groups, counts=counts, fallback=fallback,
                                 n_samples=int(info["n"]), n_classes=int(info["k"]), data_sha256=sha,
                                 metrics_before=_summary(state["before"]), metrics_after=_summary(after))

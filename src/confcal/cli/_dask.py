@@ -129,11 +129,18 @@ def run_evaluate(args) -> int:
     path, cols = _dataset(args, ["--logits", "--labels", "--domains", "--features"])
     if "--labels" not in cols:
         raise ValueError("--labels: required")
+    cal = _calibrator(args)
+    features = cols.get("--features")
+    if features is None:  # geometry maps: their box features by name from the --logits dataset, as in one process
+        names = getattr(args, "box_features", None) or (
+            ",".join(cal.feature_names_) if getattr(cal, "takes_box_features", False)
+            and getattr(cal, "feature_names_", None) else None)
+        features = names
     with _client(args):
         # --input-kind default: the calibrator's (its manifest), else logits, as in one process
         res = evaluate(_open(path), logits=cols["--logits"], labels=cols["--labels"],
-                       domains=cols.get("--domains"), features=cols.get("--features"),
-                       calibrator=_calibrator(args), input_kind=args.input_kind, n_bins=args.n_bins)
+                       domains=cols.get("--domains"), features=features,
+                       calibrator=cal, input_kind=args.input_kind, n_bins=args.n_bins)
     if res.get("n_outside"):
         print(f"note: {res['n_outside']} of {res['n_samples']} box scores lie outside [0, 1]; the uncalibrated "
               "metrics use them clipped to [0, 1]", file=sys.stderr)
@@ -171,9 +178,13 @@ def run_fit(args, params: dict):
     path, cols = _dataset(args, ["--logits", "--labels", "--domains", "--features", "--category-ids"])
     if "--labels" not in cols:
         raise ValueError("--labels: required")
+    features = cols.get("--features")
+    if getattr(args, "box_features", None) and features is None:
+        # the geometry columns, read by name from the --logits dataset (as the single-process fit does)
+        features = args.box_features
     with _client(args):
         cal, how = fit(args.method, _open(path), logits=cols["--logits"], labels=cols["--labels"],
-                       domains=cols.get("--domains"), features=cols.get("--features"), params=params,
+                       domains=cols.get("--domains"), features=features, params=params,
                        input_kind=args.input_kind,
                        sample_rows=DEFAULT_SAMPLE_ROWS if args.sample_rows is None else args.sample_rows,
                        random_state=0 if args.seed is None else args.seed,

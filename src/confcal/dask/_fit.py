@@ -104,8 +104,8 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
         Fitted; its fit record has ``engine: "dask"``, ``fitted_on`` (``"all rows"`` or
         ``"sample"``), the drift ``data_summary`` (of all rows, exact, for full-data fits; of the
         sample otherwise) and ``n_passes`` (full-data fits) or ``sample`` (``{"rows", "seed"}``).
-        ``data_sha256`` is a digest of the batches' digests
-        (not comparable with a single-process fit's).
+        ``data_sha256`` is the single-process fit's digest of the same rows
+        (:mod:`confcal._digest`: fixed global row blocks, independent of the partitioning).
 
     Raises
     ------
