@@ -137,39 +137,55 @@ def child_env(threads: int | None) -> dict:
     return env
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=100_000_000)
-    ap.add_argument("--classes", type=int, default=10)
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--data", help="dataset folder to reuse or create (kept); default: a temporary one, deleted")
-    ap.add_argument("--out", default="/tmp/confcal-dask-bench-out", help="folder for manifests and outputs")
-    ap.add_argument("--engines", default="single,single-1t,dask", help="comma list of single, single-1t, dask")
-    ap.add_argument("--jobs", default="fit ts,evaluate,apply", help="comma list of 'fit ts', evaluate, apply")
-    ap.add_argument("--calibrator", help="manifest for evaluate/apply when 'fit ts' is not run")
-    ap.add_argument("--bare-pass", metavar="PARQUET", help=argparse.SUPPRESS)  # internal: one bare pass
-    args = ap.parse_args()
-    if args.bare_pass:
-        print(bare_pass(Path(args.bare_pass), args.classes))
-        return
+def _numbers(v) -> list[float]:
+    """Every number of a manifest's ``parameters`` (nested lists and dicts), in a fixed order."""
+    if isinstance(v, bool):
+        return []
+    if isinstance(v, (int, float)):
+        return [float(v)]
+    if isinstance(v, dict):
+        return [x for key in sorted(v) for x in _numbers(v[key])]
+    if isinstance(v, (list, tuple)):
+        return [x for item in v for x in _numbers(item)]
+    return []
 
-    data = Path(args.data) if args.data else Path(f"/tmp/confcal-dask-bench/{args.rows}x{args.classes}")
-    t0 = time.perf_counter()
-    reused = dataset_ready(data, args.rows, args.classes)
-    if not reused:
-        generate(data, args.rows, args.classes)
-    size_mb = (data / "v.parquet").stat().st_size / 2**20
+
+def _centred(params: dict) -> dict:
+    """``params`` with each ``map_state`` bias shifted to mean 0: the softmax is invariant to a common
+    shift of its inputs, so the bias is defined up to one (each fit keeps its own start's shift)."""
+    state = params.get("map_state") if isinstance(params, dict) else None
+    if not isinstance(state, dict) or not isinstance(state.get("bias"), list) or not state["bias"]:
+        return params
+    bias = state["bias"]
+    flat = bias if not isinstance(bias[0], list) else None
+    if flat is None:
+        return params
+    mean = sum(flat) / len(flat)
+    return {**params, "map_state": {**state, "bias": [v - mean for v in flat]}}
+
+
+def max_rel_diff(a: dict, b: dict) -> float:
+    """Largest ``|a - b| / max(|a|, |b|)`` over the numbers of two manifests' parameters (biases
+    centred, :func:`_centred`)."""
+    x, y = _numbers(_centred(a)), _numbers(_centred(b))
+    if len(x) != len(y):
+        return float("inf")
+    return max((abs(p - q) / max(abs(p), abs(q)) for p, q in zip(x, y) if p != q), default=0.0)
+
+
+def run_size(args, n_rows: int, data: Path, py: str, out: Path) -> list[dict]:
+    """Every wanted job on every engine at one size; returns the table rows (``size`` = n_rows)."""
     import pyarrow.parquet as pq
 
+    t0 = time.perf_counter()
+    reused = dataset_ready(data, n_rows, args.classes)
+    if not reused:
+        generate(data, n_rows, args.classes)
+    size_mb = (data / "v.parquet").stat().st_size / 2**20
     n_groups = pq.ParquetFile(data / "v.parquet").metadata.num_row_groups
-    print(f"dataset {data}: {args.rows:,} x {args.classes} float32 logits, {size_mb:,.0f} MB Parquet, "
+    print(f"dataset {data}: {n_rows:,} x {args.classes} float32 logits, {size_mb:,.0f} MB Parquet, "
           f"{n_groups} row groups ({'reused' if reused else 'generated'} in {time.perf_counter() - t0:.0f} s)",
           flush=True)
-    load_before = os.getloadavg()
-    print(f"load average before: {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}", flush=True)
-
-    py = sys.executable
-    out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     cal = out / "cal.json"
@@ -186,66 +202,125 @@ def main() -> None:
                child_env(1))
     if bare["rc"] != 0:
         raise SystemExit(f"bare pass failed: {bare['err'].strip()}")
-    rows.append({"engine": "one process, 1 thread", "job": "bare pass", "wall": bare["wall"], "cpu": bare["cpu"],
-                 "rows_per_s": args.rows / bare["wall"], "own_mb": bare["own_mb"], "worker_mb": 0.0, "info": "",
-                 "passes": 1})
-    print(f"bare pass {bare['wall']:8.1f} s  cpu {bare['cpu']:7.1f} s  {args.rows / bare['wall'] / 1e6:7.2f} M rows/s",
+    rows.append({"size": n_rows, "engine": "one process, 1 thread", "job": "bare pass", "wall": bare["wall"],
+                 "cpu": bare["cpu"], "rows_per_s": n_rows / bare["wall"], "own_mb": bare["own_mb"], "worker_mb": 0.0,
+                 "info": "", "passes": 1, "bare_wall": bare["wall"], "bare_cpu": bare["cpu"]})
+    print(f"bare pass {bare['wall']:8.1f} s  cpu {bare['cpu']:7.1f} s  {n_rows / bare['wall'] / 1e6:7.2f} M rows/s",
           flush=True)
+    vs_params = {}
     for engine, (extra, threads) in engines.items():
+        fit = ["--logits", f"{src}:logit_*", "--labels", f"{src}:label", "--json"]
         jobs = {
-            "fit ts": base + ["fit", "--method", "ts", "--logits", f"{src}:logit_*", "--labels", f"{src}:label",
-                              "-o", str(out / f"cal-{engine}.json"), "--json"] + extra,
+            "fit ts": base + ["fit", "--method", "ts"] + fit + ["-o", str(out / f"cal-{engine}.json")] + extra,
             "evaluate": base + ["evaluate", "--logits", f"{src}:logit_*", "--labels", f"{src}:label",
                                 "--calibrator", str(cal), "--json"] + extra,
             "apply": base + ["apply", "--calibrator", str(cal), "--logits", f"{src}:logit_*", "--dtype", "float32",
                              "-o", str(out / f"probs-{engine}.parquet")] + extra,
+            "fit vs": base + ["fit", "--method", "vs"] + fit + ["-o", str(out / f"vs-{engine}.json")] + extra,
         }
         for job, cmd in jobs.items():
-            if job not in wanted or (job != "fit ts" and not cal.exists()):
+            if job not in wanted or (job in ("evaluate", "apply") and not cal.exists()):
+                continue
+            if job == "fit vs" and n_rows > args.vs_max_rows:
                 continue
             r = run(cmd, child_env(threads))
             if r["rc"] != 0:
                 print(f"{engine} {job} failed (exit {r['rc']}): {r['err'].strip().splitlines()[-1:]}", flush=True)
                 continue
             info, passes = "", {"evaluate": 2, "apply": 1}.get(job)
-            if job == "fit ts":
+            if job.startswith("fit"):
                 manifest = json.loads(r["out"])
                 passes = manifest["fit"].get("n_passes")
-                info = f"T={manifest['parameters']['temperature']:.9f}"
-                if not cal.exists():
-                    shutil.copy(out / f"cal-{engine}.json", cal)
-            rows.append({"engine": engine, "job": job, "wall": r["wall"], "cpu": r["cpu"],
-                         "rows_per_s": args.rows / r["wall"],
-                         "own_mb": r["own_mb"], "worker_mb": r["peak_child_mb"], "info": info,
-                         "passes": passes})
+                if job == "fit ts":
+                    info = f"T={manifest['parameters']['temperature']:.9f}"
+                    if not cal.exists():
+                        shutil.copy(out / f"cal-{engine}.json", cal)
+                else:
+                    info = f"fitted on {manifest['fit'].get('fitted_on', 'all rows')}"
+                    first = next(iter(vs_params.values()), None)
+                    if first is not None:
+                        info += (f"; parameters (biases centred) max rel diff vs {next(iter(vs_params))} "
+                                 f"{max_rel_diff(first, manifest['parameters']):.2e}")
+                    vs_params[engine] = manifest["parameters"]
+            rows.append({"size": n_rows, "engine": engine, "job": job, "wall": r["wall"], "cpu": r["cpu"],
+                         "rows_per_s": n_rows / r["wall"], "own_mb": r["own_mb"], "worker_mb": r["peak_child_mb"],
+                         "info": info, "passes": passes, "bare_wall": bare["wall"], "bare_cpu": bare["cpu"]})
             print(f"{engine:9s} {job:9s} {r['wall']:8.1f} s  cpu {r['cpu']:7.1f} s  "
-                  f"{args.rows / r['wall'] / 1e6:7.2f} M rows/s  "
+                  f"{n_rows / r['wall'] / 1e6:7.2f} M rows/s  "
                   f"command {r['own_mb']:6.0f} MB  largest worker {r['peak_child_mb']:6.0f} MB  "
                   f"passes {passes}  {info}", flush=True)
             shutil.rmtree(out / f"probs-{engine}.parquet", ignore_errors=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="100000000",
+                    help="rows, or a comma list of sizes run one after the other in this run (e.g. 20000000,100000000)")
+    ap.add_argument("--classes", type=int, default=10)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--data", help="dataset folder to reuse or create (kept), one per --rows size (comma list); "
+                                   "default: temporary ones, deleted")
+    ap.add_argument("--out", default="/tmp/confcal-dask-bench-out", help="folder for manifests and outputs")
+    ap.add_argument("--engines", default="single,single-1t,dask", help="comma list of single, single-1t, dask")
+    ap.add_argument("--jobs", default="fit ts,evaluate,apply,fit vs",
+                    help="comma list of 'fit ts', evaluate, apply, 'fit vs'")
+    ap.add_argument("--vs-max-rows", type=int, default=20_000_000, help="'fit vs' runs at the sizes up to this")
+    ap.add_argument("--calibrator", help="manifest for evaluate/apply when 'fit ts' is not run")
+    ap.add_argument("--bare-pass", metavar="PARQUET", help=argparse.SUPPRESS)  # internal: one bare pass
+    args = ap.parse_args()
+    if args.bare_pass:
+        print(bare_pass(Path(args.bare_pass), args.classes))
+        return
+    sizes = [int(float(v)) for v in args.rows.split(",")]
+    datas = ([Path(v) for v in args.data.split(",")] if args.data else
+             [Path(f"/tmp/confcal-dask-bench/{n}x{args.classes}") for n in sizes])
+    if len(datas) != len(sizes):
+        raise SystemExit(f"--data: expected one folder per --rows size ({len(sizes)}), got {len(datas)}")
+    load_before = os.getloadavg()
+    print(f"load average before: {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}", flush=True)
+    t_start = time.perf_counter()
+    py = sys.executable
+    out = Path(args.out)
+    rows = []
+    for n_rows, data in zip(sizes, datas):
+        rows += run_size(args, n_rows, data, py, out)
     load_after = os.getloadavg()
     print()
     print(f"load average before {load_before[0]:.2f} / {load_before[1]:.2f} / {load_before[2]:.2f}, after "
-          f"{load_after[0]:.2f} / {load_after[1]:.2f} / {load_after[2]:.2f} (1 / 5 / 15 min)")
+          f"{load_after[0]:.2f} / {load_after[1]:.2f} / {load_after[2]:.2f} (1 / 5 / 15 min); "
+          f"whole run {time.perf_counter() - t_start:.0f} s")
     print()
-    print("| job | engine | wall s | wall in bare passes | CPU s (all processes) | M rows/s | passes | "
-          "peak RSS command MB | peak RSS largest worker MB | notes |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| rows | job | engine | wall s | wall in bare passes | CPU s (all processes) | CPU in bare-pass CPU | "
+          "M rows/s | passes | peak RSS command MB | peak RSS largest worker MB | notes |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         worker = f"{r['worker_mb']:.0f}" if r["engine"] == "dask" else "–"
-        print(f"| {r['job']} | {r['engine']} | {r['wall']:.1f} | {r['wall'] / bare['wall']:.2f} | {r['cpu']:.1f} | "
-              f"{r['rows_per_s'] / 1e6:.2f} | {r['passes'] if r['passes'] is not None else '?'} | {r['own_mb']:.0f} | "
-              f"{worker} | {r['info']} |")
-    by = {(r["engine"], r["job"]): r for r in rows}
+        print(f"| {r['size'] / 1e6:g}M | {r['job']} | {r['engine']} | {r['wall']:.1f} | {r['wall'] / r['bare_wall']:.2f} | "
+              f"{r['cpu']:.1f} | {r['cpu'] / r['bare_cpu']:.2f} | {r['rows_per_s'] / 1e6:.2f} | "
+              f"{r['passes'] if r['passes'] is not None else '?'} | {r['own_mb']:.0f} | {worker} | {r['info']} |")
+    by = {(r["size"], r["engine"], r["job"]): r for r in rows}
     print()
-    for job in ("fit ts", "evaluate", "apply"):
-        for single in ("single", "single-1t"):
-            if (single, job) in by and ("dask", job) in by:
-                print(f"{job}: dask / {single} throughput = "
-                      f"{by[('dask', job)]['rows_per_s'] / by[(single, job)]['rows_per_s']:.2f}x")
+    for n_rows in sizes:
+        for job in ("fit ts", "evaluate", "apply", "fit vs"):
+            for single in ("single", "single-1t"):
+                d, s1 = by.get((n_rows, "dask", job)), by.get((n_rows, single, job))
+                if d and s1:
+                    # CPU: what the dask command would reach on idle cores, one per worker
+                    print(f"{n_rows / 1e6:g}M {job}: dask / {single} throughput = {s1['wall'] / d['wall']:.2f}x "
+                          f"(CPU s {d['cpu']:.1f} vs {s1['cpu']:.1f}: at most {args.workers * s1['cpu'] / d['cpu']:.2f}x "
+                          f"on {args.workers} idle cores)")
+    if len(sizes) > 1:
+        lo, hi = min(sizes), max(sizes)
+        for job in ("fit ts", "evaluate", "apply"):
+            a, b = by.get((lo, "dask", job)), by.get((hi, "dask", job))
+            if a and b and a["worker_mb"] > 0:
+                print(f"{job}: peak worker RSS {lo / 1e6:g}M {a['worker_mb']:.0f} MB, {hi / 1e6:g}M "
+                      f"{b['worker_mb']:.0f} MB ({b['worker_mb'] / a['worker_mb'] - 1:+.0%})")
     shutil.rmtree(out, ignore_errors=True)
     if not args.data:
-        shutil.rmtree(data, ignore_errors=True)
+        for data in datas:
+            shutil.rmtree(data, ignore_errors=True)
 
 
 if __name__ == "__main__":

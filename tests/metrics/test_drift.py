@@ -99,3 +99,29 @@ def test_cli_drift_apply_warning_and_provenance(tmp_path, capsys):
     assert main(["apply", "--calibrator", str(cal), "--logits", str(tmp_path / "same.npy"),
                  "-o", str(tmp_path / "p.npy")]) == 0
     assert "differs" not in capsys.readouterr().err
+
+
+#: the top softmax probability as 1 / sum exp(z - max) against scipy's softmax maximum: a few roundings
+SOFTMAX_TOP_RTOL = 8 * np.finfo(np.float64).eps
+
+
+@settings(max_examples=60)
+@given(n=st.integers(1, 200), k=st.integers(2, 80), seed=st.integers(0, 2**31 - 1),
+       dtype=st.sampled_from([np.float32, np.float64]), scale=st.sampled_from([0.01, 1.0, 30.0]))
+def test_softmax_top_is_scipys_softmax_maximum_and_batch_independent(n, k, seed, dtype, scale):
+    from confcal.metrics.drift import softmax_top, top_confidence
+
+    rng = np.random.default_rng(seed)
+    x = (rng.normal(size=(n, k)) * scale).astype(dtype)
+    if k > 2:
+        x[rng.random((n, k)) < 0.1] = -np.inf  # masked classes
+        x[:, 0] = np.where(np.isneginf(x).all(axis=1), 0.0, x[:, 0])
+    p = special.softmax(x.astype(np.float64), axis=1)
+    conf, pred = top_confidence(x)
+    np.testing.assert_array_equal(pred, np.argmax(x, axis=1))
+    np.testing.assert_allclose(conf, p.max(axis=1), rtol=SOFTMAX_TOP_RTOL, atol=0)
+    cut = int(rng.integers(0, n + 1))  # a row's value does not depend on the rows batched with it
+    if 0 < cut < n:
+        a, _ = softmax_top(x[:cut])
+        b, _ = softmax_top(x[cut:])
+        np.testing.assert_array_equal(np.concatenate([a, b]), conf)

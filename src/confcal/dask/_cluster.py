@@ -63,8 +63,16 @@ def cluster_client(scheduler: str | None = None, *, workers: int | None = None, 
 
 
 def _one_thread() -> None:
-    """Each worker is one process with one thread: keep torch and Arrow from starting their own pools."""
+    """Each worker is one process with one thread: keep BLAS, torch and Arrow from running their own pools.
+
+    A forked worker inherits numpy's OpenBLAS already started with one thread per core (setting
+    ``OMP_NUM_THREADS`` now is too late for it): its threads then spin against the other worker
+    on the same cores, e.g. 62.6 CPU s for a 1M-row ``vs`` fit on 2 workers against 7.2 s in one
+    one-thread process (benchmarks/results/dask_scale.md, run 7)."""
+    from threadpoolctl import threadpool_limits
+
     os.environ["OMP_NUM_THREADS"] = "1"
+    threadpool_limits(limits=1)
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
     if "pyarrow" in sys.modules:

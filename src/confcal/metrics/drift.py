@@ -31,10 +31,9 @@ import math
 
 import numpy as np
 
-from confcal._numeric import softmax
 from confcal._validation import as_numpy, check_domains
 
-__all__ = ["data_summary", "drift_check", "top_confidence", "ks_statistic", "ks_threshold", "DEFAULT_ALPHA",
+__all__ = ["data_summary", "drift_check", "top_confidence", "softmax_top", "ks_statistic", "ks_threshold", "DEFAULT_ALPHA",
            "N_QUANTILES"]
 
 #: family-wise false-alarm level of :func:`drift_check` (before the per-domain Bonferroni split)
@@ -56,17 +55,49 @@ def top_confidence(logits, *, input_kind: str = "logits"):
     >>> conf.round(4).tolist(), pred.tolist()
     ([0.5, 0.8808], [0, 0])
     """
-    x = as_numpy(logits, "logits").astype(np.float64)
+    x = as_numpy(logits, "logits")
     if x.ndim == 1:
-        return x, None
+        return x.astype(np.float64), None
     if x.ndim != 2 or x.shape[0] == 0:
         raise ValueError(f"logits: expected shape (n_samples, n_classes) or (n_boxes,), got {x.shape}")
     if input_kind == "probs":
         with np.errstate(divide="ignore"):
-            x = np.log(x)
-    p = softmax(x)
-    pred = np.argmax(p, axis=1)
-    return p[np.arange(p.shape[0]), pred], pred
+            x = np.log(x.astype(np.float64))
+    elif x.dtype not in (np.float32, np.float64):  # (float32 rows are widened row by row below)
+        x = x.astype(np.float64)
+    return softmax_top(x)
+
+
+def softmax_top(x: np.ndarray, dtype=np.float64) -> tuple[np.ndarray, np.ndarray]:
+    """``(max softmax probability, first arg-max)`` of each row of 2-D ``x``, in ``dtype``.
+
+    The top probability is ``1 / sum_k exp(x_k - max_k x_k)`` (its own term is ``exp(0) = 1``),
+    computed per row in a fixed order (the column sums run left to right), so a row gets the
+    same bits whichever batch it is in. ``x`` may be float32: the differences are taken in
+    ``dtype`` (exact for float32 input in float64). One ``exp`` per entry, no division matrix:
+    ~4x cheaper than ``softmax(x).max(axis=1)``, equal to it within a few ulps. ``-inf``
+    entries get probability 0; a NaN row gives NaN.
+
+    Examples
+    --------
+    >>> conf, pred = softmax_top(np.array([[0.0, 0.0], [2.0, 0.0]]))
+    >>> conf.round(4).tolist(), pred.tolist()
+    ([0.5, 0.8808], [0, 0])
+    """
+    k = x.shape[1]
+    pred = np.argmax(x, axis=1)
+    hi = x[np.arange(x.shape[0]), pred]
+    with np.errstate(invalid="ignore", over="ignore"):
+        e = np.subtract(x, hi[:, None], dtype=dtype)
+        np.exp(e, out=e)
+    if k <= 64:
+        s = e[:, 0].copy()
+        for j in range(1, k):
+            s += e[:, j]
+    else:
+        s = np.add.reduce(e, axis=1)
+    with np.errstate(divide="ignore"):
+        return np.divide(1.0, s, dtype=dtype), pred
 
 
 def _quantiles(v: np.ndarray, q: int) -> list[float]:
