@@ -178,3 +178,55 @@ def test_wrn_cifar100_nll_is_within_0002_of_sklearn(shared_data):
     ref = nll(q / q.sum(axis=1, keepdims=True), y[te])
     assert ref == pytest.approx(0.9253, abs=2e-3)
     assert ours <= ref + 2e-3, (ours, ref)
+
+
+# ------------------------------------------------------------------ beta: the batched active sets
+from confcal.calibrators._platt_batch import fit_logistic_batch  # noqa: E402
+from confcal.calibrators._reduce import log_odds  # noqa: E402
+from confcal.calibrators.beta import fit_beta, fit_beta_batch  # noqa: E402
+
+
+def test_logistic_batch_equals_one_class_newton_with_two_features():
+    rng = np.random.default_rng(11)
+    n, k = 400, 4
+    x = rng.normal(size=(k, n, 2))
+    t = (rng.uniform(size=(k, n)) < 1 / (1 + np.exp(-(x[:, :, 0] - 0.5 * x[:, :, 1])))).astype(float)
+    w = rng.uniform(0.5, 2.0, size=n)
+    coef, icpt, loss, conv = fit_logistic_batch(x, t, sample_weight=w)
+    assert conv.all()
+    for j in range(k):
+        ref = fit_constrained_logistic(x[j], t[j], sample_weight=w)
+        np.testing.assert_allclose(coef[j], ref.coef, atol=PARAM_ATOL)
+        assert icpt[j] == pytest.approx(ref.intercept, abs=PARAM_ATOL)
+        assert loss[j] == pytest.approx(ref.nll, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_beta_batch_equals_per_class_constrained_fits(seed):
+    """Classes whose free fit breaks a >= 0 constraint (the decreasing column 0 here) take the smaller active sets."""
+    z, y, _ = _problem(n=500, k=6, seed=seed, scale=2.5)
+    z[:, 0] = -z[:, 0]  # class 0's probability now falls with its label: the free slope goes negative
+    lo = log_odds(z)
+    tgt = (y[:, None] == np.arange(6)[None, :]).astype(float)
+    w = np.random.default_rng(seed).uniform(0.5, 2.0, size=len(y))
+    maps = fit_beta_batch(lo, tgt, sample_weight=w)
+    for j, m in enumerate(maps):
+        ref = fit_beta(lo[:, j], tgt[:, j], sample_weight=w)
+        for key in "abc":
+            assert m[key] == pytest.approx(ref[key], abs=PARAM_ATOL), (j, key)
+        assert m["a"] >= 0 and m["b"] >= 0
+    assert any(m["a"] == 0 or m["b"] == 0 for m in maps)  # an active constraint was exercised
+
+
+def test_beta_calibration_uses_the_batch_and_keeps_its_predictions():
+    z, y, _ = _problem(n=400, k=4, seed=5)
+    cal = METHODS["beta"]().fit(z, y)
+    lo = log_odds(z)
+    for j, m in enumerate(cal.maps_):
+        ref = fit_beta(lo[:, j], (y == j).astype(float))
+        for key in "abc":
+            assert m[key] == pytest.approx(ref[key], abs=PARAM_ATOL)
+    zb = z[:, :2]
+    cal2 = METHODS["beta"]().fit(zb, (y % 2))
+    ref = fit_beta(log_odds(zb)[:, 1], (y % 2 == 1).astype(float))
+    assert len(cal2.maps_) == 1 and cal2.maps_[0]["a"] == pytest.approx(ref["a"], abs=PARAM_ATOL)
