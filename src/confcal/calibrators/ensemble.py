@@ -123,7 +123,8 @@ def mixture_weights(comps: np.ndarray, r: np.ndarray, *, tol: float = 1e-12, max
     The objective is convex in ``w``, so its minimum over the simplex lies in the relative interior of
     one face: each face (support) gets a Newton solve in barycentric coordinates that stays inside it,
     and the lowest objective over the faces whose solve converged inside is the optimum (exact active-set
-    enumeration, ``2^m - 1`` faces). Returns ``(w, f)``.
+    enumeration, ``2^m - 1`` faces, largest first; the first face optimum that meets the KKT conditions
+    ``sum_i r_i comps[i, j] / p_i <= 1`` ends the search). Returns ``(w, f)``.
     """
     n, m = comps.shape
     best_f, best_w = math.inf, None
@@ -138,10 +139,16 @@ def mixture_weights(comps: np.ndarray, r: np.ndarray, *, tol: float = 1e-12, max
                 w, f = _face_newton(c, r, tol, max_iter)
                 if w is None:
                     continue
+            full = np.zeros(m)
+            full[list(support)] = w
+            # KKT of the simplex problem: sum_i r_i comps[i, j] / p_i <= 1 for every j off the support (it is
+            # 1 on it): then this face's optimum is the global one and the smaller faces need no solve
+            if math.isfinite(f):
+                py = comps @ full
+                if np.all(r @ (comps / py[:, None]) <= 1.0 + 1e-9):
+                    return full, f
             if f < best_f:
-                best_f = f
-                best_w = np.zeros(m)
-                best_w[list(support)] = w
+                best_f, best_w = f, full
     return best_w, best_f
 
 
