@@ -122,3 +122,30 @@ def test_wrn_cifar100_reaches_the_interior_optimum(shared_data):
     cal = METHODS["ets"]().fit(z[c], y[c])
     assert cal.nll_ == pytest.approx(0.943335, abs=2e-6)
     assert cal.temperature_ == pytest.approx(1.3923, abs=1e-3)
+
+
+# ------------------------------------------------------------ issue 26: numpy fit and predict
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 10_000), st.integers(2, 7), st.floats(0.5, 8.0))
+def test_numpy_fit_and_predict_equal_the_torch_map_path(seed, k, scale):
+    """The numpy ``_fit`` / ``_predict_proba`` against the MapCalibrator (torch module) path they bypass."""
+    from confcal.calibrators._compose import MapCalibrator
+
+    z, y = simulate(120, k, seed=seed, scale=scale, temperature=2.0)
+    cal = METHODS["ets"]().fit(z, y)
+    ref = METHODS["ets"]()
+    MapCalibrator._fit(ref, z, y)
+    assert float(ref.map_.log_t) == pytest.approx(float(cal.map_.log_t), rel=1e-12, abs=1e-14)
+    np.testing.assert_allclose(ref.map_.weights.numpy(), cal.weights_, rtol=1e-12, atol=1e-300)
+    assert ref.nll_ == pytest.approx(cal.nll_, rel=1e-12)
+    zt = z * 1.5 + 0.3  # unseen rows
+    np.testing.assert_allclose(cal._predict_proba(zt), MapCalibrator._predict_proba(cal, zt), rtol=1e-12, atol=1e-300)
+
+
+def test_masked_logits_take_the_torch_path_and_stay_distributions():
+    z, y = simulate(200, 4, seed=3, scale=3.0)
+    z[:, 3] = -np.inf
+    y = np.where(y == 3, 0, y)
+    cal = METHODS["ets"](max_iter=100).fit(z, y)
+    q = cal.predict_proba(z)
+    assert np.all(q[:, 3] == 0) and np.allclose(q.sum(1), 1.0, atol=1e-12)

@@ -79,30 +79,61 @@ class EnsembleTemperatureScaling(MapCalibrator):
         with torch.no_grad():
             m.log_t.fill_(math.log(t))
 
-    def _fit_map(self, z, y, features=None, sample_weight=None):
-        from confcal.calibrators._compose import Prepared, logits_scale_error
-        from confcal.calibrators._maps import build_map
-        from confcal.calibrators._optim import OptimResult
+    def _solve(self, z: np.ndarray, y: np.ndarray, sample_weight=None):
+        """``(log T, w, F, n_eval, converged)`` of finite float64 logits ``z`` ``(n, K)`` (numpy only): the TS
+        temperature as the start, then the profiled solver; an overflow raises the logits-scale error."""
+        from confcal.calibrators._compose import logits_scale_error
 
-        self._check_hyperparameters()
-        m = build_map(self.map_name, self._map_config(z.shape[1]))
-        prep = Prepared(m, z, None, sample_weight)
-        if prep.mask is not None:
-            return super()._fit_map(z, y, features, sample_weight)
-        self._init_map(m, z, y, features, sample_weight)
+        t = fit_temperature(z, y, sample_weight=sample_weight, warn=False).temperature
         try:
             with np.errstate(over="raise", invalid="raise"):
-                log_t, w, f, n_eval, ok = _ETSProfile(prep.z.numpy(), y.numpy(), sample_weight).solve(
-                    float(m.log_t.detach()), max_iter=self.max_iter, tol=self.tol)
+                out = _ETSProfile(z, y, sample_weight).solve(math.log(t), max_iter=self.max_iter, tol=self.tol)
         except FloatingPointError as exc:
-            raise logits_scale_error(z, exc) from exc
-        if not math.isfinite(f):
-            raise logits_scale_error(z, FloatingPointError("the ETS objective is not finite"))
+            raise logits_scale_error(torch.from_numpy(z), exc) from exc
+        if not math.isfinite(out[2]):
+            raise logits_scale_error(torch.from_numpy(z), FloatingPointError("the ETS objective is not finite"))
+        return out
+
+    def _build(self, n_classes: int, log_t: float, w: np.ndarray):
+        from confcal.calibrators._maps import build_map
+
+        m = build_map(self.map_name, self._map_config(n_classes))
         with torch.no_grad():
             m.log_t.fill_(float(log_t))
             # a weight of exactly 0 (a face of the simplex) is stored as 1e-300 of the largest: the logits stay finite
             m.mix_logits.copy_(torch.from_numpy(np.log(np.maximum(w, 1e-300 * w.max())) - math.log(w.max())))
-        return m, OptimResult(f, n_eval, ok)
+        return m
+
+    def _fit_map(self, z, y, features=None, sample_weight=None):
+        from confcal.calibrators._optim import OptimResult
+
+        self._check_hyperparameters()
+        zn = z.numpy() if isinstance(z, torch.Tensor) else np.asarray(z, dtype=np.float64)
+        if np.isneginf(zn).any():
+            return super()._fit_map(z, y, features, sample_weight)
+        yn = y.numpy() if isinstance(y, torch.Tensor) else np.asarray(y)
+        log_t, w, f, n_eval, ok = self._solve(np.asarray(zn, dtype=np.float64), yn, sample_weight)
+        return self._build(zn.shape[1], log_t, w), OptimResult(f, n_eval, ok)
+
+    def _fit(self, logits, labels, features=None, sample_weight=None):
+        """Finite logits: numpy only (the map module is built at the end to hold the parameters); logits
+        with ``-inf`` entries take :class:`MapCalibrator`'s autograd path."""
+        z = np.asarray(logits, dtype=np.float64)
+        if np.isneginf(z).any():
+            return super()._fit(logits, labels, features, sample_weight)
+        self._check_hyperparameters()
+        y = np.asarray(labels, dtype=np.int64)
+        log_t, w, f, n_eval, ok = self._solve(z, y, sample_weight)
+        self.map_ = self._build(z.shape[1], log_t, w).requires_grad_(False)
+        self.nll_, self.n_iter_, self.converged_ = f, n_eval, ok
+
+    def _predict_proba(self, logits, features=None):
+        """``w1 softmax(z / T) + w2 softmax(z) + w3 / K`` in numpy for finite logits (the torch map's
+        ``softmax(log p)`` equals it to rounding); ``-inf`` logits take the torch map (masked classes)."""
+        z = np.asarray(logits, dtype=np.float64)
+        if np.isneginf(z).any():
+            return super()._predict_proba(logits, features)
+        return ets_probs(z, float(self.map_.log_t), self.map_.weights.detach().numpy())
 
     @property
     def temperature_(self) -> float:
@@ -114,6 +145,23 @@ class EnsembleTemperatureScaling(MapCalibrator):
         self._check_fitted()
         return self.map_.weights.detach().tolist()
 
+
+
+def ets_probs(z: np.ndarray, log_t: float, w: np.ndarray) -> np.ndarray:
+    """ETS probabilities ``(n, K)`` of finite float64 logits ``z`` ``(n, K)`` (eq. 47 of Atarashi et al.):
+    ``w1 softmax(z / T) + w2 softmax(z) + w3 / K`` with ``T = exp(log_t)``, ``w`` ``(3,)`` on the simplex.
+
+    Four elementwise passes: the row-max shift, the two exponentials and the weighted sum written in place.
+    """
+    k = z.shape[1]
+    zc = z - z.max(axis=1, keepdims=True)
+    e1 = np.exp(zc * math.exp(-log_t))
+    e2 = np.exp(zc, out=zc)
+    e1 *= (w[0] / e1.sum(axis=1))[:, None]
+    e2 *= (w[1] / e2.sum(axis=1))[:, None]
+    e1 += e2
+    e1 += w[2] / k
+    return e1
 
 
 def mixture_weights(comps: np.ndarray, r: np.ndarray, *, tol: float = 1e-12, max_iter: int = 50):
