@@ -341,23 +341,28 @@ class _Scores:
                     target_tags=TargetTags(required=True))
 
 
+@pytest.mark.parametrize("score", ["log-odds", "log-prob"])
 @pytest.mark.parametrize("k", [2, 3, 5])
-def test_platt_ovr_matches_sklearn_calibrated_classifier_sigmoid(k):
+def test_platt_ovr_matches_sklearn_calibrated_classifier_sigmoid(k, score):
     from sklearn.calibration import CalibratedClassifierCV
+
+    from confcal._numeric import log_softmax
 
     FrozenEstimator = pytest.importorskip("sklearn.frozen", reason="needs scikit-learn >= 1.6").FrozenEstimator
 
     x, y = make(600, k, seed=10 + k, scale=1.5)
     xt, _ = make(200, k, seed=20 + k, scale=1.5)
     allx = np.concatenate([x, xt])
-    lo = log_odds(allx)
+    # two classes always take the log-odds (the logit margin): scikit-learn's binary decision function
+    lo = log_odds(allx) if score == "log-odds" or k == 2 else log_softmax(allx)
     scores = lo[:, 1] if k == 2 else lo
     est = _Scores(scores, np.arange(k))
     idx = np.arange(len(allx))[:, None]
     sk = CalibratedClassifierCV(FrozenEstimator(est), method="sigmoid").fit(idx[:600], y)
     expected = sk.predict_proba(idx[600:])
-    ours = METHODS["platt-ovr"]().fit(x, y).predict_proba(xt)
-    np.testing.assert_allclose(ours, expected, atol=2e-5)
+    cal = METHODS["platt-ovr"](score_space=score).fit(x, y)
+    assert cal.score_space_ == ("log-odds" if k == 2 else score)
+    np.testing.assert_allclose(cal.predict_proba(xt), expected, atol=2e-5)
 
 
 # --------------------------------------------------------------------- top-label spread

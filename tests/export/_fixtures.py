@@ -34,7 +34,8 @@ CLASSIFIERS = {
     "bbq": ({}, None),
     "scaling-binning-marginal": ({"scaler": "ts"}, None),
     "scaling-binning-marginal-platt": ({"scaler": "platt"}, None),
-    "platt-ovr": ({}, None),
+    "platt-ovr": ({"score_space": "log-odds"}, None),
+    "platt-ovr-log-prob": ({"score_space": "log-prob"}, None),  # the log-softmax score of the export's space 3
     "beta": ({}, None),
     "isotonic-top": ({}, None),
     "histogram-binning-top": ({}, None),
@@ -78,7 +79,7 @@ def fitted_classifier(method):
     x, y, dom, _, _ = cifar()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return METHODS[method.removesuffix("-platt")](**params).fit(x, y, **({"domains": dom} if side else {}))
+        return METHODS[method.removesuffix("-platt").removesuffix("-log-prob")](**params).fit(x, y, **({"domains": dom} if side else {}))
 
 
 @functools.lru_cache(maxsize=None)

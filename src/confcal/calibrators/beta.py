@@ -30,7 +30,8 @@ from confcal.calibrators._reduce import OneVsRestCalibrator
 from confcal.calibrators.base import register
 from confcal.calibrators.detection import _BoxScoreMaps, _grouped_fields, score_logit
 
-__all__ = ["BetaCalibration", "DetectionBetaCalibration", "beta_features", "fit_beta", "apply_beta"]
+__all__ = ["BetaCalibration", "DetectionBetaCalibration", "beta_features", "fit_beta", "fit_beta_batch",
+           "apply_beta"]
 
 
 def beta_features(log_odds) -> np.ndarray:
@@ -43,6 +44,49 @@ def fit_beta(log_odds, targets, *, sample_weight=None) -> dict:
     """Maximum-likelihood ``(a, b, c)`` of the beta map with ``a, b >= 0`` (see the module docstring)."""
     res = fit_constrained_logistic(beta_features(log_odds), targets, nonneg=(0, 1), sample_weight=sample_weight)
     return {"a": res.coef[0], "b": res.coef[1], "c": res.intercept}
+
+
+def fit_beta_batch(log_odds, targets, *, sample_weight=None) -> list[dict]:
+    """:func:`fit_beta` for the ``K`` columns of ``log_odds`` / ``targets`` ``(n, K)`` at once.
+
+    The same exact constrained maximum likelihood: every active set of ``a, b >= 0`` (none, ``a = 0``,
+    ``b = 0``, both) is a batch of ``K`` logistic fits (:func:`._platt_batch.fit_logistic_batch`,
+    batched Newton with closed-form gradients and Hessians), and per class the lowest loss among the
+    feasible sets is kept, in :func:`fit_constrained_logistic`'s order and tie rule (a class whose free fit
+    is feasible stops there: that is its constrained optimum, the problem being convex). A class whose
+    Newton did not converge warns as there.
+    """
+    import warnings
+
+    from confcal.calibrators._platt_batch import fit_logistic_batch
+    from confcal.calibrators._tsfit import CalibrationWarning
+
+    lo = np.asarray(log_odds, dtype=np.float64).T                    # (K, n)
+    t = np.asarray(targets, dtype=np.float64).T
+    k = lo.shape[0]
+    feats = np.stack([-np.logaddexp(0.0, -lo), np.logaddexp(0.0, lo)], axis=2)  # (K, n, 2)
+    best_loss = np.full(k, np.inf)
+    best = np.zeros((k, 3))
+    best_conv = np.zeros(k, dtype=bool)
+    todo = np.arange(k)
+    for fixed in ((), (0,), (1,), (0, 1)):
+        free = [j for j in (0, 1) if j not in fixed]
+        coef, icpt, loss, conv = fit_logistic_batch(feats[todo][:, :, free], t[todo], sample_weight=sample_weight)
+        full = np.zeros((todo.size, 2))
+        full[:, free] = coef
+        ok = np.all(full >= 0, axis=1) & (loss < best_loss[todo] - 1e-15)
+        sel = todo[ok]
+        best[sel, :2], best[sel, 2], best_loss[sel], best_conv[sel] = full[ok], icpt[ok], loss[ok], conv[ok]
+        if not fixed:
+            # a feasible unconstrained optimum of this convex problem is the constrained one: only the
+            # classes whose free fit broke a sign constraint need the smaller active sets
+            todo = todo[~ok]
+            if todo.size == 0:
+                break
+    for j in np.flatnonzero(~best_conv):
+        warnings.warn(f"logistic fit did not converge in 100 Newton steps (coef {best[j, :2].tolist()}); "
+                      "the classes may be separable on this calibration set", CalibrationWarning, stacklevel=3)
+    return [{"a": float(a), "b": float(b), "c": float(c)} for a, b, c in best]
 
 
 def apply_beta(params: dict, log_odds) -> np.ndarray:
@@ -101,6 +145,12 @@ class BetaCalibration(OneVsRestCalibrator):
 
     def __init__(self, input_kind: str = "logits"):
         self.input_kind = input_kind
+
+    def _fit(self, logits, labels, sample_weight=None, **side):
+        s = self._scores(logits)
+        cols = [1] if logits.shape[1] == 2 else list(range(logits.shape[1]))
+        targets = (labels[:, None] == np.asarray(cols)[None, :]).astype(np.float64)
+        self.maps_ = fit_beta_batch(s[:, cols], targets, sample_weight=sample_weight)
 
     def _fit_map(self, scores, targets, sample_weight):
         return fit_beta(scores, targets, sample_weight=sample_weight)

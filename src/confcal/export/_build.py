@@ -135,6 +135,8 @@ def _one_vs_rest(cal):
         space, temperature = ("ts", cal.temperature_) if cal.scaler_ == "ts" else ("logit", 1.0)
     else:  # platt-ovr, beta
         cmap = LogisticMap(maps, beta=method == "beta")
+        if method == "platt-ovr" and cal.score_space_ == "log-prob":
+            space = "logprob"
     core = OneVsRestCore(cmap, space=space, binary=len(maps) == 1, n_classes=cal.n_classes_,
                          temperature=temperature)
     return Head(core, input_probs=_input_probs(cal), compute64=True, grouped=False, n_classes=cal.n_classes_,

@@ -641,14 +641,14 @@ def _emit_log_odds(g: Graph, z: str) -> str:
 
 class OneVsRestCore(nn.Module):
     """One-vs-rest maps renormalised (:class:`confcal.calibrators._reduce.OneVsRestCalibrator`):
-    scores (``softmax(z)``, ``softmax(z / T)`` or the log-odds), one map per class (one on class 1
-    for two classes, class 0 its complement), clipped to [0, 1], divided by the row sum (all-zero
+    scores (``softmax(z)``, ``softmax(z / T)``, the log-odds or the clipped log-softmax), one map per
+    class (one on class 1 for two classes, class 0 its complement), clipped to [0, 1], divided by the row sum (all-zero
     rows: 1/K), and a tie with the arg-max of ``softmax(z)`` broken toward it by one ulp."""
 
     def __init__(self, cmap: nn.Module, *, space: str, binary: bool, n_classes: int, temperature: float = 1.0):
         super().__init__()
         self.cmap = cmap
-        self.space = {"prob": 0, "ts": 1, "logit": 2}[space]
+        self.space = {"prob": 0, "ts": 1, "logit": 2, "logprob": 3}[space]
         self.binary = bool(binary)
         self.n_classes = int(n_classes)
         self.register_buffer("temperature", _buf(temperature))
@@ -658,6 +658,8 @@ class OneVsRestCore(nn.Module):
             s = torch.softmax(z, dim=1)
         elif self.space == 1:
             s = torch.softmax(z / self.temperature.to(z.device), dim=1)
+        elif self.space == 3:  # literal LOGIT_CLIP: see _log_odds
+            s = torch.log_softmax(z, dim=1).clamp(-36.04365338911715, 36.04365338911715)
         else:
             s = _log_odds(z)
         if self.binary:
@@ -680,6 +682,8 @@ class OneVsRestCore(nn.Module):
             s = g.op("Softmax", z, axis=1)
         elif self.space == 1:
             s = g.op("Softmax", g.op("Div", z, g.const(float(self.temperature), f)), axis=1)
+        elif self.space == 3:
+            s = g.op("Clip", g.op("LogSoftmax", z, axis=1), g.const(-LOGIT_CLIP, f), g.const(LOGIT_CLIP, f))
         else:
             s = _emit_log_odds(g, z)
         zero_, one_ = g.const(0.0, f), g.const(1.0, f)
