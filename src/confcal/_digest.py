@@ -8,7 +8,6 @@ gives the same digest as hashing whole arrays.
 from __future__ import annotations
 
 import hashlib
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -47,6 +46,8 @@ class DataDigest:
             buf = np.ascontiguousarray(a)
             if buf.nbytes >= _BACKGROUND_BYTES:
                 if self._pool is None:
+                    from concurrent.futures import ThreadPoolExecutor  # here: ~20 ms to import, only large fits hash
+
                     self._pool = ThreadPoolExecutor(1, thread_name_prefix="confcal-digest")
                 self._pending[i] = self._pool.submit(self._parts[i].update, buf.data)
             else:
