@@ -6,9 +6,10 @@ own environment, never in the project's::
 
     python3 -m venv /tmp/benchvenv
     /tmp/benchvenv/bin/pip install -c constraints.txt -e . 'netcal==1.4.*' 'probmetrics==1.3.*' \\
-        'torch-uncertainty==0.13.*' lightning relplot torchmetrics rich
+        'torch-uncertainty==0.13.*' lightning relplot torchmetrics rich numba
 
-(``rich``: torch-uncertainty imports it and does not declare it. No torchvision: the one built for
+(``rich``: torch-uncertainty imports it and does not declare it; ``numba``: probmetrics' calibrators
+import it and do not declare it. No torchvision: the one built for
 torch 2.13.0, 0.28.0, is CUDA-linked and does not import with the CPU torch, see
 :class:`_TorchvisionStub`. probmetrics' optional ``dirichletcal`` 0.3.dev4 does not build: its
 setup.py joins ``install_requires`` without separators, ``numpy>=1.14.2scipy>=1.0.0...``, and it
@@ -295,8 +296,9 @@ def bench_ts_large(n, log):
     cal = TemperatureScaling().fit(z, y)
     t = float(cal.temperature_)
     zt = torch.as_tensor(z)
-    preds = [("confcal (float32 out)", lambda: cal.predict_proba(z, dtype=np.float32)),
+    preds = [("confcal (float32 out)", lambda: cal.predict_proba(z)),
              ("confcal (float64 out)", lambda: cal.predict_proba(z, dtype=np.float64)),
+             *_peer_predicts(z, y, zt),
              ("torch softmax(z / T), float32", lambda: torch.softmax(zt / t, 1)),
              ("numpy softmax(z / T), float32", lambda: _softmax(z / np.float32(t)))]
     for peer, fn in preds:
@@ -309,6 +311,39 @@ def bench_ts_large(n, log):
                      "time_s": statistics.median(times), "quality": None})
         log(rows[-1])
     return rows
+
+
+def _peer_predicts(z, y, zt):
+    """The peers' predict after their own TS fit, float32 where they compute in it: torch-uncertainty's
+    scaler forward + softmax on the float32 tensor; probmetrics' ``predict_proba`` on probabilities
+    (its API; the softmax that makes them is outside the timing). A peer that fails is left out."""
+    out = []
+    try:
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+        pp = _torch_uncertainty_pp()
+        ts = pp.TemperatureScaler(model=None)
+        n = min(len(y), 100_000)
+        ts.fit(DataLoader(TensorDataset(zt[:n], torch.as_tensor(y[:n])), batch_size=n), progress=False)
+
+        def tu():
+            with torch.no_grad():
+                return torch.softmax(ts(zt), 1)
+        out.append(("torch-uncertainty (float32)", tu))
+    except Exception as exc:
+        print(f"torch-uncertainty predict left out: {type(exc).__name__}: {exc}", file=sys.stderr)
+    try:
+        from probmetrics.calibrators import get_calibrator
+
+        pm = get_calibrator("temp-scaling")
+        n = min(len(y), 100_000)
+        pm.fit(_softmax(z[:n].astype(np.float64)), y[:n])
+        probs = _softmax(z)
+        out.append(("probmetrics (probabilities in)", lambda: pm.predict_proba(probs)))
+    except Exception as exc:
+        print(f"probmetrics predict left out: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return out
 
 
 def bench_metrics(n_ece, n_small, n_large, log):
@@ -483,7 +518,7 @@ def _ratios(rows):
             check = ""
             if isinstance(r["quality"], (list, tuple)) and nlls:
                 check = "yes" if r["quality"][1] <= min(nlls) + NLL_SLACK else "no"
-            out[key] = (ratio, check)
+            out[key] = (ratio, check, t)
     return out
 
 
@@ -503,7 +538,7 @@ def to_markdown(rows, header):
         for r in rs:
             t = r["time_s"]
             ratio = f"{t / fastest:.2f}x" if (fastest and t is not None and r["peer"].startswith("confcal")) else ""
-            check = ratios.get((data, method), (None, ""))[1] if r["peer"].startswith("confcal") else ""
+            check = ratios.get((data, method), (None, "", None))[1] if r["peer"].startswith("confcal") else ""
             out.append(f"| {data} | {method} | {r['peer']} | {'' if t is None else f'{t:.3f}'} | {ratio} | "
                        f"{_fmt_q(r['quality'])} | {check} |")
     return "\n".join(out) + "\n"
@@ -515,7 +550,8 @@ def combined_markdown(parts, t_total):
     out = ["# confcal vs peers: numpy SIMD paths on and off", "",
            f"`benchmarks/peers.py` (both runs, one command), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
            f"{t_total:.0f} s in all. ratio = confcal's time / the fastest peer's in the same run (below 1: confcal "
-           f"is faster); NLL check: confcal's test NLL within {NLL_SLACK} of the best peer's.", ""]
+           f"is faster; rows without a peer, the start-up, give confcal's time); NLL check: confcal's test NLL "
+           f"within {NLL_SLACK} of the best peer's.", ""]
     keys, per = [], []
     for _, rows, _ in parts:
         r = _ratios(rows)
@@ -526,8 +562,9 @@ def combined_markdown(parts, t_total):
     for k in keys:
         cells = []
         for r in per:
-            ratio, check = r.get(k, (None, ""))
-            cells += ["" if ratio is None else f"{ratio:.2f}x", check]
+            ratio, check, t = r.get(k, (None, "", None))
+            # no peer (start-up): confcal's own time
+            cells += [f"{ratio:.2f}x" if ratio is not None else ("" if t is None else f"{t:.3f} s"), check]
         out.append(f"| {k[0]} | {k[1]} | " + " | ".join(cells) + " |")
     for lab, _, md in parts:
         out += ["", f"## {lab}", "", md.replace("\n# ", "\n### ", 1).lstrip("# ").replace("confcal vs peers", "Run:", 1)]
