@@ -1,22 +1,41 @@
 """confcal against its peers, side by side in one process, one thread (issue 26).
 
-Peers: scikit-learn, netcal 1.4, probmetrics 1.3, torch-uncertainty 0.13 (needs lightning),
-relplot (smECE). They are installed only in the benchmark's own environment, never in the
-project's::
+Peers: scikit-learn, netcal 1.4, probmetrics 1.3, torch-uncertainty 0.13 (needs lightning and rich;
+torchvision is stubbed, see below), relplot (smECE), torchmetrics (ECE). They are installed only in the benchmark's
+own environment, never in the project's::
 
     python3 -m venv /tmp/benchvenv
     /tmp/benchvenv/bin/pip install -c constraints.txt -e . 'netcal==1.4.*' 'probmetrics==1.3.*' \\
-        'torch-uncertainty==0.13.*' lightning relplot
-    flock /tmp/bench.lock /tmp/benchvenv/bin/python benchmarks/peers.py [--quick] [--out FILE]
+        'torch-uncertainty==0.13.*' lightning relplot torchmetrics rich numba
+
+(``rich``: torch-uncertainty imports it and does not declare it; ``numba``: probmetrics' calibrators
+import it and do not declare it. No torchvision: the one built for
+torch 2.13.0, 0.28.0, is CUDA-linked and does not import with the CPU torch, see
+:class:`_TorchvisionStub`. probmetrics' optional ``dirichletcal`` 0.3.dev4 does not build: its
+setup.py joins ``install_requires`` without separators, ``numpy>=1.14.2scipy>=1.0.0...``, and it
+needs jax.) That venv holds confcal editable from the clone it was built from; to time another
+clone's confcal, run from that clone's root with ``PYTHONPATH=src``, which comes first on
+``sys.path``::
+
+    cd /path/to/clone && PYTHONPATH=src flock /tmp/bench.lock /tmp/benchvenv/bin/python benchmarks/peers.py
+
+The committed run is that one command: by default (``--simd both``) it runs the whole benchmark
+twice as subprocesses, once on this CPU's numpy SIMD paths and once with
+``NPY_DISABLE_CPU_FEATURES`` set to every optional feature this CPU dispatches to
+(``.ci/simd_features.py``), and writes both tables plus a combined ratio table to one markdown
+file (``--out``, default ``benchmarks/results/peers.md``). ``--simd on`` / ``--simd off`` run one
+of them only. A full run takes about 2 x 20 minutes on the 2-core dev machine (the fits
+dominate); ``--quick`` about 2 x 2 minutes.
 
 Fits: the CIFAR outputs in ``../shared/data/cifar`` (probabilities; logits = their log),
 5,000 / 5,000 calibration / test split (seed 0), medians of ``--reps`` cold fits interleaved
 over the peers (rep 1 of every peer, then rep 2, ...); test ECE (15 equal-width bins,
 top-label), NLL and accuracy are all computed with confcal's metrics from each peer's
 probabilities. Then TS on 1M x 100 synthetic logits, ``predict_proba`` after TS on 1M x 100
-float32, ECE on 10M x 10, smECE on 10k and 1M rows, and the start-up of the CLI as
-subprocesses (wall and peak RSS). Each row gives the ratio of confcal's time to the fastest
-peer's (< 1: confcal is faster). ``--quick`` runs one CIFAR file, one rep and small sizes.
+float32, ECE and the reliability table on 10M x 10, smECE on 10k and 1M rows, and the start-up of
+the CLI as subprocesses (wall and peak RSS). Each row gives the ratio of confcal's time to the
+fastest peer's (< 1: confcal is faster) and, for fits, whether confcal's test NLL is within 0.002
+of the best peer's. ``--quick`` runs one CIFAR file, one rep and small sizes.
 """
 
 from __future__ import annotations
@@ -111,11 +130,60 @@ def probmetrics_fit(method, **config):
     return run
 
 
+class _TorchvisionStub:
+    """Import hook that answers ``import torchvision[.x]`` with empty modules (any attribute is a
+    dummy class), for torch-uncertainty only.
+
+    torch-uncertainty 0.13 imports torchvision at package import (a segmentation plotting helper and
+    transform names), never on its post-processing path. The only torchvision built for torch 2.13.0
+    on the index (0.28.0) is linked against CUDA torch: with the CPU torch its ``_C.so`` fails to load
+    (``libc10_cuda.so: cannot open shared object file``) and ``import torchvision`` raises
+    ``RuntimeError: operator torchvision::nms does not exist``. So the benchmark venv has no
+    torchvision, lightning and torchmetrics are imported first (their optional-torchvision checks
+    see none), and then this stub goes on ``sys.meta_path``."""
+
+    def find_spec(self, name, path=None, target=None):
+        import importlib.machinery
+
+        if name == "torchvision" or name.startswith("torchvision."):
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        import types
+
+        m = types.ModuleType(spec.name)
+        m.__path__ = []
+        m.__getattr__ = lambda attr: type(attr, (), {"__module__": spec.name})
+        return m
+
+    def exec_module(self, module):
+        pass
+
+
+def _torch_uncertainty_pp():
+    """``torch_uncertainty.post_processing``, with :class:`_TorchvisionStub` where torchvision does not import."""
+    if "torch_uncertainty.post_processing" not in sys.modules:
+        try:
+            import torchvision  # noqa: F401
+        except Exception:
+            for m in [k for k in sys.modules if k == "torchvision" or k.startswith("torchvision.")]:
+                del sys.modules[m]  # a half-imported CUDA build
+            import lightning  # noqa: F401
+            import torchmetrics  # noqa: F401
+
+            sys.meta_path.insert(0, _TorchvisionStub())
+    import torch_uncertainty.post_processing as pp
+
+    return pp
+
+
 def torchunc_fit(cls_name, **kw):
     def run(z, y):
         import torch
         from torch.utils.data import DataLoader, TensorDataset
-        import torch_uncertainty.post_processing as pp
+
+        pp = _torch_uncertainty_pp()
 
         cls = getattr(pp, cls_name)
         if cls_name != "TemperatureScaler":
@@ -239,8 +307,9 @@ def bench_ts_large(n, log):
     cal = TemperatureScaling().fit(z, y)
     t = float(cal.temperature_)
     zt = torch.as_tensor(z)
-    preds = [("confcal (float32 out)", lambda: cal.predict_proba(z, dtype=np.float32)),
+    preds = [("confcal (float32 out)", lambda: cal.predict_proba(z)),
              ("confcal (float64 out)", lambda: cal.predict_proba(z, dtype=np.float64)),
+             *_peer_predicts(z, y, zt),
              ("torch softmax(z / T), float32", lambda: torch.softmax(zt / t, 1)),
              ("numpy softmax(z / T), float32", lambda: _softmax(z / np.float32(t)))]
     for peer, fn in preds:
@@ -253,6 +322,39 @@ def bench_ts_large(n, log):
                      "time_s": statistics.median(times), "quality": None})
         log(rows[-1])
     return rows
+
+
+def _peer_predicts(z, y, zt):
+    """The peers' predict after their own TS fit, float32 where they compute in it: torch-uncertainty's
+    scaler forward + softmax on the float32 tensor; probmetrics' ``predict_proba`` on probabilities
+    (its API; the softmax that makes them is outside the timing). A peer that fails is left out."""
+    out = []
+    try:
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+        pp = _torch_uncertainty_pp()
+        ts = pp.TemperatureScaler(model=None)
+        n = min(len(y), 100_000)
+        ts.fit(DataLoader(TensorDataset(zt[:n], torch.as_tensor(y[:n])), batch_size=n), progress=False)
+
+        def tu():
+            with torch.no_grad():
+                return torch.softmax(ts(zt), 1)
+        out.append(("torch-uncertainty (float32)", tu))
+    except Exception as exc:
+        print(f"torch-uncertainty predict left out: {type(exc).__name__}: {exc}", file=sys.stderr)
+    try:
+        from probmetrics.calibrators import get_calibrator
+
+        pm = get_calibrator("temp-scaling")
+        n = min(len(y), 100_000)
+        pm.fit(_softmax(z[:n].astype(np.float64)), y[:n])
+        probs = _softmax(z)
+        out.append(("probmetrics (probabilities in)", lambda: pm.predict_proba(probs)))
+    except Exception as exc:
+        print(f"probmetrics predict left out: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return out
 
 
 def bench_metrics(n_ece, n_small, n_large, log):
@@ -299,6 +401,7 @@ def bench_metrics(n_ece, n_small, n_large, log):
         rows.append({"data": f"{n_ece}x{k} float32", "method": "ECE (15 bins)", "peer": peer,
                      "time_s": statistics.median(times) if times else None, "quality": val})
         log(rows[-1])
+    rows += _bench_reliability(p, y, k, bare, relplot_ece, torchmetrics_ece, n_ece, log)
     for n in (n_small, n_large):
         pp, yy = p[:n].astype(np.float64), y[:n]
         conf = pp.max(1)
@@ -320,8 +423,45 @@ def bench_metrics(n_ece, n_small, n_large, log):
     return rows
 
 
+def _bench_reliability(p, y, k, bare, relplot_ece, torchmetrics_ece, n_ece, log):
+    """The reliability table (15 equal-width bins: count, mean confidence, accuracy) against the
+    peers' binned ECE, which computes the same per-bin sums (no peer returns the table itself)."""
+    from confcal.metrics import reliability_table
+
+    rows = []
+    for peer, fn in (("confcal", lambda: reliability_table(p, y, n_bins=15)),
+                     ("numpy bincount (10 lines)", bare), ("torchmetrics (ECE: same bin sums)", torchmetrics_ece),
+                     ("relplot (binned ECE: same bin sums)", relplot_ece)):
+        times = []
+        for _ in range(3):
+            try:
+                dt, _ = _timed(fn)
+            except Exception as exc:
+                times = f"failed: {type(exc).__name__}"
+                break
+            times.append(dt)
+        ok = isinstance(times, list)
+        rows.append({"data": f"{n_ece}x{k} float32", "method": "reliability table (15 bins)", "peer": peer,
+                     "time_s": statistics.median(times) if ok else None, "quality": None if ok else times})
+        log(rows[-1])
+    return rows
+
+
+def _compile_confcal():
+    """Write the bytecode of the confcal being timed (what ``pip install`` does for a regular
+    install). Without it an editable install under ``PYTHONDONTWRITEBYTECODE=1`` (set on the dev
+    machine) compiles every confcal module from source at each start: about 0.3 s of ``apply``'s
+    wall time here, a cost no installed user pays."""
+    import compileall
+
+    import confcal
+
+    compileall.compile_dir(str(Path(confcal.__file__).parent), quiet=1)
+
+
 def bench_startup(log):
     exe = Path(sys.executable).with_name("confcal")
+    _compile_confcal()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         rng = np.random.default_rng(3)
@@ -365,22 +505,80 @@ def _fmt_q(q):
     return f"ECE {q[0]:.4f} / NLL {q[1]:.4f} / acc {q[2]:.4f}"
 
 
-def to_markdown(rows, header):
-    out = list(header)
-    out += ["| data | method | peer | time (s) | ratio vs fastest peer | test ECE / NLL / acc (or value) |",
-            "|---|---|---|---|---|---|"]
+#: a confcal fit passes the NLL check when its test NLL is at most the best peer's plus this
+NLL_SLACK = 0.002
+
+
+def _ratios(rows):
+    """``{(data, method): (ratio vs fastest peer or None, NLL check "yes"/"no"/"")}`` of the confcal rows
+    (the first confcal row of each group; bare numpy/torch references are not peers)."""
     groups = {}
     for r in rows:
         groups.setdefault((r["data"], r["method"]), []).append(r)
+    out = {}
+    for key, rs in groups.items():
+        peers = [r for r in rs if not r["peer"].startswith(("confcal", "numpy", "torch softmax"))]
+        times = [r["time_s"] for r in peers if r["time_s"] is not None]
+        fastest = min(times) if times else None
+        nlls = [r["quality"][1] for r in peers if isinstance(r["quality"], (list, tuple))]
+        for r in rs:
+            if not r["peer"].startswith("confcal") or key in out:
+                continue
+            t = r["time_s"]
+            ratio = t / fastest if (fastest and t is not None) else None
+            check = ""
+            if isinstance(r["quality"], (list, tuple)) and nlls:
+                check = "yes" if r["quality"][1] <= min(nlls) + NLL_SLACK else "no"
+            out[key] = (ratio, check, t)
+    return out
+
+
+def to_markdown(rows, header):
+    out = list(header)
+    out += ["| data | method | peer | time (s) | ratio vs fastest peer | test ECE / NLL / acc (or value) | "
+            f"NLL within {NLL_SLACK} of the best peer |",
+            "|---|---|---|---|---|---|---|"]
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["data"], r["method"]), []).append(r)
+    ratios = _ratios(rows)
     for (data, method), rs in groups.items():
-        peers = [r["time_s"] for r in rs if not r["peer"].startswith("confcal") and r["time_s"] is not None
-                 and not r["peer"].startswith("numpy")]
+        peers = [r["time_s"] for r in rs if not r["peer"].startswith(("confcal", "numpy", "torch softmax"))
+                 and r["time_s"] is not None]
         fastest = min(peers) if peers else None
         for r in rs:
             t = r["time_s"]
             ratio = f"{t / fastest:.2f}x" if (fastest and t is not None and r["peer"].startswith("confcal")) else ""
+            check = ratios.get((data, method), (None, "", None))[1] if r["peer"].startswith("confcal") else ""
             out.append(f"| {data} | {method} | {r['peer']} | {'' if t is None else f'{t:.3f}'} | {ratio} | "
-                       f"{_fmt_q(r['quality'])} |")
+                       f"{_fmt_q(r['quality'])} | {check} |")
+    return "\n".join(out) + "\n"
+
+
+def combined_markdown(parts, t_total):
+    """One file: the combined ratio table (SIMD on / off side by side), then each run's own table.
+    ``parts`` is ``[(label, rows, markdown)]``."""
+    out = ["# confcal vs peers: numpy SIMD paths on and off", "",
+           f"`benchmarks/peers.py` (both runs, one command), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+           f"{t_total:.0f} s in all. ratio = confcal's time / the fastest peer's in the same run (below 1: confcal "
+           f"is faster; rows without a peer, the start-up, give confcal's time); NLL check: confcal's test NLL "
+           f"within {NLL_SLACK} of the best peer's.", ""]
+    keys, per = [], []
+    for _, rows, _ in parts:
+        r = _ratios(rows)
+        per.append(r)
+        keys += [k for k in r if k not in keys]
+    head = "| data | method | " + " | ".join(f"ratio ({lab}) | NLL check ({lab})" for lab, _, _ in parts) + " |"
+    out += [head, "|---|---|" + "---|---|" * len(parts)]
+    for k in keys:
+        cells = []
+        for r in per:
+            ratio, check, t = r.get(k, (None, "", None))
+            # no peer (start-up): confcal's own time
+            cells += [f"{ratio:.2f}x" if ratio is not None else ("" if t is None else f"{t:.3f} s"), check]
+        out.append(f"| {k[0]} | {k[1]} | " + " | ".join(cells) + " |")
+    for lab, _, md in parts:
+        out += ["", f"## {lab}", "", md.replace("\n# ", "\n### ", 1).lstrip("# ").replace("confcal vs peers", "Run:", 1)]
     return "\n".join(out) + "\n"
 
 
@@ -403,10 +601,49 @@ def _header(a, reps, t0, partial):
             "the ratios are measured side by side in this one run.", "", "Versions: " + ", ".join(vers) + ".", "",
             "ratio = confcal's time / the fastest peer's (below 1: confcal is faster); the numpy bincount and "
             "numpy/torch softmax rows are bare references, not peers. The first confcal fit of a process "
-            "includes its first-call costs (torch's lazy start-up).", ""]
+            "includes its first-call costs (torch's lazy start-up). The start-up rows run with confcal's "
+            "bytecode compiled first (as a regular install has it).", ""]
+
+
+def _simd_off_features():
+    """The NPY_DISABLE_CPU_FEATURES value that turns off every optional SIMD path numpy dispatches to
+    on this CPU (``.ci/simd_features.py``, run in a fresh interpreter: the variable is read at import)."""
+    env = {k: v for k, v in os.environ.items() if k != "NPY_DISABLE_CPU_FEATURES"}
+    r = subprocess.run([sys.executable, str(ROOT / ".ci" / "simd_features.py")], capture_output=True, text=True,
+                       env=env, check=True)
+    return r.stdout.strip()
+
+
+def run_both(a, argv):
+    """Run the benchmark twice as subprocesses (SIMD paths on, then off) and write one markdown file."""
+    t0 = time.time()
+    parts = []
+    rest = [x for x in argv if not x.startswith("--simd") and x not in ("on", "off", "both")]
+    if "--out" in rest:
+        i = rest.index("--out")
+        del rest[i:i + 2]
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, mode in (("numpy SIMD paths on", "on"), ("numpy SIMD paths off", "off")):
+            md, js = Path(tmp) / f"{mode}.md", Path(tmp) / f"{mode}.json"
+            env = dict(os.environ)
+            env.pop("NPY_DISABLE_CPU_FEATURES", None)
+            if mode == "off":
+                feats = _simd_off_features()
+                if feats:
+                    env["NPY_DISABLE_CPU_FEATURES"] = feats
+            cmd = [sys.executable, str(Path(__file__).resolve()), *rest, "--simd", mode, "--out", str(md),
+                   "--rows-json", str(js)]
+            print(f"== {label}: {' '.join(cmd)}", flush=True)
+            r = subprocess.run(cmd, env=env)
+            rows = json.loads(js.read_text()) if js.exists() else []
+            text = md.read_text() if md.exists() else f"(no table: exit {r.returncode})\n"
+            parts.append((label, rows, text))
+            a.out.write_text(combined_markdown(parts, time.time() - t0))
+    print(f"wrote {a.out} ({time.time() - t0:.0f} s)")
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="one CIFAR file, one rep, small sizes (smoke run)")
     ap.add_argument("--reps", type=int, default=3)
@@ -414,7 +651,18 @@ def main(argv=None):
     ap.add_argument("--methods", default=",".join(FITS), help="fit rows, comma-separated: " + ", ".join(FITS))
     ap.add_argument("--data", default=",".join(FILES))
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "peers.md")
+    ap.add_argument("--simd", choices=("both", "on", "off"), default="both",
+                    help="both (default): run twice as subprocesses, numpy's SIMD paths on and off "
+                         "(NPY_DISABLE_CPU_FEATURES from .ci/simd_features.py), one markdown file; "
+                         "on/off: this process only (off re-executes itself with the variable set)")
+    ap.add_argument("--rows-json", type=Path, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.simd == "both":
+        return run_both(a, argv)
+    if a.simd == "off" and "NPY_DISABLE_CPU_FEATURES" not in os.environ:
+        feats = _simd_off_features()
+        env = dict(os.environ, NPY_DISABLE_CPU_FEATURES=feats)
+        os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve()), *argv], env)
     import torch
 
     torch.set_num_threads(1)
@@ -433,6 +681,8 @@ def main(argv=None):
 
     def write(all_rows, partial=False):
         a.out.write_text(to_markdown(all_rows, _header(a, reps, t0, partial)))
+        if a.rows_json is not None:
+            a.rows_json.write_text(json.dumps(all_rows, default=str))
 
     # cheap parts first, so that a run cut short by its time limit keeps them
     if "startup" in parts:

@@ -23,7 +23,6 @@ Two ways to compute it:
 from __future__ import annotations
 
 import hashlib
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -120,6 +119,8 @@ class DataDigest:
         nbytes = getattr(batch, "nbytes", 0)
         if label != "str" and nbytes >= _BACKGROUND_BYTES:
             if self._pool is None:
+                from concurrent.futures import ThreadPoolExecutor  # here: ~20 ms to import, only large fits hash
+
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="confcal-digest")
             self._pending[i] = self._pool.submit(self._feed, i, rows, cut)
         else:

@@ -344,8 +344,9 @@ def test_one_logit_head_temperature_oracle(dtype, shape):
     z = np.full(shape, 20.0, dtype=dtype)
     cal = make("ts").fit(z, np.array([1, 1, 1, 0]))
     assert cal.temperature_ == pytest.approx(20 / np.log(3), rel=1e-10)  # 18.2048
-    p = cal.predict_proba(np.array([30.0], dtype=dtype))
+    p = cal.predict_proba(np.array([30.0], dtype=dtype), dtype=np.float64)  # float64 for the 1e-12 check
     assert p.shape == (1, 2)
+    assert cal.predict_proba(np.array([30.0], dtype=dtype)).dtype == dtype  # the default follows the input
     assert p[0, 1] == pytest.approx(0.838610, abs=5e-7)
     assert p[0, 1] == pytest.approx(1 / (1 + np.exp(-30 / cal.temperature_)), rel=1e-12)
 

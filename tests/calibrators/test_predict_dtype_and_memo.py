@@ -1,5 +1,6 @@
-"""``predict_proba(dtype=...)`` (float32 computed in float32 for temperature scaling) against a
-float64 oracle, and the ODIR fit memo: off unless asked for (``reuse_fits``)."""
+"""``predict_proba`` dtypes (float32 out for float32 in by default, ``dtype=`` on request; float32
+computed in float32 for temperature scaling) against a float64 oracle, and the ODIR fit memo: off
+unless asked for (``reuse_fits``)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def fitted():
 def test_float32_on_request_matches_the_float64_oracle(fitted):
     cal, x = fitted
     p32 = cal.predict_proba(x, dtype=np.float32)
-    p64 = cal.predict_proba(x)
+    p64 = cal.predict_proba(x, dtype=np.float64)
+    assert np.array_equal(cal.predict_proba(x), p32)  # float32 in: float32 out by default
     assert p32.dtype == np.float32 and p64.dtype == np.float64 and p32.flags.c_contiguous
     ref = _oracle(x, cal.temperature_)
     np.testing.assert_allclose(p64, ref, rtol=1e-14, atol=1e-300)
@@ -57,10 +59,57 @@ def test_other_methods_cast_and_bad_dtypes_are_refused(fitted):
     y = np.argmax(x, axis=1)
     iso = METHODS["isotonic"]().fit(x, y)
     assert iso.predict_proba(x, dtype="float32").dtype == np.float32
-    np.testing.assert_allclose(iso.predict_proba(x, dtype="float32"), iso.predict_proba(x), rtol=F32_RTOL, atol=1e-7)
+    np.testing.assert_allclose(iso.predict_proba(x, dtype="float32"), iso.predict_proba(x, dtype=np.float64),
+                               rtol=F32_RTOL, atol=1e-7)
     with pytest.raises(ValueError, match="dtype: expected float32 or float64, got int32"):
         cal.predict_proba(x, dtype=np.int32)
-    assert np.array_equal(cal.predict_proba(x), predict_into(cal, open_source(x), batch_rows=11))
+    assert np.array_equal(cal.predict_proba(x, dtype=np.float64), predict_into(cal, open_source(x), batch_rows=11))
+
+
+#: methods whose fits need no torch (grouped-ts takes domains); the map methods need torch at predict time
+DTYPE_METHODS = ["ts", "grouped-ts", "histogram-binning", "isotonic", "isotonic-top", "platt-ovr", "beta",
+                 "vs", "ms", "dirichlet"]
+
+
+@pytest.fixture(scope="module")
+def six_class():
+    rng = np.random.default_rng(5)
+    y = rng.integers(0, 6, 600)
+    x = 2.5 * rng.normal(size=(600, 6)) + 3 * np.eye(6)[y]
+    d = np.where(np.arange(600) % 3 == 0, "a", "b")
+    return x.astype(np.float32).astype(np.float64), y, d  # float64 values that float32 holds exactly
+
+
+@pytest.mark.parametrize("name", DTYPE_METHODS)
+def test_output_dtype_follows_the_input_and_values_match_float64(name, six_class):
+    from confcal.catalog import MissingExtraError
+
+    x64, y, d = six_class
+    side = {"domains": d} if name == "grouped-ts" else {}
+    kw = {"reg": "fixed", "reg_lambda": 1e-2, "reg_mu": 1e-2} if name in ("ms", "dirichlet") else {}
+    try:
+        cal = METHODS[name](**kw).fit(x64, y, **side)
+    except MissingExtraError:
+        pytest.skip(f"{name} needs an extra that is not installed")
+    x32 = x64.astype(np.float32)  # the same values
+    ref = cal.predict_proba(x64, **side)
+    p32 = cal.predict_proba(x32, **side)
+    assert ref.dtype == np.float64 and p32.dtype == np.float32, (ref.dtype, p32.dtype)
+    assert cal.predict_proba(x32, dtype=np.float64, **side).dtype == np.float64
+    assert cal.predict_proba(x64, dtype=np.float32, **side).dtype == np.float32
+    # float32 rounding of the output (and float32 arithmetic for TS): a few ulps of each entry
+    np.testing.assert_allclose(p32, ref, rtol=F32_RTOL, atol=4 * np.finfo(np.float32).eps)
+    np.testing.assert_allclose(cal.predict_proba(x32, dtype=np.float64, **side), ref, rtol=1e-12, atol=1e-15)
+
+
+def test_other_inputs_give_float64(fitted):
+    cal, x = fitted
+    assert cal.predict_proba(x.astype(np.float16)).dtype == np.float64
+    assert cal.predict_proba(x.astype(np.float64).tolist()).dtype == np.float64
+    assert cal.predict_proba(open_source(x)).dtype == np.float32  # a float32 source
+    torch = pytest.importorskip("torch")
+    assert cal.predict_proba(torch.as_tensor(x)).dtype == np.float32
+    assert cal.predict_proba(torch.as_tensor(x, dtype=torch.float64)).dtype == np.float64
 
 
 @given(st.integers(1, 40), st.integers(2, 9), st.floats(0.05, 50.0), st.integers(0, 2**32 - 1))
@@ -118,3 +167,30 @@ def test_reuse_fits_is_opt_in_and_forgets_on_exit(monkeypatch, small):
         assert len(_odir._MEMO) == 1
     assert len(calls) == 1 and not _odir._MEMO
     assert np.array_equal(a.predict_proba(small[0]), b.predict_proba(small[0]))
+
+
+# ------------------------------------------------------------------ map predict in row blocks
+@pytest.mark.parametrize("name", ["dirichlet", "ms", "vs"])
+def test_map_predict_in_blocks_equals_one_pass(monkeypatch, name, six_class):
+    """Row blocks bound the temporaries of the torch map's predict (about 3 input-sized float64
+    arrays before); every step is row-wise, so blocks of 256 rows give the one-pass values."""
+    pytest.importorskip("torch")
+    from confcal.calibrators._compose import MapCalibrator
+
+    x, y, _ = six_class
+    kw = {"reg": "fixed", "reg_lambda": 1e-2, "reg_mu": 1e-2} if name != "vs" else {}
+    cal = METHODS[name](**kw).fit(x, y)
+    whole = cal.predict_proba(x)
+    calls = []
+    real = cal.map_.forward
+
+    def counted(*a, **k):
+        calls.append(a[0].shape[0])
+        return real(*a, **k)
+
+    monkeypatch.setattr(cal.map_, "forward", counted)
+    monkeypatch.setattr(MapCalibrator, "_PREDICT_BLOCK_ELEMENTS", 256 * x.shape[1])
+    blocked = cal.predict_proba(x)
+    assert blocked.shape == whole.shape and blocked.dtype == np.float64
+    assert max(calls) <= 256 and sum(calls) == x.shape[0] and len(calls) == 3, calls
+    np.testing.assert_allclose(blocked, whole, rtol=1e-12, atol=1e-300)

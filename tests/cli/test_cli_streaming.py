@@ -60,7 +60,7 @@ def test_fit_apply_evaluate_parquet_equal_npy_and_in_memory(cifar_files, capsys)
     assert run("apply", "--calibrator", d / "a.json", "--logits", d / "test.npy", "-o", d / "p.npy") == 0
     assert run("apply", "--calibrator", d / "a.json", "--logits", f"{d}/test.parquet:logits", "-o",
                d / "p.parquet", "--keep-columns", "image_id") == 0
-    p_mem = TemperatureScaling().fit(x[:5000], y[:5000]).predict_proba(x[5000:])
+    p_mem = TemperatureScaling().fit(x[:5000], y[:5000]).predict_proba(x[5000:], dtype=np.float64)  # apply writes float64 by default
     p_npy = np.load(d / "p.npy")
     table = pq.read_table(d / "p.parquet")
     p_pq = np.asarray(table.column("probs").combine_chunks().flatten()).reshape(-1, 10)

@@ -24,6 +24,13 @@ PARSER_FORBIDDEN = {"torch", "sklearn", "scipy", "matplotlib", "numba", "pycocot
 RUN_FORBIDDEN = {"torch", "sklearn", "scipy.stats", "matplotlib", "numba", "pycocotools", "shapely",
                  "pandas", "dask"}
 
+#: never imported by ``apply`` of a TS manifest to an .npy file (issue 26: apply on 10,000 rows in at
+#: most 1.0 s): no solver, no Arrow, no metrics beyond the drift summary, no report or evaluation code,
+#: no thread pool (the data digest's is for large fits)
+APPLY_TS_FORBIDDEN = RUN_FORBIDDEN | {"scipy", "pyarrow", "tqdm", "confcal.evaluation", "confcal.report",
+                                      "confcal.plots", "confcal.dask", "concurrent.futures", "confcal.export",
+                                      "confcal.calibrators.scaling", "confcal.calibrators.binning"}
+
 _RUNNER = """
 import json, sys
 from confcal.cli import main
@@ -202,3 +209,14 @@ def test_a_torch_method_without_torch_fails_in_one_line_naming_the_extra(manifes
     assert len(lines) == 1 and lines[0].startswith("confcal: error:"), err
     assert "pip install 'confcal[torch]'" in lines[0] and "'vs'" in lines[0]
     assert not (tmp_path / "vs.json").exists()
+
+
+def test_apply_of_a_ts_manifest_to_npy_imports_only_the_apply_path(manifests, tmp_path):
+    d, paths = manifests
+    np.save(tmp_path / "z.npy", np.load(d / "cls.npz")["logits"])
+    rc, mods, err = run_cli("apply", "--calibrator", str(paths["ts"]), "--logits", str(tmp_path / "z.npy"),
+                            "-o", str(tmp_path / "p.npy"), "-q")
+    assert rc == 0, err
+    bad = loaded(mods, APPLY_TS_FORBIDDEN)
+    assert not bad, f"confcal apply (ts, .npy) imported {sorted(bad)}"
+    assert "confcal.cli.apply" in mods and (tmp_path / "p.npy").exists()  # the runner did run it

@@ -37,7 +37,7 @@ def test_apply_matches_single_process(dask_client, cifar_dataset, method):
     out = apply(cal, frame, logits="logits", domains="domain" if side else None,
                 keep_columns=["row_id"]).compute()
     np.testing.assert_array_equal(out["row_id"].to_numpy(), np.arange(len(labels)))
-    expected = cal.predict_proba(logits, **({"domains": domains} if side else {}))
+    expected = cal.predict_proba(logits, **({"domains": domains} if side else {}), dtype=np.float64)
     got = _probs(out)
     assert got.dtype == np.float64
     assert np.array_equal(got, expected)  # bit-identical float64 rows
@@ -48,7 +48,7 @@ def test_apply_float32_and_dask_array(dask_client, cifar_dataset):
 
     folder, logits, labels, _ = cifar_dataset
     cal = METHODS["ts"]().fit(logits[:2000], labels[:2000])
-    expected = cal.predict_proba(logits)
+    expected = cal.predict_proba(logits, dtype=np.float64)
     out = apply(cal.to_dict(), read_parquet(str(folder)), dtype="float32").compute()
     got = _probs(out)
     assert got.dtype == np.float32
@@ -61,7 +61,7 @@ def test_apply_box_scores(dask_client, kitti_dataset):
     folder, scores, correct, _ = kitti_dataset
     cal = METHODS["det-platt"](input_kind="probs").fit(scores, correct)
     out = apply(cal, read_parquet(str(folder)), logits="score", keep_columns=["det_id"]).compute()
-    assert np.array_equal(_probs(out), cal.predict_proba(scores))
+    assert np.array_equal(_probs(out), cal.predict_proba(scores, dtype=np.float64))
 
 
 def test_apply_bad_input(dask_client, cifar_dataset):
@@ -89,7 +89,7 @@ def test_worker_killed_during_apply(dask_client, cifar_dataset, tmp_path):
     wait(held)
     kill_one_worker(dask_client)
     got = _probs(held.compute())
-    assert np.array_equal(got, cal.predict_proba(logits))
+    assert np.array_equal(got, cal.predict_proba(logits, dtype=np.float64))
 
 
 def test_write_parquet_atomic(dask_client, cifar_dataset, tmp_path):
@@ -98,14 +98,14 @@ def test_write_parquet_atomic(dask_client, cifar_dataset, tmp_path):
     target = tmp_path / "out.parquet"
     write_parquet(apply(cal, read_parquet(str(folder)), keep_columns=["row_id"]), str(target))
     back = read_parquet(str(target)).compute()
-    assert np.array_equal(_probs(back), cal.predict_proba(logits))
+    assert np.array_equal(_probs(back), cal.predict_proba(logits, dtype=np.float64))
     assert [p.name for p in tmp_path.iterdir()] == ["out.parquet"]  # no temporary folder left
     # a failing job leaves nothing behind and keeps the previous output
     bad = apply(METHODS["ts"]().fit(logits[:500, :10], labels[:500] % 10), read_parquet(str(folder)))
     with pytest.raises(ValueError):
         write_parquet(bad, str(target))
     assert [p.name for p in tmp_path.iterdir()] == ["out.parquet"]
-    assert np.array_equal(_probs(read_parquet(str(target)).compute()), cal.predict_proba(logits))
+    assert np.array_equal(_probs(read_parquet(str(target)).compute()), cal.predict_proba(logits, dtype=np.float64))
 
 
 def test_unreachable_scheduler_fails_fast():
@@ -139,7 +139,7 @@ def test_apply_refuses_non_finite_rows(dask_client, tmp_path):
     cal = METHODS["pts"]().fit(z, y)
     big = z.copy()
     big[:5] *= 1e307
-    if np.isfinite(cal.predict_proba(big)).all():
+    if np.isfinite(cal.predict_proba(big, dtype=np.float64)).all():
         pytest.skip("pts maps these rows to finite probabilities here: nothing to refuse")
     write_dataset(tmp_path / "big.parquet", {"logits": big, "label": y}, n_parts=2)
     with pytest.raises(ValueError, match=r"not finite \(NaN/inf\), rows 0, 1, 2, 3, 4; nothing was written"):

@@ -40,7 +40,7 @@ def test_geometry_maps_apply_per_partition_as_in_one_process(dask_client, box_da
     cal = METHODS[name](box_features="cx,w").fit(s[:2000], y[:2000], features=f[:2000])
     out = apply(cal, read_parquet(str(folder)), logits="score", keep_columns=["row_id"]).compute()
     np.testing.assert_array_equal(out["row_id"].to_numpy(), np.arange(len(s)))
-    np.testing.assert_allclose(_probs(out), cal.predict_proba(s, features=f), rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(_probs(out), cal.predict_proba(s, features=f, dtype=np.float64), rtol=1e-13, atol=1e-15)
 
 
 def test_grouped_geometry_map_applies_with_category_ids_and_domains(dask_client, box_dataset):
@@ -49,7 +49,7 @@ def test_grouped_geometry_map_applies_with_category_ids_and_domains(dask_client,
         s[:2000], y[:2000], features=f[:2000], category_ids=cls[:2000], domains=dom[:2000])
     out = apply(cal, read_parquet(str(folder)), logits="score", features="cx,w", category_ids="category_id",
                 domains="domain").compute()
-    want = cal.predict_proba(s, features=f, category_ids=cls, domains=dom)
+    want = cal.predict_proba(s, features=f, category_ids=cls, domains=dom, dtype=np.float64)
     np.testing.assert_allclose(_probs(out), want, rtol=1e-13, atol=1e-15)
 
 
@@ -61,7 +61,7 @@ def test_sigmoid_head_maps_apply_on_frames_and_arrays(dask_client, tmp_path, nam
     z = rng.normal(size=(2501, 4)) * 3
     y = (rng.uniform(size=z.shape) < expit(z / 2)).astype(np.int64)
     cal = METHODS[name]().fit(z[:1500], y[:1500])
-    want = cal.predict_proba(z)
+    want = cal.predict_proba(z, dtype=np.float64)
     folder = tmp_path / "head.parquet"
     write_dataset(folder, {"logits": z, "row_id": np.arange(len(z))}, n_parts=4)
     out = apply(cal, read_parquet(str(folder)), logits="logits", keep_columns=["row_id"]).compute()
@@ -88,4 +88,4 @@ def test_cli_apply_engine_dask_reads_the_box_features_and_category_ids(dask_clie
                 f"{folder}:category_id", "-o", out, "--engine", "dask", "--scheduler", dask_client.scheduler.address)
     assert r.returncode == 0, r.stderr
     got = pq.read_table(out).column("probs").combine_chunks().flatten().to_numpy().reshape(len(s), -1)
-    np.testing.assert_allclose(got, cal.predict_proba(s, features=f, category_ids=cls), rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(got, cal.predict_proba(s, features=f, category_ids=cls, dtype=np.float64), rtol=1e-13, atol=1e-15)

@@ -41,7 +41,7 @@ def test_fit_evaluate_apply(dask_client, cifar_dataset, tmp_path):
     res = json.loads(r.stdout)
     from confcal.io import load_calibrator
 
-    want = calibration_summary(load_calibrator(str(man)).predict_proba(logits), labels)
+    want = calibration_summary(load_calibrator(str(man)).predict_proba(logits, dtype=np.float64), labels)
     for k, v in want.items():
         assert res["metrics"]["ts"][k] == pytest.approx(v, rel=1e-9)
     assert sorted(res["per_domain"]) == ["s0", "s1", "s2"]
@@ -52,7 +52,7 @@ def test_fit_evaluate_apply(dask_client, cifar_dataset, tmp_path):
     import pyarrow.parquet as pq
 
     got = pq.read_table(out).column("probs").combine_chunks().flatten().to_numpy().reshape(len(labels), -1)
-    assert np.array_equal(got, load_calibrator(str(man)).predict_proba(logits))
+    assert np.array_equal(got, load_calibrator(str(man)).predict_proba(logits, dtype=np.float64))
 
 
 def test_cli_errors(cifar_dataset, tmp_path):

@@ -22,7 +22,7 @@ def test_evaluate_matches_single_process(dask_client, cifar_dataset):
     cal = METHODS["grouped-ts"]().fit(logits[:4000], labels[:4000], domains=domains[:4000])
     res = evaluate(read_parquet(str(folder)), logits="logits", labels="label", domains="domain", calibrator=cal)
     assert res["n_samples"] == len(labels)
-    p_cal = cal.predict_proba(logits, domains=domains)
+    p_cal = cal.predict_proba(logits, domains=domains, dtype=np.float64)
     _close(res["metrics"]["uncalibrated"], calibration_summary(softmax(logits), labels))
     _close(res["metrics"]["grouped-ts"], calibration_summary(p_cal, labels))
     table = reliability_table(p_cal, labels, n_bins=15)
@@ -80,7 +80,7 @@ def test_equal_mass_windows_merge_through_the_tree(monkeypatch, cifar_dataset):
     cal = METHODS["ts"]().fit(logits[:3000], labels[:3000])
     with dask.config.set(scheduler="synchronous"):
         res = evaluate(read_parquet(str(folder)), logits="logits", labels="label", domains="domain", calibrator=cal)
-    p_cal = cal.predict_proba(logits)
+    p_cal = cal.predict_proba(logits, dtype=np.float64)
     _close(res["metrics"]["uncalibrated"], calibration_summary(softmax(logits), labels))
     _close(res["metrics"]["ts"], calibration_summary(p_cal, labels))
     for g in ["s0", "s1", "s2"]:

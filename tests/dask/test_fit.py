@@ -40,8 +40,8 @@ def test_grouped_ts_all_domains_in_the_same_passes(dask_client, cifar_dataset):
         assert abs(math.log(cal.temperatures_[g]) - math.log(ref.temperatures_[g])) < 1e-9
     # lockstep: far fewer passes than one Newton per group would need
     assert cal.fit_record_["n_passes"] <= 12
-    p = cal.predict_proba(logits, domains=domains)
-    np.testing.assert_allclose(p, ref.predict_proba(logits, domains=domains), rtol=1e-8, atol=1e-12)
+    p = cal.predict_proba(logits, domains=domains, dtype=np.float64)
+    np.testing.assert_allclose(p, ref.predict_proba(logits, domains=domains, dtype=np.float64), rtol=1e-8, atol=1e-12)
     for key in ("accuracy", "ece", "nll", "brier"):
         assert cal.fit_record_["metrics_after"][key] == pytest.approx(ref.fit_record_["metrics_after"][key],
                                                                       rel=1e-7)
@@ -73,7 +73,7 @@ def test_other_methods_fit_on_a_seeded_sample(dask_client, cifar_dataset):
     # the sample is the seeded draw over global row numbers, whatever the partitioning
     rows = np.sort(np.random.default_rng(5).choice(len(labels), 3000, replace=False))
     ref = METHODS["isotonic-top"]().fit(logits[rows], labels[rows])
-    np.testing.assert_array_equal(cal.predict_proba(logits[:50]), ref.predict_proba(logits[:50]))
+    np.testing.assert_array_equal(cal.predict_proba(logits[:50], dtype=np.float64), ref.predict_proba(logits[:50], dtype=np.float64))
 
 
 def test_worker_killed_between_fit_passes(dask_client, cifar_dataset, monkeypatch):

@@ -34,7 +34,7 @@ def test_pooled_fit_equals_single_process(dask_client, kitti_dataset, method, pa
     for which in ("metrics_before", "metrics_after"):
         for key, value in ref.fit_record_[which].items():
             assert cal.fit_record_[which][key] == pytest.approx(value, rel=1e-9, abs=1e-12), (which, key)
-    np.testing.assert_allclose(cal.predict_proba(scores), ref.predict_proba(scores), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(cal.predict_proba(scores, dtype=np.float64), ref.predict_proba(scores, dtype=np.float64), rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize("method", ["det-ts", "det-platt"])
@@ -51,8 +51,8 @@ def test_per_domain_fit_equals_single_process_in_lockstep(dask_client, kitti_dat
     assert cal.group_counts_ == ref.group_counts_
     # all groups move in the same passes: a handful, not one Newton per group
     assert cal.fit_record_["n_passes"] <= 25
-    np.testing.assert_allclose(cal.predict_proba(scores, domains=domains),
-                               ref.predict_proba(scores, domains=domains), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(cal.predict_proba(scores, domains=domains, dtype=np.float64),
+                               ref.predict_proba(scores, domains=domains, dtype=np.float64), rtol=1e-9, atol=1e-12)
 
 
 def test_small_domains_fall_back_like_the_single_process_fit(dask_client, kitti_dataset):

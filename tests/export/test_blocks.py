@@ -38,7 +38,7 @@ def test_heads_in_several_blocks_equal_predict_proba(method, monkeypatch):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ref = cal.predict_proba(x, **side)
+        ref = cal.predict_proba(x, **side, dtype=np.float64)
     head = to_torch(cal)
     head.block_rows = 1024
     with torch.no_grad():
@@ -65,10 +65,10 @@ def test_blocked_one_vs_rest_predict_proba_equals_rows_alone(method, monkeypatch
     cal = fitted_classifier(method)
     _, _, _, x, _ = cifar()
     x = _long(x)
-    whole = cal.predict_proba(x)
+    whole = cal.predict_proba(x, dtype=np.float64)
     monkeypatch.setattr(type(cal), "_block_elements", 1)  # 1024-row blocks
-    blocked = cal.predict_proba(x)
-    pieces = np.concatenate([cal.predict_proba(x[i:i + 700]) for i in range(0, x.shape[0], 700)])
+    blocked = cal.predict_proba(x, dtype=np.float64)
+    pieces = np.concatenate([cal.predict_proba(x[i:i + 700], dtype=np.float64) for i in range(0, x.shape[0], 700)])
     np.testing.assert_array_equal(blocked, whole)  # the same numpy ops on the same rows, row by row
     np.testing.assert_array_equal(pieces, whole)
 

@@ -53,7 +53,7 @@ def test_onnx_graph_has_named_inputs_dynamic_batch_and_metadata(tmp_path):
     got = sess.run(None, {"logits": x, "domain_index": group_index(meta["confcal.index_table"], dom)})[0]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        np.testing.assert_allclose(got, cal.predict_proba(x, domains=dom), rtol=0, atol=ATOL64)
+        np.testing.assert_allclose(got, cal.predict_proba(x, domains=dom, dtype=np.float64), rtol=0, atol=ATOL64)
 
 
 def test_object_export_records_the_sha256_of_the_file_save_manifest_writes(ts_manifest):
@@ -121,7 +121,7 @@ def test_to_torch_method_on_the_calibrator():
     _, _, _, x, _ = cifar()
     with torch.no_grad():
         out = cal.to_torch()(torch.as_tensor(x)).numpy()
-    np.testing.assert_allclose(out, cal.predict_proba(x), rtol=0, atol=ATOL64)
+    np.testing.assert_allclose(out, cal.predict_proba(x, dtype=np.float64), rtol=0, atol=ATOL64)
 
 
 def test_fallback_groups_map_to_the_pooled_index():
@@ -156,7 +156,7 @@ def test_calibrated_model_under_jit_script(method):
     side = {"domains": dom} if idx is not None else {}
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ref = cal.predict_proba(net(x).numpy(), **side)
+        ref = cal.predict_proba(net(x).numpy(), **side, dtype=np.float64)
         scripted = torch.jit.script(model)
         np.testing.assert_allclose(scripted(x, idx).numpy(), ref, rtol=0, atol=ATOL64)
         np.testing.assert_allclose(model(x, idx).numpy(), ref, rtol=0, atol=ATOL64)
@@ -171,7 +171,7 @@ def test_calibrated_model_under_torch_compile():
     x = torch.randn(16, 8, dtype=torch.float64)
     with torch.no_grad():
         out = model(x).numpy()
-        ref = cal.predict_proba(net(x).numpy())
+        ref = cal.predict_proba(net(x).numpy(), dtype=np.float64)
     np.testing.assert_allclose(out, ref, rtol=0, atol=ATOL64)
 
 
@@ -183,11 +183,11 @@ def test_cli_export_onnx_and_torchscript(tmp_path, ts_manifest, capsys):
     x32 = x.astype(np.float32)
     got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"logits": x32})[0]
     assert got.dtype == np.float32
-    np.testing.assert_allclose(got, fitted_classifier("ts").predict_proba(x32), rtol=0, atol=ATOL32)
+    np.testing.assert_allclose(got, fitted_classifier("ts").predict_proba(x32, dtype=np.float64), rtol=0, atol=ATOL32)
     pt = tmp_path / "head.pt"
     assert main(["export", "--calibrator", str(ts_manifest), "--format", "torchscript", "-o", str(pt)]) == 0
     loaded = torch.jit.load(str(pt))
-    np.testing.assert_allclose(loaded(torch.as_tensor(x)).numpy(), fitted_classifier("ts").predict_proba(x),
+    np.testing.assert_allclose(loaded(torch.as_tensor(x)).numpy(), fitted_classifier("ts").predict_proba(x, dtype=np.float64),
                                rtol=0, atol=ATOL64)
     # --verify alone (as the export guide writes it): no --format / --output needed
     assert main(["export", "--verify", str(out), "--calibrator", str(ts_manifest)]) == 0

@@ -81,7 +81,7 @@ def _check(cal, x, side, ref_fn, width):
 def test_sigmoid_heads_equal_predict_proba_and_closed_form(method):
     z, labels, zt = _multilabel_data()
     cal = METHODS[method]().fit(z, labels)
-    _check(cal, zt, None, lambda x, _: cal.predict_proba(x), N_LABELS)
+    _check(cal, zt, None, lambda x, _: cal.predict_proba(x, dtype=np.float64), N_LABELS)
     # independent oracle: scipy's expit of the per-label affine map
     if method == "ts-multilabel":
         want = expit(zt / cal.temperatures_)
@@ -96,7 +96,7 @@ def test_sigmoid_head_on_probabilities():
     cal = METHODS["platt-multilabel"](input_kind="probs").fit(expit(z), labels)
     p = expit(zt)
     p[0, :3] = [0.0, 1.0, 1e-300]  # clipped to [eps, 1 - eps] before the logit, as predict_proba
-    _check(cal, p, None, lambda x, _: cal.predict_proba(x), N_LABELS)
+    _check(cal, p, None, lambda x, _: cal.predict_proba(x, dtype=np.float64), N_LABELS)
 
 
 @pytest.mark.parametrize("name", list(GEO))
@@ -106,10 +106,10 @@ def test_geometry_heads_equal_predict_proba(name, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cal = METHODS[method](box_features="cx,w", **GEO[name]).fit(s, y, features=f)
-    _check(cal, st, ft, lambda x, fx: cal.predict_proba(x, features=fx), 2)
+    _check(cal, st, ft, lambda x, fx: cal.predict_proba(x, features=fx, dtype=np.float64), 2)
     if method == "det-hist-geo":  # the cells are used: a feature change moves some boxes' probability
-        ref = cal.predict_proba(st, features=ft)
-        assert np.abs(ref - cal.predict_proba(st, features=ft[::-1].copy())).max() > 0.01
+        ref = cal.predict_proba(st, features=ft, dtype=np.float64)
+        assert np.abs(ref - cal.predict_proba(st, features=ft[::-1].copy(), dtype=np.float64)).max() > 0.01
     meta = {p.key: p.value for p in export_onnx(cal).metadata_props}
     assert json.loads(meta["confcal.feature_names"]) == ["cx", "w"] and meta["confcal.features_input"] == "features"
     export_torchscript(cal, tmp_path / "head.pt")
@@ -151,7 +151,7 @@ def test_feature_temperature_heads_equal_predict_proba(method):
         warnings.simplefilter("ignore")
         cal = METHODS[method](n_clusters=6, n_init=2).fit(z, y, features=f, **(
             {"domains": np.arange(600) % 2} if method == "domain-ensemble" else {}))
-    _check(cal, zt, ft, lambda x, fx: cal.predict_proba(x, features=fx), cal.n_classes_)
+    _check(cal, zt, ft, lambda x, fx: cal.predict_proba(x, features=fx, dtype=np.float64), cal.n_classes_)
     # independent oracle: scipy's softmax at the calibrator's own per-sample temperatures
     from scipy.special import softmax
 
@@ -174,7 +174,7 @@ def test_geometry_clip_levels_are_in_the_head_and_grouped_maps_are_refused():
     fe = ft[: edge.size]
     head = torch.jit.script(to_torch(cal).double())
     got = head(torch.as_tensor(edge), torch.as_tensor(fe)).numpy()
-    np.testing.assert_allclose(got, cal.predict_proba(edge, features=fe), rtol=0, atol=ATOL64)
+    np.testing.assert_allclose(got, cal.predict_proba(edge, features=fe, dtype=np.float64), rtol=0, atol=ATOL64)
     cls = np.arange(s.size) % 2
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

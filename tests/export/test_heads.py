@@ -29,7 +29,7 @@ def _session(cal, dtype):
 def _reference(cal, x, **side):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # unseen domains warn; the head follows the same rule silently
-        return cal.predict_proba(x, **side)
+        return cal.predict_proba(x, **side, dtype=np.float64)
 
 
 def _isotonic_tolerance(cal, x, atol):

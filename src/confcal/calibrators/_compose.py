@@ -258,12 +258,31 @@ class MapCalibrator(Calibrator):
         self.n_iter_ = res.n_iter
         self.converged_ = res.converged
 
+    #: about this many float64 elements per row block of ``_predict_proba`` (8 MB): the map's
+    #: temporaries (float64 copy, log-probabilities, mapped logits, softmax) are block-sized
+    _PREDICT_BLOCK_ELEMENTS = 1 << 20
+
     def _predict_proba(self, logits, features=None):
+        """The map and softmax row block by row block, each block's result written into one float64
+        ``(n, K)`` output: the temporaries are a few blocks, not a few input-sized arrays (every step
+        is row-wise, so the values are those of one whole-array pass)."""
         from confcal.calibrators._links import SoftmaxLink
 
         model = Composite(self.map_, SoftmaxLink())
+        z = np.asarray(logits) if not isinstance(logits, torch.Tensor) else logits
+        n = z.shape[0]
+        rows = max(256, self._PREDICT_BLOCK_ELEMENTS // max(int(np.prod(z.shape[1:])), 1))
+        out = None
         with torch.no_grad():
-            return model.probs(model.prepare(to_torch(logits), to_torch(features))).numpy()
+            for a in range(0, max(n, 1), rows):
+                f = None if features is None else to_torch(features[a:a + rows])
+                p = model.probs(model.prepare(to_torch(z[a:a + rows]), f)).numpy()
+                if out is None:
+                    if p.shape[0] == n:  # one block: no copy
+                        return p
+                    out = np.empty((n, *p.shape[1:]), dtype=p.dtype)
+                out[a:a + rows] = p
+        return out
 
     def _get_fitted(self):
         return {"map": self.map_.name, "map_config": self.map_.config(), "map_state": get_state(self.map_),

@@ -16,7 +16,9 @@ without importing scikit-learn) whose ``X`` is logits:
 * a one-logit binary head, logits ``(n,)`` or ``(n, 1)`` (a sigmoid model),
   is read as the two-class logits ``[0, z]``: ``softmax([0, z] / T)[1] =
   sigmoid(z / T)``; ``predict_proba`` then returns ``(n, 2)``.
-* ``predict_proba(logits, **side)`` returns float64 ``(n, K)`` rows summing to 1;
+* ``predict_proba(logits, **side)`` returns ``(n, K)`` rows summing to 1, float32 for
+  float32 input and float64 for every other input unless ``dtype=`` asks otherwise
+  (:func:`_result_dtype`);
   ``predict`` the arg-max, ``score`` minus the mean NLL (nats), ``classes_`` is
   ``arange(K)``.
 * fitted attributes end in ``_``; using an unfitted calibrator raises
@@ -279,16 +281,20 @@ class Calibrator(Estimator, abc.ABC):
         ``logits`` as at fit time (``input_kind`` is a hyper-parameter); a one-logit
         binary head ``(n_samples,)`` gives ``(n_samples, 2)``. ``logits`` may also be a
         :class:`confcal.sources.Source` (a path string raises ``TypeError``); ``progress`` as for :meth:`fit`.
-        ``dtype``: float64 (default) or float32. Temperature scaling computes in that dtype,
-        chunk by chunk in cache, so the output is written to memory once (float32 logits in,
-        float32 out: 2 x 4 bytes per element); the other methods compute in float64 and cast.
+        ``dtype``: the output dtype, float32 or float64. The default (``None``) follows the input:
+        float32 logits (a numpy array, a torch tensor or a :class:`~confcal.sources.Source` of
+        float32) give float32, every other input float64. Temperature scaling computes in the
+        output dtype, chunk by chunk in cache, so the output is written to memory once (float32
+        in, float32 out: 2 x 4 bytes per element); the other methods compute in float64 and cast
+        (two passes over the output). Pass ``dtype=np.float64`` to compare with a float64
+        reference at a tighter tolerance than float32's (about 1e-7 relative).
 
         Raises :class:`NotFittedError` before ``fit`` and ``ValueError`` when the
         number of classes differs from the one seen at fit time, or for another ``dtype``.
         """
         _refuse_paths("predict_proba", logits=logits, **side)
         self._check_fitted()
-        want = _result_dtype(dtype)
+        want = _result_dtype(dtype, logits)
         out = self._predict_source(logits, progress=progress, dtype=want, **side)
         if out is not NotImplemented:
             return out if out.dtype == want else out.astype(want)
@@ -315,8 +321,8 @@ class Calibrator(Estimator, abc.ABC):
         return default_predict_batch(self, logits, input_kind=input_kind, first_row=first_row, **side)
 
     def predict(self, logits, **side) -> np.ndarray:
-        """Arg-max class of the calibrated probabilities (lowest index wins ties)."""
-        return np.argmax(self.predict_proba(logits, **side), axis=1)
+        """Arg-max class of the calibrated float64 probabilities (lowest index wins ties)."""
+        return np.argmax(self.predict_proba(logits, dtype=np.float64, **side), axis=1)
 
     def score(self, logits, labels, sample_weight=None, **side) -> float:
         """Minus the mean negative log-likelihood (nats) of ``labels``: higher is better.
@@ -324,7 +330,7 @@ class Calibrator(Estimator, abc.ABC):
         This is what ``scoring="neg_log_loss"`` measures, so model selection by
         ``GridSearchCV(calibrator, grid)`` without a scoring argument optimises NLL.
         """
-        p = self.predict_proba(logits, **side)
+        p = self.predict_proba(logits, dtype=np.float64, **side)
         y = check_labels(labels, p.shape[0], p.shape[1])
         w = self._check_sample_weight(sample_weight, p.shape[0], fitting=False)
         with np.errstate(divide="ignore"):
@@ -461,14 +467,17 @@ class Calibrator(Estimator, abc.ABC):
         return out
 
 
-def _result_dtype(dtype) -> np.dtype:
-    """The dtype ``predict_proba`` returns: float64 by default, or ``dtype`` (float32 or float64).
+def _result_dtype(dtype, logits=None) -> np.dtype:
+    """The dtype ``predict_proba`` returns: ``dtype`` (float32 or float64) when given, else float32
+    for float32 ``logits`` (numpy, torch, a source: anything whose ``dtype`` is float32) and
+    float64 for every other input (float64, float16, integers, lists).
 
-    The default stays float64 for every input while the distributed engine (``confcal.dask``)
-    compares its metrics with the single-process ones computed from float64 probabilities;
-    pass ``dtype=np.float32`` for float32 output computed in float32 (temperature scaling)."""
+    Callers that compare metrics with a float64 reference (the evaluation reports, the
+    distributed engine) pass ``dtype=np.float64``."""
     if dtype is None:
-        return np.dtype(np.float64)
+        dt = getattr(logits, "dtype", None)
+        # torch.float32 is not a numpy dtype; its str() ends in "float32" as numpy's does
+        return np.dtype(np.float32) if dt is not None and str(dt).endswith("float32") else np.dtype(np.float64)
     want = np.dtype(dtype)
     if want not in (np.float32, np.float64):
         raise ValueError(f"dtype: expected float32 or float64, got {want}")

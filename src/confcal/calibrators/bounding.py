@@ -445,7 +445,7 @@ class ProbabilityBounding(Calibrator):
 
     def predict(self, logits) -> np.ndarray:
         """Arg-max class; ties in the bounded probabilities are broken by X's logits (then lowest index)."""
-        p = self.predict_proba(logits)
+        p = self.predict_proba(logits, dtype=np.float64)
         with torch.no_grad():
             prep = self._prepare(self._validate_logits(logits))
             g = Composite(self.map_, SoftmaxLink()).logits(prep).numpy()

@@ -391,7 +391,7 @@ class _BoxScoreMaps(Calibrator):
     def predict_score(self, scores, **side) -> np.ndarray:
         """Calibrated box confidence ``(n_boxes,)``: P(true positive) for 1-D scores,
         the top-class probability for class vectors."""
-        p = self.predict_proba(scores, **side)
+        p = self.predict_proba(scores, dtype=np.float64, **side)
         return p[:, 1] if self.kind_ == "binary" else p.max(axis=1)
 
     def _predict_proba(self, x, domains=None, category_ids=None):

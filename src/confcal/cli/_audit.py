@@ -57,7 +57,7 @@ def box_score_predictions(args, cal, side):
 
             side = {**side, "features": read_box_features(args.logits, cal.feature_names_, option="--logits",
                                                           fitted=True)}
-        stages[cal.method] = cal.predict_proba(s, **taken(cal, side))[:, 1]
+        stages[cal.method] = cal.predict_proba(s, dtype=np.float64, **taken(cal, side))[:, 1]
     return stages, y
 
 
@@ -141,7 +141,7 @@ def run_audit(args) -> int:
         if manifest:
             cal = load_calibrator(manifest, n_classes=x.shape[1])
             cal.set_params(input_kind="logits")  # x holds validated logits (log-probabilities for probs)
-            stages[cal.method] = cal.predict_proba(x, **taken(cal, side))
+            stages[cal.method] = cal.predict_proba(x, dtype=np.float64, **taken(cal, side))
     if cal is not None:
         record = getattr(cal, "fit_record_", None) or {}
         if record.get("data_sha256") == _sha256(x if x.shape[1] > 1 else load_array(args.logits, name="logits"),

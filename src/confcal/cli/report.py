@@ -81,7 +81,7 @@ def run(args) -> int:
         refuse_category_ids(args, f"class vectors {x.shape}")
         cal = load_calibrator(manifest, n_classes=x.shape[1])
         cal.set_params(input_kind="logits")  # x holds validated logits (log-probabilities for probs)
-        stages = {"uncalibrated": softmax(x), cal.method: cal.predict_proba(x, **_audit.taken(cal, side))}
+        stages = {"uncalibrated": softmax(x), cal.method: cal.predict_proba(x, dtype=np.float64, **_audit.taken(cal, side))}
     verdict, numbers = [], {}
     text = build_report(stages, np.asarray(y), domains=side.get("domains"), manifest=manifest,
                         queue_csv=queue, n_bins=args.n_bins, n_draws=args.bootstrap, max_ece=args.max_ece,

@@ -56,7 +56,7 @@ def _calibrator_from_text(text: str):
 
 
 def _predict(text, x, side, dtype):
-    probs = _calibrator_from_text(text).predict_proba(x, **side)
+    probs = _calibrator_from_text(text).predict_proba(x, dtype=np.float64, **side)
     return probs if dtype is None else probs.astype(dtype, copy=False)
 
 

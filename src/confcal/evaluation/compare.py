@@ -231,11 +231,11 @@ def fit_and_score(name: str, params: dict, x_cal, y_cal, x_test, y_test, side_ca
         t0 = time.perf_counter()
         cal.fit(x_cal, y_cal, **side_cal)
         fit_seconds = time.perf_counter() - t0
-        probs = cal.predict_proba(x_test, **side_test)
+        probs = cal.predict_proba(x_test, dtype=np.float64, **side_test)
         record = getattr(cal, "fit_record_", None) or {}
         cal_nll = record.get("metrics_after", {}).get("nll")
         if cal_nll is None:
-            cal_nll = nll(cal.predict_proba(x_cal, **side_cal), y_cal)
+            cal_nll = nll(cal.predict_proba(x_cal, dtype=np.float64, **side_cal), y_cal)
     values = _test_metrics(probs, y_test)
     # methods that may move the arg-max (one-vs-rest maps) show it here, not only in the error column
     values["acc_change"] = accuracy(probs, y_test) - accuracy(softmax(np.asarray(x_test, dtype=np.float64)), y_test)

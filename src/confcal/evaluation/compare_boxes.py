@@ -97,7 +97,7 @@ def compare_box_methods(scores, labels, methods, *, features=None, feature_names
                     t0 = time.perf_counter()
                     est.fit(s[cal], y[cal], **side_c)
                     dt = time.perf_counter() - t0
-                    p = est.predict_proba(s[test], **({"features": f[test]} if geo else {}))[:, 1]
+                    p = est.predict_proba(s[test], dtype=np.float64, **({"features": f[test]} if geo else {}))[:, 1]
                 preds[m] = (p, dt)
             except (ValueError, TypeError) as exc:
                 errors[m] = str(exc).splitlines()[0]

@@ -77,7 +77,7 @@ def multilabel_stages(logits, cal=None, *, input_kind: str = "logits") -> dict:
             raise ValueError(f"calibrator: {cal.method} calibrates softmax heads, but the labels are multi-hot "
                              "(n_samples, n_labels); fit ts-multilabel or platt-multilabel")
         cal.set_params(input_kind=input_kind)
-        stages[cal.method] = np.asarray(cal.predict_proba(logits), dtype=np.float64)
+        stages[cal.method] = cal.predict_proba(logits, dtype=np.float64)
     return stages
 
 
@@ -176,7 +176,7 @@ def compare_multilabel_methods(logits, labels, methods, *, n_splits: int = 10, c
                     t0 = time.perf_counter()
                     cal.fit(z[tr], y[tr])
                     dt = time.perf_counter() - t0
-                preds[m] = (np.asarray(cal.predict_proba(z[te]), dtype=np.float64), dt)
+                preds[m] = (cal.predict_proba(z[te], dtype=np.float64), dt)
             except (ValueError, TypeError, RuntimeError, np.linalg.LinAlgError) as exc:
                 errors[m] = str(exc).splitlines()[0]
         for m, (p, dt) in preds.items():

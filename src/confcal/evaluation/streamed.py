@@ -104,7 +104,7 @@ def _probabilities(ctx: _Context, batch: dict, first: int, wanted, stats: dict):
             probs["uncalibrated"] = np.clip(s, 0.0, 1.0)  # as the audit: raw scores clipped to [0, 1]
         if ctx.cal is not None and "calibrated" in wanted:
             cal = ctx.cal.get()
-            probs["calibrated"] = cal.predict_proba(s, **{k: v for k, v in side.items() if k in ctx.side})[:, 1]
+            probs["calibrated"] = cal.predict_proba(s, dtype=np.float64, **{k: v for k, v in side.items() if k in ctx.side})[:, 1]
     else:
         x = check_logits(raw, input_kind=ctx.input_kind, first_row=first, whole=False)
         if stats["unit"] is not None:  # pass 1: the probabilities-as-logits rule needs every row

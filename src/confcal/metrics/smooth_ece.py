@@ -109,11 +109,20 @@ def _wrapped_gaussian(sigma: float, m: int) -> np.ndarray:
     return norm * np.exp(-0.5 * z * z).sum(axis=1)
 
 
-def _smece_at(fine: np.ndarray, n: int, sigma: float) -> float:
+def _smece_at(fine: np.ndarray, n: int, sigma: float, memo: dict | None = None) -> float:
+    """smECE at bandwidth ``sigma`` from the finest-grid masses ``fine``. ``memo`` keeps, per grid
+    size ``m``, the transform of the folded masses (it depends on ``m`` only, and the grid sizes are
+    powers of two, so one root search needs a handful of them); a callable ``fine`` gives the masses
+    on a grid of ``m`` intervals directly (``fine(m)``)."""
     m = _grid_size(sigma)
-    w = _folded(_restrict(fine, m))
+    spec = None if memo is None else memo.get(m)
+    if spec is None:
+        coarse = fine(m) if callable(fine) else _restrict(fine, m)
+        spec = np.fft.rfft(_folded(coarse))
+        if memo is not None:
+            memo[m] = spec
     ker = _wrapped_gaussian(sigma, m)
-    g = np.fft.irfft(np.fft.rfft(w) * np.fft.rfft(ker), n=2 * m)[: m + 1]
+    g = np.fft.irfft(spec * np.fft.rfft(ker), n=2 * m)[: m + 1]
     g = np.abs(g) / n
     h = 1.0 / m
     return float(h * (g.sum() - 0.5 * (g[0] + g[-1])))
@@ -129,21 +138,28 @@ def _check_sigma(sigma) -> float:
 def _smooth_ece_pairs(conf: np.ndarray, correct: np.ndarray, sigma=None):
     f = np.asarray(conf, dtype=np.float64)
     r = f - np.asarray(correct, dtype=np.float64)
+    if 8 * f.shape[0] < _MAX_GRID:
+        # few samples: their masses on each coarse grid directly (O(n) per grid size) cost less
+        # than spreading them on the finest grid and restricting it (O(_MAX_GRID) per grid size);
+        # the restriction is exact, so both are the same masses up to rounding
+        return _smooth_ece_masses(lambda m: _grid_masses(f, r, m), f.shape[0], sigma)
     return _smooth_ece_masses(_grid_masses(f, r, _MAX_GRID), f.shape[0], sigma)
 
 
-def _smooth_ece_masses(fine: np.ndarray, n: int, sigma=None):
-    """smECE (and the bandwidth used) from residual masses on the finest grid (``_MAX_GRID``)."""
+def _smooth_ece_masses(fine, n: int, sigma=None):
+    """smECE (and the bandwidth used) from residual masses on the finest grid (``_MAX_GRID``), or
+    from a callable giving the masses on a grid of ``m`` intervals (see :func:`_smece_at`)."""
+    memo: dict = {}
     if sigma is not None:
         s = _check_sigma(sigma)
-        return _smece_at(fine, n, s), s
+        return _smece_at(fine, n, s, memo), s
     # smECE_1 <= mean |r| <= 1, so sigma = 1 is at or above the fixed point; halve
     # the bandwidth until smECE_sigma exceeds sigma, then refine inside that bracket.
     # Coarse bandwidths first: their grids are small, SIGMA_MIN's is the largest.
     hi = 1.0
     while True:
         lo = max(hi / 2.0, SIGMA_MIN)
-        value = _smece_at(fine, n, lo)
+        value = _smece_at(fine, n, lo, memo)
         if value > lo:
             break
         if lo == SIGMA_MIN:
@@ -151,8 +167,8 @@ def _smooth_ece_masses(fine: np.ndarray, n: int, sigma=None):
         hi = lo
     from scipy.optimize import brentq  # here: scipy.optimize costs ~0.5 s to import, and only this needs it
 
-    s = brentq(lambda t: _smece_at(fine, n, t) - t, lo, hi, xtol=1e-12, rtol=1e-10)
-    return _smece_at(fine, n, s), float(s)
+    s = brentq(lambda t: _smece_at(fine, n, t, memo) - t, lo, hi, xtol=1e-12, rtol=1e-10)
+    return _smece_at(fine, n, s, memo), float(s)
 
 
 def smooth_ece(probs, labels, *, sigma: float | None = None, return_sigma: bool = False):
