@@ -56,9 +56,6 @@ PARAMS = {"source-gated-ts": ["--param", "source_domain=s0"]}
 #: methods whose optional side input is required at fit time (source-gated-ts: the source rows
 #: are those of domain ``source_domain``), so only that input kind applies
 FIT_NEEDS = {"source-gated-ts": "domains"}
-#: input kinds whose ``report`` writes only the HTML (no ``<stem>.numbers.json``): exit code and
-#: warnings compared, the numbers not (the multilabel report has no side-file yet)
-REPORT_WITHOUT_NUMBERS = {"multihot"}
 #: input kinds whose ``evaluate --engine dask`` is not built yet (asserted refused in one line)
 DASK_EVALUATE_GAPS = {"multihot": "the distributed evaluate has no per-label (sigmoid-head) job yet"}
 #: per-output fields that name the manifest file itself (its sha256 differs: utc_time, engine)
@@ -284,15 +281,13 @@ def test_engine_parity(method, kind, matrix_data, dask_client, tmp_path, capsys)
         code, _, err, warn = _cli("report", *ev_l, "--calibrator", man, "--bootstrap", 20, "-o", html,
                                   capsys=capsys)
         numbers = tmp_path / f"report-{where}.numbers.json"
-        # the sigmoid-head report writes no numbers side-file (named in REPORT_WITHOUT_NUMBERS)
-        has = code == 0 and kind not in REPORT_WITHOUT_NUMBERS
+        has = code == 0
         reports[where] = (code, warn, json.loads(numbers.read_text()) if has else err)
         assert numbers.exists() == has, where
     assert reports["local"][0] == reports["dask"][0] == 0, (reports["local"][2], reports["dask"][2])
     assert reports["local"][1] == reports["dask"][1]
-    if kind not in REPORT_WITHOUT_NUMBERS:
-        rl, rd = ({k: v for k, v in r[2].items() if k not in FILE_FIELDS} for r in (reports["local"], reports["dask"]))
-        _close(rd, rl)
+    rl, rd = ({k: v for k, v in r[2].items() if k not in FILE_FIELDS} for r in (reports["local"], reports["dask"]))
+    _close(rd, rl)
 
     # rank (box calibrators): the queue CSV on the manifest fitted either way, field by field
     if kind.split("+")[0] in ("box", "geo"):
