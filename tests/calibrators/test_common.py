@@ -408,4 +408,4 @@ def test_grid_search_dirichlet_on_real_cifar_logits():
     # calibration helps on held-out folds: better than the uncalibrated NLL
     assert search.best_score_ > -nll(probs, labels)
     best = search.best_estimator_
-    assert best.score(logits, labels) == pytest.approx(-nll(best.predict_proba(logits), labels), rel=1e-12)
+    assert best.score(logits, labels) == pytest.approx(-nll(best.predict_proba(logits, dtype=np.float64), labels), rel=1e-12)

@@ -60,7 +60,7 @@ def test_streamed_grouped_equals_per_domain_fits(batch_rows, n):
     assert abs(math.log(res.pooled.temperature / fit_temperature(x, y).temperature)) < 1e-9
     # the fit record: each row at its domain's temperature
     cal = GroupedTemperatureScaling().fit(x, y, domains=d)
-    after = summary_metrics(cal.predict_proba(x, domains=d), y)
+    after = summary_metrics(cal.predict_proba(x, domains=d, dtype=np.float64), y)
     x64 = x.astype(np.float64)
     e = np.exp(x64 - x64.max(axis=1, keepdims=True))
     before = summary_metrics(e / e.sum(axis=1, keepdims=True), y)

@@ -92,8 +92,10 @@ def test_library_fit_and_predict_from_parquet_equal_npy(tmp_path):
     assert a.temperature_ == b.temperature_ == c.temperature_
     assert a.fit_record_["data_sha256"] == b.fit_record_["data_sha256"] == c.fit_record_["data_sha256"]
     assert a.fit_record_["metrics_after"] == b.fit_record_["metrics_after"]
-    p = c.predict_proba(x)
-    assert np.array_equal(p, b.predict_proba(open_source(f"{tmp_path}/v.parquet:logit_*")))
+    # float32 input gives float32 output by default; the streamed writer (predict_into) is float64
+    assert c.predict_proba(x).dtype == np.float32
+    p = c.predict_proba(x, dtype=np.float64)
+    assert np.array_equal(p, b.predict_proba(open_source(f"{tmp_path}/v.parquet:logit_*"), dtype=np.float64))
     # a path string is refused in one line that names the way to open it
     for call in (lambda: TemperatureScaling().fit(f"{tmp_path}/x.npy", y), lambda: c.predict_proba(tmp_path / "x.npy")):
         with pytest.raises(TypeError, match=r"^logits: .* confcal\.sources\.open_source\(.*command line"):
@@ -134,7 +136,8 @@ def test_predict_proba_writes_rows_in_place_and_matches_the_oracle():
     y = np.argmax(x / 2 + rng.gumbel(size=x.shape), axis=1)
     cal = TemperatureScaling().fit(x, y)
     assert 1.5 < cal.temperature_ < 3
-    p = cal.predict_proba(x)
+    assert cal.predict_proba(x).dtype == np.float32  # float32 in, float32 out by default
+    p = cal.predict_proba(x, dtype=np.float64)
     assert p.dtype == np.float64 and p.flags.c_contiguous
     assert np.array_equal(p, predict_into(cal, open_source(x), batch_rows=7))
     z = x.astype(np.float64) / cal.temperature_

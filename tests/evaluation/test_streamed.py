@@ -34,7 +34,7 @@ def test_equals_in_memory_summary_on_cifar(batch_rows, n):
     x64 = x.astype(np.float64)
     e = np.exp(x64 - x64.max(axis=1, keepdims=True))
     assert_close(metrics["uncalibrated"], calibration_summary(e / e.sum(axis=1, keepdims=True), y))
-    assert_close(metrics["ts"], calibration_summary(cal.predict_proba(x), y))
+    assert_close(metrics["ts"], calibration_summary(cal.predict_proba(x, dtype=np.float64), y))
 
 
 def test_parquet_and_npy_give_identical_results(tmp_path):
