@@ -211,5 +211,7 @@ def test_lbfgs_passes_reach_the_newton_optimum(cifar10):
     run_job(linear_fit_job(lbfgs, newton_max_params=0, max_iter=500), _engine(x, y))
     a, b = _flat(newton), _flat(lbfgs)
     assert lbfgs.nll_ <= METHODS["dirichlet"](reg="fixed").fit(x, y).nll_ + 1e-12
-    # L-BFGS stops on its gradient tolerance: 1.05e-6 of the largest parameter measured (3e-6 allowed)
-    assert np.max(np.abs(a - b)) <= 3e-6 * np.max(np.abs(a))
+    # L-BFGS stops on its gradient tolerance, so the parameters sit within the flat valley around the
+    # optimum: measured 1.05e-6 of the largest parameter with numpy's SIMD paths on and 4.6e-6 with them
+    # off (the rounding of the passes picks another stopping point); 1e-5 allowed, the NLL check above is tight
+    assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(a))
