@@ -155,3 +155,86 @@ def test_t6_rank_checks_detections_as_match_does(tmp_path, capsys, bad, where):
     dets[5] = {"image_id": 1, "category_id": 1, "bbox": [60, 60, 10, 10], "score": 0.3}
     (tmp_path / "dets.json").write_text(json.dumps(dets))
     assert main(argv) == 0 and (tmp_path / "q.csv").exists()
+
+
+def _tamper_first_float_constant(src, dst):
+    """Multiply the first float initializer / Constant of an ONNX graph (subgraphs included) by 3, plus 1."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(src))
+
+    def tensors(graph):
+        yield from graph.initializer
+        for node in graph.node:
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.TENSOR:
+                    yield a.t
+                elif a.type == onnx.AttributeProto.GRAPH:
+                    yield from tensors(a.g)
+
+    for t in tensors(model.graph):
+        arr = numpy_helper.to_array(t)
+        if arr.dtype.kind == "f" and arr.size and np.all(np.isfinite(arr)) and np.any(arr != 0):
+            t.CopyFrom(numpy_helper.from_array((arr * 3 + 1).astype(arr.dtype), t.name))
+            break
+    else:
+        raise AssertionError("no float constant to tamper")
+    onnx.save(model, str(dst))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_t7_verify_runs_the_head_and_refuses_an_edited_graph(files, capsys, dtype):
+    """T7: --verify compared only the metadata's sha256: an edited graph passed."""
+    pytest.importorskip("onnxruntime")
+    d, _, _ = files
+    head = d / "h.onnx"
+    assert main(["export", "--calibrator", f"{d}/cal.json", "--format", "onnx", "--dtype", dtype,
+                 "-o", str(head)]) == 0
+    assert main(["export", "--verify", str(head), "--calibrator", f"{d}/cal.json"]) == 0
+    _tamper_first_float_constant(head, d / "t.onnx")
+    capsys.readouterr()
+    code = main(["export", "--verify", f"{d}/t.onnx", "--calibrator", f"{d}/cal.json"])
+    err = _err(capsys)
+    assert code == 2 and err.startswith("confcal: error: --verify: the head ") and "does not" in err, err
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
+def test_t7_verify_refuses_a_head_of_another_method_with_the_copied_sha256(files, capsys, fmt):
+    """T7: a VS head whose metadata carries the TS manifest's sha256 and method passed --verify."""
+    pytest.importorskip("onnxruntime")
+    import hashlib
+    import json
+
+    d, _, _ = files
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["fit", "-q", "--logits", f"{d}/z.npy", "--labels", f"{d}/y.npy", "--method", "vs",
+                     "-o", f"{d}/vs.json"]) == 0
+    sha = hashlib.sha256((d / "cal.json").read_bytes()).hexdigest()
+    head = d / ("vs.onnx" if fmt == "onnx" else "vs.pt")
+    assert main(["export", "--calibrator", f"{d}/vs.json", "--format", fmt, "-o", str(head)]) == 0
+    if fmt == "onnx":
+        import onnx
+
+        model = onnx.load(str(head))
+        for p in model.metadata_props:
+            if p.key == "confcal.manifest_sha256":
+                p.value = sha
+            elif p.key == "confcal.method":
+                p.value = "ts"
+        onnx.save(model, str(head))
+    else:
+        import torch
+
+        extra = {"confcal.json": ""}
+        module = torch.jit.load(str(head), _extra_files=extra)
+        meta = {**json.loads(extra["confcal.json"]), "confcal.manifest_sha256": sha, "confcal.method": "ts"}
+        torch.jit.save(module, str(head), _extra_files={"confcal.json": json.dumps(meta)})
+    capsys.readouterr()
+    code = main(["export", "--verify", str(head), "--calibrator", f"{d}/cal.json"])
+    err = _err(capsys)
+    assert code == 2 and "--verify: the head" in err and "does not compute its map" in err, err
+    # the VS head still verifies against its own manifest... once its own sha256 is back
+    assert main(["export", "--calibrator", f"{d}/vs.json", "--format", fmt, "-o", str(head)]) == 0
+    assert main(["export", "--verify", str(head), "--calibrator", f"{d}/vs.json"]) == 0
