@@ -238,3 +238,42 @@ def test_t7_verify_refuses_a_head_of_another_method_with_the_copied_sha256(files
     # the VS head still verifies against its own manifest... once its own sha256 is back
     assert main(["export", "--calibrator", f"{d}/vs.json", "--format", fmt, "-o", str(head)]) == 0
     assert main(["export", "--verify", str(head), "--calibrator", f"{d}/vs.json"]) == 0
+
+
+def _domain_files(tmp_path, names):
+    rng = np.random.default_rng(3)
+    out = []
+    for j, name in enumerate(names):
+        z = rng.normal(0, 3, (120, 3))
+        y = np.where(rng.random(120) < 0.7, z.argmax(1), rng.integers(0, 3, 120))
+        np.savez(tmp_path / f"{name}.npz", logits=z, labels=y, features=rng.normal(j, 1, (120, 2)))
+        out += ["--domain", f"{name}={tmp_path / name}.npz"]
+    return out
+
+
+def test_p2_de_ok_two_domains_refused_in_words_not_an_empty_range(tmp_path, capsys):
+    """p2 misc/de-ok: source + one target said '--n-calibration: expected 1..0 ..., got 2' for a
+    default the user never gave; the protocol needs a calibration domain, so --domain is named."""
+    capsys.readouterr()
+    code = main(["domain-eval", *_domain_files(tmp_path, ["a", "b"]), "--source", "a", "--draws", "3",
+                 "--csv", str(tmp_path / "o.csv")])
+    err = _err(capsys)
+    assert code == 2 and err.startswith("confcal: error: --domain: target 'b' leaves no calibration domain"), err
+    assert "1..0" not in err and not (tmp_path / "o.csv").exists()
+
+
+def test_p2_de_ok_default_n_calibration_falls_back_to_the_domains_left(tmp_path, capsys):
+    """Three domains: the default --n-calibration 2 cannot be met (one domain is left besides source and
+    target); the run uses 1 with a note, while an explicit --n-calibration 2 is still refused."""
+    argv = ["domain-eval", *_domain_files(tmp_path, ["a", "b", "c"]), "--source", "a", "--draws", "3",
+            "--n-samples", "40"]
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main([*argv, "--csv", str(tmp_path / "o.csv")]) == 0
+    captured = capsys.readouterr()
+    assert "note: --n-calibration 2 (the default)" in captured.err
+    assert r"a \| c -> b" in captured.out and r"a \| b -> c" in captured.out
+    code = main([*argv, "--n-calibration", "2"])
+    err = _err(capsys)
+    assert code == 2 and "--n-calibration: expected 1..1" in err
