@@ -277,3 +277,39 @@ def test_p2_de_ok_default_n_calibration_falls_back_to_the_domains_left(tmp_path,
     code = main([*argv, "--n-calibration", "2"])
     err = _err(capsys)
     assert code == 2 and "--n-calibration: expected 1..1" in err
+
+
+@pytest.mark.parametrize("case", ["onnx-as-pt", "pt-as-onnx", "garbage", "foreign-onnx", "folder"])
+def test_p2_verify_of_a_file_that_is_not_a_head_names_verify_in_one_line(files, capsys, case):
+    """p2 export/verify-onnx-as-pt: an ONNX graph copied to h.pt gave torch's zip-reader text (several
+    sentences of checkpoint advice) instead of a line naming --verify."""
+    pytest.importorskip("onnxruntime")
+    import shutil
+
+    d, _, _ = files
+    assert main(["export", "--calibrator", f"{d}/cal.json", "--format", "onnx", "-o", f"{d}/h.onnx"]) == 0
+    assert main(["export", "--calibrator", f"{d}/cal.json", "--format", "torchscript", "-o", f"{d}/h.pt"]) == 0
+    target, want = {"onnx-as-pt": ("x.pt", "is not a TorchScript file written by confcal export"),
+                    "pt-as-onnx": ("x.onnx", "is not an ONNX graph written by confcal export"),
+                    "garbage": ("g.pt", "is not a TorchScript file"),
+                    "foreign-onnx": ("f.onnx", "holds no confcal.manifest_sha256 metadata"),
+                    "folder": ("sub", "is not a regular file")}[case]
+    if case == "onnx-as-pt":
+        shutil.copy(d / "h.onnx", d / target)
+    elif case == "pt-as-onnx":
+        shutil.copy(d / "h.pt", d / target)
+    elif case == "garbage":
+        (d / target).write_bytes(b"not a head\n")
+    elif case == "foreign-onnx":
+        import onnx
+
+        model = onnx.load(str(d / "h.onnx"))
+        del model.metadata_props[:]
+        onnx.save(model, str(d / target))
+    else:
+        (d / target).mkdir()
+    capsys.readouterr()
+    code = main(["export", "--verify", str(d / target), "--calibrator", f"{d}/cal.json"])
+    err = _err(capsys)
+    assert code == 2 and err.startswith("confcal: error: --verify: ") and want in err, err
+    assert "If you are seeing" not in err and len(err) < 300, err

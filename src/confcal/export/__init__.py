@@ -296,7 +296,21 @@ def verify_manifest(head_path, manifest_path) -> None:
     second check is the one that catches a head with another map or an edited graph. ONNX heads
     run in onnxruntime (the export extra), TorchScript heads in torch.
     """
-    recorded = read_metadata(head_path).get("confcal.manifest_sha256")
+    kind = "an ONNX graph" if Path(head_path).suffix.lower() == ".onnx" else "a TorchScript file"
+    if not Path(head_path).exists():
+        raise FileNotFoundError(f"verify: no such file {str(head_path)!r}")
+    if not Path(head_path).is_file():  # a folder, FIFO or device: never opened
+        raise ValueError(f"verify: {str(head_path)!r} is not a regular file")
+    try:
+        recorded = read_metadata(head_path).get("confcal.manifest_sha256")
+    except Exception as exc:  # noqa: BLE001  another format under the suffix, a damaged or foreign file
+        text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        text = text.split(". ")[0]  # torch's reader adds sentences of advice about checkpoints
+        raise ValueError(f"verify: {str(head_path)!r} is not {kind} written by confcal export (by its suffix): "
+                         f"{text}") from None
+    if recorded is None:
+        raise ValueError(f"verify: {str(head_path)!r} holds no confcal.manifest_sha256 metadata: not a head "
+                         "written by confcal export")
     actual = hashlib.sha256(Path(manifest_path).read_bytes()).hexdigest()
     if recorded != actual:
         raise ValueError(f"calibrator: {str(manifest_path)!r} has sha256 {actual}, but the head "
