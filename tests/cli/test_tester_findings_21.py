@@ -313,3 +313,35 @@ def test_p2_verify_of_a_file_that_is_not_a_head_names_verify_in_one_line(files, 
     err = _err(capsys)
     assert code == 2 and err.startswith("confcal: error: --verify: ") and want in err, err
     assert "If you are seeing" not in err and len(err) < 300, err
+
+
+@pytest.mark.parametrize("method", ["grouped-ts", "det-ts"])
+def test_t12_bool_domain_ids_give_a_manifest_that_loads(tmp_path, capsys, method):
+    """T12: fit with bool domain ids wrote groups false/true, which every later command refused
+    ('parameters.groups[0][0]: expected an int or string id, got False'). Bool ids are the ints 0 / 1."""
+    rng = np.random.default_rng(5)
+    z = rng.normal(size=(400, 3)) * 2
+    y = np.where(rng.random(400) < 0.7, z.argmax(1), rng.integers(0, 3, 400))
+    mask = rng.random(400) < 0.5
+    np.save(tmp_path / "z.npy", z)
+    np.save(tmp_path / "y.npy", y)
+    np.save(tmp_path / "d.npy", mask)
+    np.save(tmp_path / "t.npy", ~mask)
+    np.save(tmp_path / "ti.npy", (~mask).astype(np.int64))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["fit", "-q", "--method", method, "--logits", f"{tmp_path}/z.npy", "--labels",
+                     f"{tmp_path}/y.npy", "--domains", f"{tmp_path}/d.npy", "-o", f"{tmp_path}/g.json"]) == 0
+        for ids, out in (("t.npy", "p.npy"), ("ti.npy", "pi.npy")):
+            assert main(["apply", "-q", "--calibrator", f"{tmp_path}/g.json", "--logits", f"{tmp_path}/z.npy",
+                         "--domains", f"{tmp_path}/{ids}", "-o", f"{tmp_path}/{out}"]) == 0
+    from confcal.io import load_calibrator
+
+    cal = load_calibrator(tmp_path / "g.json")
+    keys = {k if not isinstance(k, tuple) else k[0] for k in cal.groups_}
+    assert keys == {0, 1}
+    p, pi = np.load(tmp_path / "p.npy"), np.load(tmp_path / "pi.npy")
+    np.testing.assert_allclose(p, pi, rtol=0, atol=0)  # same rows through the same groups' maps
+    # and the map really is per group: the two groups' rows go through their own temperatures
+    direct = cal.predict_proba(z, domains=(~mask).astype(np.int64), dtype=np.float64)
+    np.testing.assert_allclose(p, direct, rtol=1e-12, atol=1e-15)
