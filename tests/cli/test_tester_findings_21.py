@@ -345,3 +345,30 @@ def test_t12_bool_domain_ids_give_a_manifest_that_loads(tmp_path, capsys, method
     # and the map really is per group: the two groups' rows go through their own temperatures
     direct = cal.predict_proba(z, domains=(~mask).astype(np.int64), dtype=np.float64)
     np.testing.assert_allclose(p, direct, rtol=1e-12, atol=1e-15)
+
+
+def test_t8_local_dask_cluster_says_nothing_when_port_8787_is_taken():
+    """T8: with port 8787 taken, every --engine dask command printed distributed's three-line
+    'Port 8787 is already in use' notice. The local cluster's scheduler serves on an ephemeral
+    loopback port."""
+    pytest.importorskip("distributed")
+    import socket
+
+    from confcal.dask._cluster import cluster_client
+
+    holder = socket.socket()
+    try:
+        holder.bind(("", 8787))
+        holder.listen()
+    except OSError:
+        pass  # already taken by someone else: the situation of the finding all the same
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with cluster_client(workers=1) as client:
+                assert client.submit(sum, [1, 2]).result() == 3
+                port = client.cluster.scheduler.http_server.port
+        assert not [w for w in seen if "already in use" in str(w.message)], [str(w.message) for w in seen]
+        assert port != 8787
+    finally:
+        holder.close()
