@@ -372,3 +372,44 @@ def test_t8_local_dask_cluster_says_nothing_when_port_8787_is_taken():
         assert port != 8787
     finally:
         holder.close()
+
+
+@pytest.mark.skipif(os.name != "posix", reason="process groups and POSIX signals")
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_t13_compare_jobs_stops_at_once_on_a_signal(tmp_path, sig):
+    """T13: compare --jobs N ran every queued split after SIGTERM / Ctrl-C (the pool's exit waited for
+    them: 60 s and more). Now it exits within seconds, with its signal status, no CSV and no worker
+    traceback. SIGINT goes to the whole process group, as Ctrl-C in a terminal does."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(3000, 10)) * 3
+    y = np.where(rng.random(3000) < 0.7, z.argmax(1), rng.integers(0, 10, 3000))
+    np.savez(tmp_path / "val.npz", logits=z, labels=y)
+    cmd = [sys.executable, "-m", "confcal", "compare", "-q", "--jobs", "2", "--splits", "200", "--cal-size", "1000",
+           "--methods", "ts,vs,isotonic", "--logits", f"{tmp_path}/val.npz:logits", "--labels",
+           f"{tmp_path}/val.npz:labels", "--csv", f"{tmp_path}/c.csv"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            restore_signals=True, text=True)
+    time.sleep(8)  # the workers are spawned and busy (200 splits take minutes)
+    assert proc.poll() is None, proc.communicate()
+    signum = getattr(signal, sig)
+    t0 = time.monotonic()
+    if sig == "SIGINT":
+        os.killpg(proc.pid, signum)
+    else:
+        proc.send_signal(signum)
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise AssertionError(f"compare --jobs 2 still running 60 s after {sig}")
+    waited = time.monotonic() - t0
+    assert proc.returncode == {"SIGTERM": 143, "SIGINT": 130}[sig], (proc.returncode, err)
+    assert waited < 20, waited
+    assert "Traceback" not in err, err
+    assert not (tmp_path / "c.csv").exists()
