@@ -229,7 +229,11 @@ def check_labels(labels, n_samples: int, n_classes: int, *, name: str = "labels"
 
 
 def check_domains(domains, n_samples: int, *, name: str = "domains") -> np.ndarray:
-    """Validate per-sample domain ids (str or int) of shape ``(n_samples,)``."""
+    """Validate per-sample domain ids (str or int) of shape ``(n_samples,)``.
+
+    Integral floats become int64; bool ids (a mask such as ``sensor == 0``) become the ints 0 / 1,
+    so a manifest stores ids its loader accepts and a later bool or 0/1 array finds the same groups.
+    """
     d = as_numpy(domains, name)
     if d.ndim != 1:
         raise ValueError(f"{name}: expected shape ({n_samples},), got {d.shape}")
@@ -239,9 +243,11 @@ def check_domains(domains, n_samples: int, *, name: str = "domains") -> np.ndarr
         if not np.all(np.isfinite(d)) or not np.all(d == np.round(d)):
             raise ValueError(f"{name}: expected str or int ids, got non-integer floats")
         d = d.astype(np.int64)
+    if d.dtype == bool:  # JSON would store true/false, which no id table takes: the ints 0 / 1
+        d = d.astype(np.int64)
     if d.dtype == object:
         d = d.astype(str)
-    if d.dtype.kind not in "iuUSb":  # complex, datetime, void: no id a manifest could store and match
+    if d.dtype.kind not in "iuUS":  # complex, datetime, void: no id a manifest could store and match
         raise TypeError(f"{name}: expected str or int ids, got dtype {d.dtype}")
     return d
 

@@ -155,3 +155,261 @@ def test_t6_rank_checks_detections_as_match_does(tmp_path, capsys, bad, where):
     dets[5] = {"image_id": 1, "category_id": 1, "bbox": [60, 60, 10, 10], "score": 0.3}
     (tmp_path / "dets.json").write_text(json.dumps(dets))
     assert main(argv) == 0 and (tmp_path / "q.csv").exists()
+
+
+def _tamper_first_float_constant(src, dst):
+    """Multiply the first float initializer / Constant of an ONNX graph (subgraphs included) by 3, plus 1."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(src))
+
+    def tensors(graph):
+        yield from graph.initializer
+        for node in graph.node:
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.TENSOR:
+                    yield a.t
+                elif a.type == onnx.AttributeProto.GRAPH:
+                    yield from tensors(a.g)
+
+    for t in tensors(model.graph):
+        arr = numpy_helper.to_array(t)
+        if arr.dtype.kind == "f" and arr.size and np.all(np.isfinite(arr)) and np.any(arr != 0):
+            t.CopyFrom(numpy_helper.from_array((arr * 3 + 1).astype(arr.dtype), t.name))
+            break
+    else:
+        raise AssertionError("no float constant to tamper")
+    onnx.save(model, str(dst))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_t7_verify_runs_the_head_and_refuses_an_edited_graph(files, capsys, dtype):
+    """T7: --verify compared only the metadata's sha256: an edited graph passed."""
+    pytest.importorskip("onnxruntime")
+    d, _, _ = files
+    head = d / "h.onnx"
+    assert main(["export", "--calibrator", f"{d}/cal.json", "--format", "onnx", "--dtype", dtype,
+                 "-o", str(head)]) == 0
+    assert main(["export", "--verify", str(head), "--calibrator", f"{d}/cal.json"]) == 0
+    _tamper_first_float_constant(head, d / "t.onnx")
+    capsys.readouterr()
+    code = main(["export", "--verify", f"{d}/t.onnx", "--calibrator", f"{d}/cal.json"])
+    err = _err(capsys)
+    assert code == 2 and err.startswith("confcal: error: --verify: the head ") and "does not" in err, err
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
+def test_t7_verify_refuses_a_head_of_another_method_with_the_copied_sha256(files, capsys, fmt):
+    """T7: a VS head whose metadata carries the TS manifest's sha256 and method passed --verify."""
+    pytest.importorskip("onnxruntime")
+    import hashlib
+    import json
+
+    d, _, _ = files
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["fit", "-q", "--logits", f"{d}/z.npy", "--labels", f"{d}/y.npy", "--method", "vs",
+                     "-o", f"{d}/vs.json"]) == 0
+    sha = hashlib.sha256((d / "cal.json").read_bytes()).hexdigest()
+    head = d / ("vs.onnx" if fmt == "onnx" else "vs.pt")
+    assert main(["export", "--calibrator", f"{d}/vs.json", "--format", fmt, "-o", str(head)]) == 0
+    if fmt == "onnx":
+        import onnx
+
+        model = onnx.load(str(head))
+        for p in model.metadata_props:
+            if p.key == "confcal.manifest_sha256":
+                p.value = sha
+            elif p.key == "confcal.method":
+                p.value = "ts"
+        onnx.save(model, str(head))
+    else:
+        import torch
+
+        extra = {"confcal.json": ""}
+        module = torch.jit.load(str(head), _extra_files=extra)
+        meta = {**json.loads(extra["confcal.json"]), "confcal.manifest_sha256": sha, "confcal.method": "ts"}
+        torch.jit.save(module, str(head), _extra_files={"confcal.json": json.dumps(meta)})
+    capsys.readouterr()
+    code = main(["export", "--verify", str(head), "--calibrator", f"{d}/cal.json"])
+    err = _err(capsys)
+    assert code == 2 and "--verify: the head" in err and "does not compute its map" in err, err
+    # the VS head still verifies against its own manifest... once its own sha256 is back
+    assert main(["export", "--calibrator", f"{d}/vs.json", "--format", fmt, "-o", str(head)]) == 0
+    assert main(["export", "--verify", str(head), "--calibrator", f"{d}/vs.json"]) == 0
+
+
+def _domain_files(tmp_path, names):
+    rng = np.random.default_rng(3)
+    out = []
+    for j, name in enumerate(names):
+        z = rng.normal(0, 3, (120, 3))
+        y = np.where(rng.random(120) < 0.7, z.argmax(1), rng.integers(0, 3, 120))
+        np.savez(tmp_path / f"{name}.npz", logits=z, labels=y, features=rng.normal(j, 1, (120, 2)))
+        out += ["--domain", f"{name}={tmp_path / name}.npz"]
+    return out
+
+
+def test_p2_de_ok_two_domains_refused_in_words_not_an_empty_range(tmp_path, capsys):
+    """p2 misc/de-ok: source + one target said '--n-calibration: expected 1..0 ..., got 2' for a
+    default the user never gave; the protocol needs a calibration domain, so --domain is named."""
+    capsys.readouterr()
+    code = main(["domain-eval", *_domain_files(tmp_path, ["a", "b"]), "--source", "a", "--draws", "3",
+                 "--csv", str(tmp_path / "o.csv")])
+    err = _err(capsys)
+    assert code == 2 and err.startswith("confcal: error: --domain: target 'b' leaves no calibration domain"), err
+    assert "1..0" not in err and not (tmp_path / "o.csv").exists()
+
+
+def test_p2_de_ok_default_n_calibration_falls_back_to_the_domains_left(tmp_path, capsys):
+    """Three domains: the default --n-calibration 2 cannot be met (one domain is left besides source and
+    target); the run uses 1 with a note, while an explicit --n-calibration 2 is still refused."""
+    argv = ["domain-eval", *_domain_files(tmp_path, ["a", "b", "c"]), "--source", "a", "--draws", "3",
+            "--n-samples", "40"]
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main([*argv, "--csv", str(tmp_path / "o.csv")]) == 0
+    captured = capsys.readouterr()
+    assert "note: --n-calibration 2 (the default)" in captured.err
+    assert r"a \| c -> b" in captured.out and r"a \| b -> c" in captured.out
+    code = main([*argv, "--n-calibration", "2"])
+    err = _err(capsys)
+    assert code == 2 and "--n-calibration: expected 1..1" in err
+
+
+@pytest.mark.parametrize("case", ["onnx-as-pt", "pt-as-onnx", "garbage", "foreign-onnx", "folder"])
+def test_p2_verify_of_a_file_that_is_not_a_head_names_verify_in_one_line(files, capsys, case):
+    """p2 export/verify-onnx-as-pt: an ONNX graph copied to h.pt gave torch's zip-reader text (several
+    sentences of checkpoint advice) instead of a line naming --verify."""
+    pytest.importorskip("onnxruntime")
+    import shutil
+
+    d, _, _ = files
+    assert main(["export", "--calibrator", f"{d}/cal.json", "--format", "onnx", "-o", f"{d}/h.onnx"]) == 0
+    assert main(["export", "--calibrator", f"{d}/cal.json", "--format", "torchscript", "-o", f"{d}/h.pt"]) == 0
+    target, want = {"onnx-as-pt": ("x.pt", "is not a TorchScript file written by confcal export"),
+                    "pt-as-onnx": ("x.onnx", "is not an ONNX graph written by confcal export"),
+                    "garbage": ("g.pt", "is not a TorchScript file"),
+                    "foreign-onnx": ("f.onnx", "holds no confcal.manifest_sha256 metadata"),
+                    "folder": ("sub", "is not a regular file")}[case]
+    if case == "onnx-as-pt":
+        shutil.copy(d / "h.onnx", d / target)
+    elif case == "pt-as-onnx":
+        shutil.copy(d / "h.pt", d / target)
+    elif case == "garbage":
+        (d / target).write_bytes(b"not a head\n")
+    elif case == "foreign-onnx":
+        import onnx
+
+        model = onnx.load(str(d / "h.onnx"))
+        del model.metadata_props[:]
+        onnx.save(model, str(d / target))
+    else:
+        (d / target).mkdir()
+    capsys.readouterr()
+    code = main(["export", "--verify", str(d / target), "--calibrator", f"{d}/cal.json"])
+    err = _err(capsys)
+    assert code == 2 and err.startswith("confcal: error: --verify: ") and want in err, err
+    assert "If you are seeing" not in err and len(err) < 300, err
+
+
+@pytest.mark.parametrize("method", ["grouped-ts", "det-ts"])
+def test_t12_bool_domain_ids_give_a_manifest_that_loads(tmp_path, capsys, method):
+    """T12: fit with bool domain ids wrote groups false/true, which every later command refused
+    ('parameters.groups[0][0]: expected an int or string id, got False'). Bool ids are the ints 0 / 1."""
+    rng = np.random.default_rng(5)
+    z = rng.normal(size=(400, 3)) * 2
+    y = np.where(rng.random(400) < 0.7, z.argmax(1), rng.integers(0, 3, 400))
+    mask = rng.random(400) < 0.5
+    np.save(tmp_path / "z.npy", z)
+    np.save(tmp_path / "y.npy", y)
+    np.save(tmp_path / "d.npy", mask)
+    np.save(tmp_path / "t.npy", ~mask)
+    np.save(tmp_path / "ti.npy", (~mask).astype(np.int64))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["fit", "-q", "--method", method, "--logits", f"{tmp_path}/z.npy", "--labels",
+                     f"{tmp_path}/y.npy", "--domains", f"{tmp_path}/d.npy", "-o", f"{tmp_path}/g.json"]) == 0
+        for ids, out in (("t.npy", "p.npy"), ("ti.npy", "pi.npy")):
+            assert main(["apply", "-q", "--calibrator", f"{tmp_path}/g.json", "--logits", f"{tmp_path}/z.npy",
+                         "--domains", f"{tmp_path}/{ids}", "-o", f"{tmp_path}/{out}"]) == 0
+    from confcal.io import load_calibrator
+
+    cal = load_calibrator(tmp_path / "g.json")
+    keys = {k if not isinstance(k, tuple) else k[0] for k in cal.groups_}
+    assert keys == {0, 1}
+    p, pi = np.load(tmp_path / "p.npy"), np.load(tmp_path / "pi.npy")
+    np.testing.assert_allclose(p, pi, rtol=0, atol=0)  # same rows through the same groups' maps
+    # and the map really is per group: the two groups' rows go through their own temperatures
+    direct = cal.predict_proba(z, domains=(~mask).astype(np.int64), dtype=np.float64)
+    np.testing.assert_allclose(p, direct, rtol=1e-12, atol=1e-15)
+
+
+def test_t8_local_dask_cluster_says_nothing_when_port_8787_is_taken():
+    """T8: with port 8787 taken, every --engine dask command printed distributed's three-line
+    'Port 8787 is already in use' notice. The local cluster's scheduler serves on an ephemeral
+    loopback port."""
+    pytest.importorskip("distributed")
+    import socket
+
+    from confcal.dask._cluster import cluster_client
+
+    holder = socket.socket()
+    try:
+        holder.bind(("", 8787))
+        holder.listen()
+    except OSError:
+        pass  # already taken by someone else: the situation of the finding all the same
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with cluster_client(workers=1) as client:
+                assert client.submit(sum, [1, 2]).result() == 3
+                port = client.cluster.scheduler.http_server.port
+        assert not [w for w in seen if "already in use" in str(w.message)], [str(w.message) for w in seen]
+        assert port != 8787
+    finally:
+        holder.close()
+
+
+@pytest.mark.skipif(os.name != "posix", reason="process groups and POSIX signals")
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_t13_compare_jobs_stops_at_once_on_a_signal(tmp_path, sig):
+    """T13: compare --jobs N ran every queued split after SIGTERM / Ctrl-C (the pool's exit waited for
+    them: 60 s and more). Now it exits within seconds, with its signal status, no CSV and no worker
+    traceback. SIGINT goes to the whole process group, as Ctrl-C in a terminal does."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(3000, 10)) * 3
+    y = np.where(rng.random(3000) < 0.7, z.argmax(1), rng.integers(0, 10, 3000))
+    np.savez(tmp_path / "val.npz", logits=z, labels=y)
+    cmd = [sys.executable, "-m", "confcal", "compare", "-q", "--jobs", "2", "--splits", "200", "--cal-size", "1000",
+           "--methods", "ts,vs,isotonic", "--logits", f"{tmp_path}/val.npz:logits", "--labels",
+           f"{tmp_path}/val.npz:labels", "--csv", f"{tmp_path}/c.csv"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            restore_signals=True, text=True)
+    time.sleep(8)  # the workers are spawned and busy (200 splits take minutes)
+    assert proc.poll() is None, proc.communicate()
+    signum = getattr(signal, sig)
+    t0 = time.monotonic()
+    if sig == "SIGINT":
+        os.killpg(proc.pid, signum)
+    else:
+        proc.send_signal(signum)
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise AssertionError(f"compare --jobs 2 still running 60 s after {sig}")
+    waited = time.monotonic() - t0
+    assert proc.returncode == {"SIGTERM": 143, "SIGINT": 130}[sig], (proc.returncode, err)
+    assert waited < 20, waited
+    assert "Traceback" not in err, err
+    assert not (tmp_path / "c.csv").exists()

@@ -223,3 +223,48 @@ def test_cli_export_without_torch_names_the_extra(ts_manifest, tmp_path):
                          block_torch=True)
     assert rc == 2 and "confcal[torch]" in err and len(err.strip().splitlines()) == 1, err
     assert not out.exists()
+
+
+def _verify_cases():
+    from tests.export._fixtures import BOXES, CLASSIFIERS
+
+    return [("c", m) for m in CLASSIFIERS] + [("b", m) for m in BOXES]
+
+
+@pytest.mark.parametrize("kind, name", _verify_cases())
+def test_verify_passes_every_exported_head_of_its_own_manifest(tmp_path, kind, name):
+    """--verify runs the head on probe rows (tester finding T7): an untouched export of every method,
+    ONNX float32 / float64 and TorchScript, passes; a head of another manifest with the same
+    sha256 in its metadata does not (the map check, not the metadata, refuses it)."""
+    from tests.export._fixtures import fitted_box
+
+    cal = fitted_classifier(name) if kind == "c" else fitted_box(name)[0]
+    manifest = tmp_path / "m.json"
+    save_manifest(cal, manifest)
+    for fmt, dtype in (("onnx", "float32"), ("onnx", "float64"), ("torchscript", "float32"),
+                       ("torchscript", "float64")):
+        head = tmp_path / ("h.onnx" if fmt == "onnx" else "h.pt")
+        (export_onnx if fmt == "onnx" else export_torchscript)(manifest, head, dtype=dtype)
+        verify_manifest(head, manifest)
+
+
+def test_verify_refuses_a_head_with_another_temperature_but_the_same_sha256(tmp_path, ts_manifest):
+    import onnx
+
+    d = json.loads(ts_manifest.read_text())
+    d["parameters"]["temperature"] *= 1.05
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(d, indent=2) + "\n")
+    head = tmp_path / "h.onnx"
+    export_onnx(other, head)
+    model = onnx.load(str(head))
+    sha = read_metadata(tmp_path / "h.onnx")["confcal.manifest_sha256"]
+    import hashlib
+
+    for p in model.metadata_props:
+        if p.key == "confcal.manifest_sha256":
+            assert p.value == sha
+            p.value = hashlib.sha256(ts_manifest.read_bytes()).hexdigest()
+    onnx.save(model, str(head))
+    with pytest.raises(ValueError, match=r"^verify: the head .* does not compute its map"):
+        verify_manifest(head, ts_manifest)

@@ -219,8 +219,8 @@ class HistogramBinning(_Histogram, OneVsRestCalibrator):
     """Histogram binning one-vs-rest with equal-mass bins, renormalised (``histogram-binning``).
 
     Per class, the calibration scores ``p_k`` are cut into ``n_bins`` equal-mass bins
-    (edges are calibration scores; tied edges merged, so no bin is empty and a constant
-    score gives one bin); a bin's value is the fraction of class-``k`` labels in it. Bins
+    (each edge halfway between two neighbouring calibration scores, see ``equal_mass_edges``;
+    tied edges merged, so no bin is empty and a constant score gives one bin); a bin's value is the fraction of class-``k`` labels in it. Bins
     are ``(lo, hi]``, the outer ones open, so scores outside the calibration range use
     the first/last bin. Outputs renormalised as in ``isotonic``; may change the arg-max
     (reported in the fit record).

@@ -36,8 +36,9 @@ def register(sub):
     p.add_argument("--source", required=True, help="name of the source domain (its file: held-out rows)")
     p.add_argument("--target", action="append", metavar="NAME",
                    help="target domain (repeatable; default: every non-source domain)")
-    p.add_argument("--n-calibration", type=int, default=2,
-                   help="calibration domains per split, chosen from the non-source, non-target ones (default 2)")
+    p.add_argument("--n-calibration", type=int, default=None,
+                   help="calibration domains per split, chosen from the non-source, non-target ones (default 2, "
+                        "or 1 where a target leaves only one)")
     p.add_argument("--draws", type=int, default=1000, help="bootstrap draws (default 1000)")
     p.add_argument("--n-samples", type=int, default=1500,
                    help="target samples per bootstrap draw, or all if fewer (default 1500)")
@@ -83,8 +84,13 @@ def _load_domains(items, keys) -> dict:
     return out
 
 
-def splits_for(names: list[str], source: str, targets: list[str] | None, n_calibration: int) -> list:
-    """Every (source, calibration combination, target) for the chosen targets."""
+#: calibration domains per split when --n-calibration is not given (fewer where a target leaves fewer)
+DEFAULT_N_CALIBRATION = 2
+
+
+def splits_for(names: list[str], source: str, targets: list[str] | None, n_calibration: int | None) -> list:
+    """Every (source, calibration combination, target) for the chosen targets; ``n_calibration``
+    None: :data:`DEFAULT_N_CALIBRATION`, or as many as a target leaves when fewer."""
     from confcal.evaluation.domain import Split
 
     if source not in names:
@@ -100,6 +106,14 @@ def splits_for(names: list[str], source: str, targets: list[str] | None, n_calib
     out = []
     for t in targets:
         rest = [d for d in names if d not in (source, t)]
+        if not rest:
+            raise ValueError(f"--domain: target {t!r} leaves no calibration domain: the protocol needs at least "
+                             f"three domains (source, target and one or more calibration domains), got "
+                             f"{len(names)} ({', '.join(names)})")
+        if n_calibration is None:  # the default: 2, or all that is left (said by run)
+            n = min(DEFAULT_N_CALIBRATION, len(rest))
+            out += [Split(source, cal, t) for cal in itertools.combinations(rest, n)]
+            continue
         if not 1 <= n_calibration <= len(rest):
             raise ValueError(f"--n-calibration: expected 1..{len(rest)} (domains other than source and "
                              f"target {t!r}), got {n_calibration}")
@@ -128,6 +142,11 @@ def run(args) -> int:
         check_output_path(args.csv, name="--csv")
     data = _load_domains(args.domain, args.keys)
     splits = splits_for(list(data), args.source, args.target, args.n_calibration)
+    if args.n_calibration is None and any(len(sp.calibration) < DEFAULT_N_CALIBRATION for sp in splits):
+        import sys
+
+        print(f"note: --n-calibration {DEFAULT_N_CALIBRATION} (the default) is more than the domains left "
+              "besides the source and a target; those splits use 1 calibration domain", file=sys.stderr)
     for name in sorted({c for s in splits for c in s.calibration}):
         if data[name].labels.shape[0] < 2:
             warnings.warn(f"calibration domain {name!r} has {data[name].labels.shape[0]} sample: its set-level "

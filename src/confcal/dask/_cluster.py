@@ -55,8 +55,12 @@ def cluster_client(scheduler: str | None = None, *, workers: int | None = None, 
         "distributed.worker.multiprocessing-method")
     # silence_logs: the nanny's shutdown chatter is not the user's business
     with dask.config.set({"distributed.worker.multiprocessing-method": method}):
+        # The scheduler serves its HTTP routes even without a dashboard, on port 8787 by default; when
+        # that port is taken distributed warns in three lines (tester T8). An ephemeral port on the
+        # loopback interface: no notice, and nothing listening beyond this machine.
         cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
-                               silence_logs=logging.CRITICAL)
+                               silence_logs=logging.CRITICAL,
+                               scheduler_kwargs={"dashboard": False, "dashboard_address": "127.0.0.1:0"})
     with cluster, Client(cluster) as client:
         client.run(_one_thread)
         yield client

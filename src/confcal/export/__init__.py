@@ -13,7 +13,8 @@
   method, ``n_classes``, the manifest's sha256, the id-to-index table.
 * :func:`export_torchscript`: ``torch.jit.script`` of the head, saved with the same metadata
   (``confcal.json`` extra file).
-* :func:`verify_manifest`: does an exported head record the sha256 of this manifest file?
+* :func:`verify_manifest`: does an exported head record the sha256 of this manifest file, and does it
+  compute that manifest's map on probe rows?
 
 Methods that cannot be exported raise :class:`ExportError` with a one-line reason
 (:func:`exportable`). This package imports torch and onnx: nothing below it imports it.
@@ -222,11 +223,122 @@ def read_metadata(path) -> dict[str, str]:
     return json.loads(extra["confcal.json"])
 
 
+#: rows of the probe batch :func:`verify_manifest` runs through an exported head
+N_PROBE_ROWS = 64
+#: largest absolute difference allowed between an exported head and the manifest's map on the probe
+#: rows, by the head's dtype (looser than the export tests' 1e-6 / 1e-12 against predict_proba,
+#: which hold on every row; any real difference between two maps is orders of magnitude larger)
+VERIFY_ATOL = {"float32": 1e-5, "float64": 1e-9}
+
+
+def _probe_inputs(cal, head, rows: int = N_PROBE_ROWS):
+    """``(inputs, side)`` float64 probe rows for ``head`` (fixed seed): logits ``(rows, K)`` -- or
+    probability rows when the head takes probabilities, box scores ``(rows,)`` in ``(0, 1)`` --
+    and the second input: every group index, the pooled one and one outside the table, or
+    feature rows. ``side`` is None for a head with one input."""
+    rng = np.random.default_rng(20260421)
+    if head.box:
+        # inside (0, 1), away from the score clip (its level follows the dtype of the head)
+        x = rng.uniform(0.002, 0.998, rows)
+    else:
+        x = rng.normal(0.0, 1.0, (rows, head.n_classes)) * rng.uniform(0.5, 6.0, (rows, 1))
+        if head.input_probs:
+            x = np.exp(x - x.max(axis=1, keepdims=True))
+            x /= x.sum(axis=1, keepdims=True)
+    side = None
+    if head.grouped:
+        side = (np.arange(rows, dtype=np.int64) % (_head_groups(cal) + 2)) - 1
+    elif head.n_features:
+        side = rng.normal(0.0, 1.0, (rows, head.n_features)) * rng.choice([1.0, 10.0, 50.0], (rows, 1))
+    return x, side
+
+
+def _head_groups(cal) -> int:
+    """Number of group indices (own fits, pooled excluded) of a grouped calibrator's head."""
+    _, table = build_head(cal)
+    return max([i for _, i in table], default=-1) + 1 if table else 0
+
+
+def _run_file_head(head_path, x, side):
+    """Outputs of the exported file on ``x`` (cast to the graph's input dtype) and ``side``; the dtype name."""
+    path = Path(head_path)
+    if path.suffix.lower() == ".onnx":
+        import onnxruntime as ort
+
+        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        ins = sess.get_inputs()
+        dtype = "float32" if "float)" in ins[0].type and "double" not in ins[0].type else "float64"
+        feeds = {ins[0].name: np.ascontiguousarray(x.astype(dtype))}
+        if side is not None:
+            if len(ins) < 2:
+                raise ValueError("it has one input, but the manifest's map takes a second one")
+            feeds[ins[1].name] = np.ascontiguousarray(side if side.dtype == np.int64 else side.astype(dtype))
+        elif len(ins) > 1:
+            raise ValueError(f"it has {len(ins)} inputs, but the manifest's map takes one")
+        return np.asarray(sess.run(None, feeds)[0]), dtype
+    import torch
+
+    module = torch.jit.load(str(path))
+    with torch.no_grad():
+        t_side = None if side is None else torch.as_tensor(side)
+        return module(torch.as_tensor(x), t_side).numpy(), "float64"
+
+
 def verify_manifest(head_path, manifest_path) -> None:
-    """Raise ``ValueError`` unless the exported head at ``head_path`` was made from the manifest
-    file at ``manifest_path`` (same sha256 of its bytes)."""
-    recorded = read_metadata(head_path).get("confcal.manifest_sha256")
+    """Raise ``ValueError`` unless the exported head at ``head_path`` was made from the manifest file
+    at ``manifest_path`` and computes its map.
+
+    Two checks: the head's metadata records the sha256 of the manifest file's bytes, and the head
+    run on :data:`N_PROBE_ROWS` fixed probe rows (:func:`_probe_inputs`: moderate logits or
+    probability rows, box scores, every group index, feature rows) gives the output of the
+    manifest's own head (:func:`to_torch`, equal to ``predict_proba``; tests/export) within
+    :data:`VERIFY_ATOL` of the head's dtype. A metadata string can be copied into any file, so the
+    second check is the one that catches a head with another map or an edited graph. ONNX heads
+    run in onnxruntime (the export extra), TorchScript heads in torch.
+    """
+    kind = "an ONNX graph" if Path(head_path).suffix.lower() == ".onnx" else "a TorchScript file"
+    if not Path(head_path).exists():
+        raise FileNotFoundError(f"verify: no such file {str(head_path)!r}")
+    if not Path(head_path).is_file():  # a folder, FIFO or device: never opened
+        raise ValueError(f"verify: {str(head_path)!r} is not a regular file")
+    try:
+        recorded = read_metadata(head_path).get("confcal.manifest_sha256")
+    except Exception as exc:  # noqa: BLE001  another format under the suffix, a damaged or foreign file
+        text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        text = text.split(". ")[0]  # torch's reader adds sentences of advice about checkpoints
+        raise ValueError(f"verify: {str(head_path)!r} is not {kind} written by confcal export (by its suffix): "
+                         f"{text}") from None
+    if recorded is None:
+        raise ValueError(f"verify: {str(head_path)!r} holds no confcal.manifest_sha256 metadata: not a head "
+                         "written by confcal export")
     actual = hashlib.sha256(Path(manifest_path).read_bytes()).hexdigest()
     if recorded != actual:
         raise ValueError(f"calibrator: {str(manifest_path)!r} has sha256 {actual}, but the head "
                          f"{str(head_path)!r} was exported from a manifest with sha256 {recorded}")
+    import torch
+
+    cal, _ = _calibrator(manifest_path)
+    head, _ = build_head(cal, np.float64)
+    x, side = _probe_inputs(cal, head)
+    where = f"verify: the head {str(head_path)!r}"
+    try:
+        got, dtype = _run_file_head(head_path, x, side)
+    except Exception as exc:  # noqa: BLE001  an edited graph that no longer runs on the probe rows
+        text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ValueError(f"{where} does not run on probe rows of {str(manifest_path)!r}'s map: {text}") from None
+    ref_head, _ = build_head(cal, _DTYPES[dtype])
+    xin = x.astype(dtype)
+    with torch.no_grad():
+        t_side = None if side is None else torch.as_tensor(side if side.dtype == np.int64 else side.astype(dtype))
+        want = ref_head.eval()(torch.as_tensor(xin), t_side).numpy().astype(np.float64)
+    got = np.asarray(got, dtype=np.float64)
+    if got.shape != want.shape:
+        raise ValueError(f"{where} gives output of shape {got.shape} on {x.shape[0]} probe rows, but "
+                         f"{str(manifest_path)!r}'s map gives {want.shape}")
+    both_nan = np.isnan(got) & np.isnan(want)
+    diff = np.where(both_nan, 0.0, np.abs(got - want))
+    worst = float(np.nanmax(np.where(np.isnan(diff), np.inf, diff))) if diff.size else 0.0
+    if not worst <= VERIFY_ATOL[dtype]:
+        raise ValueError(f"{where} records the sha256 of {str(manifest_path)!r} but does not compute its map: on "
+                         f"{x.shape[0]} probe rows its output differs from predict_proba by up to {worst:.3g} "
+                         f"(tolerance {VERIFY_ATOL[dtype]:g} for a {dtype} head)")
