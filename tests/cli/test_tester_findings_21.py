@@ -413,3 +413,20 @@ def test_t13_compare_jobs_stops_at_once_on_a_signal(tmp_path, sig):
     assert waited < 20, waited
     assert "Traceback" not in err, err
     assert not (tmp_path / "c.csv").exists()
+
+
+def test_t17_compare_on_one_row_names_the_rows_not_a_cal_size_it_chose(tmp_path, capsys):
+    """T17: with the default --cal-size, one row was halved to --cal-size 0 and then refused as if the
+    user had asked for it; now the row count is named (class vectors and 1-D box scores alike)."""
+    from confcal.cli import main
+
+    np.save(tmp_path / "x.npy", np.array([[0.5, -0.5, 0.1]]))
+    np.save(tmp_path / "y.npy", np.array([0]))
+    np.save(tmp_path / "s.npy", np.array([0.7]))
+    for logits in ("x.npy", "s.npy"):
+        code = main(["compare", "--logits", str(tmp_path / logits), "--labels", str(tmp_path / "y.npy"),
+                     "--methods", "ts" if logits == "x.npy" else "det-platt"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2, err
+        assert err[-1].startswith("confcal: error: --logits:") and "at least 2" in err[-1], err
+        assert "--cal-size" not in err[-1]

@@ -82,6 +82,10 @@ def run(args) -> int:
     scores = load_array(args.logits, name="logits")
     if scores.ndim == 1:
         return _run_boxes(args, scores, methods)
+    if cal_size_default and not fixed and scores.shape[0] < 2:
+        # half of one row is no split: say so, not a --cal-size the user never gave
+        raise ValueError(f"--logits: compare splits the rows into calibration and test halves; needs at least 2 "
+                         f"rows, got {scores.shape[0]}")
     if cal_size_default and not fixed and args.cal_size >= scores.shape[0]:
         # the default, not the user's number: half the rows (as for box scores); an explicit size >= n is refused
         args.cal_size = scores.shape[0] // 2
@@ -123,6 +127,9 @@ def _run_boxes(args, scores, methods) -> int:
         raise ValueError("--test-logits/--csv: not for 1-D box scores (random splits of the boxes only)")
     n = scores.shape[0]
     cal_size = args.cal_size
+    if n < 2:
+        raise ValueError(f"--logits: compare splits the boxes into calibration and test halves; needs at least 2 "
+                         f"boxes, got {n}")
     if cal_size >= n:
         cal_size = n // 2
         print(f"note: --cal-size {args.cal_size} >= {n} boxes; calibrating on half ({cal_size})", file=sys.stderr)
