@@ -438,7 +438,7 @@ def test_t11_a_ctrl_c_that_python_swallows_inside_the_dask_block_is_raised_again
 
 
 @pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
-@pytest.mark.parametrize("sig, delay", [("SIGINT", 4.0), ("SIGTERM", 5.0)])
+@pytest.mark.parametrize("sig, delay", [("SIGINT", 1.5), ("SIGINT", 4.0), ("SIGTERM", 5.0)])
 def test_t11_dask_apply_on_a_signal_exits_with_one_line_and_a_whole_output_or_none(tmp_path, sig, delay):
     """T11: dask apply + SIGINT printed asyncio's 'Task exception was never retrieved ... AllExit'
     traceback. Whenever the signal lands: no traceback; exit 130 / 143 and no output folder, or (the

@@ -17,6 +17,9 @@ _INTERRUPTED: list = []
 #: set once the block's work is over and the client / cluster close: a signal then is ignored (an
 #: interrupted close leaves the cluster to distributed's atexit hook, which fails with a traceback)
 _CLOSING: list = []
+#: set while the local cluster starts: a signal then is kept and raised once the cluster exists
+#: (an interrupted start left half-started workers to an atexit hook that failed with a traceback)
+_STARTING: list = []
 _SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 
 
@@ -49,7 +52,7 @@ def _interrupts_kept():
     import signal
     import threading
 
-    del _INTERRUPTED[:], _CLOSING[:]
+    del _INTERRUPTED[:], _CLOSING[:], _STARTING[:]
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -64,6 +67,8 @@ def _interrupts_kept():
             except BaseException as exc:
                 if not _INTERRUPTED:
                     _INTERRUPTED.append(exc)
+                if _STARTING:  # the cluster is being built: raised once it can be closed whole
+                    return
                 raise
         return handler
 
@@ -149,13 +154,21 @@ def _client(scheduler, workers, timeout):
     method = "fork" if sys.platform.startswith("linux") else dask.config.get(
         "distributed.worker.multiprocessing-method")
     # silence_logs: the nanny's shutdown chatter is not the user's business
-    with dask.config.set({"distributed.worker.multiprocessing-method": method}):
-        # The scheduler serves its HTTP routes even without a dashboard, on port 8787 by default; when
-        # that port is taken distributed warns in three lines (tester T8). An ephemeral port on the
-        # loopback interface: no notice, and nothing listening beyond this machine.
-        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
-                               silence_logs=logging.CRITICAL,
-                               scheduler_kwargs={"dashboard": False, "dashboard_address": "127.0.0.1:0"})
+    _STARTING.append(True)
+    try:
+        with dask.config.set({"distributed.worker.multiprocessing-method": method}):
+            # The scheduler serves its HTTP routes even without a dashboard, on port 8787 by default; when
+            # that port is taken distributed warns in three lines (tester T8). An ephemeral port on the
+            # loopback interface: no notice, and nothing listening beyond this machine.
+            cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
+                                   silence_logs=logging.CRITICAL,
+                                   scheduler_kwargs={"dashboard": False, "dashboard_address": "127.0.0.1:0"})
+    finally:
+        del _STARTING[:]
+    if _INTERRUPTED:  # a signal during the start: close the whole cluster, then raise it
+        _CLOSING.append(True)
+        cluster.close()
+        _raise_if_interrupted()
     try:
         client = Client(cluster)
         try:
