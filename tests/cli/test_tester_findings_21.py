@@ -430,3 +430,69 @@ def test_t17_compare_on_one_row_names_the_rows_not_a_cal_size_it_chose(tmp_path,
         assert code == 2, err
         assert err[-1].startswith("confcal: error: --logits:") and "at least 2" in err[-1], err
         assert "--cal-size" not in err[-1]
+@pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
+def test_t11_a_ctrl_c_that_python_swallows_inside_the_dask_block_is_raised_again(capsys):
+    """T11: Ctrl-C landing in distributed's gc callback was 'Exception ignored' (printed, then lost:
+    the command went on and wrote its output). Inside the cluster block it is kept and raised again."""
+    pytest.importorskip("distributed")
+    import signal
+
+    from confcal.dask._cluster import _interrupts_kept
+
+    class RaisesInDel:
+        def __del__(self):
+            signal.raise_signal(signal.SIGINT)  # the handler runs here, where Python drops exceptions
+
+    with pytest.raises(KeyboardInterrupt):
+        with _interrupts_kept():
+            RaisesInDel()  # collected at once: the KeyboardInterrupt is unraisable
+            for _ in range(1000):  # the work goes on as it did
+                pass
+    assert "Exception ignored" not in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
+@pytest.mark.parametrize("sig, delay", [("SIGINT", 1.5), ("SIGINT", 4.0), ("SIGTERM", 5.0)])
+def test_t11_dask_apply_on_a_signal_exits_with_one_line_and_a_whole_output_or_none(tmp_path, sig, delay):
+    """T11: dask apply + SIGINT printed asyncio's 'Task exception was never retrieved ... AllExit'
+    traceback. Whenever the signal lands: no traceback; exit 130 / 143 and no output folder, or (the
+    work already over) exit 0 and the whole output."""
+    pytest.importorskip("distributed")
+    pa = pytest.importorskip("pyarrow")
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(2000, 10)) * 3
+    y = z.argmax(1)
+    np.save(tmp_path / "z.npy", z)
+    np.save(tmp_path / "y.npy", y)
+    pq.write_table(pa.table({f"logit_{j}": z[:, j] for j in range(10)}), tmp_path / "t.parquet")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["fit", "-q", "--logits", f"{tmp_path}/z.npy", "--labels", f"{tmp_path}/y.npy", "--method",
+                     "ts", "-o", f"{tmp_path}/cal.json"]) == 0
+    proc = subprocess.Popen([sys.executable, "-m", "confcal", "apply", "-q", "--engine", "dask", "--workers", "2",
+                             "--calibrator", f"{tmp_path}/cal.json", "--logits", f"{tmp_path}/t.parquet:logit_*",
+                             "-o", f"{tmp_path}/out"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, restore_signals=True)
+    time.sleep(delay)
+    if proc.poll() is None:
+        proc.send_signal(getattr(signal, sig))
+    try:
+        _, err = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    assert "Traceback" not in err and "never retrieved" not in err and "Exception ignored" not in err, err
+    out = tmp_path / "out"
+    if proc.returncode == 0:
+        assert len(pq.read_table(out)) == 2000
+    else:
+        assert proc.returncode == {"SIGINT": 130, "SIGTERM": 143}[sig], (proc.returncode, err)
+        assert not out.exists() and not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
