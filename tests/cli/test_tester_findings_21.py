@@ -491,8 +491,13 @@ def test_t11_dask_apply_on_a_signal_exits_with_one_line_and_a_whole_output_or_no
         raise
     assert "Traceback" not in err and "never retrieved" not in err and "Exception ignored" not in err, err
     out = tmp_path / "out"
-    if proc.returncode == 0:
+    code = proc.returncode
+    # a signal before confcal's handlers exist (interpreter start-up) or after main() returned
+    # (interpreter shutdown) ends the process by the default action: -signum, whole output or none
+    assert code in (0, {"SIGINT": 130, "SIGTERM": 143}[sig], -getattr(signal, sig)), (code, err)
+    if out.exists():
+        assert code in (0, -getattr(signal, sig)), (code, err)
         assert len(pq.read_table(out)) == 2000
     else:
-        assert proc.returncode == {"SIGINT": 130, "SIGTERM": 143}[sig], (proc.returncode, err)
-        assert not out.exists() and not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+        assert code != 0, err
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
