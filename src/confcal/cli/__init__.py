@@ -78,12 +78,6 @@ def main(argv=None) -> int:
             signal.signal(signal.SIGTERM, previous)
             if _PREVIOUS_HUP[0] is not None:
                 signal.signal(signal.SIGHUP, _PREVIOUS_HUP[0])
-        if argv is None and previous is not None:
-            # the console script: the command is done (its outputs are complete or removed) and the
-            # process only exits now; a Ctrl-C here would surface as "Exception ignored in atexit
-            # callback" tracebacks of torch / distributed, or kill the process with -2 after a
-            # successful run (tester T11, sig/report/INT)
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _main(argv=None) -> int:

@@ -10,98 +10,11 @@ import uuid
 __all__ = ["cluster_client", "write_parquet"]
 
 
-#: the exception a signal raised inside a :func:`cluster_client` block (KeyboardInterrupt for Ctrl-C,
-#: the CLI's SystemExit for SIGTERM / SIGHUP), kept even where Python swallowed it (a gc callback
-#: or ``__del__`` of distributed: "Exception ignored in ...")
-_INTERRUPTED: list = []
-#: set once the block's work is over and the client / cluster close: a signal then is ignored (an
-#: interrupted close leaves the cluster to distributed's atexit hook, which fails with a traceback)
-_CLOSING: list = []
-#: set while the local cluster starts: a signal then is kept and raised once the cluster exists
-#: (an interrupted start left half-started workers to an atexit hook that failed with a traceback)
-_STARTING: list = []
-_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
-
-
-def _raise_if_interrupted() -> None:
-    if _INTERRUPTED:
-        raise _INTERRUPTED[0]
-
-
-def _quiet_asyncio() -> None:
-    """After an interrupt: the abandoned gather's "Task exception was never retrieved" (logged by
-    asyncio from the client's loop thread while the cluster closes) is not the user's business."""
-    import logging
-
-    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
-
-
-@contextlib.contextmanager
-def _interrupts_kept():
-    """A signal inside the block is never lost and never printed as a traceback (tester T11).
-
-    Python runs a signal handler at any bytecode, also inside distributed's gc callbacks, where the
-    exception it raises (KeyboardInterrupt for Ctrl-C; the CLI turns SIGTERM / SIGHUP into
-    SystemExit) is reported as unraisable and dropped: the command then went on and wrote its
-    output, exit 0, with a traceback on stderr. Here each handler is wrapped to keep the exception
-    it raises; an unraisable one of these kinds is kept, not printed; :func:`_raise_if_interrupted`
-    (at the block's end and before ``write_parquet`` renames its output into place) raises it
-    again. Once the work is over and the cluster closes, a signal is ignored (the close finishes).
-    After an interrupt, asyncio's "Task exception was never retrieved" is silenced.
-    """
-    import signal
-    import threading
-
-    del _INTERRUPTED[:], _CLOSING[:], _STARTING[:]
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def wrap(previous):
-        def handler(signum, frame):
-            if _CLOSING:  # the work is done or already unwinding: let the close finish
-                return
-            _quiet_asyncio()
-            try:
-                previous(signum, frame)
-            except BaseException as exc:
-                if not _INTERRUPTED:
-                    _INTERRUPTED.append(exc)
-                if _STARTING:  # the cluster is being built: raised once it can be closed whole
-                    return
-                raise
-        return handler
-
-    previous_hook = sys.unraisablehook
-
-    def unraisable(info):
-        if info.exc_type is not None and issubclass(info.exc_type, (KeyboardInterrupt, SystemExit)):
-            return  # the handler above kept it (or the work is over): not printed
-        previous_hook(info)
-
-    previous = {}
-    for name in _SIGNALS:
-        sig = getattr(signal, name, None)
-        handler = None if sig is None else signal.getsignal(sig)
-        if callable(handler):  # Python-level handlers only (SIG_DFL / SIG_IGN keep their meaning)
-            previous[sig] = handler
-            signal.signal(sig, wrap(handler))
-    sys.unraisablehook = unraisable
-    try:
-        yield
-        _raise_if_interrupted()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        sys.unraisablehook = previous_hook
-
-
 @contextlib.contextmanager
 def cluster_client(scheduler: str | None = None, *, workers: int | None = None, timeout: float = 10.0):
     """A ``distributed.Client`` for the block: connected to ``scheduler`` (``tcp://HOST:PORT``), or
     to a new local cluster of ``workers`` processes with one thread each (forked from this process
-    on Linux; closed afterwards). Ctrl-C inside the block raises KeyboardInterrupt, also when
-    it lands where Python would drop it (see :func:`_interrupts_kept`).
+    on Linux; closed afterwards).
 
     Raises
     ------
@@ -111,13 +24,6 @@ def cluster_client(scheduler: str | None = None, *, workers: int | None = None, 
         Both, a bad number of ``workers``, or a ``scheduler`` that is not an address with a
         host and a port in 1..65535 (an empty string included).
     """
-    with _interrupts_kept():
-        with _client(scheduler, workers, timeout) as client:
-            yield client
-
-
-@contextlib.contextmanager
-def _client(scheduler, workers, timeout):
     import logging
 
     from distributed import Client, LocalCluster
@@ -134,14 +40,8 @@ def _client(scheduler, workers, timeout):
         except (OSError, TimeoutError) as exc:
             raise ConnectionError(f"--scheduler: cannot reach the Dask scheduler at {scheduler!r} within "
                                   f"{timeout:g} s ({type(exc).__name__})") from None
-        try:
+        with client:
             yield client
-        except BaseException:
-            _quiet_asyncio()
-            raise
-        finally:
-            _CLOSING.append(True)
-            client.close()
         return
     n = 2 if workers is None else workers
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -154,35 +54,16 @@ def _client(scheduler, workers, timeout):
     method = "fork" if sys.platform.startswith("linux") else dask.config.get(
         "distributed.worker.multiprocessing-method")
     # silence_logs: the nanny's shutdown chatter is not the user's business
-    _STARTING.append(True)
-    try:
-        with dask.config.set({"distributed.worker.multiprocessing-method": method}):
-            # The scheduler serves its HTTP routes even without a dashboard, on port 8787 by default; when
-            # that port is taken distributed warns in three lines (tester T8). An ephemeral port on the
-            # loopback interface: no notice, and nothing listening beyond this machine.
-            cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
-                                   silence_logs=logging.CRITICAL,
-                                   scheduler_kwargs={"dashboard": False, "dashboard_address": "127.0.0.1:0"})
-    finally:
-        del _STARTING[:]
-    if _INTERRUPTED:  # a signal during the start: close the whole cluster, then raise it
-        _CLOSING.append(True)
-        cluster.close()
-        _raise_if_interrupted()
-    try:
-        client = Client(cluster)
-        try:
-            client.run(_one_thread)
-            yield client
-        except BaseException:  # Ctrl-C, SIGTERM, an error: the cluster closes under an unfinished gather
-            _quiet_asyncio()
-            raise
-        finally:
-            _CLOSING.append(True)  # the work is over: a Ctrl-C now must not break the close half-way
-            client.close()
-    finally:
-        _CLOSING.append(True)
-        cluster.close()
+    with dask.config.set({"distributed.worker.multiprocessing-method": method}):
+        # The scheduler serves its HTTP routes even without a dashboard, on port 8787 by default; when
+        # that port is taken distributed warns in three lines (tester T8). An ephemeral port on the
+        # loopback interface: no notice, and nothing listening beyond this machine.
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
+                               silence_logs=logging.CRITICAL,
+                               scheduler_kwargs={"dashboard": False, "dashboard_address": "127.0.0.1:0"})
+    with cluster, Client(cluster) as client:
+        client.run(_one_thread)
+        yield client
 
 
 def _one_thread() -> None:
@@ -237,7 +118,6 @@ def write_parquet(frame, path: str, *, storage_options: dict | None = None) -> s
     tmp = f"{parent}/.{name}.{uuid.uuid4().hex[:8]}.tmp" if parent else f".{name}.{uuid.uuid4().hex[:8]}.tmp"
     try:
         frame.to_parquet(fs.unstrip_protocol(tmp), write_index=False, storage_options=storage_options)
-        _raise_if_interrupted()  # a Ctrl-C that Python dropped: the output is not put in place
         if fs.exists(root):
             fs.rm(root, recursive=True)
         fs.mv(tmp, root, recursive=True)

@@ -407,42 +407,15 @@ def _run_parallel(specs, splits, jobs: int, bar):
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
-    from concurrent.futures import as_completed
-
     results = [None] * len(splits)
-    pool = ProcessPoolExecutor(max_workers=min(jobs, len(splits)), mp_context=mp.get_context("spawn"),
-                               initializer=_ignore_sigint)
-    try:
+    with ProcessPoolExecutor(max_workers=min(jobs, len(splits)), mp_context=mp.get_context("spawn")) as pool:
         futures = {pool.submit(_run_split, specs, *sp): i for i, sp in enumerate(splits)}
+        from concurrent.futures import as_completed
+
         for fut in as_completed(futures):
             results[futures[fut]] = fut.result()
             bar.update(len(specs))
-    except BaseException:
-        # Ctrl-C, SIGTERM (raised as SystemExit by the CLI) or a failed split: stop now. The pool's
-        # own exit would wait for every queued split (tester T13: 60 s and more after the signal).
-        _stop_pool(pool)
-        raise
-    pool.shutdown(wait=True)
     return results
-
-
-def _ignore_sigint() -> None:
-    """Worker initializer: Ctrl-C reaches the whole process group; the parent alone handles it
-    (and stops the workers), so no worker prints a KeyboardInterrupt traceback."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _stop_pool(pool) -> None:
-    """Cancel the queued splits and end the running ones' worker processes at once."""
-    processes = list((getattr(pool, "_processes", None) or {}).values())
-    pool.shutdown(wait=False, cancel_futures=True)
-    for proc in processes:
-        if proc.is_alive():
-            proc.terminate()
-    for proc in processes:
-        proc.join(timeout=5)
 
 
 def _append(row: MethodResult, values: dict | None, error: str | None) -> None:
