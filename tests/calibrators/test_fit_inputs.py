@@ -45,8 +45,10 @@ def test_path_strings_are_refused_and_sources_accepted(tmp_path, method, as_path
         ref.predict_proba(px)
     # the same files opened as sources fit the same map (another read path: relative tolerance). A source
     # fits vs by the full-data job (Newton on pass sums) and an array by the in-memory solver: both stop at
-    # the optimum within their solver tolerance, not at the same last bits
-    rtol = 1e-8 if method == "vs" else 1e-12
+    # the optimum within their solver tolerance, not at the same last bits (the in-memory fit stops at
+    # a largest gradient entry of 1e-7, here 7e-8; with VS's ridge the flattest direction has curvature
+    # near 2 K / n = 0.03, so its probabilities sit up to ~3e-6 relative from the job's, gradient 1e-12)
+    rtol = 1e-5 if method == "vs" else 1e-12
     cal = METHODS[method](**kw).fit(open_source(str(tmp_path / "x.npy")), open_source(str(tmp_path / "y.npy")))
     np.testing.assert_allclose(cal.predict_proba(open_source(str(tmp_path / "x.npy"))), ref.predict_proba(x),
                                rtol=rtol, atol=1e-15)

@@ -18,7 +18,7 @@ from confcal.passes import LocalEngine, run_job  # noqa: E402
 from confcal.sources import open_source  # noqa: E402
 from tests.conftest import require_shared_data  # noqa: E402
 
-KINDS = {"vs": ("vs", {}), "ms": ("ms", {"reg": "fixed", "reg_lambda": 0.3, "reg_mu": 0.2}),
+KINDS = {"vs": ("vs", {}), "vs-unreg": ("vs", {"reg_lambda": 0.0}), "ms": ("ms", {"reg": "fixed", "reg_lambda": 0.3, "reg_mu": 0.2}),
          "dirichlet": ("dirichlet", {"reg": "fixed"})}
 
 
@@ -33,8 +33,8 @@ def _engine(x, y, batch_rows=997):
 
 
 def _torch_objective(method, params, theta, x, y):
-    """The in-memory objective (mean NLL + ODIR penalty) of the estimator's own torch modules at
-    ``theta``: returns (value, gradient, Hessian) by autograd."""
+    """The in-memory objective (mean NLL + ODIR penalty, or VS's ridge written out here) of the
+    estimator's own torch modules at ``theta``: returns (value, gradient, Hessian) by autograd."""
     from confcal.calibrators._compose import Composite
     from confcal.calibrators._links import SoftmaxLink
     from confcal.calibrators._maps import build_map
@@ -47,14 +47,17 @@ def _torch_objective(method, params, theta, x, y):
     yt = torch.as_tensor(y)
 
     def f(flat):  # the job's layout: (w, c) for vs, rows of [W | c] for ms / dirichlet
+        ridge = 0.0
         if cal.map_name == "vs":
             w, b = flat[:k], flat[k:]
+            reg = k / len(y) if cal.reg_lambda is None else cal.reg_lambda
+            ridge = reg * (((w - w.mean()) ** 2).sum() + (b ** 2).sum())
         else:
             t = flat.reshape(k, k + 1)
             w, b = t[:, :k], t[:, k]
         del m.weight, m.bias
         m.weight, m.bias = w, b
-        return model.nll(prep, yt)
+        return model.nll(prep, yt) + ridge
 
     t = torch.as_tensor(theta, dtype=torch.float64).requires_grad_(True)
     val = f(t)
@@ -82,7 +85,7 @@ def test_sums_equal_torch_autograd_of_the_in_memory_objective(method):
     theta = _theta(kind, k, rng)
     s, mask = _design(x, kind)
     loss, grad, hess, _ = _block_stats(theta, s, mask, y, kind, k, True)
-    lam, mu = (0.0, 0.0) if kind == "vs" else cal._reg_values()
+    lam, mu = (cal._reg(n, k), 0.0) if kind == "vs" else cal._reg_values()
     f, g, h = _objective({"n": n, "loss": loss, "grad": grad, "hess": hess}, theta, lam, mu, kind, k)
     want_f, want_g, want_h = _torch_objective(name, params, theta, x, y)
     assert f == pytest.approx(want_f, rel=1e-12)

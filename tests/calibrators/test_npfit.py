@@ -36,14 +36,23 @@ def _fd_grad(f, x, h=1e-6):
 CASES = [dict(), dict(masked=True), dict(weighted=True), dict(masked=True, weighted=True, k=3)]
 
 
+def test_vs_penalty_value_by_direct_evaluation():
+    w, c = np.array([0.5, 1.0, 2.1]), np.array([0.3, -0.2, 0.0])
+    f, _, _ = _npfit.vs_penalty(np.concatenate([w, c]), 0.25)
+    assert f == pytest.approx(0.25 * (sum((wi - w.mean()) ** 2 for wi in w) + sum(ci ** 2 for ci in c)), rel=1e-14)
+    assert _npfit.vs_penalty(np.r_[np.full(3, 0.7), np.zeros(3)], 5.0)[0] == pytest.approx(0.0, abs=1e-25)  # TS maps
+
+
+@pytest.mark.parametrize("reg", [0.0, 0.7])
 @pytest.mark.parametrize("case", CASES)
-def test_vs_gradient_and_hessian_match_finite_differences(case):
+def test_vs_gradient_and_hessian_match_finite_differences(case, reg):
     d = _rows(**case)
     rng = np.random.default_rng(1)
     x = np.concatenate([1 + 0.3 * rng.normal(size=d.k), 0.5 * rng.normal(size=d.k)])
-    f, g, h = _npfit.vs_objective(x, d)
-    np.testing.assert_allclose(g, _fd_grad(lambda v: _npfit.vs_objective(v, d, False)[0], x), atol=1e-8)
-    h_fd = np.stack([_fd_grad(lambda v, i=i: _npfit.vs_objective(v, d, False)[1][i], x) for i in range(len(x))])
+    f, g, h = _npfit.vs_objective(x, d, reg=reg)
+    np.testing.assert_allclose(g, _fd_grad(lambda v: _npfit.vs_objective(v, d, False, reg)[0], x), atol=1e-8)
+    h_fd = np.stack([_fd_grad(lambda v, i=i: _npfit.vs_objective(v, d, False, reg)[1][i], x)
+                     for i in range(len(x))])
     np.testing.assert_allclose(h, h_fd, atol=1e-7)
     np.testing.assert_allclose(h, h.T, atol=1e-15)
 

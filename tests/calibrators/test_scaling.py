@@ -17,7 +17,8 @@ from confcal.metrics import nll
 from tests.calibrators._oracles import log_softmax, simulate
 
 
-def _vs_objective(theta, z, y):
+def _vs_objective(theta, z, y, reg=0.0):
+    """Mean NLL + ``reg * (sum (w - mean w)^2 + sum c^2)``, written out independently of the library."""
     k = z.shape[1]
     w, c = theta[:k], theta[k:]
     g = z * w + c
@@ -28,17 +29,47 @@ def _vs_objective(theta, z, y):
     d = p.copy()
     d[np.arange(n), y] -= 1
     d /= n
-    return f, np.concatenate([(d * z).sum(0), d.sum(0)])
+    dw = w - w.mean()
+    f += reg * (np.sum(dw ** 2) + np.sum(c ** 2))
+    # d/dw_j of sum_i (w_i - mean w)^2 is 2 (w_j - mean w): the mean's own terms sum to zero
+    return f, np.concatenate([(d * z).sum(0) + 2 * reg * dw, d.sum(0) + 2 * reg * c])
 
 
-def test_vector_scaling_matches_scipy_bfgs():
+@pytest.mark.parametrize("reg_lambda, reg", [(0.0, 0.0), (None, 5 / 300), (0.3, 0.3)])
+def test_vector_scaling_matches_scipy_bfgs(reg_lambda, reg):
     z, y = simulate(300, 5, seed=1, scale=3.0, temperature=2.0)
-    cal = METHODS["vs"]().fit(z, y)
+    cal = METHODS["vs"](reg_lambda=reg_lambda).fit(z, y)
     k = z.shape[1]
-    ref = minimize(_vs_objective, np.r_[np.ones(k), np.zeros(k)], args=(z, y), jac=True, method="BFGS",
+    ref = minimize(_vs_objective, np.r_[np.ones(k), np.zeros(k)], args=(z, y, reg), jac=True, method="BFGS",
                    options={"gtol": 1e-10})
     assert cal.nll_ == pytest.approx(ref.fun, abs=1e-9)
-    assert nll(cal.predict_proba(z), y) == pytest.approx(ref.fun, abs=1e-9)
+    w, c = cal.map_.weight.detach().numpy(), cal.map_.bias.detach().numpy()
+    np.testing.assert_allclose(w, ref.x[:k], atol=1e-5)
+    if reg:  # the penalty fixes the common shift of c that the NLL leaves free
+        np.testing.assert_allclose(c, ref.x[k:], atol=1e-5)
+    penalty = reg * (np.sum((w - w.mean()) ** 2) + np.sum(c ** 2))
+    assert nll(cal.predict_proba(z), y) == pytest.approx(ref.fun - penalty, abs=1e-9)
+
+
+def test_vector_scaling_ridge_shrinks_towards_temperature_scaling():
+    """The default ridge (K / n) lowers the spread of ``w`` and the size of ``c`` against Guo's VS, a
+    huge weight gives TS (one ``w``, ``c = 0``: the TS fit's inverse temperature), and bad weights are refused."""
+    z, y = simulate(300, 5, seed=4, scale=3.0, temperature=2.0)
+    free = METHODS["vs"](reg_lambda=0.0).fit(z, y)
+    ridge = METHODS["vs"]().fit(z, y)
+
+    def spread(cal):
+        w, c = cal.map_.weight.detach().numpy(), cal.map_.bias.detach().numpy()
+        return np.ptp(w), np.abs(c - c.mean()).max()
+
+    assert spread(ridge)[0] < spread(free)[0] and spread(ridge)[1] < spread(free)[1]
+    ts = METHODS["ts"]().fit(z, y)
+    huge = METHODS["vs"](reg_lambda=1e8).fit(z, y)
+    np.testing.assert_allclose(huge.map_.weight.detach().numpy(), 1 / ts.temperature_, rtol=1e-5)
+    np.testing.assert_allclose(huge.map_.bias.detach().numpy(), 0.0, atol=1e-6)
+    for bad in (-1.0, float("nan"), "k/n"):
+        with pytest.raises(ValueError, match="reg_lambda"):
+            METHODS["vs"](reg_lambda=bad).fit(z, y)
 
 
 def test_identity_initialisation():

@@ -5,8 +5,9 @@ The objective of :class:`~confcal.calibrators.scaling.VectorScaling`,
 :class:`~confcal.calibrators.scaling.MatrixScaling` and
 :class:`~confcal.calibrators.scaling.DirichletCalibration` is the mean NLL of
 ``softmax(u)``, ``u`` affine in the parameters (Guo et al. 2017, sec. 4.2; Kull et al. 2019),
-plus the fixed ODIR penalty (eq. 50 of Atarashi et al., arXiv 2506.10572). It is a sum over
-rows, so each pass returns per-batch sums of the loss, its gradient and (up to
+plus the fixed ODIR penalty (eq. 50 of Atarashi et al., arXiv 2506.10572) or vector
+scaling's ridge towards TS (:func:`confcal.calibrators._npfit.vs_penalty`, weight ``K / n`` by
+default). It is a sum over rows, so each pass returns per-batch sums of the loss, its gradient and (up to
 :data:`NEWTON_MAX_PARAMS` parameters) its Hessian, merged exactly (float64 sums):
 
 * ``vs``: ``u = w * z + c``; parameters ``(w, c)``, ``2K``;
@@ -63,9 +64,9 @@ def _kind(cal) -> str:
     return "vs" if cal.map_name == "vs" else ("dirichlet" if cal._on_log_probs else "ms")
 
 
-def _penalty(cal, k: int) -> tuple[float, float]:
-    if cal.map_name == "vs":
-        return 0.0, 0.0
+def _penalty(cal, k: int, n: int) -> tuple[float, float]:
+    if cal.map_name == "vs":  # (the VS ridge weight, unused)
+        return cal._reg(n, k), 0.0
     lam, mu = cal._reg_values()
     return float(lam), float(mu)
 
@@ -273,6 +274,12 @@ def _objective(st: dict, theta, lam: float, mu: float, kind: str, k: int):
     n = st["n"]
     f, g = st["loss"] / n, st["grad"] / n
     h = None if st["hess"] is None else st["hess"] / n
+    if kind == "vs" and lam:
+        from confcal.calibrators._npfit import vs_penalty
+
+        pf, pg, ph = vs_penalty(theta, lam)
+        f, g = f + pf, g + pg
+        h = None if h is None else h + ph
     if kind != "vs" and (lam or mu):
         off = np.ones((k, k + 1))
         off[np.arange(k), np.arange(k)] = 0.0
@@ -333,7 +340,7 @@ def linear_fit_job(cal, *, warm_rows: int = WARM_START_ROWS, gtol: float = 1e-12
         raise ValueError("logits: expected at least 1 sample, got 0 rows")
     refuse_probabilities(st)
     before, digest_hex, n = st["before"].result(), batch_digest(st), st["n"]
-    lam, mu = _penalty(cal, k)
+    lam, mu = _penalty(cal, k, n)
     f, g, h = _objective(st, theta, lam, mu, kind, k)
     if not math.isfinite(f):
         from confcal.calibrators._compose import logits_scale_error

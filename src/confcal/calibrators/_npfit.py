@@ -168,10 +168,36 @@ def vs_hessian(p: np.ndarray, d: Rows, dtype=np.float64) -> np.ndarray:
     return h
 
 
-def vs_objective(theta: np.ndarray, d: Rows, hessian: bool = True):
-    """Vector scaling ``A = Z w + c``, ``theta = [w, c]`` ``(2K,)``: ``(f, grad, Hessian or None)``."""
+def vs_objective(theta: np.ndarray, d: Rows, hessian: bool = True, reg: float = 0.0):
+    """Vector scaling ``A = Z w + c``, ``theta = [w, c]`` ``(2K,)``, plus :func:`vs_penalty` of weight
+    ``reg``: ``(f, grad, Hessian or None)``."""
     f, g, p = vs_parts(theta, d)
-    return f, g, (vs_hessian(p, d) if hessian else None)
+    h = vs_hessian(p, d) if hessian else None
+    if reg:
+        pf, pg, ph = vs_penalty(theta, reg)
+        f, g = f + pf, g + pg
+        h = None if h is None else h + ph
+    return f, g, h
+
+
+def vs_penalty(theta: np.ndarray, reg: float):
+    """Ridge penalty of vector scaling towards temperature scaling: ``reg * (sum_j (w_j - mean(w))^2
+    + sum_j c_j^2)``, ``theta = [w, c]`` ``(2K,)``: ``(f, grad, Hessian)`` (the Hessian is constant).
+
+    Zero on every TS map (all ``w_j`` equal, ``c = 0``), whatever its temperature, so it shrinks the
+    per-class deviations only; needs no temperature fitted first. A ridge on per-class deviations
+    from TS is Berta et al.'s structured vector scaling (AISTATS 2026), who scale its weight as
+    ``K / n``; here it acts on ``w`` in logit units (no TS pre-fit), see :class:`VectorScaling`."""
+    k = len(theta) // 2
+    w, c = theta[:k], theta[k:]
+    dw = w - w.mean()
+    f = float(reg * (dw @ dw + c @ c))
+    g = 2.0 * reg * np.concatenate([dw, c])
+    h = np.zeros((2 * k, 2 * k))
+    h[:k, :k] = -2.0 * reg / k
+    i = np.arange(2 * k)
+    h[i, i] += 2.0 * reg
+    return f, g, h
 
 
 # --------------------------------------------------------------------- matrix scaling / Dirichlet
