@@ -186,9 +186,12 @@ def torchunc_fit(cls_name, **kw):
         pp = _torch_uncertainty_pp()
 
         cls = getattr(pp, cls_name)
+        # a fresh argument dict per fit: setting num_classes in the adapter's own `kw` carried the first
+        # file's 100 classes over to the CIFAR-10 files (a shape error there)
+        args = dict(kw)
         if cls_name != "TemperatureScaler":
-            kw.setdefault("num_classes", z.shape[1])
-        scaler = cls(model=None, **kw)
+            args.setdefault("num_classes", z.shape[1])
+        scaler = cls(model=None, **args)
         dl = DataLoader(TensorDataset(torch.as_tensor(z, dtype=torch.float32), torch.as_tensor(y)),
                         batch_size=len(y))
         scaler.fit(dl, progress=False)
