@@ -67,6 +67,36 @@ def test_fused_ece_against_a_direct_definition():
     np.testing.assert_allclose(ece(p, y), total, rtol=1e-10)
 
 
+def _direct_ece(p, y, n_bins=15):
+    conf = p.max(axis=1).astype(np.float64)
+    corr = p.argmax(axis=1) == y  # numpy's arg-max: lowest index on ties
+    edges = np.linspace(0, 1, n_bins + 1)
+    total = 0.0
+    for b in range(n_bins):
+        m = (conf > edges[b]) & (conf <= edges[b + 1]) if b else (conf <= edges[1])
+        if m.any():
+            total += m.sum() / len(conf) * abs(conf[m].mean() - corr[m].mean())
+    return total
+
+
+@pytest.mark.parametrize("k", [2, 10, C._COLUMN_MAX_CLASSES, C._COLUMN_MAX_CLASSES + 1])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fused_ece_with_tied_maxima_against_the_direct_definition(k, dtype):
+    """Both block paths (column-wise for few classes, row-wise above): a tied top class counts as the
+    lowest tied index, so a label on the other tied class is wrong, as in ``argmax``."""
+    p, y = _data(C._FUSED_ROWS + 777, k, dtype, seed=k)
+    rng = np.random.default_rng(1)
+    rows = rng.choice(len(y), size=5000, replace=False)
+    j = rng.integers(0, k - 1, size=rows.size)
+    p[rows] = 0
+    p[rows, j] = 0.5
+    p[rows, j + 1] = 0.5
+    y[rows[::2]] = j[::2] + 1  # the higher tied index: wrong under the lowest-index rule
+    y[rows[1::2]] = j[1::2]    # the lower: right
+    np.testing.assert_allclose(ece(p, y), _direct_ece(p, y), rtol=1e-10)
+    assert C._top_by_columns(p[:100])[1].tolist() == np.argmax(p[:100], axis=1).tolist()
+
+
 @pytest.mark.parametrize("bad,match", [
     (np.nan, "expected finite probabilities, found NaN/inf in row {row}"),
     (1.5, "expected values in \\[0, 1\\], row {row} has"),
