@@ -18,7 +18,8 @@ from confcal.passes import LocalEngine, run_job  # noqa: E402
 from confcal.sources import open_source  # noqa: E402
 from tests.conftest import require_shared_data  # noqa: E402
 
-KINDS = {"vs": ("vs", {}), "vs-unreg": ("vs", {"reg_lambda": 0.0}), "ms": ("ms", {"reg": "fixed", "reg_lambda": 0.3, "reg_mu": 0.2}),
+KINDS = {"vs": ("vs", {}), "vs-unreg": ("vs", {"reg_lambda": 0.0}),
+         "ms": ("ms", {"reg": "fixed", "reg_lambda": 0.3, "reg_mu": 0.2}),
          "dirichlet": ("dirichlet", {"reg": "fixed"})}
 
 
