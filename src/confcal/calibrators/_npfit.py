@@ -244,8 +244,12 @@ class AffineProblem:
     The diagonal of the data term is ``sum_i r_i p_ij (1 - p_ij) x_ik^2`` for ``W_jk`` and
     ``sum_i r_i p_ij (1 - p_ij)`` for ``c_j``, plus the penalty's ``2 reg / scale``."""
 
-    def __init__(self, d: Rows, reg_lambda: float = 0.0, reg_mu: float = 0.0, hvp_dtype=np.float32):
+    def __init__(self, d: Rows, reg_lambda: float = 0.0, reg_mu: float = 0.0, hvp_dtype=np.float32, ridge=None):
         self.d, self.reg_lambda, self.reg_mu = d, float(reg_lambda), float(reg_mu)
+        # optional ridge ``sum_i coef_i (theta_i - centre_i)^2`` on top of ODIR (``(coef, centre)``, each
+        # ``(K^2 + K,)``, ``coef >= 0``): the penalty of ``reg="auto"`` (:mod:`._tsridge`)
+        self.ridge = None if ridge is None else (np.asarray(ridge[0], dtype=np.float64),
+                                                 np.asarray(ridge[1], dtype=np.float64))
         self.x32 = d.x32 if hvp_dtype == np.float32 else d.x
         self.x2 = d.x * d.x
         self.r32 = d.r.astype(hvp_dtype)[:, None]
@@ -256,6 +260,12 @@ class AffineProblem:
     def fgp(self, theta: np.ndarray):
         self.n_fg += 1
         f, g, p = affine_objective(theta, self.d, self.reg_lambda, self.reg_mu)
+        if self.ridge is not None:
+            coef, centre = self.ridge
+            e = theta - centre
+            ce = coef * e
+            f += float(ce @ e)
+            g += 2.0 * ce
         return f, g, (p, p.astype(self.dtype, copy=False))
 
     def hessp(self, v: np.ndarray, st) -> np.ndarray:
@@ -277,7 +287,10 @@ class AffineProblem:
             hw += 2.0 * self.sl * off
         if self.sm:
             hc += 2.0 * self.sm * vc
-        return np.concatenate([hw.ravel(), hc])
+        out = np.concatenate([hw.ravel(), hc])
+        if self.ridge is not None:
+            out += 2.0 * self.ridge[0] * v
+        return out
 
     def precond(self, st) -> np.ndarray:
         p = st[0]
@@ -289,6 +302,8 @@ class AffineProblem:
         dw[np.arange(k), np.arange(k)] -= 2.0 * self.sl
         dc = q.sum(axis=0) + 2.0 * self.sm
         m = np.concatenate([dw.ravel(), dc])
+        if self.ridge is not None:
+            m += 2.0 * self.ridge[0]
         return np.maximum(m, 1e-12 * max(float(m.max()), 1e-300))
 
 

@@ -132,21 +132,27 @@ class _ODIRFit:
     _fixed_default: ClassVar[float] = 0.0
 
     def _reg_values(self) -> tuple[float, float] | None:
-        """The fixed ``(lambda, mu)``, or None when they are chosen by cross-validation."""
-        if self.reg not in ("cv", "fixed"):
-            raise ValueError(f"reg: expected 'cv' or 'fixed', got {self.reg!r}")
+        """The fixed ``(lambda, mu)``, or None when they are chosen from the data (``"auto"``, ``"cv"``)."""
+        if self.reg not in ("auto", "cv", "fixed"):
+            raise ValueError(f"reg: expected 'auto', 'cv' or 'fixed', got {self.reg!r}")
         vals = []
         for name in ("reg_lambda", "reg_mu"):
             v = getattr(self, name)
             if v is None:
                 vals.append(self._fixed_default)
                 continue
-            if self.reg == "cv":
-                raise ValueError(f"{name}: reg='cv' chooses it by cross-validation; pass reg='fixed' to use "
+            if self.reg != "fixed":
+                how = "by cross-validation" if self.reg == "cv" else "from the number of rows and classes"
+                raise ValueError(f"{name}: reg={self.reg!r} chooses it {how}; pass reg='fixed' to use "
                                  f"{name}={v!r}")
             if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"{name}: expected a finite number >= 0, got {v!r}")
             vals.append(float(v))
+        if self.reg == "auto":
+            if self.reg_grid is not None:
+                raise ValueError(f"reg_grid: only used with reg='cv' (cross-validation), got reg='auto' and "
+                                 f"reg_grid={self.reg_grid!r}")
+            return None
         if self.reg == "cv":
             if isinstance(self.cv, bool) or not isinstance(self.cv, int) or self.cv < 2:
                 raise ValueError(f"cv: expected an integer >= 2 (number of folds), got {self.cv!r}")
@@ -161,6 +167,9 @@ class _ODIRFit:
         if self._reg_values() is not None:
             self.cv_results_ = None
             return self._fit_fixed(z, y, sample_weight)
+        if self.reg == "auto":
+            self.cv_results_ = None
+            return self._fit_auto(z, y, sample_weight)
         from confcal.calibrators import _odir
 
         grid = _odir.ODIR_GRID if self.reg_grid is None else self.reg_grid
@@ -219,6 +228,26 @@ class _ODIRFit:
         res = _solve(z, lambda: _npfit.lbfgs(lambda x: _npfit.affine_objective(x, d, lam, mu)[:2], x0,
                                              max_iter=self.max_iter, tol_grad=self.tol,
                                              tol_change=self.tol * 1e-3))
+        _set_params(m, res.x[:k * k], res.x[k * k:])
+        return m, _optim_result(res)
+
+    def _fit_auto(self, z, y, sample_weight=None):
+        """One Newton-CG fit of the NLL plus the data-size ridge toward the TS map (:mod:`._tsridge`)."""
+        from confcal.calibrators import _npfit, _tsridge
+        from confcal.calibrators._maps import MatrixScalingMap
+
+        import numpy as np
+
+        self._check_hyperparameters()
+        k = z.shape[1]
+        sample_weight = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
+        m = MatrixScalingMap(k, on_log_probs=self._on_log_probs)
+        prep = Prepared(m, z, None, sample_weight)
+        mask = None if prep.mask is None else prep.mask.numpy()
+        d = _npfit.Rows(prep.z.numpy(), y.numpy(), mask, sample_weight)
+        res, _, lam, mu = _solve(z, lambda: _tsridge.fit_ts_ridge(d, sample_weight, tol=self.tol,
+                                                                  max_iter=self.max_iter))
+        m.reg_lambda, m.reg_mu = lam, mu
         _set_params(m, res.x[:k * k], res.x[k * k:])
         return m, _optim_result(res)
 
@@ -287,14 +316,14 @@ class MatrixScaling(_ODIRFit, MapCalibrator):
     """
 
     method = "ms"
-    hyper_constraints = {**MapCalibrator.hyper_constraints, "reg": Choice("cv", "fixed"),
+    hyper_constraints = {**MapCalibrator.hyper_constraints, "reg": Choice("auto", "cv", "fixed"),
                          "reg_lambda": Nullable(Real(ge=0)), "reg_mu": Nullable(Real(ge=0)), "cv": Int(ge=2),
                          "reg_grid": Nullable(AnyJSON())}
     map_name = "ms"
     _on_log_probs = False
     _fixed_default = 0.0
 
-    def __init__(self, reg: str = "cv", reg_lambda: float | None = None, reg_mu: float | None = None, cv: int = 3,
+    def __init__(self, reg: str = "auto", reg_lambda: float | None = None, reg_mu: float | None = None, cv: int = 3,
                  reg_grid=None, max_iter: int = 500, tol: float = 1e-7, random_state: int = 0,
                  input_kind: str = "logits"):
         self.input_kind = input_kind
@@ -336,14 +365,14 @@ class DirichletCalibration(_ODIRFit, MapCalibrator):
     """
 
     method = "dirichlet"
-    hyper_constraints = {**MapCalibrator.hyper_constraints, "reg": Choice("cv", "fixed"),
+    hyper_constraints = {**MapCalibrator.hyper_constraints, "reg": Choice("auto", "cv", "fixed"),
                          "reg_lambda": Nullable(Real(ge=0)), "reg_mu": Nullable(Real(ge=0)), "cv": Int(ge=2),
                          "reg_grid": Nullable(AnyJSON())}
     map_name = "ms"
     _on_log_probs = True
     _fixed_default = 0.01
 
-    def __init__(self, reg: str = "cv", reg_lambda: float | None = None, reg_mu: float | None = None, cv: int = 3,
+    def __init__(self, reg: str = "auto", reg_lambda: float | None = None, reg_mu: float | None = None, cv: int = 3,
                  reg_grid=None, max_iter: int = 500, tol: float = 1e-7, random_state: int = 0,
                  input_kind: str = "logits"):
         self.input_kind = input_kind
