@@ -251,7 +251,7 @@ class AffineProblem:
         self.ridge = None if ridge is None else (np.asarray(ridge[0], dtype=np.float64),
                                                  np.asarray(ridge[1], dtype=np.float64))
         self.x32 = d.x32 if hvp_dtype == np.float32 else d.x
-        self.x2 = d.x * d.x
+        self.x2 = None  # X * X, made by the first precond (a fit without it never squares huge inputs)
         self.r32 = d.r.astype(hvp_dtype)[:, None]
         self.sl, self.sm = _odir_scales(d.k, self.reg_lambda, self.reg_mu)
         self.dtype = hvp_dtype
@@ -295,6 +295,8 @@ class AffineProblem:
     def precond(self, st) -> np.ndarray:
         p = st[0]
         k = self.d.k
+        if self.x2 is None:
+            self.x2 = self.d.x * self.d.x
         q = p * (1.0 - p)
         q *= self.d.r[:, None]
         dw = q.T @ self.x2

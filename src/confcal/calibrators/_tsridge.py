@@ -75,8 +75,16 @@ def fit_ts_ridge(d, sample_weight=None, *, tol: float = 1e-7, max_iter: int = 50
         t = float(fit_temperature(x, d.y, sample_weight=sample_weight).temperature)
     n_eff = effective_rows(d.n, sample_weight)
     ridge = ts_ridge(k, n_eff, t)
-    prob = _npfit.AffineProblem(d, ridge=ridge)
-    res = _npfit.newton_cg(prob.fgp, prob.hessp, ridge[1], precond=prob.precond, tol=tol, max_iter=max_iter,
+    # Newton-CG (float32 HVP products) for inputs far inside float32's range, as the ODIR path
+    # (:func:`._odir.fit_path`); on absurd scales (1e15 and up) the squared inputs of the preconditioner
+    # overflow, and L-BFGS on the float64 gradient solves the same objective
+    small = d.n == 0 or float(np.max(np.abs(d.x))) < 1e15
+    prob = _npfit.AffineProblem(d, ridge=ridge, hvp_dtype=np.float32 if small else np.float64)
+    if small:
+        res = _npfit.newton_cg(prob.fgp, prob.hessp, ridge[1], precond=prob.precond, tol=tol, max_iter=max_iter,
+                               tol_change=tol * 1e-3)
+    else:
+        res = _npfit.lbfgs(lambda th: prob.fgp(th)[:2], ridge[1], max_iter=max_iter, tol_grad=tol,
                            tol_change=tol * 1e-3)
     reg_lambda = t * t * (k * (k - 1)) ** 2 / n_eff
     reg_mu = k * k / n_eff
