@@ -8,7 +8,9 @@ All three are fitted on the mean NLL (+ ODIR penalty) with closed-form gradients
 Hessians in numpy (:mod:`confcal.calibrators._npfit`): vector scaling by damped Newton on
 its ``2K x 2K`` Hessian, matrix scaling / Dirichlet with a fixed penalty by L-BFGS on the
 closed-form gradient, each started at the identity map (``W = I``, ``c = 0``), i.e. at the
-uncalibrated model; the cross-validated path is in :mod:`confcal.calibrators._odir`.
+uncalibrated model; the cross-validated path is in :mod:`confcal.calibrators._odir`, the default
+single fit with a data-size ridge toward temperature scaling (``reg="auto"``) in
+:mod:`confcal.calibrators._tsridge`.
 """
 
 from __future__ import annotations
@@ -271,13 +273,18 @@ class MatrixScaling(_ODIRFit, MapCalibrator):
     ``W`` is ``(n_classes, n_classes)``, ``c`` ``(n_classes,)``. Objective: mean NLL
     ``+ reg_lambda / (K (K-1)) * sum_{i != j} W_ij^2 + reg_mu / K * sum_j c_j^2``.
     Unregularised (``reg="fixed"`` with the default 0, 0) it is Guo et al.'s matrix
-    scaling, which over-fits many classes; by default the penalty is chosen by
-    cross-validation.
+    scaling, which over-fits many classes; by default (``reg="auto"``) one fit with a ridge
+    toward temperature scaling sized by the number of rows and classes.
 
     Parameters
     ----------
-    reg : ``"cv"`` (default) or ``"fixed"``. ``"cv"``: ``reg_lambda`` and ``reg_mu`` (tied,
-        ``mu = lambda``) are chosen by ``cv``-fold cross-validation of the NLL on the calibration
+    reg : ``"auto"`` (default), ``"cv"`` or ``"fixed"``. ``"auto"``: one Newton-CG fit of the mean NLL
+        plus ``K/n sum D_ii^2 + K(K-1)/n sum_{i!=j} D_ij^2 + K/n sum c_j^2`` with ``W = (I + D) / T``,
+        ``T`` the temperature-scaling fit (the ridge strengths of Berta et al., AISTATS 2026; ``n``
+        the effective number of rows), see :mod:`confcal.calibrators._tsridge`; on the four CIFAR
+        outputs (5,000 / 5,000) its test NLL was within 3e-4 of ``"cv"`` or lower (lower on three),
+        in a quarter to a half of the time. ``"cv"``: ODIR, ``reg_lambda`` and ``reg_mu`` (tied,
+        ``mu = lambda``) chosen by ``cv``-fold cross-validation of the NLL on the calibration
         set over ``reg_grid`` (default: one value per decade from 1e5 down to 1e-2, see
         :mod:`confcal.calibrators._odir`), as Kull et al. (NeurIPS 2019) do; the final fit then
         uses all rows. ``"fixed"``: use ``reg_lambda`` and ``reg_mu`` as given.
@@ -285,8 +292,9 @@ class MatrixScaling(_ODIRFit, MapCalibrator):
     reg_mu : float >= 0 or None, intercept penalty weight with ``reg="fixed"`` (None: 0)
     cv : int >= 2, number of folds (default 3; shuffled, seeded by ``random_state``; at most one per row, so
         2 rows cross-validate leave-one-out; 1 row is refused with ``reg='cv'``)
-    reg_grid : lambda values (``mu = lambda``) or ``[lambda, mu]`` pairs, strongest first (None: the default grid)
-    max_iter : L-BFGS iterations with ``reg="fixed"`` (default 500). With ``reg="cv"`` the final fit
+    reg_grid : with ``reg="cv"`` only: lambda values (``mu = lambda``) or ``[lambda, mu]`` pairs, strongest
+        first (None: the default grid)
+    max_iter : L-BFGS iterations with ``reg="fixed"``, Newton steps with ``reg="auto"`` (default 500). With ``reg="cv"`` the final fit
         repeats the procedure the folds validated on all rows: the warm-started path down to the
         chosen grid point, 40 L-BFGS steps per point
     tol : gradient tolerance (default 1e-7)
@@ -295,7 +303,8 @@ class MatrixScaling(_ODIRFit, MapCalibrator):
     Attributes
     ----------
     map_ : the fitted :class:`~confcal.calibrators._maps.MatrixScalingMap`
-    reg_lambda_, reg_mu_ : the penalty weights of the fit
+    reg_lambda_, reg_mu_ : the penalty weights of the fit (``reg="auto"``: the ODIR-equivalent off-diagonal
+        and intercept weights of its ridge, ``T^2 (K(K-1))^2 / n`` and ``K^2 / n``)
     cv_results_ : dict (``grid``, ``mean_nll`` per grid point, ``best`` index, ``n_folds``), None for ``reg="fixed"``
     nll_, n_iter_, converged_ : final objective (NLL + penalty), L-BFGS iterations, convergence flag
 
