@@ -462,16 +462,17 @@ def lbfgs(fg: Callable, x0: np.ndarray, *, max_iter: int = 500, tol_grad: float 
 
 
 def newton_cg(fgp: Callable, hessp: Callable, x0: np.ndarray, *, precond: Callable | None = None,
-              tol: float = 1e-7, max_iter: int = 100, max_cg: int = 50, tol_change: float = 1e-12) -> NpResult:
+              tol: float = 1e-7, max_iter: int = 100, max_cg: int = 50, tol_change: float = 1e-12,
+              forcing: float = 0.5) -> NpResult:
     """Truncated Newton (Nocedal & Wright, alg. 7.1) on a convex objective: ``fgp(x) -> (f, g, state)``
     and ``hessp(v, state) -> H v``; ``precond(state) -> m`` (optional, ``m > 0`` elementwise) a diagonal
     preconditioner (preconditioned CG, N&W alg. 5.3, with ``M = diag(m)``). CG stops at the forcing
-    tolerance ``min(0.5, sqrt|g|) |g|`` or after ``max_cg`` products. The loop and its stopping
+    tolerance ``min(forcing, sqrt|g|) |g|`` or after ``max_cg`` products. The loop and its stopping
     rules are :func:`_newton_loop`'s."""
 
     def direction(g, st):
         gn = float(np.linalg.norm(g))
-        eps = min(0.5, math.sqrt(gn)) * gn
+        eps = min(forcing, math.sqrt(gn)) * gn
         m = None if precond is None else precond(st)
         zv = np.zeros_like(g)
         r = g.copy()

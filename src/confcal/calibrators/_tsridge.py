@@ -81,8 +81,10 @@ def fit_ts_ridge(d, sample_weight=None, *, tol: float = 1e-7, max_iter: int = 50
     small = d.n == 0 or float(np.max(np.abs(d.x))) < 1e15
     prob = _npfit.AffineProblem(d, ridge=ridge, hvp_dtype=np.float32 if small else np.float64)
     if small:
+        # forcing 0.25 (N&W's 0.5 by default): 5-6 Newton steps instead of 6-8 and 25% fewer products in
+        # all on the CIFAR-100 outputs, the same optimum (objective within 1e-11)
         res = _npfit.newton_cg(prob.fgp, prob.hessp, ridge[1], precond=prob.precond, tol=tol, max_iter=max_iter,
-                               tol_change=tol * 1e-3)
+                               tol_change=tol * 1e-3, forcing=0.25)
     else:
         res = _npfit.lbfgs(lambda th: prob.fgp(th)[:2], ridge[1], max_iter=max_iter, tol_grad=tol,
                            tol_change=tol * 1e-3)
