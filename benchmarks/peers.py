@@ -220,9 +220,18 @@ FITS = {
            ("torch-uncertainty", torchunc_fit("TemperatureScaler"))],
     "vs": [("confcal", confcal_fit("vs")), ("probmetrics svs", probmetrics_fit("svs", svs_print_init_info=False)),
            ("torch-uncertainty", torchunc_fit("VectorScaler"))],
-    "ms (cv)": [("confcal", confcal_fit("ms")), ("probmetrics sms", probmetrics_fit("sms", sms_print_init_info=False)),
-                ("torch-uncertainty (unreg.)", torchunc_fit("MatrixScaler"))],
-    "dirichlet (cv)": [("confcal", confcal_fit("dirichlet")), ("probmetrics dircal-cv", probmetrics_fit("dircal-cv"))],
+    # ms / dirichlet: the default reg="auto" (one fit, data-size ridge) and the cross-validated ODIR path; probmetrics'
+    # Dirichlet needs dirichletcal, which does not build (see the docstring), so sms (matrix scaling on the same
+    # log-probabilities: these inputs are log-probabilities) stands beside the Dirichlet rows as the nearest peer
+    "ms": [("confcal", confcal_fit("ms")), ("probmetrics sms", probmetrics_fit("sms", sms_print_init_info=False)),
+           ("torch-uncertainty (unreg.)", torchunc_fit("MatrixScaler"))],
+    "ms (cv)": [("confcal", confcal_fit("ms", reg="cv")),
+                ("probmetrics sms", probmetrics_fit("sms", sms_print_init_info=False))],
+    "dirichlet": [("confcal", confcal_fit("dirichlet")), ("probmetrics dircal-cv", probmetrics_fit("dircal-cv")),
+                  ("probmetrics sms (nearest peer)", probmetrics_fit("sms", sms_print_init_info=False))],
+    "dirichlet (cv)": [("confcal", confcal_fit("dirichlet", reg="cv")),
+                       ("probmetrics dircal-cv", probmetrics_fit("dircal-cv")),
+                       ("probmetrics sms (nearest peer)", probmetrics_fit("sms", sms_print_init_info=False))],
     "dirichlet (fixed 1e-3)": [("confcal", confcal_fit("dirichlet", reg="fixed", reg_lambda=1e-3, reg_mu=1e-3)),
                                ("probmetrics dircal", probmetrics_fit("dircal")),
                                ("torch-uncertainty", torchunc_fit("DirichletScaler"))],

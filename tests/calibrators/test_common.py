@@ -48,7 +48,8 @@ FAST = {
     "det-beta": {"min_samples": 5},
     "det-platt-geo": {"reg": "fixed"},  # CV folds split rows: integer weights are not repetition there
     "det-beta-geo": {"reg": "fixed"},
-    # ODIR at fixed penalties here: the cross-validated default (reg="cv") splits rows into folds, so
+    # ODIR at fixed penalties here: reg="cv" splits rows into folds and reg="auto" (the default) sizes its
+    # ridge by the effective number of rows, so
     # integer weights are not the same as repeated rows there (tests/calibrators/test_odir.py covers it)
     "ms": {"reg": "fixed"},
     "dirichlet": {"reg": "fixed"},

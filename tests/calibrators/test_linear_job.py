@@ -198,7 +198,7 @@ def test_registry_declares_which_methods_fit_on_all_rows():
     from confcal.dask._fit import full_data_conditions, full_data_methods
 
     full = full_data_methods()
-    assert full["vs"] and not full["ms"] and not full["dirichlet"]  # reg="cv" by default: the sample
+    assert full["vs"] and not full["ms"] and not full["dirichlet"]  # reg="auto" by default: the sample
     assert full_data_conditions() == {"dirichlet": {"reg": "fixed"}, "ms": {"reg": "fixed"}}
     assert {"vs", "ms", "dirichlet"} <= set(FULL_DATA_JOBS)
     assert fit_job_of(METHODS["ms"](), {"logits", "labels"}) is None

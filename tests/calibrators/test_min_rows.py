@@ -15,9 +15,11 @@ from confcal._validation import MIN_SPLIT_ROWS
 from confcal.calibrators import METHODS
 from confcal.cli import main
 
-#: the methods whose fit splits the rows (and so has a minimum of 2)
-SPLITTING = {"scaling-binning", "scaling-binning-platt", "scaling-binning-marginal", "scaling-binning-marginal-platt",
-             "ms", "ms+pb", "dirichlet", "dirichlet+pb"}
+#: the methods whose fit splits the rows (and so has a minimum of 2); ms / dirichlet (and their +pb) split
+#: them with reg="cv" only (:data:`CV_SPLITTING`), their default reg="auto" fits once
+SPLITTING = {"scaling-binning", "scaling-binning-platt", "scaling-binning-marginal", "scaling-binning-marginal-platt"}
+CV_SPLITTING = {"ms": {"reg": "cv"}, "dirichlet": {"reg": "cv"}, "ms+pb": {"base_params": {"reg": "cv"}},
+                "dirichlet+pb": {"base_params": {"reg": "cv"}}}
 
 
 def _inputs(method: str, n: int):
@@ -73,8 +75,9 @@ def test_every_method_fits_two_rows(method):
     assert np.all(np.isfinite(p)), method
     if p.ndim == 2 and not method.endswith("multilabel"):
         np.testing.assert_allclose(p.sum(axis=1), 1.0, rtol=1e-12)
-    if method in ("ms", "dirichlet"):
-        assert cal.cv_results_["n_folds"] == 2  # leave-one-out: the default 3 folds capped at the rows
+    if method in ("ms", "dirichlet"):  # the default reg="auto" fits once; reg="cv" folds
+        cv = METHODS[method](reg="cv").fit(*_inputs(method, 2)[:2])
+        assert cv.cv_results_["n_folds"] == 2  # leave-one-out: the default 3 folds capped at the rows
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
@@ -92,10 +95,18 @@ def test_one_row_fits_or_names_the_minimum(method):
         _fit(method, 1)
 
 
+@pytest.mark.parametrize("method", sorted(CV_SPLITTING))
+def test_one_row_refused_by_cross_validated_odir(method):
+    x, y, _ = _inputs(method, 1)
+    with pytest.raises(ValueError, match=rf"^logits: \S+ needs at least {MIN_SPLIT_ROWS} calibration rows "
+                                         r"\([^)]*\), got 1$"):
+        METHODS[method](**CV_SPLITTING[method]).fit(x, y)
+
+
 def test_cli_one_row_refusal_is_one_line_with_exit_2(tmp_path, capsys):
     np.save(tmp_path / "z.npy", np.array([[2.0, 0.0, -1.0]]))
     np.save(tmp_path / "y.npy", np.array([0]))
-    for method in ("ms", "scaling-binning"):
+    for method in ("scaling-binning",):
         code = main(["fit", "--logits", f"{tmp_path}/z.npy", "--labels", f"{tmp_path}/y.npy", "--method", method,
                      "-o", f"{tmp_path}/c.json", "-q"])
         err = capsys.readouterr().err.strip()

@@ -72,7 +72,7 @@ def test_cv_picks_the_grid_point_with_the_lowest_heldout_nll(on_log_probs):
     assert fast.mean_nll[best + 2:] == (None,) * (len(GRID) - best - 2)  # the path stopped early
     # and so does the calibrator, which then refits on all rows at that penalty
     name = "dirichlet" if on_log_probs else "ms"
-    cal = METHODS[name](reg_grid=list(GRID)).fit(z, y)
+    cal = METHODS[name](reg="cv", reg_grid=list(GRID)).fit(z, y)
     assert cal.reg_lambda_ == cal.reg_mu_ == GRID[best]
     assert cal.cv_results_["best"] == best and cal.cv_results_["n_folds"] == 3
 
@@ -88,11 +88,11 @@ def test_grid_of_pairs_and_ties_go_to_the_stronger_penalty():
 
 def test_deterministic_for_a_seed():
     z, y = _data(2)
-    a = METHODS["dirichlet"](reg_grid=list(GRID), random_state=3).fit(z, y)
-    b = METHODS["dirichlet"](reg_grid=list(GRID), random_state=3).fit(z, y)
+    a = METHODS["dirichlet"](reg="cv", reg_grid=list(GRID), random_state=3).fit(z, y)
+    b = METHODS["dirichlet"](reg="cv", reg_grid=list(GRID), random_state=3).fit(z, y)
     assert a.to_dict()["parameters"] == b.to_dict()["parameters"]
     assert a.cv_results_ == b.cv_results_
-    c = METHODS["dirichlet"](reg_grid=list(GRID), random_state=4).fit(z, y)
+    c = METHODS["dirichlet"](reg="cv", reg_grid=list(GRID), random_state=4).fit(z, y)
     assert c.cv_results_["mean_nll"] != a.cv_results_["mean_nll"]  # other folds
     # folds are scikit-learn's shuffled KFold: a partition of the rows
     folds = fold_indices(50, 3, seed=3)
@@ -121,7 +121,7 @@ def test_fixed_values_unchanged(name, default):
 
 def test_manifest_round_trip_keeps_the_chosen_penalty():
     z, y = _data(4, n=150, k=4)
-    cal = METHODS["ms"](reg_grid=[100.0, 1.0, 0.01]).fit(z, y)
+    cal = METHODS["ms"](reg="cv", reg_grid=[100.0, 1.0, 0.01]).fit(z, y)
     loaded = calibrator_from_dict(json.loads(json.dumps(cal.to_dict())))
     assert loaded.reg_lambda_ == cal.reg_lambda_
     np.testing.assert_array_equal(loaded.predict_proba(z), cal.predict_proba(z))
@@ -130,8 +130,8 @@ def test_manifest_round_trip_keeps_the_chosen_penalty():
 def test_x_plus_pb_uses_the_same_cv_choice_and_nests():
     z, y = _data(5, n=200, k=5)
     for base in ("ms", "dirichlet"):
-        x = METHODS[base](reg_grid=list(GRID)).fit(z, y)
-        pb = METHODS[f"{base}+pb"](base_params={"reg_grid": list(GRID)}).fit(z, y)
+        x = METHODS[base](reg="cv", reg_grid=list(GRID)).fit(z, y)
+        pb = METHODS[f"{base}+pb"](base_params={"reg": "cv", "reg_grid": list(GRID)}).fit(z, y)
         assert pb.map_.reg_lambda == x.reg_lambda_
         assert pb.base_nll_ == pytest.approx(x.nll_, abs=1e-12)
         assert pb.nll_ <= pb.base_nll_
@@ -145,8 +145,8 @@ def test_x_plus_pb_on_an_over_confident_cv_fit_gains_by_its_bounds_only():
     z, y = _data(7, n=300, k=5)
     z = 5 * z
     z[np.arange(0, 300, 10), y[::10]] -= 40.0
-    x = METHODS["ms"](reg_grid=list(GRID)).fit(z, y)
-    pb = METHODS["ms+pb"](base_params={"reg_grid": list(GRID)}).fit(z, y)
+    x = METHODS["ms"](reg="cv", reg_grid=list(GRID)).fit(z, y)
+    pb = METHODS["ms+pb"](base_params={"reg": "cv", "reg_grid": list(GRID)}).fit(z, y)
     assert not pb.fallback_ and pb.lower_ > 0
     assert pb.nll_ < x.nll_ - 1e-3
     p = pb.predict_proba(z)
@@ -161,15 +161,19 @@ def test_x_plus_pb_on_an_over_confident_cv_fit_gains_by_its_bounds_only():
 def test_bad_settings_raise_one_clear_error():
     z, y = _data(6, n=60, k=3)
     with pytest.raises(ValueError, match="reg_lambda: reg='cv' chooses it by cross-validation"):
+        METHODS["dirichlet"](reg="cv", reg_lambda=0.1).fit(z, y)
+    with pytest.raises(ValueError, match="reg_lambda: reg='auto' chooses it from the number of rows"):
         METHODS["dirichlet"](reg_lambda=0.1).fit(z, y)
     with pytest.raises(ValueError, match="reg"):
-        METHODS["ms"](reg="auto").fit(z, y)
+        METHODS["ms"](reg="odir").fit(z, y)
     with pytest.raises(ValueError, match="cv"):
-        METHODS["ms"](cv=1).fit(z, y)
+        METHODS["ms"](reg="cv", cv=1).fit(z, y)
+    with pytest.raises(ValueError, match="reg_grid: only used with reg='cv'"):
+        METHODS["ms"](reg_grid=[1.0]).fit(z, y)
     with pytest.raises(ValueError, match="reg_grid"):
-        METHODS["ms"](reg_grid=[1.0, -1.0]).fit(z, y)
+        METHODS["ms"](reg="cv", reg_grid=[1.0, -1.0]).fit(z, y)
     with pytest.raises(ValueError, match="reg_grid"):
-        METHODS["ms"](reg_grid=[]).fit(z, y)
+        METHODS["ms"](reg="cv", reg_grid=[]).fit(z, y)
 
 
 def test_default_grid_is_documented_decades():
@@ -183,7 +187,7 @@ def test_real_cifar10_cv_beats_the_weakest_penalty():
     p, y = d["predictions"], d["ground_truth"]
     perm = np.random.default_rng(0).permutation(len(y))
     cal_i, test_i = perm[:2000], perm[2000:]
-    cv = METHODS["dirichlet"](input_kind="probs").fit(p[cal_i], y[cal_i])
+    cv = METHODS["dirichlet"](reg="cv", input_kind="probs").fit(p[cal_i], y[cal_i])
     weak = METHODS["dirichlet"](reg="fixed", reg_lambda=1e-2, reg_mu=1e-2, input_kind="probs").fit(p[cal_i], y[cal_i])
     test_nll = {c: nll(c.predict_proba(p[test_i]), y[test_i]) for c in (cv, weak)}
     assert test_nll[cv] <= test_nll[weak] + 1e-3

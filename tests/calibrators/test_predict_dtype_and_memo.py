@@ -149,8 +149,8 @@ def test_refits_compute_from_scratch_by_default(monkeypatch, small):
     pytest.importorskip("torch")
     calls, _odir = _counting(monkeypatch)
     grid = [1e-1, 1e-2]
-    a = METHODS["ms"](reg_grid=grid).fit(*small)
-    b = METHODS["ms"](reg_grid=grid).fit(*small)
+    a = METHODS["ms"](reg="cv", reg_grid=grid).fit(*small)
+    b = METHODS["ms"](reg="cv", reg_grid=grid).fit(*small)
     assert len(calls) == 2 and not _odir._MEMO
     np.testing.assert_allclose(a.predict_proba(small[0]), b.predict_proba(small[0]), rtol=0, atol=1e-12)
 
@@ -162,8 +162,8 @@ def test_reuse_fits_is_opt_in_and_forgets_on_exit(monkeypatch, small):
     calls, _odir = _counting(monkeypatch)
     grid = [1e-1, 1e-2]
     with reuse_fits():
-        a = METHODS["ms"](reg_grid=grid).fit(*small)
-        b = METHODS["ms"](reg_grid=grid).fit(*small)
+        a = METHODS["ms"](reg="cv", reg_grid=grid).fit(*small)
+        b = METHODS["ms"](reg="cv", reg_grid=grid).fit(*small)
         assert len(_odir._MEMO) == 1
     assert len(calls) == 1 and not _odir._MEMO
     assert np.array_equal(a.predict_proba(small[0]), b.predict_proba(small[0]))

@@ -86,7 +86,7 @@ def test_full_data_fit_manifest_equals_single_process(dask_client, cifar_dataset
 @pytest.mark.parametrize("method", sorted(full_data_conditions()))
 def test_conditional_full_data_fit_equals_single_process(dask_client, cifar10_dataset, method):
     """ms / dirichlet with reg="fixed" fit on every row on both engines, the job of the registry:
-    the same manifest; with their default reg="cv" the Dask fit says it used the sample."""
+    the same manifest; with their default reg="auto" the Dask fit says it used the sample."""
     from confcal.sources import open_source
 
     folder, logits, labels = cifar10_dataset

@@ -270,10 +270,14 @@ class AffineProblem:
     The diagonal of the data term is ``sum_i r_i p_ij (1 - p_ij) x_ik^2`` for ``W_jk`` and
     ``sum_i r_i p_ij (1 - p_ij)`` for ``c_j``, plus the penalty's ``2 reg / scale``."""
 
-    def __init__(self, d: Rows, reg_lambda: float = 0.0, reg_mu: float = 0.0, hvp_dtype=np.float32):
+    def __init__(self, d: Rows, reg_lambda: float = 0.0, reg_mu: float = 0.0, hvp_dtype=np.float32, ridge=None):
         self.d, self.reg_lambda, self.reg_mu = d, float(reg_lambda), float(reg_mu)
+        # optional ridge ``sum_i coef_i (theta_i - centre_i)^2`` on top of ODIR (``(coef, centre)``, each
+        # ``(K^2 + K,)``, ``coef >= 0``): the penalty of ``reg="auto"`` (:mod:`._tsridge`)
+        self.ridge = None if ridge is None else (np.asarray(ridge[0], dtype=np.float64),
+                                                 np.asarray(ridge[1], dtype=np.float64))
         self.x32 = d.x32 if hvp_dtype == np.float32 else d.x
-        self.x2 = d.x * d.x
+        self.x2 = None  # X * X, made by the first precond (a fit without it never squares huge inputs)
         self.r32 = d.r.astype(hvp_dtype)[:, None]
         self.sl, self.sm = _odir_scales(d.k, self.reg_lambda, self.reg_mu)
         self.dtype = hvp_dtype
@@ -282,6 +286,12 @@ class AffineProblem:
     def fgp(self, theta: np.ndarray):
         self.n_fg += 1
         f, g, p = affine_objective(theta, self.d, self.reg_lambda, self.reg_mu)
+        if self.ridge is not None:
+            coef, centre = self.ridge
+            e = theta - centre
+            ce = coef * e
+            f += float(ce @ e)
+            g += 2.0 * ce
         return f, g, (p, p.astype(self.dtype, copy=False))
 
     def hessp(self, v: np.ndarray, st) -> np.ndarray:
@@ -303,11 +313,16 @@ class AffineProblem:
             hw += 2.0 * self.sl * off
         if self.sm:
             hc += 2.0 * self.sm * vc
-        return np.concatenate([hw.ravel(), hc])
+        out = np.concatenate([hw.ravel(), hc])
+        if self.ridge is not None:
+            out += 2.0 * self.ridge[0] * v
+        return out
 
     def precond(self, st) -> np.ndarray:
         p = st[0]
         k = self.d.k
+        if self.x2 is None:
+            self.x2 = self.d.x * self.d.x
         q = p * (1.0 - p)
         q *= self.d.r[:, None]
         dw = q.T @ self.x2
@@ -315,6 +330,8 @@ class AffineProblem:
         dw[np.arange(k), np.arange(k)] -= 2.0 * self.sl
         dc = q.sum(axis=0) + 2.0 * self.sm
         m = np.concatenate([dw.ravel(), dc])
+        if self.ridge is not None:
+            m += 2.0 * self.ridge[0]
         return np.maximum(m, 1e-12 * max(float(m.max()), 1e-300))
 
 
@@ -471,16 +488,17 @@ def lbfgs(fg: Callable, x0: np.ndarray, *, max_iter: int = 500, tol_grad: float 
 
 
 def newton_cg(fgp: Callable, hessp: Callable, x0: np.ndarray, *, precond: Callable | None = None,
-              tol: float = 1e-7, max_iter: int = 100, max_cg: int = 50, tol_change: float = 1e-12) -> NpResult:
+              tol: float = 1e-7, max_iter: int = 100, max_cg: int = 50, tol_change: float = 1e-12,
+              forcing: float = 0.5) -> NpResult:
     """Truncated Newton (Nocedal & Wright, alg. 7.1) on a convex objective: ``fgp(x) -> (f, g, state)``
     and ``hessp(v, state) -> H v``; ``precond(state) -> m`` (optional, ``m > 0`` elementwise) a diagonal
     preconditioner (preconditioned CG, N&W alg. 5.3, with ``M = diag(m)``). CG stops at the forcing
-    tolerance ``min(0.5, sqrt|g|) |g|`` or after ``max_cg`` products. The loop and its stopping
+    tolerance ``min(forcing, sqrt|g|) |g|`` or after ``max_cg`` products. The loop and its stopping
     rules are :func:`_newton_loop`'s."""
 
     def direction(g, st):
         gn = float(np.linalg.norm(g))
-        eps = min(0.5, math.sqrt(gn)) * gn
+        eps = min(forcing, math.sqrt(gn)) * gn
         m = None if precond is None else precond(st)
         zv = np.zeros_like(g)
         r = g.copy()

@@ -344,11 +344,13 @@ class ProbabilityBounding(Calibrator):
         """Whether the refinement fits the bounds only, with X's map held fixed.
 
         An ODIR-cross-validated X (``ms``/``dirichlet`` with ``reg="cv"``) is an early-stopped fit
-        (``PATH_MAX_ITER`` L-BFGS steps per grid point, the procedure its folds validated).
-        Refining its ``K^2 + K`` parameters further would let X+PB win by fitting X longer, not by
-        its bounds (and costs minutes at 100 classes), so only the bounds are fitted on top of it.
+        (``PATH_MAX_ITER`` L-BFGS steps per grid point, the procedure its folds validated), and the
+        default ``reg="auto"`` X is the optimum of a ridge (toward TS, diagonal included) that the
+        refinement's objective does not carry. Refining its ``K^2 + K`` parameters further would let
+        X+PB win by fitting X longer or unpenalised, not by its bounds (and costs minutes at 100
+        classes), so only the bounds are fitted on top of it.
         """
-        return self.base in ("ms", "dirichlet") and (self.base_params or {}).get("reg", "cv") == "cv"
+        return self.base in ("ms", "dirichlet") and (self.base_params or {}).get("reg", "auto") in ("auto", "cv")
 
     def _fit(self, logits, labels, sample_weight=None):
         try:
