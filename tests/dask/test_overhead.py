@@ -1,8 +1,10 @@
-"""Importing ``confcal.dask`` (what every ``--engine dask`` command does first) stays light.
+"""The Dask engine's fixed costs, found profiling a 20M-row ``fit ts`` (issue 25).
 
-It used to build ``FULL_DATA_METHODS`` and its docstring's line at import, instantiating every
-registered method and so importing torch (~3 CPU s per command, a quarter of a 20M-row Dask
-fit's overhead over one process). Both are now made on first use, from the same registry.
+* Importing ``confcal.dask`` (what every ``--engine dask`` command does first) stays light: it used
+  to build ``FULL_DATA_METHODS`` and its docstring's line at import, instantiating every registered
+  method and so importing torch (~3 CPU s per command). Both are now made on first use.
+* The local cluster a command starts runs without the dashboard's stack sampling and with slower
+  system polling (:data:`confcal.dask._cluster.QUIET_LOCAL_CLUSTER`).
 """
 
 from __future__ import annotations
@@ -41,3 +43,17 @@ def test_full_data_methods_and_the_docstring_line_come_from_the_registry_on_firs
     assert cd.__doc__ is doc  # generated once
     with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
         cd.no_such_name  # noqa: B018
+
+
+def test_the_local_cluster_of_a_command_samples_no_stacks_and_polls_less():
+    from confcal.dask._cluster import QUIET_LOCAL_CLUSTER, cluster_client
+
+    def probe(dask_worker):
+        import dask
+
+        return (sorted(k for k in dask_worker.periodic_callbacks if k.startswith("profile")),
+                dask.config.get("distributed.admin.system-monitor.interval"))
+
+    with cluster_client(workers=1) as client:
+        got = list(client.run(probe).values())
+    assert got == [([], QUIET_LOCAL_CLUSTER["distributed.admin.system-monitor.interval"])]
