@@ -205,7 +205,7 @@ def _same_evaluation(method, local, dask):
 
 
 @pytest.mark.parametrize(("method", "kind"), CASES, ids=[f"{m}-{k}" for m, k in CASES])
-def test_engine_parity(method, kind, matrix_data, dask_client, tmp_path, capsys):
+def test_engine_parity(method, kind, matrix_data, dask_client, tmp_path, capsys, monkeypatch):
     sched = ["--engine", "dask", "--scheduler", dask_client.scheduler.address]
     loc, dsk = _inputs(method, kind, matrix_data, "local"), _inputs(method, kind, matrix_data, "dask")
     params = PARAMS.get(method, [])
@@ -274,17 +274,37 @@ def test_engine_parity(method, kind, matrix_data, dask_client, tmp_path, capsys)
     if dl[0] == 0:
         assert json.loads(dl[1]) == json.loads(dd[1])
 
-    # report on the manifest fitted either way: <stem>.numbers.json equal field by field
+    # report on the manifest fitted either way: <stem>.numbers.json equal field by field, and the
+    # figures drawn from the same inputs: the local report draws them (matplotlib: most of the
+    # matrix's time, e.g. 2.8 s per label of a multi-hot report under load), the Dask-fitted one
+    # reuses each drawing after checking that its inputs equal the local one's
+    import confcal.report as report_module
+
+    real_svg, drawn = report_module.reliability_svg, []
+
+    def local_svg(stages, title):
+        drawn.append((stages, title, real_svg(stages, title)))
+        return drawn[-1][2]
+
+    def dask_svg(stages, title):
+        want_stages, want_title, svg = drawn.pop(0)
+        assert title == want_title
+        _close(stages, want_stages, f"report figure {title}")
+        return svg
+
     reports = {}
     for where, man in (("local", man_l), ("dask", man_d)):
         html = tmp_path / f"report-{where}.html"
+        monkeypatch.setattr(report_module, "reliability_svg", local_svg if where == "local" else dask_svg)
         code, _, err, warn = _cli("report", *ev_l, "--calibrator", man, "--bootstrap", 20, "-o", html,
                                   capsys=capsys)
+        monkeypatch.setattr(report_module, "reliability_svg", real_svg)
         numbers = tmp_path / f"report-{where}.numbers.json"
         has = code == 0
         reports[where] = (code, warn, json.loads(numbers.read_text()) if has else err)
         assert numbers.exists() == has, where
     assert reports["local"][0] == reports["dask"][0] == 0, (reports["local"][2], reports["dask"][2])
+    assert drawn == [], "the Dask-fitted report drew fewer figures"
     assert reports["local"][1] == reports["dask"][1]
     rl, rd = ({k: v for k, v in r[2].items() if k not in FILE_FIELDS} for r in (reports["local"], reports["dask"]))
     _close(rd, rl)

@@ -42,7 +42,7 @@ import numpy as np
 
 from confcal.passes import Pass, SpreadBlocks
 
-__all__ = ["linear_fit_job", "fit_job", "NEWTON_MAX_PARAMS"]
+__all__ = ["linear_fit_job", "fit_job", "NEWTON_MAX_PARAMS", "vs_gauge"]
 #: up to this many parameters the pass returns the Hessian (P x P float64 per partial result)
 NEWTON_MAX_PARAMS = 1024
 #: rows of the warm start (an in-memory fit on spread-out blocks)
@@ -435,9 +435,21 @@ def _lbfgs_direction(g, hist_s, hist_y):
     return q
 
 
+def vs_gauge(bias) -> np.ndarray:
+    """Vector scaling's biases in their one gauge: shifted to mean 0.
+
+    ``softmax(w * z + c)`` does not change when every ``c_k`` moves by the same amount, so a fit
+    determines ``c`` only up to that shift, and each fit kept the one of its start (the warm
+    start on spread-out blocks: other rows on each engine, 0.0128 apart at 20M rows). Every
+    ``vs`` fit (in memory, streamed, on any engine) returns ``c - mean(c)``; the probabilities are
+    the same to rounding."""
+    c = np.asarray(bias, dtype=np.float64)
+    return c - c.mean()
+
+
 def _set_result(cal, theta, kind: str, k: int, lam: float, mu: float, f: float, n_iter: int, converged: bool):
     if kind == "vs":
-        state = {"weight": theta[:k].tolist(), "bias": theta[k:].tolist()}
+        state = {"weight": theta[:k].tolist(), "bias": vs_gauge(theta[k:]).tolist()}
         config = {"n_classes": k}
     else:
         t = theta.reshape(k, k + 1)

@@ -57,6 +57,9 @@ class VectorScaling(MapCalibrator):
     Raises ``ValueError`` for ``reg_lambda`` negative, not finite or not a number.
 
     Vector scaling can change the arg-max (a per-class bias), so accuracy may change.
+    The softmax ignores a common shift of ``c``; every fit (in memory, streamed, ``--engine
+    dask``) returns ``c`` centred to mean 0 (:func:`confcal.calibrators._linear_job.vs_gauge`),
+    so two fits on the same rows agree in their raw parameters.
 
     Examples
     --------
@@ -111,7 +114,9 @@ class VectorScaling(MapCalibrator):
 
         res = _solve(z, lambda: _npfit.newton(fgp, lambda p: _npfit.vs_hessian(p, d, np.float32) + hp, x0,
                                               tol=self.tol, max_iter=self.max_iter, tol_change=self.tol * 1e-3))
-        _set_params(m, res.x[:k], res.x[k:])
+        from confcal.calibrators._linear_job import vs_gauge
+
+        _set_params(m, res.x[:k], vs_gauge(res.x[k:]))  # the one gauge of every vs fit
         return m, _optim_result(res)
 
     def _reg(self, n: float, k: int) -> float:

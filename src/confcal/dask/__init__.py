@@ -14,8 +14,10 @@ single-process path runs too, so distributed results equal single-process ones t
   :data:`~confcal.calibrators.registry.FULL_DATA_JOBS`) run it on every row, with
   the drift summary in the same passes; every other method is fitted on a seeded in-memory
   sample of ``sample_rows`` rows (then applied distributed). Which is which (generated from
-  the method registry when this package is imported):
+  the method registry when this docstring is first read):
 """
+
+import sys
 
 from confcal.dask._apply import apply
 from confcal.dask._data import read_parquet
@@ -26,7 +28,34 @@ from confcal.dask._sample import sample_rows
 __all__ = ["apply", "evaluate", "fit", "read_parquet", "sample_rows", "full_data_methods", "full_data_conditions",
            "fit_modes_line", "FULL_DATA_METHODS"]
 
-#: methods whose distributed fit reads every row with their default hyper-parameters (the others
-#: fit on a seeded sample; :func:`full_data_conditions` names the hyper-parameters that change that)
-FULL_DATA_METHODS = tuple(m for m, full in full_data_methods().items() if full)
-__doc__ += "\n  - " + fit_modes_line("``") + "\n"
+
+# Both of these instantiate every registered method, importing its module (torch among them:
+# ~3 CPU s, which every --engine dask command paid at import, ~1/4 of a 20M-row fit's Dask
+# overhead). So they are computed on first use, from the registry as before.
+
+
+def __getattr__(name):
+    #: ``FULL_DATA_METHODS``: the methods whose distributed fit reads every row with their default
+    #: hyper-parameters (the others fit on a seeded sample; :func:`full_data_conditions` names the
+    #: hyper-parameters that change that)
+    if name == "FULL_DATA_METHODS":
+        value = tuple(m for m, full in full_data_methods().items() if full)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class _Package(type(sys.modules[__name__])):
+    """This package's module type: its ``__doc__`` ends with the registry's line of which methods
+    fit on every row (:func:`fit_modes_line`), generated when the docstring is first read."""
+
+    @property
+    def __doc__(self):
+        doc = self.__dict__.get("_full_doc")
+        if doc is None:
+            doc = self.__dict__["__doc__"] + "\n  - " + fit_modes_line("``") + "\n"
+            self.__dict__["_full_doc"] = doc
+        return doc
+
+
+sys.modules[__name__].__class__ = _Package

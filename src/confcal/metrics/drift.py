@@ -33,13 +33,29 @@ import numpy as np
 
 from confcal._validation import as_numpy, check_domains
 
-__all__ = ["data_summary", "drift_check", "top_confidence", "softmax_top", "ks_statistic", "ks_threshold", "DEFAULT_ALPHA",
+__all__ = ["data_summary", "drift_check", "top_confidence", "softmax_top", "top_probability", "ks_statistic", "ks_threshold", "DEFAULT_ALPHA",
            "N_QUANTILES"]
 
 #: family-wise false-alarm level of :func:`drift_check` (before the per-domain Bonferroni split)
 DEFAULT_ALPHA = 0.01
 #: quantiles stored per confidence distribution
 N_QUANTILES = 1000
+
+
+def _rows_of(logits, input_kind: str) -> np.ndarray:
+    """The rows :func:`top_confidence` takes the softmax of: 1-D box scores as float64, class
+    vectors as float32/float64 (``log`` of probabilities with ``input_kind="probs"``)."""
+    x = as_numpy(logits, "logits")
+    if x.ndim == 1:
+        return x.astype(np.float64)
+    if x.ndim != 2 or x.shape[0] == 0:
+        raise ValueError(f"logits: expected shape (n_samples, n_classes) or (n_boxes,), got {x.shape}")
+    if input_kind == "probs":
+        with np.errstate(divide="ignore"):
+            return np.log(x.astype(np.float64))
+    if x.dtype not in (np.float32, np.float64):  # (float32 rows are widened row by row later)
+        return x.astype(np.float64)
+    return x
 
 
 def top_confidence(logits, *, input_kind: str = "logits"):
@@ -55,28 +71,15 @@ def top_confidence(logits, *, input_kind: str = "logits"):
     >>> conf.round(4).tolist(), pred.tolist()
     ([0.5, 0.8808], [0, 0])
     """
-    x = as_numpy(logits, "logits")
-    if x.ndim == 1:
-        return x.astype(np.float64), None
-    if x.ndim != 2 or x.shape[0] == 0:
-        raise ValueError(f"logits: expected shape (n_samples, n_classes) or (n_boxes,), got {x.shape}")
-    if input_kind == "probs":
-        with np.errstate(divide="ignore"):
-            x = np.log(x.astype(np.float64))
-    elif x.dtype not in (np.float32, np.float64):  # (float32 rows are widened row by row below)
-        x = x.astype(np.float64)
-    return softmax_top(x)
+    x = _rows_of(logits, input_kind)
+    return (x, None) if x.ndim == 1 else softmax_top(x)
 
 
 def softmax_top(x: np.ndarray, dtype=np.float64) -> tuple[np.ndarray, np.ndarray]:
     """``(max softmax probability, first arg-max)`` of each row of 2-D ``x``, in ``dtype``.
 
-    The top probability is ``1 / sum_k exp(x_k - max_k x_k)`` (its own term is ``exp(0) = 1``),
-    computed per row in a fixed order (the column sums run left to right), so a row gets the
-    same bits whichever batch it is in. ``x`` may be float32: the differences are taken in
-    ``dtype`` (exact for float32 input in float64). One ``exp`` per entry, no division matrix:
-    ~4x cheaper than ``softmax(x).max(axis=1)``, equal to it within a few ulps. ``-inf``
-    entries get probability 0; a NaN row gives NaN.
+    The probability is :func:`top_probability`'s. ``-inf`` entries get probability 0; a NaN
+    row gives NaN (and the index of its first NaN).
 
     Examples
     --------
@@ -84,20 +87,58 @@ def softmax_top(x: np.ndarray, dtype=np.float64) -> tuple[np.ndarray, np.ndarray
     >>> conf.round(4).tolist(), pred.tolist()
     ([0.5, 0.8808], [0, 0])
     """
+    return top_probability(x, dtype), np.argmax(x, axis=1)
+
+
+def top_probability(x: np.ndarray, dtype=np.float64, *, class_counts: bool = False):
+    """The max softmax probability of each row of 2-D ``x`` ``(n, k)``, in ``dtype``; with
+    ``class_counts`` also how many rows have each class as their first arg-max ``(k,)`` int64.
+
+    The probability is ``1 / sum_k exp(x_k - max_k x_k)`` (its own term is ``exp(0) = 1``),
+    computed per row in a fixed order (the column sums run left to right), so a row gets the
+    same bits whichever batch it is in. ``x`` may be float32: the differences are taken in
+    ``dtype`` (exact for float32 input in float64). One ``exp`` per entry, no division matrix:
+    ~4x cheaper than ``softmax(x).max(axis=1)``, equal to it within a few ulps. ``-inf``
+    entries get probability 0; a NaN row gives NaN. Up to 64 classes the work runs on the
+    transposed rows ``(k, n)``, whose columns are contiguous: 2.6x faster than on ``(n, k)``
+    (4.6 vs 1.7 ms per 65,536 x 10 float32 rows) with the same operations, so the same bits.
+
+    Examples
+    --------
+    >>> top_probability(np.array([[0.0, 0.0], [2.0, 0.0]])).round(4).tolist()
+    [0.5, 0.8808]
+    >>> top_probability(np.array([[0.0, 0.0], [2.0, 0.0], [0.0, 1.0]]), class_counts=True)[1].tolist()
+    [2, 1]
+    """
     k = x.shape[1]
-    pred = np.argmax(x, axis=1)
-    hi = x[np.arange(x.shape[0]), pred]
-    with np.errstate(invalid="ignore", over="ignore"):
-        e = np.subtract(x, hi[:, None], dtype=dtype)
-        np.exp(e, out=e)
-    if k <= 64:
-        s = e[:, 0].copy()
-        for j in range(1, k):
-            s += e[:, j]
-    else:
+    if k > 64:
+        pred = np.argmax(x, axis=1)
+        hi = x[np.arange(x.shape[0]), pred]
+        with np.errstate(invalid="ignore", over="ignore"):
+            e = np.subtract(x, hi[:, None], dtype=dtype)
+            np.exp(e, out=e)
         s = np.add.reduce(e, axis=1)
+    else:
+        xt = np.ascontiguousarray(x.T)
+        hi = xt[0].copy()
+        for j in range(1, k):  # the row max (exact in any order; NaN propagates)
+            np.maximum(hi, xt[j], out=hi)
+        with np.errstate(invalid="ignore", over="ignore"):
+            e = np.subtract(xt, hi, dtype=dtype)
+            np.exp(e, out=e)
+        s = e[0].copy()
+        for j in range(1, k):
+            s += e[j]
     with np.errstate(divide="ignore"):
-        return np.divide(1.0, s, dtype=dtype), pred
+        conf = np.divide(1.0, s, dtype=dtype)
+    if not class_counts:
+        return conf
+    if k <= 64 and not np.isnan(hi).any():
+        # every row has at least one entry equal to its max: one each unless some row ties
+        counts = np.array([np.count_nonzero(xt[j] == hi) for j in range(k)], dtype=np.int64)
+        if int(counts.sum()) == x.shape[0]:
+            return conf, counts
+    return conf, np.bincount(np.argmax(x, axis=1), minlength=k).astype(np.int64)
 
 
 def _quantiles(v: np.ndarray, q: int) -> list[float]:
