@@ -58,7 +58,7 @@ def _stages(args, logits, manifest):
 
     cal = None
     if manifest is not None:
-        cal = load_calibrator(manifest, n_classes=logits.shape[1])
+        cal = load_calibrator(manifest, n_classes=logits.shape[1], source=getattr(args, "calibrator", None))
         if not getattr(cal, "multilabel", False):
             raise ValueError(f"--calibrator: {cal.method} calibrates softmax heads, but --labels are multi-hot "
                              "(n_samples, n_labels); fit ts-multilabel or platt-multilabel")
