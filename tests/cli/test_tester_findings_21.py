@@ -389,3 +389,53 @@ def test_t17_compare_on_one_row_names_the_rows_not_a_cal_size_it_chose(tmp_path,
         assert code == 2, err
         assert err[-1].startswith("confcal: error: --logits:") and "at least 2" in err[-1], err
         assert "--cal-size" not in err[-1]
+
+
+def _key_paths(doc, path=""):
+    out = set()
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            out |= {f"{path}.{k}"} | _key_paths(v, f"{path}.{k}")
+    elif isinstance(doc, list):
+        for v in doc:
+            out |= _key_paths(v, f"{path}[]")
+    return out
+
+
+def test_t9_evaluate_json_has_one_layout_with_and_without_domains_or_a_limit(files, capsys):
+    """T9: in one process `evaluate --json` had two layouts (``n_classes`` + ``metrics`` when streamed, an
+    ``audit`` block once --domains or --max-ece was given, without ``ece_equal_mass``/``mce``); the Dask
+    engine a third (tests/dask/test_evaluate_document.py). Now one document: the same keys whatever the
+    flags (``per_domain`` filled with --domains, ``limits`` with --max-ece), the same metric values."""
+    import json
+
+    d, z, y = files
+    np.save(d / "dom.npy", np.array(["a", "b"])[np.arange(len(y)) % 2])
+    base = ["evaluate", "--logits", f"{d}/z.npy", "--labels", f"{d}/y.npy", "--calibrator", f"{d}/cal.json", "--json"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        docs = {}
+        for name, more in (("plain", []), ("gated", ["--max-ece", "1"]), ("domains", ["--domains", f"{d}/dom.npy"])):
+            assert main(base + more) == 0
+            docs[name] = json.loads(capsys.readouterr().out)
+    plain, gated, per = docs["plain"], docs["gated"], docs["domains"]
+    assert set(plain) == set(gated) == set(per)
+    assert _key_paths(plain) == {p for p in _key_paths(gated) if not p.startswith(".limits.")}
+    assert _key_paths(plain) == {p for p in _key_paths(per) if not p.startswith(".per_domain.")}
+    assert plain["limits"] is None and gated["limits"]["verdict"] == "pass" and plain["per_domain"] == {}
+    for stage in ("uncalibrated", "ts"):
+        assert set(plain["metrics"][stage]) == {"accuracy", "ece", "ece_equal_mass", "mce", "nll", "brier"}
+        for k, v in plain["metrics"][stage].items():
+            assert per["metrics"][stage][k] == pytest.approx(v, rel=1e-12)
+            assert gated["metrics"][stage][k] == pytest.approx(v, rel=1e-12)
+    # per domain: the same metrics as overall, on that domain's rows (oracle: calibration_summary)
+    from confcal.io import load_calibrator
+    from confcal.metrics import calibration_summary
+
+    p = load_calibrator(str(d / "cal.json")).predict_proba(z, dtype=np.float64)
+    for i, g in enumerate(("a", "b")):
+        want = calibration_summary(p[i::2], y[i::2])
+        got = per["per_domain"][g]
+        assert got["n_samples"] == len(y[i::2]) and set(got["metrics"]["ts"]) == set(want)
+        for k, v in want.items():
+            assert got["metrics"]["ts"][k] == pytest.approx(v, rel=1e-12, abs=1e-15)
