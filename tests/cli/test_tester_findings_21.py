@@ -439,3 +439,37 @@ def test_t9_evaluate_json_has_one_layout_with_and_without_domains_or_a_limit(fil
         assert got["n_samples"] == len(y[i::2]) and set(got["metrics"]["ts"]) == set(want)
         for k, v in want.items():
             assert got["metrics"]["ts"][k] == pytest.approx(v, rel=1e-12, abs=1e-15)
+
+
+def test_t30_evaluate_json_is_strict_json_with_the_same_keys_on_both_engines(tmp_path, capsys):
+    """T30: `evaluate --engine dask --json` printed bare NaN for empty reliability bins (rejected by jq and
+    JSON.parse) and other keys than in one process. Now both print the one document (null for empty bins)."""
+    import json
+
+    pytest.importorskip("distributed")
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(5)
+    z = 4 * rng.normal(size=(200, 3))  # confident: the low-confidence bins are empty
+    y = z.argmax(1)
+    pq.write_table(pa.table({"logit_0": z[:, 0], "logit_1": z[:, 1], "logit_2": z[:, 2], "label": y}),
+                   tmp_path / "cols.parquet")
+    base = ["evaluate", "--logits", f"{tmp_path}/cols.parquet:logit_*", "--labels", f"{tmp_path}/cols.parquet:label",
+            "--json", "-q"]
+
+    def refuse(const):
+        raise AssertionError(f"{const} in the JSON output")
+
+    docs = {}
+    for where, more in (("local", []), ("dask", ["--engine", "dask", "--workers", "1"])):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert main(base + more) == 0
+        docs[where] = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    assert _key_paths(docs["local"]) == _key_paths(docs["dask"])
+    bins = docs["dask"]["reliability"]["uncalibrated"]
+    assert any(b["count"] == 0 and b["mean_confidence"] is None and b["accuracy"] is None for b in bins)
+    for stage, m in docs["local"]["metrics"].items():
+        for k, v in m.items():
+            assert docs["dask"]["metrics"][stage][k] == pytest.approx(v, rel=1e-12, abs=1e-15)
