@@ -80,13 +80,14 @@ def evaluate(data, *, logits: str = "logits", labels: str = "label", calibrator=
     dspec = resolve_columns(data, domains, name="domains") if domains else None
     fspec = resolve_columns(data, features, name="features") if features else None
     dspec_cal, fspec_cal = _taken(cal, dspec, fspec) if cal is not None else (None, None)
-    gspec = resolve_columns(data, geometry, name="box features") if geometry else None
+    gspec = resolve_columns(data, geometry, name="--box-features") if geometry else None
     engine = DaskEngine(data, {"logits": lspec, "labels": resolve_columns(data, labels, name="labels"),
                                "domains": dspec, "features": fspec_cal, "geometry": gspec})
     head = engine.run(SpreadBlocks(("logits",), rows=1, n_blocks=1))["logits"]
     n_classes = int(head.shape[1]) if head.ndim == 2 else None
     side = tuple(k for k, s in (("domains", dspec_cal), ("features", fspec_cal)) if s is not None)
-    names = tuple(n.strip() for n in geometry.split(",")) if geometry else ()
+    # the geometry D-ECE is of box scores; for class vectors it is ignored, as in one process
+    names = tuple(n.strip() for n in geometry.split(",")) if geometry and n_classes is None else ()
     stats = run_job(evaluate_job(n_classes=n_classes, cal=shipped, input_kind=input_kind, n_bins=n_bins, side=side,
                                  per_domain=dspec is not None, geometry=names), engine)
     return evaluation_document(stats, engine="dask", max_ece=max_ece,
