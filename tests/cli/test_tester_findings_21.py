@@ -473,3 +473,29 @@ def test_t30_evaluate_json_is_strict_json_with_the_same_keys_on_both_engines(tmp
     for stage, m in docs["local"]["metrics"].items():
         for k, v in m.items():
             assert docs["dask"]["metrics"][stage][k] == pytest.approx(v, rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.parametrize("method", ["vs", "pb"])
+def test_t31_apply_of_a_torch_map_on_a_memory_mapped_npy_says_nothing(tmp_path, capsys, method):
+    """T31: `apply` of a torch-based map (vs, pb, ...) on a float64 .npy (memory-mapped, read-only) printed
+    PyTorch's 'The given NumPy array is not writable ... undefined behavior' warning; the read-only block
+    is copied before it becomes a tensor."""
+    pytest.importorskip("torch")
+    rng = np.random.default_rng(1)
+    y = rng.integers(0, 5, 400)
+    z = 2 * (rng.normal(size=(400, 5)) + np.eye(5)[y])
+    np.save(tmp_path / "x.npy", z.astype(np.float64))
+    np.save(tmp_path / "y.npy", y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["fit", "-q", "--method", method, "--logits", f"{tmp_path}/x.npy", "--labels", f"{tmp_path}/y.npy",
+                     "-o", f"{tmp_path}/m.json"]) == 0
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")  # a torch warning is shown once per process otherwise
+        assert main(["apply", "-q", "--calibrator", f"{tmp_path}/m.json", "--logits", f"{tmp_path}/x.npy",
+                     "-o", f"{tmp_path}/p.npy"]) == 0
+    err = capsys.readouterr().err
+    assert "writable" not in err and "warning" not in err, err
+    p = np.load(tmp_path / "p.npy")
+    np.testing.assert_allclose(p.sum(axis=1), 1.0, rtol=1e-12)
