@@ -499,3 +499,78 @@ def test_t31_apply_of_a_torch_map_on_a_memory_mapped_npy_says_nothing(tmp_path, 
     assert "writable" not in err and "warning" not in err, err
     p = np.load(tmp_path / "p.npy")
     np.testing.assert_allclose(p.sum(axis=1), 1.0, rtol=1e-12)
+
+
+def test_t32_drift_json_is_json_alone_when_drift_is_flagged(files, capsys):
+    """T32: `drift --json` appended 'drift flagged in: ...' to stdout after the JSON exactly when drift was
+    found; the line now goes to stderr with --json (the flags are in tests[].drift)."""
+    import json
+
+    d, z, y = files
+    np.save(d / "far.npy", 50 * z)  # far more confident than the calibration data
+    assert main(["drift", "--calibrator", f"{d}/cal.json", "--logits", f"{d}/far.npy", "--json"]) == 0
+    out = capsys.readouterr()
+    doc = json.loads(out.out)
+    assert any(t["drift"] for t in doc["tests"]) and "drift flagged in" in out.err
+    assert main(["drift", "--calibrator", f"{d}/cal.json", "--logits", f"{d}/far.npy"]) == 0
+    assert "drift flagged in" in capsys.readouterr().out  # the table's line stays on stdout without --json
+
+
+def test_t33_a_refused_input_gives_its_error_line_alone_without_an_earlier_note(files, capsys):
+    """T33: 'note: --cal-size default ... calibrating on half' (compare) and 'note: ... box scores lie outside
+    [0, 1]' (evaluate) came before the error about the same input: two lines. Notes are held until the
+    command succeeds."""
+    d, z, y = files
+    bad = z.copy()
+    bad[7, 1] = np.nan
+    np.save(d / "nan.npy", bad)
+    scores = np.linspace(-1, 2, len(y))  # outside [0, 1]: a note on success
+    np.save(d / "s.npy", scores)
+    np.save(d / "y3.npy", np.full(len(y), 2))  # labels 2: not 0/1, refused
+    for argv in (["compare", "--logits", f"{d}/nan.npy", "--labels", f"{d}/y.npy", "--methods", "ts", "--splits", "2"],
+                 ["evaluate", "--logits", f"{d}/s.npy", "--labels", f"{d}/y3.npy", "--json"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and err.startswith("confcal: error:"), err
+    # on success the note is said (after the work, on stderr)
+    np.save(d / "y01.npy", (scores > 0.5).astype(np.int64))
+    assert main(["evaluate", "--logits", f"{d}/s.npy", "--labels", f"{d}/y01.npy", "--json"]) == 0
+    assert "box scores lie outside [0, 1]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("method", ["isotonic", "histogram-binning", "bbq", "beta", "platt-ovr",
+                                    "scaling-binning-marginal"])
+def test_t36_a_manifest_with_a_per_class_map_removed_is_refused_naming_maps(files, capsys, method):
+    """T36: an isotonic / histogram-binning manifest with one entry of parameters.maps removed gave an
+    IndexError (exit 1) in apply; the number of one-vs-rest maps is checked against n_classes on load."""
+    import json
+
+    d, z, y = files
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["fit", "-q", "--method", method, "--logits", f"{d}/z.npy", "--labels", f"{d}/y.npy",
+                     "-o", f"{d}/m.json"]) == 0
+    m = json.loads((d / "m.json").read_text())
+    assert len(m["parameters"]["maps"]) == 3
+    m["parameters"]["maps"].pop(1)
+    (d / "cut.json").write_text(json.dumps(m))
+    capsys.readouterr()
+    assert main(["apply", "--calibrator", f"{d}/cut.json", "--logits", f"{d}/z.npy", "-o", f"{d}/p.npy"]) == 2
+    assert "parameters.maps: expected a list of 3 entries (n_classes = 3), got 2" in _err(capsys)
+    assert not (d / "p.npy").exists()
+
+
+def test_t35_nan_in_the_fit_record_does_not_block_apply(files, capsys):
+    """T35: a NaN in the fit record (json.dump writes it) refused the whole manifest; now the record's
+    check names the field in one warning and apply runs (tests/calibrators/test_fit_record_constraints.py
+    tampers every field)."""
+    import json
+
+    d, z, y = files
+    m = json.loads((d / "cal.json").read_text())
+    m["fit"]["metrics_before"]["ece"] = float("nan")
+    (d / "nan.json").write_text(json.dumps(m))
+    capsys.readouterr()
+    assert main(["apply", "--calibrator", f"{d}/nan.json", "--logits", f"{d}/z.npy", "-o", f"{d}/p.npy"]) == 0
+    err = capsys.readouterr().err
+    assert "fit.metrics_before.ece: expected a finite number >= 0 and <= 1, got nan" in err and str(d) in err

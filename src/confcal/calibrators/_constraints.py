@@ -354,16 +354,30 @@ class Pairs(Spec):
 
 @dataclass(frozen=True)
 class ListOf(Spec):
-    """A list whose items all satisfy ``item`` (any length)."""
+    """A list whose items all satisfy ``item``: any length, or ``length`` (an int or a callable of the
+    context's symbols, e.g. :func:`per_class_maps`)."""
 
     item: Spec
+    length: Any = None
 
     def check(self, value, path, ctx):
         if not isinstance(value, (list, tuple)):
             ctx.fail(path, "a list", value)
+        if self.length is not None:
+            want = self.length(ctx.env) if callable(self.length) else self.length
+            if want is not None and len(value) != want:
+                ctx.fail(path, f"a list of {want} entries"
+                         + (f" (n_classes = {ctx.env['n_classes']})" if "n_classes" in ctx.env else ""),
+                         got=f"{len(value)} entries")
         for i, v in enumerate(value):
             self.item.check(v, _join(path, i), ctx)
         return value
+
+
+def per_class_maps(env) -> int | None:
+    """How many one-vs-rest maps a manifest holds: one per class, one for 2 classes (the positive class)."""
+    k = env.get("n_classes")
+    return None if k is None else (1 if k == 2 else k)
 
 
 @dataclass(frozen=True)

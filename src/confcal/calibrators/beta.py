@@ -25,7 +25,7 @@ import numpy as np
 from scipy.special import expit
 
 from confcal.calibrators._constrained_logistic import fit_constrained_logistic
-from confcal.calibrators._constraints import NLL, Bool, Fields, Int, ListOf, Real
+from confcal.calibrators._constraints import NLL, Bool, Fields, Int, ListOf, Real, per_class_maps
 from confcal.calibrators._reduce import OneVsRestCalibrator
 from confcal.calibrators.base import register
 from confcal.calibrators.detection import _BoxScoreMaps, _grouped_fields, score_logit
@@ -140,7 +140,8 @@ class BetaCalibration(OneVsRestCalibrator):
 
     method = "beta"
     hyper_constraints: dict = {}
-    fitted_constraints = Fields({"maps": ListOf(Fields({"a": Real(ge=0), "b": Real(ge=0), "c": Real()}))})
+    fitted_constraints = Fields({"maps": ListOf(Fields({"a": Real(ge=0), "b": Real(ge=0), "c": Real()}),
+                                                length=per_class_maps)})
     space = "logit"
 
     def __init__(self, input_kind: str = "logits"):

@@ -14,6 +14,7 @@ from confcal.calibrators.base import _sha256
 from confcal.cli._common import format_table, load_side
 from confcal.evaluation.document import ALL
 from confcal.io import load_array, load_calibrator, load_manifest
+from confcal.cli._notes import note
 
 #: exit status of ``evaluate --max-ece`` when a calibration error is above the limit
 EXIT_ECE_EXCEEDED = 3
@@ -43,8 +44,8 @@ def box_score_predictions(args, cal, side, *, note: bool = True):
     else:
         n_out = int(np.count_nonzero((s < 0) | (s > 1)))
         if n_out and note:
-            print(f"note: {n_out} of {s.size} box scores lie outside [0, 1]; the uncalibrated metrics use them "
-                  "clipped to [0, 1] (for sigmoid logits pass --input-kind logits)", file=sys.stderr)
+            note(f"note: {n_out} of {s.size} box scores lie outside [0, 1]; the uncalibrated metrics use them "
+                  "clipped to [0, 1] (for sigmoid logits pass --input-kind logits)")
         stages = {"uncalibrated": np.clip(s, 0.0, 1.0)}
     if cal is not None:
         if not getattr(cal, "takes_box_scores", False):
@@ -99,8 +100,8 @@ def finish(doc: dict, args) -> int:
     """Print the document (``--json``: as is; else the tables) and return the exit status of its
     ``limits`` (:data:`EXIT_ECE_EXCEEDED` after naming the groups above the limit): both engines."""
     if doc["n_outside"]:
-        print(f"note: {doc['n_outside']} of {doc['n_samples']} box scores lie outside [0, 1]; the uncalibrated "
-              "metrics use them clipped to [0, 1] (for sigmoid logits pass --input-kind logits)", file=sys.stderr)
+        note(f"note: {doc['n_outside']} of {doc['n_samples']} box scores lie outside [0, 1]; the uncalibrated "
+              "metrics use them clipped to [0, 1] (for sigmoid logits pass --input-kind logits)")
     if args.json:
         print(json.dumps(doc, indent=2, allow_nan=False))
     else:

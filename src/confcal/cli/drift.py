@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import warnings
 
 from confcal.cli._choices import DEFAULT_ALPHA
@@ -110,5 +111,6 @@ def run(args) -> int:
                                   *(["class_tv"] if "class_tv" in rows[0] else [])]))
     drifted = [r["domain"] for r in rows if r["drift"]]
     if drifted:
-        print(f"drift flagged in: {', '.join(drifted)}")
+        # with --json stdout is the JSON document alone (the flags are in tests[].drift); the line is for a person
+        print(f"drift flagged in: {', '.join(drifted)}", file=sys.stderr if args.json else sys.stdout)
     return EXIT_DRIFT if drifted and args.fail_on_drift else 0
