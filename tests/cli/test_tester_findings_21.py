@@ -574,3 +574,53 @@ def test_t35_nan_in_the_fit_record_does_not_block_apply(files, capsys):
     assert main(["apply", "--calibrator", f"{d}/nan.json", "--logits", f"{d}/z.npy", "-o", f"{d}/p.npy"]) == 0
     err = capsys.readouterr().err
     assert "fit.metrics_before.ece: expected a finite number >= 0 and <= 1, got nan" in err and str(d) in err
+
+
+@pytest.mark.parametrize("command", ["compare", "apply"])
+def test_t37_an_empty_output_path_is_refused_not_taken_as_no_output(files, capsys, command):
+    """T37: `--csv ''` (an unset shell variable) was taken as "no --csv": compare ran and wrote nothing."""
+    d, z, y = files
+    argv = {"compare": ["compare", "--logits", f"{d}/z.npy", "--labels", f"{d}/y.npy", "--methods", "ts",
+                        "--splits", "2", "--csv", ""],
+            "apply": ["apply", "--calibrator", f"{d}/cal.json", "--logits", f"{d}/z.npy", "-o", ""]}[command]
+    assert main(argv) == 2
+    opt = "--csv" if command == "compare" else "--output"
+    assert _err(capsys) == f"confcal: error: {opt}: expected a file path, got ''"
+
+
+@pytest.mark.parametrize("kind", ["file", "fifo"])
+def test_t38_demo_output_dir_that_is_not_a_folder_is_refused_before_the_demo_runs(tmp_path, capsys, kind):
+    """T38: `demo --output-dir` naming a file or FIFO ran the whole demo, printed its tables, then failed
+    with 'cannot use ...: File exists' naming no option."""
+    target = tmp_path / "x"
+    if kind == "file":
+        target.write_text("keep")
+    elif hasattr(os, "mkfifo"):
+        os.mkfifo(target)
+    else:
+        pytest.skip("no FIFOs on this platform")
+    assert main(["demo", "--output-dir", str(target), "--no-plot"]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.strip() == (f"confcal: error: --output-dir: {str(target)!r} exists and is not a "
+                                                 "folder; name a folder (it is created if missing)")
+    assert kind == "fifo" or target.read_text() == "keep"
+
+
+@pytest.mark.parametrize("method", ["ts", "pb", "ets"])
+def test_t34_a_negative_fitted_nll_is_refused_naming_it(files, capsys, method):
+    """T34: parameters.nll = -5 (a negative mean negative log-likelihood) loaded silently; it is >= 0 (up to
+    rounding) and refused naming the field. (Missing diagnostic fields stay accepted: older manifests.)"""
+    import json
+
+    d, z, y = files
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["fit", "-q", "--method", method, "--logits", f"{d}/z.npy", "--labels", f"{d}/y.npy",
+                     "-o", f"{d}/m.json"]) == 0
+    m = json.loads((d / "m.json").read_text())
+    assert m["parameters"]["nll"] >= 0
+    m["parameters"]["nll"] = -5
+    (d / "neg.json").write_text(json.dumps(m))
+    capsys.readouterr()
+    assert main(["apply", "--calibrator", f"{d}/neg.json", "--logits", f"{d}/z.npy", "-o", f"{d}/p.npy"]) == 2
+    assert "parameters.nll: expected a finite number >= -1e-09, got -5" in _err(capsys)

@@ -460,7 +460,7 @@ T_BOUNDS = {"t_min": Real(gt=0), "t_max": Real(gt=0)}
 T_RULE = Rule(("t_min", "t_max"), lambda lo, hi: lo < hi, "t_min < t_max")
 #: a fitted objective kept for the record (never used to predict): any finite value, however large
 #: (logits of magnitude 1e150 give one of 1e150 and must still load)
-NLL = Opt(Real(max_abs=math.inf))
+NLL = Opt(Real(ge=-1e-9, max_abs=math.inf))  # a mean negative log-likelihood: >= 0 up to rounding (T34)
 N_ITER = Opt(Int(ge=0))
 SEED = Nullable(Int(ge=0, le=2 ** 32 - 1))
 #: hyper-parameters every calibrator may have (added by the base class)
