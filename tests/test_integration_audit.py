@@ -42,7 +42,9 @@ def test_seed_workflow(tmp_path, capsys):
     ev = ["evaluate", "--logits", f"{test_npz}:score", "--labels", f"{test_npz}:correct",
           "--domains", f"{test_npz}:domain", "--calibrator", str(man)]
     assert main(ev + ["--json"]) == 0
-    groups = json.loads(capsys.readouterr().out)["audit"]["det-platt"]["groups"]
+    doc = json.loads(capsys.readouterr().out)
+    groups = {"(all)": doc["metrics"]["det-platt"],
+              **{g: r["metrics"]["det-platt"] for g, r in doc["per_domain"].items()}}
     assert set(groups) == {"(all)", "kitti", "rareplanes"}
     assert groups["(all)"]["d_ece"] < 0.03  # held-out D-ECE after per-sensor Platt (raw: ~0.04)
     worst = max(g["d_ece"] for g in groups.values())

@@ -251,32 +251,74 @@ def save_manifest(calibrator, path) -> None:
         fh.write(text + "\n")
 
 
+class _NonFinite(float):
+    """A ``NaN`` / ``Infinity`` constant of a manifest file, marked so the loader knows where it was."""
+
+    def __new__(cls, const: str):
+        obj = super().__new__(cls, {"NaN": "nan", "Infinity": "inf", "-Infinity": "-inf"}[const])
+        obj.const = const
+        return obj
+
+
+def _first_non_finite(value, path: str):
+    """``(path, constant)`` of the first :class:`_NonFinite` inside ``value``, or None."""
+    if isinstance(value, _NonFinite):
+        return path, value.const
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        found = _first_non_finite(v, f"{path}[{k}]" if isinstance(k, int) else f"{path}.{k}" if path else str(k))
+        if found is not None:
+            return found
+    return None
+
+
+def _plain(value):
+    """``value`` with every :class:`_NonFinite` as a plain float (the fit record's checks name them)."""
+    if isinstance(value, _NonFinite):
+        return float(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
 def load_manifest(path) -> dict:
-    """Read a manifest JSON file (no pickle, ever)."""
+    """Read a manifest JSON file (no pickle, ever).
+
+    ``NaN`` / ``Infinity`` are refused anywhere but in the fit record (``fit``: a record of the fit,
+    checked on load by :func:`confcal.calibrators.calibrator_from_dict`, which names a damaged field in
+    a warning and uses the fitted map as is)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"calibrator: no such file {str(path)!r}")
-    def refuse(const):
-        raise ValueError(f"calibrator: {str(path)!r} holds {const}, which is not a finite number; the file is damaged")
-
     if not path.is_file():
         raise ValueError(f"calibrator: {str(path)!r} is not a regular file; expected a JSON manifest")
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"), parse_constant=refuse)
+        manifest = json.loads(path.read_text(encoding="utf-8"), parse_constant=_NonFinite)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         # JSONDecodeError, an integer of thousands of digits, arrays nested past the recursion limit
-        if str(exc).startswith("calibrator:"):
-            raise
         raise ValueError(f"calibrator: {str(path)!r} is not a JSON manifest ({type(exc).__name__}: "
                          f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
     if not isinstance(manifest, dict):
         raise ValueError(f"calibrator: {str(path)!r} holds a JSON {type(manifest).__name__}, not a manifest "
                          "(a JSON object written by 'confcal fit')")
-    return manifest
+    try:
+        found = _first_non_finite({k: v for k, v in manifest.items() if k != "fit"}, "")
+        plain = _plain(manifest)
+    except RecursionError:
+        raise ValueError(f"calibrator: {str(path)!r} is not a JSON manifest (nested too deep)") from None
+    if found is not None:
+        raise ValueError(f"calibrator: {str(path)!r} holds {found[1]} at {found[0]}, which is not a finite number; "
+                         "the file is damaged")
+    return plain
 
 
-def load_calibrator(manifest, *, n_classes: int | None = None):
+def load_calibrator(manifest, *, n_classes: int | None = None, source: str | None = None):
     """A fitted calibrator from a manifest dict or a path to a manifest JSON file.
+
+    ``source``: the file a manifest dict was read from (named in the warning on a damaged fit record;
+    default the path given).
 
     Raises ``ValueError`` when the format is unknown or ``n_classes`` (if given)
     differs from the manifest's.
@@ -284,8 +326,9 @@ def load_calibrator(manifest, *, n_classes: int | None = None):
     from confcal.calibrators import calibrator_from_dict  # imports torch: only when a calibrator is needed
 
     if isinstance(manifest, (str, os.PathLike)):
+        source = str(manifest)
         manifest = load_manifest(manifest)
-    return calibrator_from_dict(manifest, n_classes=n_classes)
+    return calibrator_from_dict(manifest, n_classes=n_classes, source=source)
 
 
 class _Writer:

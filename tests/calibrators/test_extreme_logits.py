@@ -44,7 +44,7 @@ def test_manifest_nll_must_still_be_finite():
     z, y = _data(1.0)
     manifest = METHODS["ts"]().fit(z, y).to_dict()
     manifest["parameters"]["nll"] = float("inf")
-    with pytest.raises(ValueError, match=r"parameters\.nll: expected a finite number, got inf"):
+    with pytest.raises(ValueError, match=r"parameters\.nll: expected a finite number( >= \S+)?, got inf"):
         calibrator_from_dict(manifest)
 
 

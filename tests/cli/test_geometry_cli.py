@@ -47,6 +47,13 @@ def test_fit_apply_evaluate_with_box_features(tmp_path, capsys, method):
     rep = json.loads(capsys.readouterr().out)
     g = rep["geometry_d_ece"]
     assert g["features"] == ["range"] and set(g["stages"]) == {"uncalibrated", method}
+    # the streamed cell sums of evaluate against geometry_ece on the whole arrays (another code path)
+    from confcal.metrics.detection_geometry import geometry_ece
+
+    y = np.load(test)["correct"]
+    assert g["stages"][method] == pytest.approx(geometry_ece(ref[:, 1], y, r[:, None], 5, 5), rel=1e-12)
+    assert g["stages"]["uncalibrated"] == pytest.approx(geometry_ece(np.clip(s, 0, 1), y, r[:, None], 5, 5),
+                                                        rel=1e-12)
 
 
 def test_input_without_the_fitted_features_is_refused_naming_them(tmp_path, capsys):

@@ -389,3 +389,238 @@ def test_t17_compare_on_one_row_names_the_rows_not_a_cal_size_it_chose(tmp_path,
         assert code == 2, err
         assert err[-1].startswith("confcal: error: --logits:") and "at least 2" in err[-1], err
         assert "--cal-size" not in err[-1]
+
+
+def _key_paths(doc, path=""):
+    out = set()
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            out |= {f"{path}.{k}"} | _key_paths(v, f"{path}.{k}")
+    elif isinstance(doc, list):
+        for v in doc:
+            out |= _key_paths(v, f"{path}[]")
+    return out
+
+
+def test_t9_evaluate_json_has_one_layout_with_and_without_domains_or_a_limit(files, capsys):
+    """T9: in one process `evaluate --json` had two layouts (``n_classes`` + ``metrics`` when streamed, an
+    ``audit`` block once --domains or --max-ece was given, without ``ece_equal_mass``/``mce``); the Dask
+    engine a third (tests/dask/test_evaluate_document.py). Now one document: the same keys whatever the
+    flags (``per_domain`` filled with --domains, ``limits`` with --max-ece), the same metric values."""
+    import json
+
+    d, z, y = files
+    np.save(d / "dom.npy", np.array(["a", "b"])[np.arange(len(y)) % 2])
+    base = ["evaluate", "--logits", f"{d}/z.npy", "--labels", f"{d}/y.npy", "--calibrator", f"{d}/cal.json", "--json"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        docs = {}
+        for name, more in (("plain", []), ("gated", ["--max-ece", "1"]), ("domains", ["--domains", f"{d}/dom.npy"])):
+            assert main(base + more) == 0
+            docs[name] = json.loads(capsys.readouterr().out)
+    plain, gated, per = docs["plain"], docs["gated"], docs["domains"]
+    assert set(plain) == set(gated) == set(per)
+    assert _key_paths(plain) == {p for p in _key_paths(gated) if not p.startswith(".limits.")}
+    assert _key_paths(plain) == {p for p in _key_paths(per) if not p.startswith(".per_domain.")}
+    assert plain["limits"] is None and gated["limits"]["verdict"] == "pass" and plain["per_domain"] == {}
+    for stage in ("uncalibrated", "ts"):
+        assert set(plain["metrics"][stage]) == {"accuracy", "ece", "ece_equal_mass", "mce", "nll", "brier"}
+        for k, v in plain["metrics"][stage].items():
+            assert per["metrics"][stage][k] == pytest.approx(v, rel=1e-12)
+            assert gated["metrics"][stage][k] == pytest.approx(v, rel=1e-12)
+    # per domain: the same metrics as overall, on that domain's rows (oracle: calibration_summary)
+    from confcal.io import load_calibrator
+    from confcal.metrics import calibration_summary
+
+    p = load_calibrator(str(d / "cal.json")).predict_proba(z, dtype=np.float64)
+    for i, g in enumerate(("a", "b")):
+        want = calibration_summary(p[i::2], y[i::2])
+        got = per["per_domain"][g]
+        assert got["n_samples"] == len(y[i::2]) and set(got["metrics"]["ts"]) == set(want)
+        for k, v in want.items():
+            assert got["metrics"]["ts"][k] == pytest.approx(v, rel=1e-12, abs=1e-15)
+
+
+def test_t30_evaluate_json_is_strict_json_with_the_same_keys_on_both_engines(tmp_path, capsys):
+    """T30: `evaluate --engine dask --json` printed bare NaN for empty reliability bins (rejected by jq and
+    JSON.parse) and other keys than in one process. Now both print the one document (null for empty bins)."""
+    import json
+
+    pytest.importorskip("distributed")
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(5)
+    z = 4 * rng.normal(size=(200, 3))  # confident: the low-confidence bins are empty
+    y = z.argmax(1)
+    pq.write_table(pa.table({"logit_0": z[:, 0], "logit_1": z[:, 1], "logit_2": z[:, 2], "label": y}),
+                   tmp_path / "cols.parquet")
+    base = ["evaluate", "--logits", f"{tmp_path}/cols.parquet:logit_*", "--labels", f"{tmp_path}/cols.parquet:label",
+            "--json", "-q"]
+
+    def refuse(const):
+        raise AssertionError(f"{const} in the JSON output")
+
+    docs = {}
+    for where, more in (("local", []), ("dask", ["--engine", "dask", "--workers", "1"])):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert main(base + more) == 0
+        docs[where] = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    assert _key_paths(docs["local"]) == _key_paths(docs["dask"])
+    bins = docs["dask"]["reliability"]["uncalibrated"]
+    assert any(b["count"] == 0 and b["mean_confidence"] is None and b["accuracy"] is None for b in bins)
+    for stage, m in docs["local"]["metrics"].items():
+        for k, v in m.items():
+            assert docs["dask"]["metrics"][stage][k] == pytest.approx(v, rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.parametrize("method", ["vs", "pb"])
+def test_t31_apply_of_a_torch_map_on_a_memory_mapped_npy_says_nothing(tmp_path, capsys, method):
+    """T31: `apply` of a torch-based map (vs, pb, ...) on a float64 .npy (memory-mapped, read-only) printed
+    PyTorch's 'The given NumPy array is not writable ... undefined behavior' warning; the read-only block
+    is copied before it becomes a tensor."""
+    pytest.importorskip("torch")
+    rng = np.random.default_rng(1)
+    y = rng.integers(0, 5, 400)
+    z = 2 * (rng.normal(size=(400, 5)) + np.eye(5)[y])
+    np.save(tmp_path / "x.npy", z.astype(np.float64))
+    np.save(tmp_path / "y.npy", y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["fit", "-q", "--method", method, "--logits", f"{tmp_path}/x.npy", "--labels", f"{tmp_path}/y.npy",
+                     "-o", f"{tmp_path}/m.json"]) == 0
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")  # a torch warning is shown once per process otherwise
+        assert main(["apply", "-q", "--calibrator", f"{tmp_path}/m.json", "--logits", f"{tmp_path}/x.npy",
+                     "-o", f"{tmp_path}/p.npy"]) == 0
+    err = capsys.readouterr().err
+    assert "writable" not in err and "warning" not in err, err
+    p = np.load(tmp_path / "p.npy")
+    np.testing.assert_allclose(p.sum(axis=1), 1.0, rtol=1e-12)
+
+
+def test_t32_drift_json_is_json_alone_when_drift_is_flagged(files, capsys):
+    """T32: `drift --json` appended 'drift flagged in: ...' to stdout after the JSON exactly when drift was
+    found; the line now goes to stderr with --json (the flags are in tests[].drift)."""
+    import json
+
+    d, z, y = files
+    np.save(d / "far.npy", 50 * z)  # far more confident than the calibration data
+    assert main(["drift", "--calibrator", f"{d}/cal.json", "--logits", f"{d}/far.npy", "--json"]) == 0
+    out = capsys.readouterr()
+    doc = json.loads(out.out)
+    assert any(t["drift"] for t in doc["tests"]) and "drift flagged in" in out.err
+    assert main(["drift", "--calibrator", f"{d}/cal.json", "--logits", f"{d}/far.npy"]) == 0
+    assert "drift flagged in" in capsys.readouterr().out  # the table's line stays on stdout without --json
+
+
+def test_t33_a_refused_input_gives_its_error_line_alone_without_an_earlier_note(files, capsys):
+    """T33: 'note: --cal-size default ... calibrating on half' (compare) and 'note: ... box scores lie outside
+    [0, 1]' (evaluate) came before the error about the same input: two lines. Notes are held until the
+    command succeeds."""
+    d, z, y = files
+    bad = z.copy()
+    bad[7, 1] = np.nan
+    np.save(d / "nan.npy", bad)
+    scores = np.linspace(-1, 2, len(y))  # outside [0, 1]: a note on success
+    np.save(d / "s.npy", scores)
+    np.save(d / "y3.npy", np.full(len(y), 2))  # labels 2: not 0/1, refused
+    for argv in (["compare", "--logits", f"{d}/nan.npy", "--labels", f"{d}/y.npy", "--methods", "ts", "--splits", "2"],
+                 ["evaluate", "--logits", f"{d}/s.npy", "--labels", f"{d}/y3.npy", "--json"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and err.startswith("confcal: error:"), err
+    # on success the note is said (after the work, on stderr)
+    np.save(d / "y01.npy", (scores > 0.5).astype(np.int64))
+    assert main(["evaluate", "--logits", f"{d}/s.npy", "--labels", f"{d}/y01.npy", "--json"]) == 0
+    assert "box scores lie outside [0, 1]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("method", ["isotonic", "histogram-binning", "bbq", "beta", "platt-ovr",
+                                    "scaling-binning-marginal"])
+def test_t36_a_manifest_with_a_per_class_map_removed_is_refused_naming_maps(files, capsys, method):
+    """T36: an isotonic / histogram-binning manifest with one entry of parameters.maps removed gave an
+    IndexError (exit 1) in apply; the number of one-vs-rest maps is checked against n_classes on load."""
+    import json
+
+    d, z, y = files
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["fit", "-q", "--method", method, "--logits", f"{d}/z.npy", "--labels", f"{d}/y.npy",
+                     "-o", f"{d}/m.json"]) == 0
+    m = json.loads((d / "m.json").read_text())
+    assert len(m["parameters"]["maps"]) == 3
+    m["parameters"]["maps"].pop(1)
+    (d / "cut.json").write_text(json.dumps(m))
+    capsys.readouterr()
+    assert main(["apply", "--calibrator", f"{d}/cut.json", "--logits", f"{d}/z.npy", "-o", f"{d}/p.npy"]) == 2
+    assert "parameters.maps: expected a list of 3 entries (n_classes = 3), got 2" in _err(capsys)
+    assert not (d / "p.npy").exists()
+
+
+def test_t35_nan_in_the_fit_record_does_not_block_apply(files, capsys):
+    """T35: a NaN in the fit record (json.dump writes it) refused the whole manifest; now the record's
+    check names the field in one warning and apply runs (tests/calibrators/test_fit_record_constraints.py
+    tampers every field)."""
+    import json
+
+    d, z, y = files
+    m = json.loads((d / "cal.json").read_text())
+    m["fit"]["metrics_before"]["ece"] = float("nan")
+    (d / "nan.json").write_text(json.dumps(m))
+    capsys.readouterr()
+    assert main(["apply", "--calibrator", f"{d}/nan.json", "--logits", f"{d}/z.npy", "-o", f"{d}/p.npy"]) == 0
+    err = capsys.readouterr().err
+    assert "fit.metrics_before.ece: expected a finite number >= 0 and <= 1, got nan" in err and str(d) in err
+
+
+@pytest.mark.parametrize("command", ["compare", "apply"])
+def test_t37_an_empty_output_path_is_refused_not_taken_as_no_output(files, capsys, command):
+    """T37: `--csv ''` (an unset shell variable) was taken as "no --csv": compare ran and wrote nothing."""
+    d, z, y = files
+    argv = {"compare": ["compare", "--logits", f"{d}/z.npy", "--labels", f"{d}/y.npy", "--methods", "ts",
+                        "--splits", "2", "--csv", ""],
+            "apply": ["apply", "--calibrator", f"{d}/cal.json", "--logits", f"{d}/z.npy", "-o", ""]}[command]
+    assert main(argv) == 2
+    opt = "--csv" if command == "compare" else "--output"
+    assert _err(capsys) == f"confcal: error: {opt}: expected a file path, got ''"
+
+
+@pytest.mark.parametrize("kind", ["file", "fifo"])
+def test_t38_demo_output_dir_that_is_not_a_folder_is_refused_before_the_demo_runs(tmp_path, capsys, kind):
+    """T38: `demo --output-dir` naming a file or FIFO ran the whole demo, printed its tables, then failed
+    with 'cannot use ...: File exists' naming no option."""
+    target = tmp_path / "x"
+    if kind == "file":
+        target.write_text("keep")
+    elif hasattr(os, "mkfifo"):
+        os.mkfifo(target)
+    else:
+        pytest.skip("no FIFOs on this platform")
+    assert main(["demo", "--output-dir", str(target), "--no-plot"]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.strip() == (f"confcal: error: --output-dir: {str(target)!r} exists and is not a "
+                                                 "folder; name a folder (it is created if missing)")
+    assert kind == "fifo" or target.read_text() == "keep"
+
+
+@pytest.mark.parametrize("method", ["ts", "pb", "ets"])
+def test_t34_a_negative_fitted_nll_is_refused_naming_it(files, capsys, method):
+    """T34: parameters.nll = -5 (a negative mean negative log-likelihood) loaded silently; it is >= 0 (up to
+    rounding) and refused naming the field. (Missing diagnostic fields stay accepted: older manifests.)"""
+    import json
+
+    d, z, y = files
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["fit", "-q", "--method", method, "--logits", f"{d}/z.npy", "--labels", f"{d}/y.npy",
+                     "-o", f"{d}/m.json"]) == 0
+    m = json.loads((d / "m.json").read_text())
+    assert m["parameters"]["nll"] >= 0
+    m["parameters"]["nll"] = -5
+    (d / "neg.json").write_text(json.dumps(m))
+    capsys.readouterr()
+    assert main(["apply", "--calibrator", f"{d}/neg.json", "--logits", f"{d}/z.npy", "-o", f"{d}/p.npy"]) == 2
+    assert "parameters.nll: expected a finite number >= -1e-09, got -5" in _err(capsys)

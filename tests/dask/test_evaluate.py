@@ -26,12 +26,12 @@ def test_evaluate_matches_single_process(dask_client, cifar_dataset):
     _close(res["metrics"]["uncalibrated"], calibration_summary(softmax(logits), labels))
     _close(res["metrics"]["grouped-ts"], calibration_summary(p_cal, labels))
     table = reliability_table(p_cal, labels, n_bins=15)
-    np.testing.assert_allclose(res["reliability"]["grouped-ts"]["count"], table["count"])
+    np.testing.assert_allclose([b["count"] for b in res["reliability"]["grouped-ts"]], table["count"])
     assert sorted(res["per_domain"]) == ["s0", "s1", "s2"]
     for g in ["s0", "s1", "s2"]:
         rows = domains == g
         assert res["per_domain"][g]["n_samples"] == rows.sum()
-        _close(res["per_domain"][g]["grouped-ts"], calibration_summary(p_cal[rows], labels[rows]))
+        _close(res["per_domain"][g]["metrics"]["grouped-ts"], calibration_summary(p_cal[rows], labels[rows]))
 
 
 def test_evaluate_box_scores(dask_client, kitti_dataset):
@@ -49,7 +49,7 @@ def test_evaluate_box_scores(dask_client, kitti_dataset):
         assert sorted(res["metrics"]["uncalibrated"]) == sorted(want)
         _close(res["metrics"]["uncalibrated"], want)
         for g in ("even", "odd"):
-            assert res["per_domain"][g]["uncalibrated"]["d_ece"] == pytest.approx(audit["groups"][g]["d_ece"],
+            assert res["per_domain"][g]["metrics"]["uncalibrated"]["d_ece"] == pytest.approx(audit["groups"][g]["d_ece"],
                                                                                   rel=1e-12)
 
 
@@ -85,5 +85,5 @@ def test_equal_mass_windows_merge_through_the_tree(monkeypatch, cifar_dataset):
     _close(res["metrics"]["ts"], calibration_summary(p_cal, labels))
     for g in ["s0", "s1", "s2"]:
         rows = domains == g
-        _close(res["per_domain"][g]["ts"], calibration_summary(p_cal[rows], labels[rows]))
+        _close(res["per_domain"][g]["metrics"]["ts"], calibration_summary(p_cal[rows], labels[rows]))
     assert True in windows and False in windows  # windows guessed in tasks and adopted in merges

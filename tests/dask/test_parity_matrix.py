@@ -22,7 +22,8 @@ Asserted for every case:
   command's note); with ``--sample-rows`` above the row count the sample is every row in order, so
   its parameters (and digest) equal the single-process fit's; a full-data method says ``"all rows"``;
 * metrics within 1e-12 relative (1e-13 absolute for values that are 0 up to rounding), exit codes
-  and warnings identical (fit, evaluate, apply);
+  and warnings identical (fit, evaluate, apply); the ``evaluate --json`` documents have the same key
+  set, recursively (one builder, :mod:`confcal.evaluation.document`), the engine's name aside;
 * ``drift``, ``report`` (its ``<stem>.numbers.json``) and ``rank`` (its queue CSV) on the local-
   and the Dask-fitted manifest: the same exit code and the same output field by field (numbers
   within 1e-9 relative: they go through the fitted parameters), except the manifest file's sha256.
@@ -44,6 +45,7 @@ import pytest
 
 from confcal.calibrators import METHODS
 from tests.conftest import require_shared_data
+from tests.dask._documents import same_document
 from tests.dask.conftest import write_dataset
 from tests.dask.test_parity import ENGINE_FIELDS, _close
 
@@ -187,21 +189,12 @@ def _same_rows(got: list[dict], want: list[dict]) -> None:
 
 
 def _same_evaluation(method, local, dask):
-    """Same --max-ece exit status, warnings and metrics (1e-12 relative) from both engines."""
+    """Same --max-ece exit status, warnings and evaluate document: the same keys, recursively, and
+    values within 1e-12 relative (:func:`tests.dask._documents.same_document`)."""
     (cl, ol, el, wl), (cd, od, ed, wd) = local, dask
     assert cl == cd, (el, ed)
     assert wl == wd
-    a, b = _metrics(json.loads(ol)), _metrics(json.loads(od))
-    assert set(a) == set(b)
-    for stage in b:
-        if "per_label" in a[stage]:  # multi-hot labels: the same nested record
-            _close(b[stage], a[stage], f"metrics.{stage}", rel=1e-12)
-            continue
-        # every single-process metric on Dask too (Dask also reports the equal-mass ECE where the
-        # single-process gate run does not: a known difference of the key sets, not of values)
-        assert set(a[stage]) - {"n"} <= set(b[stage]), stage
-        for k in set(a[stage]) & set(b[stage]):
-            assert b[stage][k] == pytest.approx(a[stage][k], rel=1e-12, abs=ABS), (stage, k)
+    same_document(json.loads(ol), json.loads(od))
 
 
 @pytest.mark.parametrize(("method", "kind"), CASES, ids=[f"{m}-{k}" for m, k in CASES])

@@ -25,9 +25,13 @@ __all__ = ["Composite", "Prepared", "MapCalibrator", "to_torch", "fit_composite"
 
 
 def to_torch(x) -> torch.Tensor | None:
+    """A float64 tensor of ``x`` (None stays None). A read-only array (a memory-mapped ``.npy``) is
+    copied: torch would share its buffer in a writable tensor and warn in words that name nothing a
+    user can change (T31)."""
     if x is None:
         return None
-    return torch.as_tensor(np.asarray(x, dtype=np.float64))
+    a = np.asarray(x, dtype=np.float64)
+    return torch.as_tensor(a if a.flags.writeable else a.copy())
 
 
 class Prepared:

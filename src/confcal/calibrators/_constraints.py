@@ -354,16 +354,30 @@ class Pairs(Spec):
 
 @dataclass(frozen=True)
 class ListOf(Spec):
-    """A list whose items all satisfy ``item`` (any length)."""
+    """A list whose items all satisfy ``item``: any length, or ``length`` (an int or a callable of the
+    context's symbols, e.g. :func:`per_class_maps`)."""
 
     item: Spec
+    length: Any = None
 
     def check(self, value, path, ctx):
         if not isinstance(value, (list, tuple)):
             ctx.fail(path, "a list", value)
+        if self.length is not None:
+            want = self.length(ctx.env) if callable(self.length) else self.length
+            if want is not None and len(value) != want:
+                ctx.fail(path, f"a list of {want} entries"
+                         + (f" (n_classes = {ctx.env['n_classes']})" if "n_classes" in ctx.env else ""),
+                         got=f"{len(value)} entries")
         for i, v in enumerate(value):
             self.item.check(v, _join(path, i), ctx)
         return value
+
+
+def per_class_maps(env) -> int | None:
+    """How many one-vs-rest maps a manifest holds: one per class, one for 2 classes (the positive class)."""
+    k = env.get("n_classes")
+    return None if k is None else (1 if k == 2 else k)
 
 
 @dataclass(frozen=True)
@@ -446,7 +460,7 @@ T_BOUNDS = {"t_min": Real(gt=0), "t_max": Real(gt=0)}
 T_RULE = Rule(("t_min", "t_max"), lambda lo, hi: lo < hi, "t_min < t_max")
 #: a fitted objective kept for the record (never used to predict): any finite value, however large
 #: (logits of magnitude 1e150 give one of 1e150 and must still load)
-NLL = Opt(Real(max_abs=math.inf))
+NLL = Opt(Real(ge=-1e-9, max_abs=math.inf))  # a mean negative log-likelihood: >= 0 up to rounding (T34)
 N_ITER = Opt(Int(ge=0))
 SEED = Nullable(Int(ge=0, le=2 ** 32 - 1))
 #: hyper-parameters every calibrator may have (added by the base class)
@@ -583,29 +597,150 @@ DATA_SUMMARY = Fields({
     "confidence_quantiles": _QUANTILES,
     "class_frequencies": Opt(_NonEmpty(Real(ge=0, le=1))),
     "domains": Opt(AnyJSON()),  # {domain: {"n", "confidence_quantiles"}}: checked in check_data_summary
-    "feature_means": Opt(AnyJSON()),
-}, extra_ok=True)
+    "feature_means": Opt(_NonEmpty(Real())),
+})
 
 
-#: the fields of ``fit`` (confcal.calibrators.manifest.fit_record) that apply and drift read; the rest
-#: (metrics, version, time) is for reference
+@dataclass(frozen=True)
+class _Hex(Spec):
+    """A lowercase hexadecimal digest of ``n`` digits (sha256: 64)."""
+
+    n: int = 64
+
+    def check(self, value, path, ctx):
+        if not (isinstance(value, str) and len(value) == self.n and all(c in "0123456789abcdef" for c in value)):
+            ctx.fail(path, f"a sha256 digest ({self.n} hex digits)", value)
+        return value
+
+
+@dataclass(frozen=True)
+class _IsoTime(Spec):
+    """An ISO 8601 time stamp with its UTC offset (``2026-12-03T06:34:11+00:00``)."""
+
+    def check(self, value, path, ctx):
+        import datetime as _dt
+
+        try:
+            ok = isinstance(value, str) and _dt.datetime.fromisoformat(value).tzinfo is not None
+        except ValueError:
+            ok = False
+        if not ok:
+            ctx.fail(path, "an ISO 8601 time with a UTC offset", value)
+        return value
+
+
+@dataclass(frozen=True)
+class _DictOf(Spec):
+    """A JSON object whose values all satisfy ``value`` (any keys)."""
+
+    value: Spec
+
+    def check(self, value, path, ctx):
+        if not isinstance(value, dict):
+            ctx.fail(path, "a JSON object (dict)", value)
+        for k, v in value.items():
+            self.value.check(v, _join(path, str(k)), ctx)
+        return value
+
+
+@dataclass(frozen=True)
+class _OneOrList(Spec):
+    """``item``, or a non-empty list of ``item`` (a repeated option)."""
+
+    item: Spec
+
+    def check(self, value, path, ctx):
+        if isinstance(value, list):
+            _NonEmpty(self.item).check(value, path, ctx)
+        else:
+            self.item.check(value, path, ctx)
+        return value
+
+
+#: rows and counts: at most 2**53 (exact in a float64 and in JSON readers)
+_COUNT = Int(ge=1, le=2 ** 53)
+_SHARE = Real(ge=0, le=1)
+#: calibration-set metrics of the fit record (manifest.summary_metrics, the box-score metrics of
+#: _boxfit/detection): each in its own range; the NLL may be large (extreme logits) but is finite
+_METRICS = Fields({"accuracy": Opt(_SHARE), "ece": Opt(_SHARE), "d_ece": Opt(_SHARE), "precision": Opt(_SHARE),
+                   "mean_confidence": Opt(_SHARE), "nll": Opt(Real(ge=0, max_abs=math.inf)),
+                   "brier": Opt(Real(ge=0, le=2))})
+_LABEL_METRICS = Fields({"prevalence": _SHARE, "ece": _SHARE, "nll": Real(ge=0, max_abs=math.inf),
+                         "brier": Real(ge=0, le=1)})
+#: one input file of fit.provenance.inputs (confcal.cli._provenance.provenance)
+_INPUT = Fields({"path": Text(), "key": Nullable(Text()), "sha256": Nullable(_Hex()),
+                 "columns": Opt(_NonEmpty(Text()))})
+
+#: ``fit`` (confcal.calibrators.manifest.fit_record, plus what ``confcal fit`` and the Dask engine add):
+#: every field, its type and range; unknown keys are refused. Checked on load; a damaged field is named
+#: in one warning and never blocks apply (check_fit_record, damaged_fit_fields)
 FIT_RECORD = Fields({
-    "n_samples": Opt(Int(ge=1, le=2 ** 53)),
-    "data_sha256": Opt(Text()),
-    "input_kind": Opt(Nullable(Choice("logits", "probs", "scores"))),
+    "n_samples": _COUNT,
+    "data_sha256": _Hex(),
+    "input_kind": Nullable(Choice("logits", "probs", "scores")),
+    "metrics_before": _METRICS,
+    "metrics_after": _METRICS,
+    "library_version": Text(),
+    "utc_time": _IsoTime(),
     "sample_weight": Opt(Bool()),
-}, extra_ok=True)
+    "n_left_out": Opt(Int(ge=0, le=2 ** 53)),
+    "n_passes": Opt(Int(ge=1, le=10 ** 6)),
+    "accuracy_change": Opt(Real(ge=-1, le=1)),
+    "argmax_changed": Opt(_SHARE),
+    "per_label_metrics": Opt(Fields({"before": _NonEmpty(_LABEL_METRICS), "after": _NonEmpty(_LABEL_METRICS)})),
+    "provenance": Opt(Fields({"inputs": _DictOf(_OneOrList(_INPUT)), "command": Text(),
+                              "dataset_version": Opt(Text()), "matching": Opt(AnyJSON())})),
+    "data_summary": Opt(AnyJSON()),  # checked by check_data_summary (its quantiles' range depends on input_kind)
+    "engine": Opt(Choice("dask")),
+    "fitted_on": Opt(Choice("all rows", "sample")),
+    "sample": Opt(Fields({"rows": _COUNT, "seed": Int(ge=0, le=2 ** 32 - 1)})),
+})
+
+
+def damaged_fit_fields(record, *, where: str = "manifest") -> dict[str, str]:
+    """``{field: message}`` of every damaged field of a fit record (``{}``: none), ``field`` the top-level
+    key (``"n_samples"``, ``"data_summary"``, an unknown key), ``message`` one line naming the field path,
+    what was expected and what was found. Every field of :data:`FIT_RECORD` is checked on its own, so one
+    damaged field does not hide another."""
+    ctx = _Ctx(where)
+    if not isinstance(record, dict):
+        try:
+            ctx.fail("fit", "a JSON object (dict)", record)
+        except ValueError as exc:
+            return {"": str(exc)}
+    out = {}
+    for key in record:
+        if key not in FIT_RECORD.fields:
+            out[str(key)] = (f"{where}: {_join('fit', str(key))}: expected no such key "
+                             f"(known: {', '.join(sorted(FIT_RECORD.fields))}), got an unknown key")
+    for key, spec in FIT_RECORD.fields.items():
+        try:
+            if key not in record:
+                if not isinstance(spec, Opt):
+                    ctx.fail(_join("fit", key), "this key to be present", got="nothing (missing)")
+                continue
+            (spec.spec if isinstance(spec, Opt) else spec).check(record[key], _join("fit", key), ctx)
+            if key == "data_summary":
+                kind = record.get("input_kind")
+                check_data_summary(record[key], where=where,
+                                   input_kind=kind if kind in ("logits", "probs", "scores") else None)
+        except ValueError as exc:
+            out[key] = str(exc)
+    return out
 
 
 def check_fit_record(record, *, where: str = "manifest") -> None:
-    """Check a manifest's ``fit`` block (the fit record) field by field.
+    """Check a manifest's ``fit`` block (the fit record) field by field against :data:`FIT_RECORD`.
 
     Raises
     ------
     ValueError
-        One line naming the field, e.g. ``manifest: fit.n_samples: expected an integer >= 1 ..., got -5``.
+        One line naming the first damaged field, e.g.
+        ``manifest: fit.n_samples: expected an integer >= 1 ..., got -5``.
     """
-    FIT_RECORD.check(record, "fit", _Ctx(where))
+    bad = damaged_fit_fields(record, where=where)
+    if bad:
+        raise ValueError(next(iter(bad.values())))
 
 
 #: quantiles of a softmax top-label confidence (class-vector input): probabilities
@@ -645,6 +780,6 @@ def check_data_summary(summary, *, where: str = "manifest", input_kind=None) -> 
     if domains is not None:
         if not isinstance(domains, dict):
             ctx.fail("fit.data_summary.domains", "a JSON object {domain: summary}", domains)
-        part = Fields({"n": Int(ge=1, le=2 ** 53), "confidence_quantiles": quantiles}, extra_ok=True)
+        part = Fields({"n": Int(ge=1, le=2 ** 53), "confidence_quantiles": quantiles})
         for key, value in domains.items():
             part.check(value, f"fit.data_summary.domains.{key}", ctx)

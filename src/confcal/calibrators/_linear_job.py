@@ -403,7 +403,7 @@ def _torch_of(blocks):
     import torch
 
     x = np.asarray(blocks.get("logits", np.zeros((1, 2))), dtype=np.float64) if blocks else np.zeros((1, 2))
-    return torch.as_tensor(x)
+    return torch.as_tensor(x if x.flags.writeable else x.copy())  # read-only blocks: see _compose.to_torch
 
 
 def _probe_k(batch: dict, first: int, *, input_kind: str, one_logit: bool):

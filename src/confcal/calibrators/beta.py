@@ -29,7 +29,7 @@ from scipy.special import expit
 
 from confcal._numeric import softmax
 from confcal.calibrators._constrained_logistic import fit_constrained_logistic
-from confcal.calibrators._constraints import NLL, Bool, Choice, Fields, Int, ListOf, Real
+from confcal.calibrators._constraints import NLL, Bool, Choice, Fields, Int, ListOf, Real, per_class_maps
 from confcal.calibrators._reduce import OneVsRestCalibrator
 from confcal.calibrators.base import register
 from confcal.calibrators.detection import _BoxScoreMaps, _grouped_fields, score_logit
@@ -208,7 +208,8 @@ class BetaCalibration(OneVsRestCalibrator):
 
     method = "beta"
     hyper_constraints: dict = {"multiclass": Choice("ovr", "multinomial")}
-    fitted_constraints = Fields({"maps": ListOf(Fields({"a": Real(ge=0), "b": Real(ge=0), "c": Real()}))})
+    fitted_constraints = Fields({"maps": ListOf(Fields({"a": Real(ge=0), "b": Real(ge=0), "c": Real()}),
+                                                length=per_class_maps)})
     space = "logit"
 
     def __init__(self, multiclass: str = "ovr", input_kind: str = "logits"):

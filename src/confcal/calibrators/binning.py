@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from confcal._numeric import softmax
-from confcal.calibrators._constraints import Choice, Fields, Int, ListOf, Opt, Real
+from confcal.calibrators._constraints import Choice, Fields, Int, ListOf, Opt, Real, per_class_maps
 from confcal.calibrators._reduce import (
     _named,
     OneVsRestCalibrator,
@@ -158,7 +158,7 @@ class IsotonicCalibration(_Isotonic, OneVsRestCalibrator):
 
     method = "isotonic"
     hyper_constraints: dict = {}
-    fitted_constraints = Fields({"maps": ListOf(_ISO_MAP)})
+    fitted_constraints = Fields({"maps": ListOf(_ISO_MAP, length=per_class_maps)})
 
     def __init__(self, input_kind: str = "logits"):
         self.input_kind = input_kind
@@ -245,7 +245,7 @@ class HistogramBinning(_Histogram, OneVsRestCalibrator):
 
     method = "histogram-binning"
     hyper_constraints = {"n_bins": Int(ge=1, le=MAX_BINS)}
-    fitted_constraints = Fields({"maps": ListOf(_STEP_MAP)})
+    fitted_constraints = Fields({"maps": ListOf(_STEP_MAP, length=per_class_maps)})
 
     def __init__(self, n_bins: int = 15, input_kind: str = "logits"):
         self.n_bins = n_bins
@@ -335,7 +335,7 @@ class BBQ(_BBQ, OneVsRestCalibrator):
 
     method = "bbq"
     hyper_constraints = {"spread": Real(ge=1), "prior_strength": Real(gt=0)}
-    fitted_constraints = Fields({"maps": ListOf(_BBQ_MAP)})
+    fitted_constraints = Fields({"maps": ListOf(_BBQ_MAP, length=per_class_maps)})
 
     def __init__(self, spread: float = 10.0, prior_strength: float = 2.0, input_kind: str = "logits"):
         self.spread = spread
@@ -559,7 +559,7 @@ class MarginalScalingBinning(_ScalingBinning, OneVsRestCalibrator):
 
     method = "scaling-binning-marginal"
     hyper_constraints = _SB_HYPER
-    fitted_constraints = Fields({**_SB_SCALER, "maps": ListOf(_SB_MAP)})
+    fitted_constraints = Fields({**_SB_SCALER, "maps": ListOf(_SB_MAP, length=per_class_maps)})
 
     def __init__(self, n_bins: int = 10, scaler: str = "auto", random_state: int = 0, input_kind: str = "logits"):
         self.n_bins = n_bins

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from confcal.calibrators._constraints import (check_fit_record, check_hyperparameters, check_manifest_top,
-                                              check_parameters)
+from confcal.calibrators._constraints import (check_hyperparameters, check_manifest_top, check_parameters,
+                                              damaged_fit_fields)
 from confcal.calibrators.registry import METHODS, Preset, make_calibrator
 
 __all__ = ["MANIFEST_FORMAT", "MANIFEST_VERSION", "INPUT_KINDS", "fit_record", "summary_metrics",
@@ -95,7 +95,7 @@ def _renamed_hyperparameters(hyper, names) -> dict:
     return out
 
 
-def calibrator_from_dict(manifest: dict[str, Any], *, n_classes: int | None = None):
+def calibrator_from_dict(manifest: dict[str, Any], *, n_classes: int | None = None, source: str | None = None):
     """Rebuild a fitted calibrator from :meth:`Calibrator.to_dict` output.
 
     Every field is checked against the method's constraint tables
@@ -107,6 +107,11 @@ def calibrator_from_dict(manifest: dict[str, Any], *, n_classes: int | None = No
     shape or range, or (when ``n_classes`` is given) a class-count mismatch;
     :class:`~confcal.calibrators.registry.MissingExtraError` (an ``ImportError``) when the
     method needs an extra that is not installed.
+
+    The fit record (``fit``) is checked field by field too (:data:`._constraints.FIT_RECORD`), but a
+    damaged one never blocks: one ``UserWarning`` names every damaged field (path, expected, found) and
+    ``source`` (the manifest's file, when given); ``fit_record_damage_`` holds ``{field: message}``, so
+    a command that needs one of them (``drift``: ``data_summary``, ``input_kind``) refuses naming it.
     """
     check_manifest_top(manifest, fmt=MANIFEST_FORMAT, version=MANIFEST_VERSION)
     method = manifest["method"]
@@ -142,12 +147,16 @@ def calibrator_from_dict(manifest: dict[str, Any], *, n_classes: int | None = No
                          f"({type(exc).__name__}: {text})") from None
     cal.n_classes_ = int(k)
     cal.fit_record_ = manifest.get("fit")
+    cal.fit_record_damage_ = {}
     if cal.fit_record_ is not None:
-        try:
-            check_fit_record(cal.fit_record_)
-        except ValueError as exc:  # the record describes the fit; the map above is checked and usable
+        where = f"manifest {source}" if source else "manifest"
+        bad = damaged_fit_fields(cal.fit_record_, where=where)
+        if bad:  # the record describes the fit; the map above is checked and usable
             import warnings
 
-            warnings.warn(f"{exc}: the fit record is damaged (kept for reference; the fitted map is used as is)",
-                          UserWarning, stacklevel=2)
+            cal.fit_record_damage_ = bad
+            said = "; ".join(m[len(where) + 2:] if m.startswith(where + ": ") else m for m in bad.values())
+            skipped = "; drift check skipped" if {"data_summary", "input_kind"} & set(bad) else ""
+            warnings.warn(f"{where}: {said}: the fit record is damaged (kept for reference; the fitted map is "
+                          f"used as is{skipped})", UserWarning, stacklevel=2)
     return cal

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from confcal._numeric import log_softmax
-from confcal.calibrators._constraints import Choice, Fields, ListOf, Opt, Real
+from confcal.calibrators._constraints import Choice, Fields, ListOf, Opt, Real, per_class_maps
 from confcal.calibrators._reduce import LOGIT_CLIP, OneVsRestCalibrator, log_odds
 from confcal.calibrators._univariate import apply_platt, fit_platt
 from confcal.calibrators.base import register
@@ -68,7 +68,7 @@ class PlattOneVsRest(OneVsRestCalibrator):
     method = "platt-ovr"
     hyper_constraints: dict = {"score_space": Choice("auto", "log-odds", "log-prob")}
     # "score_space" is missing from manifests written before it existed: they hold log-odds maps
-    fitted_constraints = Fields({"maps": ListOf(Fields({"a": Real(), "b": Real()})),
+    fitted_constraints = Fields({"maps": ListOf(Fields({"a": Real(), "b": Real()}), length=per_class_maps),
                                  "score_space": Opt(Choice("log-odds", "log-prob"))})
     space = "logit"
 

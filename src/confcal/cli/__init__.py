@@ -98,7 +98,9 @@ def _main(argv=None) -> int:
 
         guard_command_outputs(args)  # one output-path guard for every command, before any work
         # one CSV header rule for every file the command reads (--csv-header), not per call site
-        with csv_header_default(getattr(args, "csv_header", None) or "first"):
+        from confcal.cli._notes import held
+
+        with csv_header_default(getattr(args, "csv_header", None) or "first"), held():
             return int(args.func(args) or 0)
     except BrokenPipeError:
         # `confcal fit ... | head`: the reader left; outputs were already written. Point stdout at

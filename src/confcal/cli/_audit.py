@@ -1,5 +1,5 @@
-"""Text rendering and the CI gate of the calibration audit (``confcal evaluate``); the numbers
-come from :func:`confcal.evaluation.audit.calibration_audit`."""
+"""Text rendering and the CI gate of ``confcal evaluate`` (both engines); the numbers come from the
+evaluate document (:mod:`confcal.evaluation.document`), built from the evaluate job's statistics."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import numpy as np
 
 from confcal._numeric import softmax
 from confcal.calibrators.base import _sha256
-from confcal.cli._common import format_table, load_logits_labels, load_side
-from confcal.evaluation.audit import ALL, calibration_audit, domain_parameters, ece_violations, gate_metric
+from confcal.cli._common import format_table, load_side
+from confcal.evaluation.document import ALL
 from confcal.io import load_array, load_calibrator, load_manifest
+from confcal.cli._notes import note
 
 #: exit status of ``evaluate --max-ece`` when a calibration error is above the limit
 EXIT_ECE_EXCEEDED = 3
@@ -28,8 +29,9 @@ def taken(cal, side: dict) -> dict:
     return {k: v for k, v in side.items() if k in takes or k != "domains"}
 
 
-def box_score_predictions(args, cal, side):
-    """``(stages, labels)`` for 1-D box scores: ``{"uncalibrated": clipped scores, method: p(TP)}``."""
+def box_score_predictions(args, cal, side, *, note: bool = True):
+    """``(stages, labels)`` for 1-D box scores: ``{"uncalibrated": clipped scores, method: p(TP)}``;
+    ``note``: say on stderr how many scores lie outside [0, 1]."""
     s = load_array(args.logits, name="logits").astype(np.float64)
     if s.ndim == 2 and s.shape[1] == 1:  # a one-logit head
         s = s[:, 0]
@@ -41,9 +43,9 @@ def box_score_predictions(args, cal, side):
         stages = {"uncalibrated": softmax(np.stack([np.zeros_like(s), s], axis=1))[:, 1]}
     else:
         n_out = int(np.count_nonzero((s < 0) | (s > 1)))
-        if n_out:
-            print(f"note: {n_out} of {s.size} box scores lie outside [0, 1]; the uncalibrated metrics use them "
-                  "clipped to [0, 1] (for sigmoid logits pass --input-kind logits)", file=sys.stderr)
+        if n_out and note:
+            note(f"note: {n_out} of {s.size} box scores lie outside [0, 1]; the uncalibrated metrics use them "
+                  "clipped to [0, 1] (for sigmoid logits pass --input-kind logits)")
         stages = {"uncalibrated": np.clip(s, 0.0, 1.0)}
     if cal is not None:
         if not getattr(cal, "takes_box_scores", False):
@@ -61,132 +63,116 @@ def box_score_predictions(args, cal, side):
     return stages, y
 
 
-def audit_stages(stages: dict, labels, side: dict, n_bins: int) -> dict:
-    return {name: calibration_audit(p, labels, domains=side.get("domains"), n_bins=n_bins)
-            for name, p in stages.items()}
-
-
-def add_parameters(audits: dict, manifest: dict | None) -> None:
-    """Attach each domain's fitted parameters (from the manifest) to the calibrated stage."""
-    if not manifest:
-        return
-    a = audits.get(manifest["method"])
-    if a is None:
-        return
-    for g, m in a["groups"].items():
-        if g != ALL:
-            m["parameters"] = domain_parameters(manifest.get("parameters", {}), g)
-
-
-def render(audits: dict) -> str:
-    first = next(iter(audits.values()))
+def render(doc: dict) -> str:
+    """The text tables of an evaluate document (:mod:`confcal.evaluation.document`), either engine."""
+    binary = doc["kind"] == "binary"
     # box scores: precision of the matched set and D-ECE; class vectors: accuracy and top-label ECE
-    cols = ["n", *(["precision", "d_ece"] if first["kind"] == "binary" else ["accuracy", "ece"]), "nll", "brier"]
+    cols = ["n", *(["precision", "d_ece"] if binary else ["accuracy", "ece"]), "nll", "brier"]
+    groups = [(ALL, doc["n_samples"], doc["metrics"], None)] + [
+        (g, r["n_samples"], r["metrics"], r["parameters"]) for g, r in doc["per_domain"].items()]
+    last = list(doc["metrics"])[-1]
     rows = []
-    for stage, a in audits.items():
-        for g, m in a["groups"].items():
-            row = {"stage": stage, "domain": g, **{c: m[c] for c in cols}}
-            if m.get("parameters"):
+    for stage in doc["metrics"]:
+        for g, n, metrics, params in groups:
+            row = {"stage": stage, "domain": g, "n": n, **{c: metrics[stage][c] for c in cols[1:]}}
+            if params and stage == last and stage != "uncalibrated":
                 row["parameters"] = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                              for k, v in m["parameters"].items())
+                                              for k, v in params.items())
             rows.append(row)
     extra = ["parameters"] if any("parameters" in r for r in rows) else []
     out = [format_table(rows, ["stage", "domain", *cols, *extra])]
-    for stage, a in audits.items():
-        acc = "precision" if a["kind"] == "binary" else "accuracy"
+    frac = "precision" if binary else "accuracy"
+    for stage, bins in doc["reliability"].items():
         rel = [{"bin": f"({b['bin_lo']:.3f}, {b['bin_hi']:.3f}]", "count": b["count"],
-                "confidence": float("nan") if b["mean_confidence"] is None else b["mean_confidence"],
-                acc: float("nan") if b["accuracy"] is None else b["accuracy"]}
-               for b in a["groups"][ALL]["reliability"] if b["count"]]
+                "confidence": b["mean_confidence"], frac: b[frac]} for b in bins if b["count"]]
         out.append(f"\nreliability ({stage}, all samples, non-empty bins):")
-        out.append(format_table(rel, ["bin", "count", "confidence", acc]))
+        out.append(format_table(rel, ["bin", "count", "confidence", frac]))
+    g = doc["geometry_d_ece"]
+    if g:
+        rows = [{"stage": k, "geometry_d_ece": v} for k, v in g["stages"].items()]
+        out.append(f"\ngeometry D-ECE (confidence x {', '.join(g['features'])}; {g['n_bins']} x "
+                   f"{g['n_feature_bins']} equal-width bins per feature, over the data's range):\n"
+                   + format_table(rows, ["stage", "geometry_d_ece"]))
     return "\n".join(out)
 
 
-def gate(audits: dict, max_ece: float | None) -> int:
-    """0, or :data:`EXIT_ECE_EXCEEDED` after saying which groups of the last stage exceed ``max_ece``."""
-    if max_ece is None:
+def finish(doc: dict, args) -> int:
+    """Print the document (``--json``: as is; else the tables) and return the exit status of its
+    ``limits`` (:data:`EXIT_ECE_EXCEEDED` after naming the groups above the limit): both engines."""
+    if doc["n_outside"]:
+        note(f"note: {doc['n_outside']} of {doc['n_samples']} box scores lie outside [0, 1]; the uncalibrated "
+              "metrics use them clipped to [0, 1] (for sigmoid logits pass --input-kind logits)")
+    if args.json:
+        print(json.dumps(doc, indent=2, allow_nan=False))
+    else:
+        if doc["kind"] == "binary":
+            print(f"{doc['n_samples']} boxes (1-D box scores; precision = share of true positives, D-ECE = "
+                  "detection ECE, NLL and Brier binary)")
+        else:
+            print(f"{doc['n_samples']} samples, {doc['n_classes']} classes")
+        print(render(doc))
+    lim = doc["limits"]
+    if lim is None or lim["verdict"] == "pass":
         return 0
-    stage, a = list(audits.items())[-1]
-    bad = ece_violations(a, max_ece)
-    if not bad:
-        return 0
-    which = ", ".join(f"{g} {v:.4f}" for g, v in bad)
-    print(f"confcal: {gate_metric(a)} above --max-ece {max_ece:g} ({stage}): {which}", file=sys.stderr)
+    which = ", ".join(f"{g} {v:.4f}" for g, v in lim["exceeded"].items())
+    print(f"confcal: {lim['metric']} above --max-ece {lim['max_ece']:g} ({lim['stage']}): {which}", file=sys.stderr)
     return EXIT_ECE_EXCEEDED
 
 
-def run_audit(args) -> int:
-    """``confcal evaluate`` in memory: the audit of the raw and calibrated predictions."""
+def check_max_ece(args) -> None:
     if args.max_ece is not None and not 0.0 <= args.max_ece <= 1.0:  # also refuses nan
         raise ValueError(f"--max-ece: expected a number in [0, 1], got {args.max_ece!r}")
+
+
+def run_box_scores(args) -> int:
+    """``confcal evaluate`` of 1-D box scores (or a one-logit head) in this process: the stages are
+    computed in memory, their metrics by the evaluate job (the one the Dask engine runs)."""
+    from confcal.evaluation.document import evaluation_document
+    from confcal.evaluation.streamed import evaluate_job
+    from confcal.passes import LocalEngine, run_job
+    from confcal.sources import open_source
+
     side = load_side(args)
     manifest = load_manifest(args.calibrator) if args.calibrator else None
     given = getattr(args, "input_kind", None)
+    cal = load_calibrator(manifest, source=args.calibrator) if manifest else None  # loaded once: one warning
     if given is None:  # default: what the calibrator was fitted on
-        args.input_kind = load_calibrator(manifest).input_kind if manifest else "logits"
+        args.input_kind = cal.input_kind if cal is not None else "logits"
     raw = load_array(args.logits, name="logits")
-    if raw.ndim == 1 or (raw.ndim == 2 and raw.shape[1] == 1):
-        # 1-D box scores (probabilities of a true positive) with 0/1 labels; or a one-logit head (a binary
-        # sigmoid logit, (n,) with --input-kind logits or (n, 1)): its probability is sigmoid(logit)
-        one_logit = raw.ndim == 2
-        args.score_kind = "logits" if given == "logits" or (one_logit and given != "probs") else "probs"
-        cal = load_calibrator(manifest) if manifest else None
-        stages, y = box_score_predictions(args, cal, side)
-        x = stages["uncalibrated"][:, None]
-    else:
-        x, y = load_logits_labels(args)
-        stages = {"uncalibrated": softmax(x)}
-        cal = None
-        if manifest:
-            cal = load_calibrator(manifest, n_classes=x.shape[1])
-            cal.set_params(input_kind="logits")  # x holds validated logits (log-probabilities for probs)
-            stages[cal.method] = cal.predict_proba(x, dtype=np.float64, **taken(cal, side))
+    # 1-D box scores (probabilities of a true positive) with 0/1 labels; or a one-logit head (a binary
+    # sigmoid logit, (n,) with --input-kind logits or (n, 1)): its probability is sigmoid(logit)
+    one_logit = raw.ndim == 2
+    args.score_kind = "logits" if given == "logits" or (one_logit and given != "probs") else "probs"
+    stages, y = box_score_predictions(args, cal, side, note=False)  # finish() notes scores outside [0, 1]
+    s = np.asarray(raw, dtype=np.float64).reshape(-1)
+    n_outside = 0 if args.score_kind == "logits" else int(np.count_nonzero((s < 0) | (s > 1)))
     if cal is not None:
         record = getattr(cal, "fit_record_", None) or {}
-        if record.get("data_sha256") == _sha256(x if x.shape[1] > 1 else load_array(args.logits, name="logits"),
-                                                y, *[side[k] for k in sorted(side)]):
+        if record.get("data_sha256") == _sha256(raw, y, *[side[k] for k in sorted(side)]):
             warnings.warn("these are the arrays the calibrator was fitted on: the calibrated metrics are "
                           "optimistic; evaluate on a held-out test set", UserWarning, stacklevel=2)
-    audits = audit_stages(stages, y, side, args.n_bins)
-    add_parameters(audits, manifest)
-    geometry = geometry_section(args, stages, y, cal) if x.shape[1] == 1 else None
-    if args.json:
-        metrics = {k: {m: v for m, v in a["groups"]["(all)"].items() if m != "reliability"}
-                   for k, a in audits.items()}
-        print(json.dumps({"n_samples": int(y.shape[0]), "n_classes": 2 if x.shape[1] == 1 else int(x.shape[1]),
-                          "metrics": metrics, "audit": audits,
-                          **({"geometry_d_ece": geometry} if geometry else {})}, indent=2))
-    else:
-        print(f"{y.shape[0]} boxes (1-D box scores; precision = share of true positives, D-ECE = detection "
-              "ECE, NLL and Brier binary)" if x.shape[1] == 1 else f"{y.shape[0]} samples, {x.shape[1]} classes")
-        print(render(audits))
-        if geometry:
-            print(render_geometry(geometry))
-    return gate(audits, args.max_ece)
+    names = geometry_names(args, cal)
+    sources = {"logits": s, "labels": y, **{f"stage:{w}": p for w, p in stages.items()}}
+    if "domains" in side:
+        sources["domains"] = side["domains"]
+    if names:
+        from confcal.cli._boxfeatures import read_box_features
+
+        sources["geometry"] = read_box_features(args.logits, names)
+    engine = LocalEngine({k: open_source(v, name=k) for k, v in sources.items()}, reference="logits")
+    stats = run_job(evaluate_job(n_classes=None, given=tuple(stages), n_bins=args.n_bins,
+                                 per_domain="domains" in side, geometry=tuple(names or ())), engine)
+    stats.n_outside = n_outside
+    return finish(evaluation_document(stats, engine="local", max_ece=args.max_ece, manifest=manifest), args)
 
 
-def geometry_section(args, stages: dict, y, cal) -> dict | None:
-    """Geometry D-ECE of every stage over ``--box-features`` (default: the calibrator's features), or None."""
+def geometry_names(args, cal) -> list | None:
+    """The box features of the geometry D-ECE: ``--box-features``, else the calibrator's, else None."""
     names = getattr(args, "box_features", None)
     if names:
         from confcal.cli._boxfeatures import names_of
 
-        names = names_of(names)
-    elif cal is not None and getattr(cal, "takes_box_features", False):
-        names = list(cal.feature_names_)
-    if not names:
-        return None
-    from confcal.cli._boxfeatures import read_box_features
-    from confcal.metrics.detection_geometry import geometry_ece
-
-    f = read_box_features(args.logits, names)
-    nb, nf = 5, 5  # the confidence x feature grid: 5 bins each (cells fill up on thousands of boxes)
-    return {"features": names, "n_bins": nb, "n_feature_bins": nf,
-            "stages": {k: geometry_ece(p, y, f, n_bins=nb, n_feature_bins=nf) for k, p in stages.items()}}
-
-
-def render_geometry(g: dict) -> str:
-    rows = [{"stage": k, "geometry_d_ece": v} for k, v in g["stages"].items()]
-    return (f"\ngeometry D-ECE (confidence x {', '.join(g['features'])}; {g['n_bins']} x {g['n_feature_bins']} "
-            "equal-width bins per feature, over the data's range):\n" + format_table(rows, ["stage", "geometry_d_ece"]))
+        return list(names_of(names))
+    if cal is not None and getattr(cal, "takes_box_features", False):
+        return list(cal.feature_names_)
+    return None

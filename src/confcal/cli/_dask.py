@@ -6,10 +6,8 @@ named as ``DATASET:COLUMNS`` (``data/:logits``, ``s3://bucket/run/*.parquet:logi
 
 from __future__ import annotations
 
-import json
 import sys
 
-from confcal.cli._common import format_table, metrics_rows
 
 DEFAULT_SAMPLE_ROWS = 200_000
 
@@ -121,54 +119,25 @@ def run_apply(args) -> int:
 
 
 def run_evaluate(args) -> int:
+    from confcal.cli import _audit
     from confcal.dask import evaluate
 
-    limit = getattr(args, "max_ece", None)
-    if limit is not None and not 0.0 <= limit <= 1.0:  # also refuses nan
-        raise ValueError(f"--max-ece: expected a number in [0, 1], got {limit!r}")
     path, cols = _dataset(args, ["--logits", "--labels", "--domains", "--features"])
     if "--labels" not in cols:
         raise ValueError("--labels: required")
     cal = _calibrator(args)
     features = cols.get("--features")
-    if features is None:  # geometry maps: their box features by name from the --logits dataset, as in one process
-        names = getattr(args, "box_features", None) or (
-            ",".join(cal.feature_names_) if getattr(cal, "takes_box_features", False)
-            and getattr(cal, "feature_names_", None) else None)
-        features = names
+    names = _audit.geometry_names(args, cal)
+    if features is None and getattr(cal, "takes_box_features", False):
+        # geometry maps: their box features by name from the --logits dataset, as in one process
+        features = ",".join(cal.feature_names_)
     with _client(args):
         # --input-kind default: the calibrator's (its manifest), else logits, as in one process
-        res = evaluate(_open(path), logits=cols["--logits"], labels=cols["--labels"],
-                       domains=cols.get("--domains"), features=features,
-                       calibrator=cal, input_kind=args.input_kind, n_bins=args.n_bins)
-    if res.get("n_outside"):
-        print(f"note: {res['n_outside']} of {res['n_samples']} box scores lie outside [0, 1]; the uncalibrated "
-              "metrics use them clipped to [0, 1]", file=sys.stderr)
-    gated = list(res["metrics"])[-1]  # after the calibrator, else the raw predictions
-    metric = "d_ece" if res.get("kind") == "binary" else "ece"  # the gate of the in-process audit
-    over = [] if limit is None else (
-        [("(all)", res["metrics"][gated][metric])] * (res["metrics"][gated][metric] > limit)
-        + [(g, r[gated][metric]) for g, r in res.get("per_domain", {}).items() if r[gated][metric] > limit])
-    if args.json:
-        print(json.dumps(res, indent=2, default=str))
-    else:
-        _print_evaluation(res)
-    if over:
-        print(f"confcal: {metric} above --max-ece {limit:g} ({gated}): "
-              + ", ".join(f"{g} {v:.4f}" for g, v in over), file=sys.stderr)
-        return 3
-    return 0
-
-
-def _print_evaluation(res) -> None:
-    print(f"{res['n_samples']} samples (dask engine)" + (" (box scores)" if res.get("kind") == "binary" else ""))
-    print(metrics_rows(res["metrics"]))
-    if "per_domain" in res:
-        rows = [{"domain": g, "n": r["n_samples"], **{f"{m} ({w[:5]})": r[w][m] for w in r if w != "n_samples"
-                                                       for m in ("accuracy", "precision", "ece", "d_ece", "nll") if m in r[w]}}
-                for g, r in res["per_domain"].items()]
-        print("per domain:")
-        print(format_table(rows, list(rows[0])))
+        doc = evaluate(_open(path), logits=cols["--logits"], labels=cols["--labels"],
+                       domains=cols.get("--domains"), features=features, calibrator=cal,
+                       input_kind=args.input_kind, n_bins=args.n_bins,
+                       geometry=",".join(names) if names else None, max_ece=args.max_ece)
+    return _audit.finish(doc, args)  # the same document, text and exit status as in one process
 
 
 def run_fit(args, params: dict):

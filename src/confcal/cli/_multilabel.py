@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from confcal.cli._notes import note
 
 __all__ = ["add_multilabel_arg", "multilabel_inputs", "run_evaluate", "run_report", "run_compare"]
 
@@ -58,7 +59,7 @@ def _stages(args, logits, manifest):
 
     cal = None
     if manifest is not None:
-        cal = load_calibrator(manifest, n_classes=logits.shape[1])
+        cal = load_calibrator(manifest, n_classes=logits.shape[1], source=getattr(args, "calibrator", None))
         if not getattr(cal, "multilabel", False):
             raise ValueError(f"--calibrator: {cal.method} calibrates softmax heads, but --labels are multi-hot "
                              "(n_samples, n_labels); fit ts-multilabel or platt-multilabel")
@@ -151,7 +152,7 @@ def run_compare(args, inputs, methods) -> int:
     cal_size = args.cal_size
     if cal_size >= n:
         cal_size = n // 2
-        print(f"note: --cal-size {args.cal_size} >= {n} rows; calibrating on half ({cal_size})", file=sys.stderr)
+        note(f"note: --cal-size {args.cal_size} >= {n} rows; calibrating on half ({cal_size})")
     result = compare_multilabel_methods(logits, labels, methods, n_splits=args.splits, cal_size=cal_size,
                                         random_state=args.seed, input_kind=args.input_kind or "logits")
     print(json.dumps(result, indent=2) if args.json else format_multilabel_comparison(result))

@@ -54,6 +54,16 @@ def guard_command_outputs(args) -> None:
 
     check_caps(args)  # numeric options inside their documented caps, before any work
     check_regular_inputs(args)  # only regular files (and dataset folders) are read: no FIFO, device, socket
+    for d in (*OUTPUT_DESTS, "output_dir"):  # '' (an unset shell variable) is not "no output" (T37)
+        if getattr(args, d, None) == "" or (isinstance(getattr(args, d, None), str) and not getattr(args, d).strip()):
+            raise ValueError(f"{_option(d)}: expected a file path, got {getattr(args, d)!r}")
+    folder = getattr(args, "output_dir", None)
+    if isinstance(folder, str):  # demo: a folder it creates or fills; checked before the demo runs (T38)
+        import os
+
+        if os.path.exists(folder) and not os.path.isdir(folder):
+            raise ValueError(f"--output-dir: {folder!r} exists and is not a folder; name a folder (it is created "
+                             "if missing)")
     outputs = {_option(d): getattr(args, d) for d in OUTPUT_DESTS
                if isinstance(getattr(args, d, None), str) and getattr(args, d)}
     if not outputs:

@@ -75,8 +75,8 @@ def run(args) -> int:
     from confcal.cli._boxfeatures import refuse_category_ids
 
     refuse_category_ids(args, f"class vectors {xs.shape}")
-    if xs.ndim == 2 and xs.shape[1] > 1:
-        cal = load_calibrator(args.calibrator, n_classes=xs.shape[1])
+    if xs.ndim == 2 and xs.shape[1] > 1 and cal.n_classes_ != xs.shape[1]:
+        cal = load_calibrator(args.calibrator, n_classes=xs.shape[1])  # raises, naming both class counts
     keep = {}
     if args.keep_columns:
         path = split_spec(args.logits)[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from confcal.cli._common import SPEC_HELP, add_logits_args
+from confcal.cli._notes import note
 
 #: calibration rows per split when --cal-size is not given (half the rows when there are not more)
 DEFAULT_CAL_SIZE = 5000
@@ -89,8 +90,8 @@ def run(args) -> int:
     if cal_size_default and not fixed and args.cal_size >= scores.shape[0]:
         # the default, not the user's number: half the rows (as for box scores); an explicit size >= n is refused
         args.cal_size = scores.shape[0] // 2
-        print(f"note: --cal-size default {DEFAULT_CAL_SIZE} >= {scores.shape[0]} rows; calibrating on half "
-              f"({args.cal_size})", file=sys.stderr)
+        note(f"note: --cal-size default {DEFAULT_CAL_SIZE} >= {scores.shape[0]} rows; calibrating on half "
+              f"({args.cal_size})")
     side = {}
     for key in ("features", "domains", "test_features", "test_domains"):
         spec = getattr(args, key)
@@ -132,7 +133,7 @@ def _run_boxes(args, scores, methods) -> int:
                          f"boxes, got {n}")
     if cal_size >= n:
         cal_size = n // 2
-        print(f"note: --cal-size {args.cal_size} >= {n} boxes; calibrating on half ({cal_size})", file=sys.stderr)
+        note(f"note: --cal-size {args.cal_size} >= {n} boxes; calibrating on half ({cal_size})")
     features = None
     if args.box_features:
         features = read_box_features(args.logits, names_of(args.box_features))

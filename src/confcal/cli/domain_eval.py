@@ -18,6 +18,7 @@ import itertools
 import warnings
 
 from confcal.cli._common import parse_params
+from confcal.cli._notes import note
 
 
 def register(sub):
@@ -145,8 +146,8 @@ def run(args) -> int:
     if args.n_calibration is None and any(len(sp.calibration) < DEFAULT_N_CALIBRATION for sp in splits):
         import sys
 
-        print(f"note: --n-calibration {DEFAULT_N_CALIBRATION} (the default) is more than the domains left "
-              "besides the source and a target; those splits use 1 calibration domain", file=sys.stderr)
+        note(f"note: --n-calibration {DEFAULT_N_CALIBRATION} (the default) is more than the domains left "
+              "besides the source and a target; those splits use 1 calibration domain")
     for name in sorted({c for s in splits for c in s.calibration}):
         if data[name].labels.shape[0] < 2:
             warnings.warn(f"calibration domain {name!r} has {data[name].labels.shape[0]} sample: its set-level "

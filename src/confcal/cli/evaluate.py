@@ -1,15 +1,16 @@
 """``confcal evaluate``: calibration metrics, optionally after a saved calibrator, in bounded memory.
 
-The protocol (batches, accumulators, two passes for the exact equal-mass bins) is
-:func:`confcal.evaluation.evaluate_sources`; this module parses, gates and prints.
+The protocol (batches, accumulators, two passes for the exact equal-mass bins) is the evaluate job
+(:func:`confcal.evaluation.streamed.evaluate_job`, also run by ``--engine dask``); the document it
+prints with ``--json`` is built by :func:`confcal.evaluation.document.evaluation_document` for both
+engines (same keys, same values up to summation order).
 """
 
 from __future__ import annotations
 
-import json
 import warnings
 
-from confcal.cli._common import add_logits_args, metrics_rows, progress_of, side_sources, source
+from confcal.cli._common import add_logits_args, progress_of, side_sources, source
 from confcal.cli._boxfeatures import add_box_features_arg
 from confcal.cli._dask import add_engine_args, run_evaluate, wants_dask
 
@@ -44,6 +45,9 @@ def register(sub):
 
 
 def run(args) -> int:
+    from confcal.cli import _audit
+
+    _audit.check_max_ece(args)
     if wants_dask(args):
         return run_evaluate(args)
     from confcal.cli import _multilabel
@@ -51,35 +55,32 @@ def run(args) -> int:
     inputs = _multilabel.multilabel_inputs(args, calibrator_path=args.calibrator)
     if inputs is not None:  # a sigmoid head: per-label metrics
         return _multilabel.run_evaluate(args, inputs)
-    from confcal.cli import _audit
-    from confcal.evaluation.streamed import evaluate_sources
-    from confcal.io import load_calibrator
+    from confcal.evaluation.document import evaluation_document
+    from confcal.evaluation.streamed import evaluate_stats
+    from confcal.io import load_calibrator, load_manifest
 
-    xs0 = source(args, "logits")
-    if args.max_ece is not None or args.domains or xs0.ndim == 1 or (xs0.ndim == 2 and xs0.shape[1] == 1):
-        # (a one-logit head, (n, 1), is a binary sigmoid logit: the audit's 1-D path)
-        # the audit (box scores, per-domain table, --max-ece gate) holds the data in memory
-        return _audit.run_audit(args)
+    xs = source(args, "logits")
+    if xs.ndim == 1 or (xs.ndim == 2 and xs.shape[1] == 1):
+        # 1-D box scores, or a one-logit head ((n, 1): a binary sigmoid logit): in memory
+        return _audit.run_box_scores(args)
+    manifest = load_manifest(args.calibrator) if args.calibrator else None
+    cal = load_calibrator(manifest, source=args.calibrator) if manifest else None  # loaded once: one warning
     if args.input_kind is None:  # default: the calibrator's (its manifest), else logits
-        args.input_kind = load_calibrator(args.calibrator).input_kind if args.calibrator else "logits"
-    xs, ys = source(args, "logits"), source(args, "labels")
+        args.input_kind = cal.input_kind if cal is not None else "logits"
+    ys = source(args, "labels")
     from confcal.cli._boxfeatures import refuse_category_ids
 
     refuse_category_ids(args, f"class vectors {xs.shape}")
     side = side_sources(args)
-    cal = load_calibrator(args.calibrator, n_classes=xs.shape[1] if xs.ndim == 2 else None) \
-        if args.calibrator else None
-    results, digest = evaluate_sources(xs, ys, cal=cal, side=side, input_kind=args.input_kind,
-                                       n_bins=args.n_bins, progress=progress_of(args))
+    if cal is not None and cal.n_classes_ != xs.shape[1]:
+        cal = load_calibrator(manifest, n_classes=xs.shape[1], source=args.calibrator)  # raises, naming both
+    # --domains without a calibrator that takes them: the per-domain table only
+    taken = tuple(_audit.taken(cal, side)) if cal is not None else ()
+    stats, digest = evaluate_stats(xs, ys, cal=cal, side=side, taken=taken, per_domain="domains" in side,
+                                   input_kind=args.input_kind, n_bins=args.n_bins, progress=progress_of(args))
     if cal is not None:
         record = getattr(cal, "fit_record_", None) or {}
         if record.get("data_sha256") == digest:
             warnings.warn("these are the arrays the calibrator was fitted on: the calibrated metrics are "
                           "optimistic; evaluate on a held-out test set", UserWarning, stacklevel=2)
-    n, k = xs.shape
-    if args.json:
-        print(json.dumps({"n_samples": int(n), "n_classes": int(k), "metrics": results}, indent=2))
-    else:
-        print(f"{n} samples, {k} classes")
-        print(metrics_rows(results))
-    return 0
+    return _audit.finish(evaluation_document(stats, engine="local", max_ece=args.max_ece, manifest=manifest), args)

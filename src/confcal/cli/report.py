@@ -67,11 +67,11 @@ def run(args) -> int:
         return _multilabel.run_report(args, inputs)
     side = load_side(args)
     manifest = load_manifest(args.calibrator)
+    cal = load_calibrator(manifest, source=args.calibrator)  # loaded once: one warning on a damaged record
     if args.input_kind is None:
-        args.input_kind = load_calibrator(manifest).input_kind
+        args.input_kind = cal.input_kind
     geo = None
     if load_array(args.logits, name="logits").ndim == 1:
-        cal = load_calibrator(manifest)
         stages, y = _audit.box_score_predictions(args, cal, side)
         geo = _box_features(args, cal)
     else:
@@ -79,7 +79,8 @@ def run(args) -> int:
         from confcal.cli._boxfeatures import refuse_category_ids
 
         refuse_category_ids(args, f"class vectors {x.shape}")
-        cal = load_calibrator(manifest, n_classes=x.shape[1])
+        if cal.n_classes_ != x.shape[1]:
+            cal = load_calibrator(manifest, n_classes=x.shape[1], source=args.calibrator)  # raises, naming both
         cal.set_params(input_kind="logits")  # x holds validated logits (log-probabilities for probs)
         stages = {"uncalibrated": softmax(x), cal.method: cal.predict_proba(x, dtype=np.float64, **_audit.taken(cal, side))}
     verdict, numbers = [], {}

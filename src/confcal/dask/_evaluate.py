@@ -7,9 +7,12 @@ calibrator (as its JSON manifest).
 
 from __future__ import annotations
 
+import json
+
 from confcal.dask._apply import manifest_text
 from confcal.dask._data import resolve_columns
 from confcal.dask._engine import DaskEngine
+from confcal.evaluation.document import evaluation_document
 from confcal.evaluation.streamed import OVERALL, ShippedCalibrator, evaluate_job
 from confcal.passes import SpreadBlocks, run_job
 
@@ -25,7 +28,7 @@ def _taken(cal, dspec, fspec):
 
 def evaluate(data, *, logits: str = "logits", labels: str = "label", calibrator=None,
              domains: str | None = None, features: str | None = None, input_kind: str | None = None,
-             n_bins: int = 15) -> dict:
+             n_bins: int = 15, geometry: str | None = None, max_ece: float | None = None) -> dict:
     """Calibration metrics of a Dask DataFrame, overall and per domain, before and after a calibrator.
 
     The job of the single-process path (:func:`confcal.evaluation.streamed.evaluate_job`: the same
@@ -50,14 +53,17 @@ def evaluate(data, *, logits: str = "logits", labels: str = "label", calibrator=
         What a class-vector ``logits`` column holds; None: the calibrator's, else ``"logits"``.
     n_bins : int
         Bins of ECE / MCE / D-ECE (equal-width ``ece``, equal-mass ``ece_equal_mass``).
+    geometry : str, optional
+        Box-feature columns (``"cx,cy,w,h"``) of the geometry D-ECE (5 x 5 bins per feature), one more pass.
+    max_ece : float in [0, 1], optional
+        The ``limits`` verdict (ECE, D-ECE for box scores, of the last stage overall and per domain).
 
     Returns
     -------
     dict
-        ``{"n_samples", "kind", "metrics": {"uncalibrated": {...}, METHOD: {...}}, "reliability": {...},
-        "per_domain": {domain: {"n_samples", "uncalibrated", METHOD}}, "n_outside", "n_passes"}`` with
-        METHOD the calibrator's method name (as ``confcal evaluate --json``); each metrics dict has
-        ``accuracy, ece, ece_equal_mass, mce, nll, brier`` (and ``d_ece`` for box scores).
+        The ``confcal evaluate --json`` document (:mod:`confcal.evaluation.document`, built by the same
+        function as in one process): ``n_samples, kind, n_classes, n_bins, metrics, reliability,
+        per_domain, n_outside, geometry_d_ece, limits, engine``.
 
     Raises
     ------
@@ -74,10 +80,15 @@ def evaluate(data, *, logits: str = "logits", labels: str = "label", calibrator=
     dspec = resolve_columns(data, domains, name="domains") if domains else None
     fspec = resolve_columns(data, features, name="features") if features else None
     dspec_cal, fspec_cal = _taken(cal, dspec, fspec) if cal is not None else (None, None)
+    gspec = resolve_columns(data, geometry, name="--box-features") if geometry else None
     engine = DaskEngine(data, {"logits": lspec, "labels": resolve_columns(data, labels, name="labels"),
-                               "domains": dspec, "features": fspec_cal})
+                               "domains": dspec, "features": fspec_cal, "geometry": gspec})
     head = engine.run(SpreadBlocks(("logits",), rows=1, n_blocks=1))["logits"]
     n_classes = int(head.shape[1]) if head.ndim == 2 else None
     side = tuple(k for k, s in (("domains", dspec_cal), ("features", fspec_cal)) if s is not None)
-    return run_job(evaluate_job(n_classes=n_classes, cal=shipped, input_kind=input_kind, n_bins=n_bins, side=side,
-                                per_domain=dspec is not None), engine)
+    # the geometry D-ECE is of box scores; for class vectors it is ignored, as in one process
+    names = tuple(n.strip() for n in geometry.split(",")) if geometry and n_classes is None else ()
+    stats = run_job(evaluate_job(n_classes=n_classes, cal=shipped, input_kind=input_kind, n_bins=n_bins, side=side,
+                                 per_domain=dspec is not None, geometry=names), engine)
+    return evaluation_document(stats, engine="dask", max_ece=max_ece,
+                               manifest=json.loads(shipped.text) if shipped is not None else None)

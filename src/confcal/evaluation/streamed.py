@@ -24,7 +24,7 @@ import numpy as np
 
 from confcal.passes import LocalEngine, Pass, run_job
 
-__all__ = ["evaluate_sources", "evaluate_job", "ShippedCalibrator", "OVERALL"]
+__all__ = ["evaluate_sources", "evaluate_stats", "evaluate_job", "EvaluationStats", "ShippedCalibrator", "OVERALL"]
 
 #: key of the all-rows group
 OVERALL = "__all__"
@@ -75,6 +75,14 @@ class _Context:
     n_bins: int
     side: tuple  # side inputs handed to the calibrator
     per_domain: bool
+    given: tuple = ()  # names of stages whose probabilities the batches carry (column "stage:NAME")
+    geometry: int = 0  # box-feature columns of the geometry D-ECE (batch column "geometry"), 0: none
+
+    @property
+    def stages(self) -> tuple:
+        if self.given:
+            return self.given
+        return ("uncalibrated",) + (("calibrated",) if self.cal is not None else ())
 
 
 def _accumulator(ctx: _Context):
@@ -89,7 +97,11 @@ def _probabilities(ctx: _Context, batch: dict, first: int, wanted, stats: dict):
 
     raw = batch["logits"]
     side = {k: batch[k] for k in ("domains", "features", "category_ids") if k in batch}
-    if ctx.box:
+    if ctx.given:  # probabilities computed by the caller (box scores in one process: see confcal evaluate)
+        y = check_labels(batch["labels"], len(raw), 2 if ctx.box else ctx.k, first_row=first)
+        probs = {w: np.asarray(batch[f"stage:{w}"], dtype=np.float64) for w in wanted}
+        x = np.asarray(raw)
+    elif ctx.box:
         s = np.asarray(raw)
         if s.dtype == bool or s.dtype.kind not in "fiu" or s.ndim != 1:
             raise ValueError(f"scores: expected 1-D numeric box scores (n_boxes,), got {s.dtype} {s.shape}")
@@ -124,7 +136,7 @@ def _probabilities(ctx: _Context, batch: dict, first: int, wanted, stats: dict):
         d = check_domains(batch["domains"], y.shape[0])
     if "features" in batch and stats["unit"] is not None:
         check_features(batch["features"], y.shape[0])
-    return probs, y, d, (s if ctx.box else x)
+    return probs, y, d, (s if ctx.box and not ctx.given else x)
 
 
 def _unit_flags(x: np.ndarray, stats: dict) -> None:
@@ -152,12 +164,17 @@ def _eval_batch(batch: dict, first: int, *, ctx: _Context, start, digest=None):
              "sums_to_one": True, "inside": False}
     if not pass1:
         stats["unit"] = None
-    wanted = {"uncalibrated", "calibrated"} if pass1 else {w for _, w in start}
+    wanted = set(ctx.stages) if pass1 else {w for _, w in start}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         probs, y, d, x = _probabilities(ctx, batch, first, wanted, stats)
     for w in caught:
         stats["warnings"].setdefault((w.category, str(w.message)), None)
+    if pass1 and ctx.geometry:  # the features' range: the geometry grid spans it (geometry_ece's default)
+        from confcal._validation import check_features
+
+        f = check_features(batch["geometry"], y.shape[0])
+        stats["geo_range"] = (f.min(axis=0), f.max(axis=0)) if f.shape[0] else None
     if digest is not None and pass1:  # an in-order engine's digest of the rows as read (LocalEngine)
         _update_digest(digest, batch, x, y)
     stats["n"] = int(y.shape[0])
@@ -194,26 +211,56 @@ def _merge_eval(a: dict, b: dict) -> dict:
     for key, acc in b["accs"].items():
         accs[key] = accs[key].merge(acc) if key in accs else acc
     unit = None if a["unit"] is None else (a["unit"] and b["unit"])
-    return {"accs": accs, "outside": a["outside"] + b["outside"], "warnings": {**a["warnings"], **b["warnings"]},
+    ra, rb = a.get("geo_range"), b.get("geo_range")
+    geo = ra if rb is None else rb if ra is None else (np.minimum(ra[0], rb[0]), np.maximum(ra[1], rb[1]))
+    return {"geo_range": geo, "accs": accs, "outside": a["outside"] + b["outside"], "warnings": {**a["warnings"], **b["warnings"]},
             "n": a["n"] + b["n"], "unit": unit, "sums_to_one": a["sums_to_one"] and b["sums_to_one"],
             "inside": a["inside"] or b["inside"]}
 
 
-def _metrics(first_acc, last_acc) -> dict:
-    """Scores and equal-width bins from pass 1, equal-mass bins from the last pass."""
-    s = first_acc.scores.result()
-    if hasattr(first_acc, "d_bins"):
-        # box scores: the audit's numbers (confcal.evaluation.audit), one meaning each: precision of the
-        # matched set in place of accuracy, D-ECE in place of a top-label ECE of the two columns
-        d = first_acc.d_bins  # its bins count the true positives (labels) per confidence bin
-        precision = float(d.corr_sum.sum() / d.count.sum()) if d.count.sum() else float("nan")
-        return {"precision": precision, "d_ece": d.ece(), "nll": s["nll"], "brier": s["brier"]}
-    return {"accuracy": s["accuracy"], "ece": first_acc.bins.ece(), "ece_equal_mass": last_acc.equal_mass.ece(),
-            "mce": first_acc.bins.mce(), "nll": s["nll"], "brier": s["brier"]}
+@dataclass
+class EvaluationStats:
+    """The merged statistics of an evaluate job: what :func:`confcal.evaluation.document.evaluation_document`
+    turns into the ``evaluate`` document (one builder for every engine).
+
+    ``first`` / ``last``: ``{(group, stage): accumulator}`` after pass 1 (scores, equal-width bins) and
+    after the last pass (equal-mass bins); ``group`` is :data:`OVERALL` or a domain id, ``stage`` a key
+    of ``names`` (``{stage: shown name}``, in order). ``geometry``: ``{shown name: (count, conf, hits)}``
+    cell sums of the geometry D-ECE, or None."""
+
+    n_samples: int
+    box: bool
+    n_classes: int | None
+    n_bins: int
+    names: dict
+    first: dict
+    last: dict
+    n_outside: int
+    n_passes: int
+    geometry: dict | None = None
+    geometry_features: tuple = ()
+    geometry_bins: tuple = (5, 5)
+
+
+def _geo_batch(batch: dict, first: int, *, ctx: _Context, edges, n_bins: int):
+    from confcal._validation import check_features
+    from confcal.metrics.detection_geometry import geometry_cells
+
+    stats = {"outside": 0, "unit": None}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # issued once from pass 1
+        probs, y, _, _ = _probabilities(ctx, batch, first, set(ctx.stages), stats)
+    f = check_features(batch["geometry"], y.shape[0])
+    return {w: geometry_cells(p, y, f, edges, n_bins) for w, p in probs.items()}
+
+
+def _merge_geo(a: dict, b: dict) -> dict:
+    return {w: tuple(x + z for x, z in zip(a[w], b[w])) for w in a}
 
 
 def evaluate_job(*, n_classes: int | None, cal=None, input_kind: str = "logits", n_bins: int = 15,
-                 side: tuple = (), per_domain: bool = False, digest=None):
+                 side: tuple = (), per_domain: bool = False, digest=None, given: tuple = (),
+                 geometry: tuple = (), geometry_bins: tuple = (5, 5)):
     """The evaluate job (a generator of :class:`confcal.passes.Pass`; run it with
     :func:`confcal.passes.run_job` on an engine).
 
@@ -221,12 +268,14 @@ def evaluate_job(*, n_classes: int | None, cal=None, input_kind: str = "logits",
     ``n_classes`` is None), ``"labels"`` and optionally ``"domains"`` / ``"features"`` /
     ``"category_ids"``. ``cal``: a fitted calibrator (or :class:`ShippedCalibrator`) whose stage is
     measured too, taking the ``side`` inputs; ``per_domain``: metrics per ``"domains"`` value as well;
-    ``digest``: a :class:`confcal._digest.DataDigest` updated in row order (in-order engines only).
+    ``digest``: a :class:`confcal._digest.DataDigest` updated in row order (in-order engines only);
+    ``given``: stage names whose probabilities the batches carry as ``"stage:NAME"`` columns (then
+    no calibrator is run); ``geometry``: names of the ``"geometry"`` columns (box features) of a
+    geometry D-ECE over ``geometry_bins`` = (confidence bins, bins per feature), one more pass.
 
-    Returns ``{"n_samples", "kind", "metrics": {"uncalibrated": m, METHOD: m}, "reliability": {...},
-    "per_domain": {id: {"n_samples", "uncalibrated": m, METHOD: m}}, "n_outside", "n_passes"}``
-    where each ``m`` has ``accuracy, ece, ece_equal_mass, mce, nll, brier`` (box scores:
-    ``d_ece`` too, Brier binary). Warnings of the calibrator are re-issued once each.
+    Returns an :class:`EvaluationStats` (the merged accumulators);
+    :func:`confcal.evaluation.document.evaluation_document` makes the ``evaluate`` document of it.
+    Warnings of the calibrator are re-issued once each.
 
     Raises ``ValueError`` on invalid rows (named by their index in the whole data), no rows, or
     probabilities passed as logits.
@@ -234,8 +283,9 @@ def evaluate_job(*, n_classes: int | None, cal=None, input_kind: str = "logits",
     if input_kind not in ("logits", "probs"):
         raise ValueError(f"input_kind: expected 'logits' or 'probs', got {input_kind!r}")
     shipped = None if cal is None else (cal if isinstance(cal, ShippedCalibrator) else ShippedCalibrator(cal))
-    ctx = _Context(box=n_classes is None, k=n_classes, cal=shipped, input_kind=input_kind, n_bins=int(n_bins),
-                   side=tuple(side), per_domain=bool(per_domain))
+    ctx = _Context(box=n_classes is None, k=n_classes, cal=None if given else shipped, input_kind=input_kind,
+                   n_bins=int(n_bins), side=tuple(side), per_domain=bool(per_domain), given=tuple(given),
+                   geometry=len(geometry))
     first = yield Pass(partial(_eval_batch, ctx=ctx, start=None, digest=digest), _merge_eval, desc="evaluate pass")
     if first is None or first["n"] == 0:
         raise ValueError("logits: expected at least 1 sample, the data has no rows")
@@ -252,22 +302,25 @@ def evaluate_job(*, n_classes: int | None, cal=None, input_kind: str = "logits",
         start = {key: copy.deepcopy(a).start_next_pass() for key, a in done["accs"].items() if a.needs_another_pass}
     for category, message in first["warnings"]:
         warnings.warn(message, category, stacklevel=2)
-    accs = first["accs"]
-    stages = ["uncalibrated"] + (["calibrated"] if shipped is not None else [])
-    name = {"uncalibrated": "uncalibrated", "calibrated": shipped.method if shipped is not None else None}
-    groups = sorted({g for g, _ in accs if g != OVERALL}, key=str)
-    out = {"n_samples": int(first["n"]), "kind": "binary" if ctx.box else "multiclass",
-           "metrics": {name[w]: _metrics(accs[(OVERALL, w)], last[(OVERALL, w)]) for w in stages},
-           "reliability": {name[w]: {k: v.tolist() for k, v in
-                                     (accs[(OVERALL, w)].d_bins if ctx.box else accs[(OVERALL, w)].bins)
-                                     .reliability_table().items()} for w in stages}}
-    if groups:
-        out["per_domain"] = {g: {"n_samples": int(accs[(g, "uncalibrated")].scores.n),
-                                 **{name[w]: _metrics(accs[(g, w)], last[(g, w)]) for w in stages}}
-                             for g in groups}
-    out["n_outside"] = int(first["outside"])
-    out["n_passes"] = n_passes
-    return out
+    if given:
+        names = {w: w for w in given}
+    else:
+        names = {"uncalibrated": "uncalibrated", **({"calibrated": shipped.method} if shipped is not None else {})}
+    geo = None
+    if ctx.geometry:  # the grid over the features' range (pass 1), as geometry_ece on the whole arrays
+        from confcal.metrics.detection_geometry import feature_bin_edges
+
+        lo, hi = first["geo_range"]
+        edges = feature_bin_edges(np.zeros((0, ctx.geometry)), geometry_bins[1],
+                                  feature_ranges=list(zip(lo.tolist(), hi.tolist())))
+        cells = yield Pass(partial(_geo_batch, ctx=ctx, edges=edges, n_bins=int(geometry_bins[0])), _merge_geo,
+                           desc="evaluate pass")
+        n_passes += 1
+        geo = {names[w]: c for w, c in cells.items()}
+    return EvaluationStats(n_samples=int(first["n"]), box=ctx.box, n_classes=n_classes, n_bins=ctx.n_bins,
+                           names=names, first=first["accs"], last=last, n_outside=int(first["outside"]),
+                           n_passes=n_passes, geometry=geo, geometry_features=tuple(geometry),
+                           geometry_bins=tuple(int(b) for b in geometry_bins))
 
 
 def evaluate_sources(logits, labels, *, cal=None, side=None, input_kind: str = "logits", n_bins: int = 15,
@@ -325,6 +378,20 @@ def evaluate_sources(logits, labels, *, cal=None, side=None, input_kind: str = "
     >>> all(np.isclose(metrics["ts"][key], ref[key], rtol=1e-12) for key in ref)
     True
     """
+    from confcal.evaluation.document import evaluation_document
+
+    stats, digest = evaluate_stats(logits, labels, cal=cal, side=side, input_kind=input_kind, n_bins=n_bins,
+                                   batch_rows=batch_rows, progress=progress)
+    return evaluation_document(stats, engine="local")["metrics"], digest
+
+
+def evaluate_stats(logits, labels, *, cal=None, side=None, taken=None, per_domain: bool = False,
+                   input_kind: str = "logits", n_bins: int = 15, batch_rows: int | None = None, progress=False):
+    """:func:`evaluate_job` on a :class:`confcal.passes.LocalEngine`: ``(EvaluationStats, digest)``.
+
+    As :func:`evaluate_sources` (same arguments and errors); ``taken``: the names of ``side`` handed
+    to the calibrator (default all; ``domains`` may be given for ``per_domain`` metrics only).
+    """
     from confcal._digest import DataDigest
     from confcal.io import load_calibrator
     from confcal.sources import DEFAULT_BATCH_BYTES, batch_rows_for, open_source
@@ -341,6 +408,7 @@ def evaluate_sources(logits, labels, *, cal=None, side=None, input_kind: str = "
     digest = DataDigest(2 + len(side))
     rows = batch_rows or batch_rows_for([xs, ys, *side.values()], DEFAULT_BATCH_BYTES // 4)
     engine = LocalEngine({"logits": xs, "labels": ys, **side}, batch_rows=rows, progress=progress)
-    res = run_job(evaluate_job(n_classes=k, cal=cal, input_kind=input_kind, n_bins=n_bins, side=tuple(side),
-                               digest=digest), engine)
-    return res["metrics"], digest.hexdigest()
+    stats = run_job(evaluate_job(n_classes=k, cal=cal, input_kind=input_kind, n_bins=n_bins,
+                                 side=tuple(side) if taken is None else tuple(taken), per_domain=per_domain,
+                                 digest=digest), engine)
+    return stats, digest.hexdigest()

@@ -20,7 +20,7 @@ from confcal._validation import check_features
 from confcal.metrics._binning import assign_bins, bin_edges, check_n_bins
 from confcal.metrics.detection import check_pairs
 
-__all__ = ["geometry_ece", "geometry_gap_map", "feature_bin_edges"]
+__all__ = ["geometry_ece", "geometry_gap_map", "feature_bin_edges", "geometry_cells", "geometry_ece_of_cells"]
 
 
 def feature_bin_edges(features, n_feature_bins: int, feature_ranges=None) -> list[np.ndarray]:
@@ -43,17 +43,32 @@ def feature_bin_edges(features, n_feature_bins: int, feature_ranges=None) -> lis
 def _cells(confidence, correct, features, n_bins, n_feature_bins, feature_ranges):
     c, y = check_pairs(confidence, correct)
     f = check_features(features, c.shape[0])
-    n_bins = check_n_bins(n_bins)
     edges = feature_bin_edges(f, n_feature_bins, feature_ranges)
+    return (*geometry_cells(c, y, f, edges, n_bins), edges)
+
+
+def geometry_cells(confidence, correct, features, edges, n_bins: int):
+    """``(count, confidence sum, true-positive sum)`` per cell of the confidence x feature grid, each of
+    shape ``(n_bins, len(edges[0]) - 1, ...)``; ``edges`` from :func:`feature_bin_edges`. Sums over row
+    blocks add up to the sums over all rows (the streamed ``evaluate`` merges them)."""
+    c = np.asarray(confidence, dtype=np.float64)
+    y = np.asarray(correct)
+    f = np.asarray(features, dtype=np.float64).reshape(c.shape[0], -1)
+    n_bins = check_n_bins(n_bins)
     idx = [assign_bins(c, bin_edges(c, n_bins, "equal_width"))]
     idx += [np.searchsorted(e[1:-1], f[:, j], side="left") for j, e in enumerate(edges)]
-    shape = (n_bins,) + (int(n_feature_bins),) * f.shape[1]
+    shape = (n_bins,) + tuple(len(e) - 1 for e in edges)
     cell = np.ravel_multi_index(tuple(idx), shape)
     size = int(np.prod(shape))
     count = np.bincount(cell, minlength=size).reshape(shape)
     conf = np.bincount(cell, weights=c, minlength=size).reshape(shape)
     hits = np.bincount(cell, weights=y.astype(np.float64), minlength=size).reshape(shape)
-    return count, conf, hits, edges
+    return count, conf, hits
+
+
+def geometry_ece_of_cells(count, conf, hits) -> float:
+    """The geometry D-ECE of cell sums (:func:`geometry_cells`): ``sum |hits - conf| / n``."""
+    return float(np.abs(hits - conf).sum() / count.sum())
 
 
 def geometry_ece(confidence, correct, features, n_bins: int = 5, n_feature_bins: int = 5, *,
@@ -87,7 +102,7 @@ def geometry_ece(confidence, correct, features, n_bins: int = 5, n_feature_bins:
     0.5
     """
     count, conf, hits, _ = _cells(confidence, correct, features, n_bins, n_feature_bins, feature_ranges)
-    return float(np.abs(hits - conf).sum() / count.sum())
+    return geometry_ece_of_cells(count, conf, hits)
 
 
 def geometry_gap_map(confidence, correct, features, n_bins: int = 5, n_feature_bins: int = 5, *,

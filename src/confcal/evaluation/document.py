@@ -1,0 +1,115 @@
+"""The ``confcal evaluate`` document: built in one place from the merged statistics of the evaluate
+job (:func:`confcal.evaluation.streamed.evaluate_job`), whichever engine ran it, so the in-process and
+the Dask ``evaluate --json`` have the same keys and (up to float64 summation order) the same values.
+
+Keys (every key is always present; ``null`` where it does not apply):
+
+* ``n_samples`` (rows), ``kind`` (``"multiclass"``: class vectors; ``"binary"``: 1-D box scores or a
+  one-logit head), ``n_classes`` (2 for ``"binary"``), ``n_bins`` (of the ECE / D-ECE bins);
+* ``metrics``: ``{stage: m}``, ``stage`` ``"uncalibrated"`` then the calibrator's method name. For
+  class vectors ``m`` is ``accuracy, ece, ece_equal_mass, mce, nll, brier``
+  (:func:`confcal.metrics.calibration_summary`); for box scores ``precision`` (share of true positives
+  among the matched boxes, unchanged by calibration), ``d_ece`` (detection ECE), ``nll`` and ``brier``
+  (binary);
+* ``reliability``: ``{stage: [bin]}`` over all rows, each bin ``bin_lo, bin_hi, count,
+  mean_confidence`` and ``accuracy`` (class vectors) or ``precision`` (box scores); ``null`` means
+  and fractions for empty bins;
+* ``per_domain``: ``{domain: {"n_samples", "metrics": {stage: m}, "reliability": {stage: [bin]},
+  "parameters"}}`` (``{}`` without ``--domains``), ``parameters`` the fitted values of that domain's map
+  from the manifest (``null`` when the map is shared or there is no calibrator);
+* ``n_outside``: box scores outside [0, 1] (the uncalibrated metrics clip them; 0 for class vectors);
+* ``geometry_d_ece``: ``{"features", "n_bins", "n_feature_bins", "stages": {stage: value}}`` (box
+  features given), else ``null``;
+* ``limits``: with a ``--max-ece`` limit ``{"max_ece", "metric"`` (``ece``, or ``d_ece`` for box
+  scores), ``"stage"`` (the last stage), ``"exceeded": {group: value}`` (``"(all)"`` and domains above
+  the limit), ``"verdict": "pass" | "fail"}``, else ``null``;
+* ``engine``: ``{"name": "local" | "dask", "n_passes"}``: the facts of the run, not of the data.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["evaluation_document", "ALL"]
+
+#: the group of all rows in ``limits.exceeded`` and the text table (as :mod:`confcal.evaluation.audit`)
+ALL = "(all)"
+
+
+def _metrics(first_acc, last_acc, box: bool) -> dict:
+    """Scores and equal-width bins from pass 1, equal-mass bins from the last pass."""
+    s = first_acc.scores.result()
+    if box:
+        # box scores: the audit's numbers, one meaning each: precision of the matched set in place of
+        # accuracy, D-ECE in place of a top-label ECE of the two columns
+        d = first_acc.d_bins  # its bins count the true positives (labels) per confidence bin
+        return {"precision": float(d.corr_sum.sum() / d.count.sum()), "d_ece": d.ece(), "nll": s["nll"],
+                "brier": s["brier"]}
+    return {"accuracy": s["accuracy"], "ece": first_acc.bins.ece(), "ece_equal_mass": last_acc.equal_mass.ece(),
+            "mce": first_acc.bins.mce(), "nll": s["nll"], "brier": s["brier"]}
+
+
+def _finite_or_none(v) -> float | None:
+    return float(v) if np.isfinite(v) else None
+
+
+def _reliability(acc, box: bool) -> list[dict]:
+    t = (acc.d_bins if box else acc.bins).reliability_table()
+    frac = "precision" if box else "accuracy"
+    return [{"bin_lo": float(lo), "bin_hi": float(hi), "count": int(c), "mean_confidence": _finite_or_none(mc),
+             frac: _finite_or_none(a)}
+            for lo, hi, c, mc, a in zip(t["bin_lo"], t["bin_hi"], t["count"], t["mean_confidence"], t["accuracy"])]
+
+
+def evaluation_document(stats, *, engine: str, max_ece: float | None = None, manifest: dict | None = None) -> dict:
+    """The ``evaluate`` document (module docstring) of an :class:`~confcal.evaluation.streamed.EvaluationStats`.
+
+    ``engine``: ``"local"`` or ``"dask"``; ``max_ece``: the limit of ``limits`` (None: ``limits`` is
+    null); ``manifest``: the calibrator's manifest, for each domain's fitted parameters.
+
+    Raises ``ValueError`` unless ``max_ece`` is None or a number in [0, 1].
+    """
+    from confcal.evaluation.audit import domain_parameters
+    from confcal.evaluation.streamed import OVERALL
+
+    box, names = stats.box, stats.names
+    first, last = stats.first, stats.last
+
+    def metrics(g):
+        return {names[w]: _metrics(first[(g, w)], last[(g, w)], box) for w in names}
+
+    def reliability(g):
+        return {names[w]: _reliability(first[(g, w)], box) for w in names}
+
+    params = (manifest or {}).get("parameters") if manifest else None
+    groups = sorted({g for g, _ in first if g != OVERALL}, key=str)
+    doc = {"n_samples": int(stats.n_samples), "kind": "binary" if box else "multiclass",
+           "n_classes": 2 if box else int(stats.n_classes), "n_bins": int(stats.n_bins),
+           "metrics": metrics(OVERALL), "reliability": reliability(OVERALL),
+           "per_domain": {str(g): {"n_samples": int(first[(g, next(iter(names)))].scores.n),
+                                   "metrics": metrics(g), "reliability": reliability(g),
+                                   "parameters": domain_parameters(params, g) if params else None}
+                          for g in groups},
+           "n_outside": int(stats.n_outside),
+           "geometry_d_ece": None, "limits": None,
+           "engine": {"name": engine, "n_passes": int(stats.n_passes)}}
+    if stats.geometry is not None:
+        from confcal.metrics.detection_geometry import geometry_ece_of_cells
+
+        doc["geometry_d_ece"] = {"features": list(stats.geometry_features), "n_bins": stats.geometry_bins[0],
+                                 "n_feature_bins": stats.geometry_bins[1],
+                                 "stages": {w: geometry_ece_of_cells(*c) for w, c in stats.geometry.items()}}
+    if max_ece is not None:
+        t = float(max_ece)
+        if not (math.isfinite(t) and 0.0 <= t <= 1.0):
+            raise ValueError(f"max_ece: expected a number in [0, 1], got {max_ece!r}")
+        metric = "d_ece" if box else "ece"
+        stage = list(doc["metrics"])[-1]  # after the calibrator, else the raw predictions
+        values = {ALL: doc["metrics"][stage][metric],
+                  **{g: r["metrics"][stage][metric] for g, r in doc["per_domain"].items()}}
+        exceeded = {g: v for g, v in values.items() if v > t}
+        doc["limits"] = {"max_ece": t, "metric": metric, "stage": stage, "exceeded": exceeded,
+                         "verdict": "fail" if exceeded else "pass"}
+    return doc
