@@ -126,27 +126,45 @@ def _main(argv=None) -> int:
 def console() -> None:
     """The ``confcal`` script and ``python -m confcal``: :func:`main`, then exit with its status.
 
-    The command is over when ``main`` returns (its outputs complete, or removed); a signal while
-    the interpreter then shuts down (atexit hooks of torch and distributed, thread joins) would
-    print their tracebacks or end the process by the signal after a finished command. From here
-    on a signal ends the process at once with the command's own status."""
+    Outside ``main`` (before its handlers exist, after they are restored, while the interpreter
+    exits: atexit hooks of torch and distributed, thread joins) a signal printed those hooks'
+    tracebacks or ended the process as -N after a finished command. Here a signal then ends the
+    process at once: with the command's status once it is known, else 128 + signum and the one
+    line. From the last exit hook on (Python then resets its handlers) the signals are ignored:
+    the process is ending with the command's status."""
+    import atexit
     import os
 
-    code = main()
+    from confcal._signals import SIGNALS
 
-    def finished(signum, frame):
+    code = []
+
+    def outside(signum, frame):
         with contextlib.suppress(Exception):
+            if not code:
+                print(f"confcal: interrupted by {signal.Signals(signum).name}", file=sys.stderr)
             sys.stdout.flush()
             sys.stderr.flush()
-        os._exit(code)
-
-    from confcal._signals import SIGNALS
+        os._exit(code[0] if code else 128 + signum)
 
     for sig in SIGNALS:
         with contextlib.suppress(ValueError, OSError):
             if signal.getsignal(sig) not in (None, signal.SIG_IGN):
-                signal.signal(sig, finished)
-    sys.exit(code)
+                signal.signal(sig, outside)  # main() puts its own in place and this one back
+    atexit.register(_ignore_signals)  # registered first, so it runs last
+    code.append(main())
+    sys.exit(code[0])
+
+
+def _ignore_signals() -> None:
+    """The last exit hook: Python now resets its handlers to the default action (ending the
+    process as -N after a finished command); an ignored signal it leaves ignored."""
+    from confcal._signals import SIGNALS
+
+    for sig in SIGNALS:
+        with contextlib.suppress(ValueError, OSError):
+            if signal.getsignal(sig) is not None:
+                signal.signal(sig, signal.SIG_IGN)
 
 
 if __name__ == "__main__":  # pragma: no cover
