@@ -95,9 +95,13 @@ def _quiet_abandoned_gathers(client) -> None:
     ``AllExit`` once the keys are released at the close; asyncio logs each such task as a
     traceback when it is collected. Only that exception is dropped, on this client's loop only
     (it ends with the client); anything else goes to the loop's handler as before."""
-    from distributed.client import AllExit
-
-    loop = client.loop.asyncio_loop
+    try:
+        from distributed.client import AllExit
+    except ImportError:  # another distributed: its gathers are its own business
+        return
+    loop = getattr(client.loop, "asyncio_loop", None)
+    if loop is None:
+        return
     previous = loop.get_exception_handler()
 
     def handler(loop, context):
