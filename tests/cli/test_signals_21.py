@@ -243,6 +243,7 @@ gc.callbacks.append(callback)
 names = ("SIGINT", "SIGTERM", "SIGHUP")
 before = [signal.getsignal(getattr(signal, n)) for n in names] + [sys.unraisablehook]
 outcome = "the loop ran out"
+t0 = time.monotonic()  # before the signal: it may be raised again right after the drop
 try:
     with handling_signals():
         if where == "del":
@@ -250,7 +251,6 @@ try:
         else:
             armed.append(True)
             gc.collect()
-        t0 = time.monotonic()
         while time.monotonic() - t0 < 60:
             pass
 except KeyboardInterrupt as exc:  # Terminated is one too
