@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     or partial output is left), says ``confcal: interrupted by SIGTERM`` on one line and returns
     128 + the signal number (130, 143, 129), as a shell reports a process ended by that signal.
     """
-    from confcal import _signals
+    import confcal._signals as _signals
 
     debug = "--debug" in (sys.argv[1:] if argv is None else argv)
     with _signals.handling_signals():
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
 
 
 def _main(argv=None) -> int:
-    from confcal import _signals
+    import confcal._signals as _signals
 
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
