@@ -4,7 +4,7 @@ package's private modules or names.
 Layers, bottom to top (a module may import its own layer or a lower one):
 
 0. shared helpers of the whole library: ``confcal._numeric``, ``_validation``, ``_digest``,
-   ``_progress``, ``_tables``, ``_lazy``, and ``catalog`` (method names and extras, no imports)
+   ``_progress``, ``_tables``, ``_lazy``, ``_signals``, and ``catalog`` (method names and extras, no imports)
 1. ``ops``, ``metrics``, ``sources``: pure operators, metrics and accumulators, row sources
 2. ``calibrators``: estimators, maps, links, compositions
 3. ``detection``, ``active``, ``evaluation``: matching, the annotation queue, protocols
@@ -30,7 +30,7 @@ import confcal
 SRC = Path(confcal.__file__).parent
 
 LAYERS = {
-    "_numeric": 0, "_validation": 0, "_digest": 0, "_progress": 0, "_tables": 0, "_lazy": 0, "catalog": 0,
+    "_numeric": 0, "_validation": 0, "_digest": 0, "_progress": 0, "_tables": 0, "_lazy": 0, "_signals": 0, "catalog": 0,
     "ops": 1, "metrics": 1, "sources": 1, "passes": 1,
     "calibrators": 2,
     "detection": 3, "active": 3, "evaluation": 3,
@@ -157,7 +157,8 @@ def test_the_dask_engine_imports_no_private_name_of_another_package():
     packages below it (confcal.passes), never by importing their internals."""
     offenders = []
     for path in sorted((SRC / "dask").rglob("*.py")):
-        bad = _private_imports(path, "confcal.dask")
+        # the running command's signal state (layer 0) is process-wide, not another package's job internals
+        bad = [b for b in _private_imports(path, "confcal.dask") if not b.startswith("confcal._signals.")]
         if bad:
             offenders.append(f"dask/{path.name}: {', '.join(bad)}")
     assert not offenders, offenders

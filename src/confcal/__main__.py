@@ -1,5 +1,3 @@
-import sys
+from confcal.cli import console
 
-from confcal.cli import main
-
-sys.exit(main())
+console()

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from confcal._signals import raise_if_interrupted
 from confcal.sources import SOURCE_SUFFIXES, open_source, split_spec
 
 __all__ = ["load_array", "split_spec", "atomic_write", "check_output_path", "check_not_an_input", "guard_outputs",
@@ -170,6 +171,7 @@ def atomic_write(path, mode: str = "wb"):
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
+        raise_if_interrupted()  # a signal Python dropped (a gc callback): the output is not put in place
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -145,10 +145,9 @@ def test_object_member_in_npz_names_file_key_and_argument(tmp_path, capsys):
 
 SIGTERM_SCRIPT = """
 import os, signal, sys, time
-from confcal.cli import install_signal_handlers
+from confcal._signals import handling_signals
 from confcal.io import atomic_write
-install_signal_handlers()
-with atomic_write(sys.argv[1]) as fh:
+with handling_signals(), atomic_write(sys.argv[1]) as fh:
     fh.write(b"partial")
     fh.flush()
     print("writing", flush=True)

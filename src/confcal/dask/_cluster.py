@@ -7,6 +7,8 @@ import os
 import sys
 import uuid
 
+from confcal._signals import deferred, raise_if_interrupted
+
 __all__ = ["cluster_client", "write_parquet", "QUIET_LOCAL_CLUSTER"]
 
 
@@ -25,7 +27,8 @@ QUIET_LOCAL_CLUSTER = {"distributed.worker.profile.enabled": False,
 def cluster_client(scheduler: str | None = None, *, workers: int | None = None, timeout: float = 10.0):
     """A ``distributed.Client`` for the block: connected to ``scheduler`` (``tcp://HOST:PORT``), or
     to a new local cluster of ``workers`` processes with one thread each (forked from this process
-    on Linux; closed afterwards).
+    on Linux; closed afterwards). A signal while the cluster starts or closes is raised when that
+    step is over (:func:`confcal._signals.deferred`), so the cluster is always closed whole.
 
     Raises
     ------
@@ -51,8 +54,13 @@ def cluster_client(scheduler: str | None = None, *, workers: int | None = None, 
         except (OSError, TimeoutError) as exc:
             raise ConnectionError(f"--scheduler: cannot reach the Dask scheduler at {scheduler!r} within "
                                   f"{timeout:g} s ({type(exc).__name__})") from None
-        with client:
+        _quiet_abandoned_gathers(client)
+        try:
             yield client
+            raise_if_interrupted()
+        finally:
+            with deferred():
+                client.close()
         return
     n = 2 if workers is None else workers
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -65,16 +73,57 @@ def cluster_client(scheduler: str | None = None, *, workers: int | None = None, 
     method = "fork" if sys.platform.startswith("linux") else dask.config.get(
         "distributed.worker.multiprocessing-method")
     # silence_logs: the nanny's shutdown chatter is not the user's business
-    with dask.config.set({"distributed.worker.multiprocessing-method": method, **QUIET_LOCAL_CLUSTER}):
-        # The scheduler serves its HTTP routes even without a dashboard, on port 8787 by default; when
-        # that port is taken distributed warns in three lines (tester T8). An ephemeral port on the
-        # loopback interface: no notice, and nothing listening beyond this machine.
-        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
-                               silence_logs=logging.CRITICAL,
-                               scheduler_kwargs={"dashboard": False, "dashboard_address": "127.0.0.1:0"})
-    with cluster, Client(cluster) as client:
+    cluster = client = None
+    try:
+        # A signal while the cluster starts is held until it exists (an interrupted start left
+        # half-started workers to distributed's atexit hook, which failed with a traceback, T11), and
+        # one while it closes until the close is over; an interrupt in between unwinds through here.
+        with deferred(), dask.config.set({"distributed.worker.multiprocessing-method": method, **QUIET_LOCAL_CLUSTER}):
+            # The scheduler serves its HTTP routes even without a dashboard, on port 8787 by default; when
+            # that port is taken distributed warns in three lines (tester T8). An ephemeral port on the
+            # loopback interface: no notice, and nothing listening beyond this machine.
+            cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
+                                   silence_logs=logging.CRITICAL,
+                                   scheduler_kwargs={"dashboard": False, "dashboard_address": "127.0.0.1:0"})
+            client = Client(cluster)
+            _quiet_abandoned_gathers(client)
         client.run(_one_thread)
         yield client
+        raise_if_interrupted()  # a signal Python dropped inside the block (a gc callback): the work stops
+    finally:
+        with deferred():
+            if client is not None:
+                client.close()
+            if cluster is not None:
+                cluster.close()
+
+
+def _quiet_abandoned_gathers(client) -> None:
+    """Drop asyncio's "Task exception was never retrieved ... AllExit" (tester T11).
+
+    When a gather is abandoned (Ctrl-C or SIGTERM in the main thread: distributed cancels it), its
+    per-key waiters still run on the client's event loop and end with distributed's internal
+    ``AllExit`` once the keys are released at the close; asyncio logs each such task as a
+    traceback when it is collected. Only that exception is dropped, on this client's loop only
+    (it ends with the client); anything else goes to the loop's handler as before."""
+    try:
+        from distributed.client import AllExit
+    except ImportError:  # another distributed: its gathers are its own business
+        return
+    loop = getattr(client.loop, "asyncio_loop", None)
+    if loop is None:
+        return
+    previous = loop.get_exception_handler()
+
+    def handler(loop, context):
+        if isinstance(context.get("exception"), AllExit):
+            return
+        if previous is None:
+            loop.default_exception_handler(context)
+        else:
+            previous(loop, context)
+
+    loop.set_exception_handler(handler)
 
 
 def _one_thread() -> None:
@@ -129,6 +178,7 @@ def write_parquet(frame, path: str, *, storage_options: dict | None = None) -> s
     tmp = f"{parent}/.{name}.{uuid.uuid4().hex[:8]}.tmp" if parent else f".{name}.{uuid.uuid4().hex[:8]}.tmp"
     try:
         frame.to_parquet(fs.unstrip_protocol(tmp), write_index=False, storage_options=storage_options)
+        raise_if_interrupted()  # a signal Python dropped during the compute: the output is not put in place
         if fs.exists(root):
             fs.rm(root, recursive=True)
         fs.mv(tmp, root, recursive=True)
