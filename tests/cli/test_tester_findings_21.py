@@ -3,6 +3,7 @@ process through ``main(argv)``: the command's exit status, its one-line error an
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from confcal.cli import main
+from tests.dask._documents import key_paths
 
 
 def _err(capsys) -> str:
@@ -32,6 +34,17 @@ def files(tmp_path):
         assert main(["fit", "-q", "--logits", f"{tmp_path}/z.npy", "--labels", f"{tmp_path}/y.npy", "--method", "ts",
                      "-o", f"{tmp_path}/cal.json"]) == 0
     return tmp_path, z, y
+
+
+def _fitted_manifest(d, method):
+    """``confcal fit --method METHOD`` on the fixture's files, written to ``d/m.json``; its JSON."""
+    import json
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["fit", "-q", "--method", method, "--logits", f"{d}/z.npy", "--labels", f"{d}/y.npy",
+                     "-o", f"{d}/m.json"]) == 0
+    return json.loads((d / "m.json").read_text())
 
 
 @pytest.mark.parametrize("suffix, column", [(".parquet", "probs"), (".csv", "probs_1")])
@@ -391,17 +404,6 @@ def test_t17_compare_on_one_row_names_the_rows_not_a_cal_size_it_chose(tmp_path,
         assert "--cal-size" not in err[-1]
 
 
-def _key_paths(doc, path=""):
-    out = set()
-    if isinstance(doc, dict):
-        for k, v in doc.items():
-            out |= {f"{path}.{k}"} | _key_paths(v, f"{path}.{k}")
-    elif isinstance(doc, list):
-        for v in doc:
-            out |= _key_paths(v, f"{path}[]")
-    return out
-
-
 def test_t9_evaluate_json_has_one_layout_with_and_without_domains_or_a_limit(files, capsys):
     """T9: in one process `evaluate --json` had two layouts (``n_classes`` + ``metrics`` when streamed, an
     ``audit`` block once --domains or --max-ece was given, without ``ece_equal_mass``/``mce``); the Dask
@@ -420,8 +422,8 @@ def test_t9_evaluate_json_has_one_layout_with_and_without_domains_or_a_limit(fil
             docs[name] = json.loads(capsys.readouterr().out)
     plain, gated, per = docs["plain"], docs["gated"], docs["domains"]
     assert set(plain) == set(gated) == set(per)
-    assert _key_paths(plain) == {p for p in _key_paths(gated) if not p.startswith(".limits.")}
-    assert _key_paths(plain) == {p for p in _key_paths(per) if not p.startswith(".per_domain.")}
+    assert key_paths(plain) == {p for p in key_paths(gated) if not p.startswith(".limits.")}
+    assert key_paths(plain) == {p for p in key_paths(per) if not p.startswith(".per_domain.")}
     assert plain["limits"] is None and gated["limits"]["verdict"] == "pass" and plain["per_domain"] == {}
     for stage in ("uncalibrated", "ts"):
         assert set(plain["metrics"][stage]) == {"accuracy", "ece", "ece_equal_mass", "mce", "nll", "brier"}
@@ -467,7 +469,7 @@ def test_t30_evaluate_json_is_strict_json_with_the_same_keys_on_both_engines(tmp
             warnings.simplefilter("ignore")
             assert main(base + more) == 0
         docs[where] = json.loads(capsys.readouterr().out, parse_constant=refuse)
-    assert _key_paths(docs["local"]) == _key_paths(docs["dask"])
+    assert key_paths(docs["local"]) == key_paths(docs["dask"])
     bins = docs["dask"]["reliability"]["uncalibrated"]
     assert any(b["count"] == 0 and b["mean_confidence"] is None and b["accuracy"] is None for b in bins)
     for stage, m in docs["local"]["metrics"].items():
@@ -543,14 +545,8 @@ def test_t33_a_refused_input_gives_its_error_line_alone_without_an_earlier_note(
 def test_t36_a_manifest_with_a_per_class_map_removed_is_refused_naming_maps(files, capsys, method):
     """T36: an isotonic / histogram-binning manifest with one entry of parameters.maps removed gave an
     IndexError (exit 1) in apply; the number of one-vs-rest maps is checked against n_classes on load."""
-    import json
-
     d, z, y = files
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        assert main(["fit", "-q", "--method", method, "--logits", f"{d}/z.npy", "--labels", f"{d}/y.npy",
-                     "-o", f"{d}/m.json"]) == 0
-    m = json.loads((d / "m.json").read_text())
+    m = _fitted_manifest(d, method)
     assert len(m["parameters"]["maps"]) == 3
     m["parameters"]["maps"].pop(1)
     (d / "cut.json").write_text(json.dumps(m))
@@ -610,14 +606,8 @@ def test_t38_demo_output_dir_that_is_not_a_folder_is_refused_before_the_demo_run
 def test_t34_a_negative_fitted_nll_is_refused_naming_it(files, capsys, method):
     """T34: parameters.nll = -5 (a negative mean negative log-likelihood) loaded silently; it is >= 0 (up to
     rounding) and refused naming the field. (Missing diagnostic fields stay accepted: older manifests.)"""
-    import json
-
     d, z, y = files
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        assert main(["fit", "-q", "--method", method, "--logits", f"{d}/z.npy", "--labels", f"{d}/y.npy",
-                     "-o", f"{d}/m.json"]) == 0
-    m = json.loads((d / "m.json").read_text())
+    m = _fitted_manifest(d, method)
     assert m["parameters"]["nll"] >= 0
     m["parameters"]["nll"] = -5
     (d / "neg.json").write_text(json.dumps(m))
