@@ -13,7 +13,7 @@ import warnings
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from confcal.calibrators import METHODS, calibrator_from_dict
@@ -468,6 +468,8 @@ def _all_paths(obj, path=()):
 @settings(max_examples=int(os.environ.get("TAMPER_EXAMPLES", 150)), suppress_health_check=[HealthCheck.too_slow])
 @given(method=st.sampled_from(["ts", "grouped-ts", "set-ts", "vs", "ts+pb", "fc", "det-ts", "cluster-ts"]),
        pick=st.integers(0, 10**6), value=_json_values)
+# an integer beyond float64 inside a numeric array (cluster-ts's centroids) raised OverflowError in the check
+@example(method="cluster-ts", pick=2048, value=10**400)
 def test_any_json_value_at_any_path_is_refused_in_one_line_or_sound(method, pick, value):
     manifest, data, side = _manifest(method)
     paths = [p for p in _all_paths(manifest) if p]

@@ -130,11 +130,7 @@ class Real(Spec):
     def check(self, value, path, ctx):
         if not _is_real(value):
             ctx.fail(path, self.describe(ctx), value)
-        try:
-            as_float = np.asarray([value], dtype=np.float64)
-        except OverflowError:  # a JSON integer beyond float64 (10**400)
-            as_float = np.asarray([math.inf if value > 0 else -math.inf])
-        self.check_array(as_float, path, ctx, scalar=True, raw=value)
+        self.check_array(_as_float64([value]), path, ctx, scalar=True, raw=value)
         return value
 
     def check_array(self, a: np.ndarray, path: str, ctx: _Ctx, *, scalar: bool = False, raw=None) -> None:
@@ -253,6 +249,22 @@ def _nested_shape(value, path: str, ctx: _Ctx, what: str) -> tuple[int, ...]:
     return (len(value),) + shapes[0]
 
 
+def _as_float64(value) -> np.ndarray:
+    """``value`` (nested lists of numbers) as float64, a JSON integer beyond float64 (10**400) as +-inf,
+    so that the range check names it instead of the conversion raising."""
+    try:
+        return np.asarray(value, dtype=np.float64)
+    except OverflowError:
+        def clamp(v):
+            if isinstance(v, (list, tuple)):
+                return [clamp(u) for u in v]
+            try:
+                return float(v)
+            except OverflowError:
+                return math.inf if v > 0 else -math.inf
+        return np.asarray(clamp(value), dtype=np.float64)
+
+
 def _first_bad_leaf(value, path: str, ok: Callable[[Any], bool]):
     if isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
@@ -305,7 +317,7 @@ class Array(Spec):
                     kind = {Real: "a number", Int: "an integer", Bool: "true or false"}[type(elem)]
                     ctx.fail(bad[0], kind, bad[1])
         if isinstance(elem, Real):
-            elem.check_array(np.asarray(value, dtype=np.float64), path, ctx)
+            elem.check_array(_as_float64(value), path, ctx)
         elif isinstance(elem, Int) and (elem.ge is not None or elem.le is not None):
             a = np.asarray(value)
             ok = np.ones(a.shape, dtype=bool)

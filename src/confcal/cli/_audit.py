@@ -29,9 +29,9 @@ def taken(cal, side: dict) -> dict:
     return {k: v for k, v in side.items() if k in takes or k != "domains"}
 
 
-def box_score_predictions(args, cal, side, *, note: bool = True):
+def box_score_predictions(args, cal, side, *, note_outside: bool = True):
     """``(stages, labels)`` for 1-D box scores: ``{"uncalibrated": clipped scores, method: p(TP)}``;
-    ``note``: say on stderr how many scores lie outside [0, 1]."""
+    ``note_outside``: say on stderr how many scores lie outside [0, 1]."""
     s = load_array(args.logits, name="logits").astype(np.float64)
     if s.ndim == 2 and s.shape[1] == 1:  # a one-logit head
         s = s[:, 0]
@@ -43,7 +43,7 @@ def box_score_predictions(args, cal, side, *, note: bool = True):
         stages = {"uncalibrated": softmax(np.stack([np.zeros_like(s), s], axis=1))[:, 1]}
     else:
         n_out = int(np.count_nonzero((s < 0) | (s > 1)))
-        if n_out and note:
+        if n_out and note_outside:
             note(f"note: {n_out} of {s.size} box scores lie outside [0, 1]; the uncalibrated metrics use them "
                   "clipped to [0, 1] (for sigmoid logits pass --input-kind logits)")
         stages = {"uncalibrated": np.clip(s, 0.0, 1.0)}
@@ -143,7 +143,7 @@ def run_box_scores(args) -> int:
     # sigmoid logit, (n,) with --input-kind logits or (n, 1)): its probability is sigmoid(logit)
     one_logit = raw.ndim == 2
     args.score_kind = "logits" if given == "logits" or (one_logit and given != "probs") else "probs"
-    stages, y = box_score_predictions(args, cal, side, note=False)  # finish() notes scores outside [0, 1]
+    stages, y = box_score_predictions(args, cal, side, note_outside=False)  # finish() notes scores outside [0, 1]
     s = np.asarray(raw, dtype=np.float64).reshape(-1)
     n_outside = 0 if args.score_kind == "logits" else int(np.count_nonzero((s < 0) | (s > 1)))
     if cal is not None:
