@@ -614,3 +614,35 @@ def test_t34_a_negative_fitted_nll_is_refused_naming_it(files, capsys, method):
     capsys.readouterr()
     assert main(["apply", "--calibrator", f"{d}/neg.json", "--logits", f"{d}/z.npy", "-o", f"{d}/p.npy"]) == 2
     assert "parameters.nll: expected a finite number >= -1e-09, got -5" in _err(capsys)
+
+
+@pytest.mark.parametrize("method", ["bbq", "bbq-top"])
+@pytest.mark.parametrize("tamper, said", [
+    ("drop_weight", "model_weights: expected as many entries as {at}n_bins (one weight per binning model, at least "
+                    "one), got {w} model_weights and {b} n_bins"),
+    ("drop_bins", "model_weights: expected as many entries as {at}n_bins (one weight per binning model, at least "
+                  "one), got {w} model_weights and {b} n_bins"),
+    ("halve", "model_weights: expected model_weights summing to 1 (within 1e-6), got a sum of 0.5"),
+], ids=["drop_weight", "drop_bins", "halve"])
+def test_t34_bbq_model_weights_and_n_bins_are_checked_against_each_other(files, capsys, method, tamper, said):
+    """T34 (rest): a bbq manifest whose model_weights and n_bins differ in length, or whose weights do not
+    sum to 1, loaded silently; both are refused on load naming the field."""
+    d, z, y = files
+    m = _fitted_manifest(d, method)
+    maps = m["parameters"]["maps"] if "maps" in m["parameters"] else [m["parameters"]["map"]]
+    one = maps[0]
+    assert len(one["model_weights"]) == len(one["n_bins"]) >= 1
+    assert abs(sum(one["model_weights"]) - 1) < 1e-9
+    if tamper == "drop_weight":
+        one["model_weights"].pop()
+    elif tamper == "drop_bins":
+        one["n_bins"].pop()
+    else:
+        one["model_weights"] = [w / 2 for w in one["model_weights"]]
+    (d / "bad.json").write_text(json.dumps(m))
+    capsys.readouterr()
+    assert main(["apply", "--calibrator", f"{d}/bad.json", "--logits", f"{d}/z.npy", "-o", f"{d}/p.npy"]) == 2
+    err = _err(capsys)
+    at = "parameters.maps[0]." if "maps" in m["parameters"] else "parameters.map."
+    assert at + said.format(at=at, w=len(one["model_weights"]), b=len(one["n_bins"])) in err
+    assert not (d / "p.npy").exists()
