@@ -646,3 +646,34 @@ def test_t34_bbq_model_weights_and_n_bins_are_checked_against_each_other(files, 
     at = "parameters.maps[0]." if "maps" in m["parameters"] else "parameters.map."
     assert at + said.format(at=at, w=len(one["model_weights"]), b=len(one["n_bins"])) in err
     assert not (d / "p.npy").exists()
+
+
+def test_t43_grouped_ts_fits_probabilities_with_input_kind_probs(tmp_path, capsys):
+    """T43: grouped-ts(input_kind="probs") refused probabilities, telling the user to pass the flag they had
+    passed (the per-domain job ran with the base's default "logits"). Oracle: per domain, ts fitted on
+    that domain's rows with input_kind="probs"."""
+    from confcal.calibrators import METHODS
+
+    rng = np.random.default_rng(3)
+    z = rng.normal(size=(600, 4)) * 2
+    y = np.where(rng.random(600) < 0.7, z.argmax(1), rng.integers(0, 4, 600))
+    d = rng.integers(0, 2, 600)
+    p = np.exp(z) / np.exp(z).sum(1, keepdims=True)
+    cal = METHODS["grouped-ts"](input_kind="probs").fit(p, y, domains=d)
+    assert cal.fit_record_["input_kind"] == "probs"
+    groups = dict((k, v["temperature"]) for k, v in cal._get_fitted()["groups"])
+    for g in (0, 1):
+        want = METHODS["ts"](input_kind="probs").fit(p[d == g], y[d == g]).temperature_
+        assert groups[g] == pytest.approx(want, rel=1e-7)
+    np.save(tmp_path / "p.npy", p)
+    np.save(tmp_path / "y.npy", y)
+    np.save(tmp_path / "d.npy", d)
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["fit", "-q", "--method", "grouped-ts", "--logits", f"{tmp_path}/p.npy", "--labels",
+                     f"{tmp_path}/y.npy", "--domains", f"{tmp_path}/d.npy", "--input-kind", "probs",
+                     "-o", f"{tmp_path}/g.json"]) == 0
+    m = json.loads((tmp_path / "g.json").read_text())
+    assert m["hyperparameters"]["input_kind"] == "probs"
+    assert dict((k, v["temperature"]) for k, v in m["parameters"]["groups"]) == pytest.approx(groups, rel=1e-9)
