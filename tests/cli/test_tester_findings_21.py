@@ -677,3 +677,25 @@ def test_t43_grouped_ts_fits_probabilities_with_input_kind_probs(tmp_path, capsy
     m = json.loads((tmp_path / "g.json").read_text())
     assert m["hyperparameters"]["input_kind"] == "probs"
     assert dict((k, v["temperature"]) for k, v in m["parameters"]["groups"]) == pytest.approx(groups, rel=1e-9)
+
+
+def test_t41_dask_evaluate_refuses_a_manifest_of_another_class_count_as_in_one_process(files, capsys):
+    """T41: `evaluate --engine dask --calibrator` applied a 3-class TS manifest to 4-class logits and printed
+    its metrics (exit 0); in one process (and `apply --engine dask`) it is refused naming both counts."""
+    pytest.importorskip("distributed")
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    d, _, _ = files
+    rng = np.random.default_rng(7)
+    z4 = rng.normal(size=(120, 4))
+    pq.write_table(pa.table({**{f"logit_{j}": z4[:, j] for j in range(4)}, "label": rng.integers(0, 4, 120)}),
+                   d / "x4.parquet")
+    base = ["evaluate", "--logits", f"{d}/x4.parquet:logit_*", "--labels", f"{d}/x4.parquet:label",
+            "--calibrator", f"{d}/cal.json", "-q"]
+    capsys.readouterr()
+    want = "confcal: error: --calibrator: calibrator was fitted on n_classes=3, but the logits have 4 classes"
+    for more in ([], ["--engine", "dask", "--workers", "1"]):
+        assert main(base + more) == 2
+        out = capsys.readouterr()
+        assert out.out == "" and out.err.strip().splitlines()[-1] == want and "Traceback" not in out.err
