@@ -699,3 +699,34 @@ def test_t41_dask_evaluate_refuses_a_manifest_of_another_class_count_as_in_one_p
         assert main(base + more) == 2
         out = capsys.readouterr()
         assert out.out == "" and out.err.strip().splitlines()[-1] == want and "Traceback" not in out.err
+
+
+def test_t44_domain_map_with_json_string_keys_names_the_domains_of_int_image_ids(tmp_path, capsys):
+    """T44: `--domain-map {"1": "z1", ...}` (JSON keys are strings) never matched the int image ids:
+    `detections match` and `rank --gt` silently kept the GT's own domains, `rank` without --gt refused."""
+    import csv
+
+    dets = _coco(tmp_path)
+    gt = json.loads((tmp_path / "gt.json").read_text())
+    for im in gt["images"]:
+        im["domain"] = "a" if im["id"] < 2 else "b"
+    (tmp_path / "gt.json").write_text(json.dumps(gt))
+    (tmp_path / "dets.json").write_text(json.dumps(dets))
+    want = {i: f"z{i % 2}" for i in range(4)}  # crosses the GT's a/b split: a mix-up cannot pass
+    (tmp_path / "dmap.json").write_text(json.dumps({str(i): d for i, d in want.items()}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["detections", "match", "--gt", f"{tmp_path}/gt.json", "--detections", f"{tmp_path}/dets.json",
+                     "--domain-map", f"{tmp_path}/dmap.json", "-o", f"{tmp_path}/mm.npz"]) == 0
+    with np.load(tmp_path / "mm.npz", allow_pickle=False) as z:
+        ids, doms = z["image_id"], z["domain"]
+    assert len(ids) == len(dets) and [str(d) for d in doms] == [want[int(i)] for i in ids]
+    for gt_args in (["--gt", f"{tmp_path}/gt.json", "--per-domain-quota"], []):
+        capsys.readouterr()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert main(["rank", "--detections", f"{tmp_path}/dets.json", *gt_args, "--domain-map",
+                         f"{tmp_path}/dmap.json", "-o", f"{tmp_path}/q.csv"]) == 0, capsys.readouterr().err
+        with open(tmp_path / "q.csv", newline="") as fh:
+            rows = list(csv.DictReader(fh))
+        assert rows and all(r["domain"] == want[int(r["image_id"])] for r in rows)
