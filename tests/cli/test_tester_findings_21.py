@@ -614,3 +614,119 @@ def test_t34_a_negative_fitted_nll_is_refused_naming_it(files, capsys, method):
     capsys.readouterr()
     assert main(["apply", "--calibrator", f"{d}/neg.json", "--logits", f"{d}/z.npy", "-o", f"{d}/p.npy"]) == 2
     assert "parameters.nll: expected a finite number >= -1e-09, got -5" in _err(capsys)
+
+
+@pytest.mark.parametrize("method", ["bbq", "bbq-top"])
+@pytest.mark.parametrize("tamper, said", [
+    ("drop_weight", "model_weights: expected as many entries as {at}n_bins (one weight per binning model, at least "
+                    "one), got {w} model_weights and {b} n_bins"),
+    ("drop_bins", "model_weights: expected as many entries as {at}n_bins (one weight per binning model, at least "
+                  "one), got {w} model_weights and {b} n_bins"),
+    ("halve", "model_weights: expected model_weights summing to 1 (within 1e-6), got a sum of 0.5"),
+], ids=["drop_weight", "drop_bins", "halve"])
+def test_t34_bbq_model_weights_and_n_bins_are_checked_against_each_other(files, capsys, method, tamper, said):
+    """T34 (rest): a bbq manifest whose model_weights and n_bins differ in length, or whose weights do not
+    sum to 1, loaded silently; both are refused on load naming the field."""
+    d, z, y = files
+    m = _fitted_manifest(d, method)
+    maps = m["parameters"]["maps"] if "maps" in m["parameters"] else [m["parameters"]["map"]]
+    one = maps[0]
+    assert len(one["model_weights"]) == len(one["n_bins"]) >= 1
+    assert abs(sum(one["model_weights"]) - 1) < 1e-9
+    if tamper == "drop_weight":
+        one["model_weights"].pop()
+    elif tamper == "drop_bins":
+        one["n_bins"].pop()
+    else:
+        one["model_weights"] = [w / 2 for w in one["model_weights"]]
+    (d / "bad.json").write_text(json.dumps(m))
+    capsys.readouterr()
+    assert main(["apply", "--calibrator", f"{d}/bad.json", "--logits", f"{d}/z.npy", "-o", f"{d}/p.npy"]) == 2
+    err = _err(capsys)
+    at = "parameters.maps[0]." if "maps" in m["parameters"] else "parameters.map."
+    assert at + said.format(at=at, w=len(one["model_weights"]), b=len(one["n_bins"])) in err
+    assert not (d / "p.npy").exists()
+
+
+def test_t43_grouped_ts_fits_probabilities_with_input_kind_probs(tmp_path, capsys):
+    """T43: grouped-ts(input_kind="probs") refused probabilities, telling the user to pass the flag they had
+    passed (the per-domain job ran with the base's default "logits"). Oracle: per domain, ts fitted on
+    that domain's rows with input_kind="probs"."""
+    from confcal.calibrators import METHODS
+
+    rng = np.random.default_rng(3)
+    z = rng.normal(size=(600, 4)) * 2
+    y = np.where(rng.random(600) < 0.7, z.argmax(1), rng.integers(0, 4, 600))
+    d = rng.integers(0, 2, 600)
+    p = np.exp(z) / np.exp(z).sum(1, keepdims=True)
+    cal = METHODS["grouped-ts"](input_kind="probs").fit(p, y, domains=d)
+    assert cal.fit_record_["input_kind"] == "probs"
+    groups = dict((k, v["temperature"]) for k, v in cal._get_fitted()["groups"])
+    for g in (0, 1):
+        want = METHODS["ts"](input_kind="probs").fit(p[d == g], y[d == g]).temperature_
+        assert groups[g] == pytest.approx(want, rel=1e-7)
+    np.save(tmp_path / "p.npy", p)
+    np.save(tmp_path / "y.npy", y)
+    np.save(tmp_path / "d.npy", d)
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["fit", "-q", "--method", "grouped-ts", "--logits", f"{tmp_path}/p.npy", "--labels",
+                     f"{tmp_path}/y.npy", "--domains", f"{tmp_path}/d.npy", "--input-kind", "probs",
+                     "-o", f"{tmp_path}/g.json"]) == 0
+    m = json.loads((tmp_path / "g.json").read_text())
+    assert m["hyperparameters"]["input_kind"] == "probs"
+    assert dict((k, v["temperature"]) for k, v in m["parameters"]["groups"]) == pytest.approx(groups, rel=1e-9)
+
+
+def test_t41_dask_evaluate_refuses_a_manifest_of_another_class_count_as_in_one_process(files, capsys):
+    """T41: `evaluate --engine dask --calibrator` applied a 3-class TS manifest to 4-class logits and printed
+    its metrics (exit 0); in one process (and `apply --engine dask`) it is refused naming both counts."""
+    pytest.importorskip("distributed")
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    d, _, _ = files
+    rng = np.random.default_rng(7)
+    z4 = rng.normal(size=(120, 4))
+    pq.write_table(pa.table({**{f"logit_{j}": z4[:, j] for j in range(4)}, "label": rng.integers(0, 4, 120)}),
+                   d / "x4.parquet")
+    base = ["evaluate", "--logits", f"{d}/x4.parquet:logit_*", "--labels", f"{d}/x4.parquet:label",
+            "--calibrator", f"{d}/cal.json", "-q"]
+    capsys.readouterr()
+    want = "confcal: error: --calibrator: calibrator was fitted on n_classes=3, but the logits have 4 classes"
+    for more in ([], ["--engine", "dask", "--workers", "1"]):
+        assert main(base + more) == 2
+        out = capsys.readouterr()
+        assert out.out == "" and out.err.strip().splitlines()[-1] == want and "Traceback" not in out.err
+
+
+def test_t44_domain_map_with_json_string_keys_names_the_domains_of_int_image_ids(tmp_path, capsys):
+    """T44: `--domain-map {"1": "z1", ...}` (JSON keys are strings) never matched the int image ids:
+    `detections match` and `rank --gt` silently kept the GT's own domains, `rank` without --gt refused."""
+    import csv
+
+    dets = _coco(tmp_path)
+    gt = json.loads((tmp_path / "gt.json").read_text())
+    for im in gt["images"]:
+        im["domain"] = "a" if im["id"] < 2 else "b"
+    (tmp_path / "gt.json").write_text(json.dumps(gt))
+    (tmp_path / "dets.json").write_text(json.dumps(dets))
+    want = {i: f"z{i % 2}" for i in range(4)}  # crosses the GT's a/b split: a mix-up cannot pass
+    (tmp_path / "dmap.json").write_text(json.dumps({str(i): d for i, d in want.items()}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["detections", "match", "--gt", f"{tmp_path}/gt.json", "--detections", f"{tmp_path}/dets.json",
+                     "--domain-map", f"{tmp_path}/dmap.json", "-o", f"{tmp_path}/mm.npz"]) == 0
+    with np.load(tmp_path / "mm.npz", allow_pickle=False) as z:
+        ids, doms = z["image_id"], z["domain"]
+    assert len(ids) == len(dets) and [str(d) for d in doms] == [want[int(i)] for i in ids]
+    for gt_args in (["--gt", f"{tmp_path}/gt.json", "--per-domain-quota"], []):
+        capsys.readouterr()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert main(["rank", "--detections", f"{tmp_path}/dets.json", *gt_args, "--domain-map",
+                         f"{tmp_path}/dmap.json", "-o", f"{tmp_path}/q.csv"]) == 0, capsys.readouterr().err
+        with open(tmp_path / "q.csv", newline="") as fh:
+            rows = list(csv.DictReader(fh))
+        assert rows and all(r["domain"] == want[int(r["image_id"])] for r in rows)

@@ -415,14 +415,20 @@ class Rule:
     names: tuple[str, ...]
     test: Callable[..., bool]
     message: str
+    #: ``show(*values) -> str``: what the refusal says it got (default: the values' reprs, cut short)
+    show: Callable[..., str] | None = None
+    #: ``message`` may name another field by its full path as ``{at}.name`` (``{at}``: the dict's path), so
+    #: a refusal names every field that may be the wrong one
 
     def check(self, obj: dict, path: str, ctx: _Ctx) -> None:
         vals = [obj.get(n) for n in self.names]
         if any(v is None for v in vals):
             return
         if not self.test(*vals):
-            shown = ", ".join(f"{n}={_show(v)}" for n, v in zip(self.names, vals))
-            ctx.fail(_join(path, self.names[0]), self.message, got=shown)
+            shown = (self.show(*vals) if self.show is not None
+                     else ", ".join(f"{n}={_show(v)}" for n, v in zip(self.names, vals)))
+            message = self.message.replace("{at}.", f"{path}." if path else "") if "{at}." in self.message else self.message
+            ctx.fail(_join(path, self.names[0]), message, got=shown)
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,12 @@ method                         keeps arg-max  source
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from confcal._numeric import softmax
-from confcal.calibrators._constraints import Choice, Fields, Int, ListOf, Opt, Real, per_class_maps
+from confcal.calibrators._constraints import Choice, Fields, Int, ListOf, Opt, Real, Rule, per_class_maps
 from confcal.calibrators._reduce import (
     _named,
     OneVsRestCalibrator,
@@ -99,7 +101,14 @@ _STEP_MAP = Fields(_STEP)
 #: the most bins a binning map takes: the metrics' own limit (confcal.metrics check_n_bins); beyond it
 #: the bins' arrays alone exhaust memory long before the data could fill them
 MAX_BINS = 100_000
-_BBQ_MAP = Fields({**_STEP, "n_bins": ListOf(Int(ge=1)), "model_weights": ListOf(_PROB)})
+# one weight per binning model (the bin counts tried), weights a distribution over the models (T34)
+_BBQ_MAP = Fields({**_STEP, "n_bins": ListOf(Int(ge=1)), "model_weights": ListOf(_PROB)},
+                  rules=(Rule(("model_weights", "n_bins"), lambda w, b: len(w) == len(b) > 0,
+                              "as many entries as {at}.n_bins (one weight per binning model, at least one)",
+                              lambda w, b: f"{len(w)} model_weights and {len(b)} n_bins"),
+                         Rule(("model_weights",), lambda w: abs(math.fsum(w) - 1.0) <= 1e-6,
+                              "model_weights summing to 1 (within 1e-6)",
+                              lambda w: f"a sum of {math.fsum(w):.9g}")))
 _SB_MAP = Fields({**_STEP, "a": Opt(Real()), "b": Opt(Real())})
 _SB_HYPER = {"n_bins": Int(ge=1, le=MAX_BINS), "scaler": Choice("auto", "ts", "platt"), "random_state": Int(ge=0)}
 _SB_SCALER = {"scaler": Choice("ts", "platt"), "temperature": Opt(Real(gt=0))}

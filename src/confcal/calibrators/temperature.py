@@ -325,6 +325,9 @@ class GroupedTemperatureScaling(GroupedCalibrator):
 
     def _run_job(self, digest=None, n_rows=None):
         base = self._make_base()
+        # the job reads the raw batches: it takes their log itself when they are probabilities (T43); the
+        # per-domain maps built below see logits, as the in-memory path's do
+        base.input_kind = self._input_kind()
         res = yield from base._run_ts_job(by_domain=True, min_samples=self.min_samples, digest=digest,
                                           n_rows=n_rows)
         kind = self._input_kind()

@@ -73,9 +73,9 @@ def _domains(dets, args):
                 images[im["id"]] = str(im[args.domain_key])
     dmap = load_domain_map(args.domain_map)
     if dmap:
-        for k, v in dmap.items():
-            images[k] = str(v)
-            images[str(k)] = str(v)
+        from confcal.detection.matching import domain_map_by_id
+
+        images.update(domain_map_by_id(dmap))
     have_any = bool(images) or any("domain" in r for r in dets)
     if not have_any:
         return None

@@ -164,9 +164,19 @@ def _image_domains(gt: dict, domain_key: str | None, domain_map: Mapping | None)
         warnings.warn(f"domain_key {domain_key!r} is in none of the GT images; there are no domains. "
                       f"Keys of the first image: {sorted(gt['images'][0])}", UserWarning, stacklevel=3)
     if domain_map is not None:
-        for k, v in domain_map.items():
-            out[k] = str(v)
-            out[str(k)] = str(v)  # JSON maps have string keys: accept them for int image ids
+        out.update(domain_map_by_id(domain_map))
+    return out
+
+
+def domain_map_by_id(domain_map: Mapping) -> dict:
+    """``{image_id: domain}`` with every key under its own type and its other spelling: a JSON object's
+    keys are strings, so ``"1"`` also stands for the int image id ``1`` (and ``1`` for ``"1"``); ``"01"`` is
+    only a string id. Domains are strings."""
+    out = {}
+    for k, v in domain_map.items():
+        out[k] = out[str(k)] = str(v)
+        if isinstance(k, str) and k.lstrip("-").isdigit() and k.isascii() and str(int(k)) == k:
+            out[int(k)] = str(v)  # (T44: the str(k) spelling alone never matched an int id)
     return out
 
 
