@@ -410,6 +410,7 @@ def _run_parallel(specs, splits, jobs: int, bar):
     from concurrent.futures import as_completed
 
     results = [None] * len(splits)
+    _start_resource_tracker_deaf_to_sighup()
     pool = ProcessPoolExecutor(max_workers=min(jobs, len(splits)), mp_context=mp.get_context("spawn"),
                                initializer=_ignore_sigint)
     try:
@@ -424,6 +425,24 @@ def _run_parallel(specs, splits, jobs: int, bar):
         raise
     pool.shutdown(wait=True)
     return results
+
+
+def _start_resource_tracker_deaf_to_sighup() -> None:
+    """Start multiprocessing's resource tracker (if it is not running) with SIGHUP blocked, which it
+    keeps across its exec. It ignores SIGINT and SIGTERM itself but not SIGHUP: a closed terminal's
+    SIGHUP to the process group killed it, it was relaunched empty, and each shared block the pool
+    then released printed a KeyError traceback (tester T45). The parent's mask is restored at once,
+    so a SIGHUP that arrived meanwhile is delivered to it then, not lost."""
+    import signal
+    from multiprocessing import resource_tracker
+
+    if not hasattr(signal, "SIGHUP") or not hasattr(signal, "pthread_sigmask"):
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _ignore_sigint() -> None:
