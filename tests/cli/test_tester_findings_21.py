@@ -730,3 +730,20 @@ def test_t44_domain_map_with_json_string_keys_names_the_domains_of_int_image_ids
         with open(tmp_path / "q.csv", newline="") as fh:
             rows = list(csv.DictReader(fh))
         assert rows and all(r["domain"] == want[int(r["image_id"])] for r in rows)
+
+
+@pytest.mark.parametrize("method, scale", [("pts", 1e307), ("lb", 1e300)])
+def test_t42_a_map_that_overflows_on_finite_logits_is_refused_naming_the_rows(method, scale):
+    """T42: pts (and lb) returned all-NaN rows from predict_proba for finite logits of magnitude >= 1e307
+    (lb from ~1e154); now a ValueError names the rows and the scale, and ordinary rows still predict."""
+    from confcal.calibrators import METHODS
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 5)) * 3
+    y = rng.integers(0, 5, 300)
+    cal = METHODS[method]().fit(x, y)
+    rows = np.vstack([x[:2], np.sign(x[2:4]) * scale])
+    with pytest.raises(ValueError, match=rf"'{method}' map overflows float64 on 2 row\(s\) \(rows 2, 3;"):
+        cal.predict_proba(rows)
+    p = cal.predict_proba(x[:2], dtype=np.float64)
+    assert np.isfinite(p).all() and np.allclose(p.sum(1), 1, rtol=0, atol=1e-12)

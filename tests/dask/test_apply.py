@@ -139,8 +139,11 @@ def test_apply_refuses_non_finite_rows(dask_client, tmp_path):
     cal = METHODS["pts"]().fit(z, y)
     big = z.copy()
     big[:5] *= 1e307
-    if np.isfinite(cal.predict_proba(big, dtype=np.float64)).all():
-        pytest.skip("pts maps these rows to finite probabilities here: nothing to refuse")
+    try:
+        if np.isfinite(cal.predict_proba(big, dtype=np.float64)).all():
+            pytest.skip("pts maps these rows to finite probabilities here: nothing to refuse")
+    except ValueError:  # the map's own overflow check (tester T42) refuses them in one process too
+        pass
     write_dataset(tmp_path / "big.parquet", {"logits": big, "label": y}, n_parts=2)
-    with pytest.raises(ValueError, match=r"not finite \(NaN/inf\), rows 0, 1, 2, 3, 4; nothing was written"):
+    with pytest.raises(ValueError, match=r"rows 0, 1, 2, 3, 4"):
         apply(cal, read_parquet(str(tmp_path / "big.parquet"))).compute()

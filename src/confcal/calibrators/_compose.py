@@ -281,6 +281,7 @@ class MapCalibrator(Calibrator):
             for a in range(0, max(n, 1), rows):
                 f = None if features is None else to_torch(features[a:a + rows])
                 p = model.probs(model.prepare(to_torch(z[a:a + rows]), f)).numpy()
+                _refuse_non_finite_rows(p, z[a:a + rows], a, self.method)
                 if out is None:
                     if p.shape[0] == n:  # one block: no copy
                         return p
@@ -298,3 +299,18 @@ class MapCalibrator(Calibrator):
         self.nll_ = float(params.get("nll", float("nan")))
         self.n_iter_ = int(params.get("n_iter", 0))
         self.converged_ = bool(params.get("converged", True))
+
+
+def _refuse_non_finite_rows(p: np.ndarray, z, first_row: int, method: str) -> None:
+    """A map whose float64 arithmetic overflows on finite logits (PTS's temperature network from
+    |logit| ~ 1e307, LB's row norm from ~ 1e154) gives NaN rows: refuse them, naming the rows and
+    their scale, instead of returning NaN probabilities (tester T42)."""
+    bad = ~np.isfinite(p).all(axis=tuple(range(1, p.ndim)))
+    if not bad.any():
+        return
+    idx = np.flatnonzero(bad)
+    zz = np.asarray(z[idx[:5]], dtype=np.float64)
+    scale = float(np.abs(zz[np.isfinite(zz)]).max()) if np.isfinite(zz).any() else float("nan")
+    rows = ", ".join(str(first_row + int(i)) for i in idx[:5]) + (", ..." if idx.size > 5 else "")
+    raise ValueError(f"logits: the {method!r} map overflows float64 on {idx.size} row(s) (rows {rows}; "
+                     f"|logit| up to {scale:.3g}): rescale the logits, or use 'ts'")
