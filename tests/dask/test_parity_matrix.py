@@ -216,7 +216,7 @@ def test_engine_parity(method, kind, matrix_data, dask_client, tmp_path, capsys,
     if fitted_on == "sample":  # the documented difference: a sample (here every row, in order)
         assert got["fit"]["sample"]["rows"] == N_ROWS and "seeded sample" in err_d
     else:
-        assert "all rows" in err_d and got["fit"]["n_passes"] >= 2
+        assert "all rows" in err_d and got["fit"]["n_passes"] >= 1
     assert got["fit"]["data_summary"] == want["fit"]["data_summary"]
     # the data digest does not depend on the engine (fixed global row blocks, confcal._digest)
     assert got["fit"]["data_sha256"] == want["fit"]["data_sha256"]

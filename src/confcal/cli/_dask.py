@@ -109,13 +109,29 @@ def run_apply(args) -> int:
     dtype = getattr(args, "dtype", None) or "float64"
     with _client(args):
         frame = _open(path)
-        lazy = apply(_calibrator(args), frame, logits=cols["--logits"], domains=cols.get("--domains"),
+        cal = _calibrator(args)
+        lazy = apply(cal, frame, logits=cols["--logits"], domains=cols.get("--domains"),
                      features=cols.get("--features"), keep_columns=keep, dtype=dtype,
                      category_ids=cols.get("--category-ids"))
         write_parquet(lazy, args.output)
         n = frame.npartitions
+        _warn_if_drift(cal, frame, cols)
     print(f"wrote calibrated probabilities ({dtype}) of {n} partitions -> {args.output}")
     return 0
+
+
+def _warn_if_drift(cal, frame, cols) -> None:
+    """``apply``'s drift check on the rows the single-process apply checks (the same global rows,
+    :func:`confcal.passes.spread_ranges`), said after the output is written, as there."""
+    from confcal.cli.drift import warn_if_drift
+    from confcal.dask import spread_rows
+
+    if "data_summary" not in (getattr(cal, "fit_record_", None) or {}):
+        return  # nothing to check against: no pass over the data
+    rows = spread_rows(frame, logits=cols["--logits"], domains=cols.get("--domains"))
+    # box scores: their raw scores, as the single-process apply checks them
+    kind = "logits" if getattr(cal, "takes_box_scores", False) else cal.input_kind
+    warn_if_drift(cal, rows["logits"], input_kind=kind, domains=rows.get("domains"))
 
 
 def run_evaluate(args) -> int:
