@@ -184,16 +184,19 @@ def apply(calibrator, data, *, logits: str = "logits", domains: str | None = Non
 
 def read_rows(data, columns: dict, ranges=None) -> dict:
     """``{name: array}`` of the ``columns`` (``{name: column spec}``, None values skipped) of the rows
-    of the global ``(start, stop)`` ``ranges`` (None: every row), gathered into this process in row
-    order, decoded as the single-process readers decode them; one pass over only the partitions
-    that hold them. ``data``: a :class:`~confcal.dask._data.ParquetDataset` or Dask DataFrame.
-    ``ValueError`` for unknown columns."""
+    of the global ``(start, stop)`` ``ranges`` (None: every row; a function: of the number of
+    rows), gathered into this process in row order, decoded as the single-process readers decode
+    them; one pass over only the partitions that hold them. ``data``: a
+    :class:`~confcal.dask._data.ParquetDataset` or Dask DataFrame (its partition lengths: one
+    ``len`` pass more). ``ValueError`` for unknown columns."""
     from confcal.dask._engine import DaskEngine
     from confcal.passes import gather_rows, run_job
 
     specs = {k: resolve_columns(data, v, name=k) for k, v in columns.items() if v}
     engine = DaskEngine(data, specs)
-    ranges = [(0, engine.count_rows())] if ranges is None else ranges
+    if ranges is None or callable(ranges):
+        n = engine.count_rows()
+        ranges = [(0, n)] if ranges is None else ranges(n)
     return run_job(gather_rows(ranges, list(specs)), engine)
 
 
@@ -203,8 +206,7 @@ def spread_rows(data, *, logits: str = "logits", domains: str | None = None) -> 
     the rows the single-process ``confcal apply`` checks (:func:`read_rows`)."""
     from confcal.passes import spread_ranges
 
-    n = data.n_rows if isinstance(data, ParquetDataset) else int(data.map_partitions(len).sum().compute())
-    return read_rows(data, {"logits": logits, "domains": domains}, spread_ranges(n))
+    return read_rows(data, {"logits": logits, "domains": domains}, spread_ranges)
 
 
 def _is_scores(spec: ColumnSpec, data) -> bool:
