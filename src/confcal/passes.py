@@ -27,7 +27,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["Pass", "LocalEngine", "run_job", "merge_optional", "SpreadBlocks", "together"]
+__all__ = ["Pass", "LocalEngine", "run_job", "merge_optional", "SpreadBlocks", "together", "gather_rows",
+           "SPREAD_ROWS", "SPREAD_BLOCKS", "spread_ranges", "take_ranges"]
 
 
 @dataclass(frozen=True)
@@ -37,13 +38,16 @@ class Pass:
     ``map(batch, first_row) -> stats`` on one batch (``batch``: ``{name: array}`` of the
     names in ``columns``, rows ``[first_row, first_row + len)`` of the whole data);
     ``merge(a, b) -> stats`` exact and associative (results of adjacent row ranges, ``a``
-    before ``b``). ``desc`` labels progress bars.
+    before ``b``). ``desc`` labels progress bars. ``ranges``: when given, the job needs only the
+    rows of these global ``(start, stop)`` ranges, and an engine may skip the partitions outside
+    them (the map still sees whole batches and picks its rows itself); ``None``: every row.
     """
 
     map: Callable[[dict, int], Any]
     merge: Callable[[Any, Any], Any]
     columns: tuple = ()
     desc: str = "pass"
+    ranges: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,84 @@ class LocalEngine:
                 for k in request.columns if k in self.sources}
 
 
+# Which rows a drift summary or drift check of a large input reads, one rule for every engine:
+# ``fit`` records its drift reference (confcal.metrics.drift.data_summary) and ``apply`` checks
+# new data against it from these rows only. The single-process CLI reads them from its source;
+# the Dask engine picks the same global rows out of its partitions (gather_rows). Both ask
+# spread_ranges, so they cannot take different rows.
+
+#: rows behind a drift summary or check of a large input (read at call time: a test may lower it)
+SPREAD_ROWS = 200_000
+#: blocks those rows come in, evenly spread over the data
+SPREAD_BLOCKS = 20
+
+
+def spread_ranges(n_rows: int) -> list[tuple[int, int]]:
+    """Global row ranges ``[(start, stop), ...]`` (increasing, disjoint) of the rows to read out of
+    ``n_rows``: ``[(0, n_rows)]`` up to :data:`SPREAD_ROWS` rows, else :data:`SPREAD_BLOCKS` blocks of
+    ``SPREAD_ROWS // SPREAD_BLOCKS`` rows starting at ``linspace(0, n_rows - block, SPREAD_BLOCKS)``
+    (truncated to integers), the first at row 0 and the last ending at the last row.
+
+    Raises ``ValueError`` for a negative ``n_rows``.
+
+    Examples
+    --------
+    >>> spread_ranges(5)
+    [(0, 5)]
+    >>> r = spread_ranges(1_000_000)
+    >>> len(r), r[0], r[-1], sum(b - a for a, b in r)
+    (20, (0, 10000), (990000, 1000000), 200000)
+    """
+    n = int(n_rows)
+    if n < 0:
+        raise ValueError(f"n_rows: expected a row count >= 0, got {n_rows!r}")
+    if n <= SPREAD_ROWS:
+        return [(0, n)]
+    per = max(1, SPREAD_ROWS // SPREAD_BLOCKS)
+    starts = np.linspace(0, n - per, SPREAD_BLOCKS).astype(np.int64)
+    return [(int(a), int(a) + per) for a in starts]
+
+
+def take_ranges(array, ranges) -> np.ndarray:
+    """The rows of ``ranges`` (from :func:`spread_ranges`) of an in-memory array, concatenated in
+    order (a copy)."""
+    return np.concatenate([np.asarray(array[a:b]) for a, b in ranges]) if ranges else np.asarray(array[:0])
+
+
+def _pick(batch: dict, first: int, *, ranges: tuple, columns: tuple) -> list:
+    """The rows of ``ranges`` inside this batch: ``[{name: array copy}, ...]`` in row order."""
+    n = len(next(iter(batch.values()))) if batch else 0
+    out = []
+    for a, b in ranges:
+        lo, hi = max(a, first), min(b, first + n)
+        if lo < hi:
+            out.append({k: np.array(batch[k][lo - first:hi - first]) for k in columns if k in batch})
+    return out
+
+
+def _concat(a: list, b: list) -> list:
+    return a + b
+
+
+def gather_rows(ranges, columns):
+    """A job of one pass returning ``{name: array}``: the rows of the global ``(start, stop)``
+    ``ranges`` (increasing, disjoint; e.g. :func:`spread_ranges`) of each name in
+    ``columns`` the engine has, concatenated in row order, exactly as read (no validation). Run it
+    with :func:`together` to have it ride along another job's first pass. ``ValueError`` when the
+    data holds fewer rows than the ranges ask for."""
+    ranges = tuple((int(a), int(b)) for a, b in ranges if b > a)
+    columns = tuple(columns)
+    parts = yield Pass(partial(_pick, ranges=ranges, columns=columns), _concat, columns=columns,
+                       desc="spread rows", ranges=ranges)
+    parts = parts or []
+    want = sum(b - a for a, b in ranges)
+    got = sum(len(next(iter(p.values()))) for p in parts if p)
+    if got != want:
+        raise ValueError(f"gather_rows: expected {want} rows in the ranges {ranges[:3]}..., the data gave {got}")
+    names = [k for k in columns if parts and k in parts[0]]
+    return {k: np.concatenate([p[k] for p in parts]) for k in names}
+
+
 def _map_all(maps, batch, first):
     return tuple(m(batch, first) for m in maps)
 
@@ -169,8 +251,10 @@ def together(*jobs):
         order = sorted(pending)
         reqs = [pending[i] for i in order]
         columns = () if any(not r.columns for r in reqs) else tuple(dict.fromkeys(c for r in reqs for c in r.columns))
+        # rows needed: every row unless each job names its ranges (then their union, a hint to skip partitions)
+        ranges = None if any(r.ranges is None for r in reqs) else tuple(sorted({g for r in reqs for g in r.ranges}))
         out = yield Pass(partial(_map_all, tuple(r.map for r in reqs)), partial(_merge_all, tuple(r.merge for r in reqs)),
-                         columns=columns, desc=reqs[0].desc)
+                         columns=columns, desc=reqs[0].desc, ranges=ranges)
         for i, o in zip(order, out if out is not None else [None] * len(order)):
             send(i, o)
     return results

@@ -51,9 +51,12 @@ def test_the_local_cluster_of_a_command_samples_no_stacks_and_polls_less():
     def probe(dask_worker):
         import dask
 
+        tick = dask_worker.periodic_callbacks.get("tick")
         return (sorted(k for k in dask_worker.periodic_callbacks if k.startswith("profile")),
-                dask.config.get("distributed.admin.system-monitor.interval"))
+                dask.config.get("distributed.admin.system-monitor.interval"),
+                None if tick is None else tick.callback_time)
 
     with cluster_client(workers=1) as client:
         got = list(client.run(probe).values())
-    assert got == [([], QUIET_LOCAL_CLUSTER["distributed.admin.system-monitor.interval"])]
+    # the event-loop tick: once a second (ms), not every 20 ms
+    assert got == [([], QUIET_LOCAL_CLUSTER["distributed.admin.system-monitor.interval"], 1000)]

@@ -75,7 +75,7 @@ def test_full_data_fit_manifest_equals_single_process(dask_client, cifar_dataset
     ref = METHODS[method]().fit(open_source(arrays["logits"], name="logits"), arrays["labels"], **side)
     got = fit(method, read_parquet(str(folder)), **{k: cols[k] for k in names})
     want_m, got_m = ref.to_dict(), got.to_dict()
-    assert got_m["fit"]["engine"] == "dask" and got_m["fit"]["n_passes"] >= 2
+    assert got_m["fit"]["engine"] == "dask" and got_m["fit"]["n_passes"] >= 1
     # the drift reference of all rows, exactly what the single-process CLI records
     assert got_m["fit"]["data_summary"] == data_summary(arrays["logits"], domains=side.get("domains"))
     for m in (want_m, got_m):

@@ -113,22 +113,20 @@ def source(args, attr: str, name: str | None = None):
     return open_source(spec, name=name or attr, csv_header=getattr(args, "csv_header", "first"))
 
 
-#: rows behind a drift summary or check of streamed data (evenly spread blocks)
-SPREAD_ROWS = 200_000
-
-
 def spread_rows(src):
     """All rows of a source, or ``SPREAD_ROWS`` of them in 20 evenly spread blocks: bounded memory
-    for the drift summary (``fit``) and drift check (``apply``) of streamed data."""
+    for the drift summary (``fit``) and drift check (``apply``) of streamed data. Which rows:
+    :func:`confcal.passes.spread_ranges`, the rule the Dask engine follows too."""
     import numpy as np
 
-    if src.n_rows <= SPREAD_ROWS:
+    from confcal.passes import spread_ranges
+
+    ranges = spread_ranges(src.n_rows)
+    if len(ranges) == 1 and ranges[0] == (0, src.n_rows):
         return src.to_numpy()
-    per = SPREAD_ROWS // 20
     # copies: a block read from Parquet is a view of its decoded row group, and 20 views kept
     # 20 row groups alive (peak RSS 1017 MB for 200k rows of a 1M-row-group file, now ~200 MB)
-    starts = np.linspace(0, src.n_rows - per, 20).astype(np.int64)
-    return np.concatenate([np.array(src.read(a, a + per)) for a in starts])
+    return np.concatenate([np.array(src.read(a, b)) for a, b in ranges])
 
 
 def side_sources(args) -> dict:

@@ -109,13 +109,47 @@ def run_apply(args) -> int:
     dtype = getattr(args, "dtype", None) or "float64"
     with _client(args):
         frame = _open(path)
-        lazy = apply(_calibrator(args), frame, logits=cols["--logits"], domains=cols.get("--domains"),
+        cal = _calibrator(args)
+        lazy = apply(cal, frame, logits=cols["--logits"], domains=cols.get("--domains"),
                      features=cols.get("--features"), keep_columns=keep, dtype=dtype,
                      category_ids=cols.get("--category-ids"))
         write_parquet(lazy, args.output)
         n = frame.npartitions
+        _warn_if_drift(cal, frame, cols)
     print(f"wrote calibrated probabilities ({dtype}) of {n} partitions -> {args.output}")
     return 0
+
+
+def _warn_if_drift(cal, frame, cols) -> None:
+    """``apply``'s drift check on the rows the single-process apply checks (the same global rows,
+    :func:`confcal.passes.spread_ranges`), said after the output is written, as there."""
+    from confcal.cli.drift import warn_if_drift
+    from confcal.dask import spread_rows
+
+    if "data_summary" not in (getattr(cal, "fit_record_", None) or {}):
+        return  # nothing to check against: no pass over the data
+    rows = spread_rows(frame, logits=cols["--logits"], domains=cols.get("--domains"))
+    # box scores: their raw scores, as the single-process apply checks them
+    kind = "logits" if getattr(cal, "takes_box_scores", False) else cal.input_kind
+    warn_if_drift(cal, rows["logits"], input_kind=kind, domains=rows.get("domains"))
+
+
+def _multilabel_inputs(frame, cols, flagged: bool, manifest):
+    """``(logits, labels, manifest)`` when this ``evaluate`` is a sigmoid head's (the rule of
+    :func:`confcal.cli._multilabel.multilabel_inputs`: ``flagged`` by ``--multilabel`` or a
+    ``*-multilabel`` calibrator, or 2-D labels with a row that is not one-hot), gathered from the cluster into this
+    process as the single process loads them (every row in memory); else None, reading nothing
+    for 1-D labels."""
+    from confcal.cli._multilabel import check_multilabel_shapes
+    from confcal.dask import read_rows, resolve_columns
+
+    spec = resolve_columns(frame, cols["--labels"], name="labels")
+    if not flagged and not (spec.list_column or spec.group):
+        return None  # 1-D labels: the usual evaluate
+    rows = read_rows(frame, {"logits": cols["--logits"], "labels": cols["--labels"]})
+    if not check_multilabel_shapes(rows["logits"], rows["labels"], flagged):
+        return None
+    return rows["logits"], rows["labels"], manifest
 
 
 def run_evaluate(args) -> int:
@@ -125,15 +159,24 @@ def run_evaluate(args) -> int:
     path, cols = _dataset(args, ["--logits", "--labels", "--domains", "--features"])
     if "--labels" not in cols:
         raise ValueError("--labels: required")
-    cal = _calibrator(args)
-    features = cols.get("--features")
-    names = _audit.geometry_names(args, cal)
-    if features is None and getattr(cal, "takes_box_features", False):
-        # geometry maps: their box features by name from the --logits dataset, as in one process
-        features = ",".join(cal.feature_names_)
+    from confcal.cli._multilabel import flagged_multilabel
+
+    flagged = flagged_multilabel(args, calibrator_path=args.calibrator)  # a bad manifest: before any cluster
     with _client(args):
+        frame = _open(path)
+        inputs = _multilabel_inputs(frame, cols, *flagged)
+        if inputs is not None:  # a sigmoid head: the single-process per-label evaluation of the same rows
+            from confcal.cli import _multilabel
+
+            return _multilabel.run_evaluate(args, inputs, engine="dask")
+        cal = _calibrator(args)
+        features = cols.get("--features")
+        names = _audit.geometry_names(args, cal)
+        if features is None and getattr(cal, "takes_box_features", False):
+            # geometry maps: their box features by name from the --logits dataset, as in one process
+            features = ",".join(cal.feature_names_)
         # --input-kind default: the calibrator's (its manifest), else logits, as in one process
-        doc = evaluate(_open(path), logits=cols["--logits"], labels=cols["--labels"],
+        doc = evaluate(frame, logits=cols["--logits"], labels=cols["--labels"],
                        domains=cols.get("--domains"), features=features, calibrator=cal,
                        input_kind=args.input_kind, n_bins=args.n_bins,
                        geometry=",".join(names) if names else None, max_ece=args.max_ece)

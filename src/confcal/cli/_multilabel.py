@@ -25,15 +25,10 @@ def add_multilabel_arg(p) -> None:
 def multilabel_inputs(args, *, calibrator_path=None):
     """``(logits, labels, manifest)`` when this call is a sigmoid head's, else None (nothing is
     read twice: the softmax path reads its own inputs)."""
-    import numpy as np
-
-    from confcal.io import load_array, load_manifest
+    from confcal.io import load_array
 
     header = getattr(args, "csv_header", "first")
-    manifest = load_manifest(calibrator_path) if calibrator_path else None
-    flagged = getattr(args, "multilabel", False)
-    if manifest is not None and str(manifest.get("method", "")).endswith("-multilabel"):
-        flagged = True
+    flagged, manifest = flagged_multilabel(args, calibrator_path=calibrator_path)
     if not flagged and not getattr(args, "labels", None):
         return None
     if not flagged:  # the shape from the file's header: 1-D labels (the usual case) are never loaded here
@@ -43,14 +38,35 @@ def multilabel_inputs(args, *, calibrator_path=None):
             return None
     labels = load_array(args.labels, name="labels", csv_header=header)
     logits = load_array(args.logits, name="logits", csv_header=header)
+    return (logits, labels, manifest) if check_multilabel_shapes(logits, labels, flagged) else None
+
+
+def flagged_multilabel(args, *, calibrator_path=None):
+    """``(True when the call says it is a sigmoid head's, manifest or None)``: ``--multilabel``, or a
+    ``*-multilabel`` calibrator (both engines ask this)."""
+    from confcal.io import load_manifest
+
+    manifest = load_manifest(calibrator_path) if calibrator_path else None
+    flagged = bool(getattr(args, "multilabel", False))
+    if manifest is not None and str(manifest.get("method", "")).endswith("-multilabel"):
+        flagged = True
+    return flagged, manifest
+
+
+def check_multilabel_shapes(logits, labels, flagged: bool) -> bool:
+    """True when ``labels`` make this a sigmoid head's evaluation (``flagged``, or 2-D labels with a
+    row that is not one-hot); ``ValueError`` naming ``--labels`` when they are not multi-hot of the
+    logits' shape then (both engines ask this)."""
+    import numpy as np
+
     from confcal.evaluation.multilabel import is_multilabel
 
     if not is_multilabel(np.shape(logits), labels, force=flagged):
-        return None
-    if logits.ndim != 2 or np.shape(labels) != np.shape(logits):
+        return False
+    if np.ndim(logits) != 2 or np.shape(labels) != np.shape(logits):
         raise ValueError(f"--labels: a sigmoid head needs multi-hot labels of the logits' shape "
                          f"{tuple(np.shape(logits))} (n_samples, n_labels), got {tuple(np.shape(labels))}")
-    return logits, labels, manifest
+    return True
 
 
 def _stages(args, logits, manifest):
@@ -89,8 +105,9 @@ def _gate(results: dict, max_ece) -> int:
     return EXIT_ECE_EXCEEDED
 
 
-def run_evaluate(args, inputs) -> int:
-    """``confcal evaluate`` of a sigmoid head: the per-label table of every stage (or JSON)."""
+def run_evaluate(args, inputs, *, engine: str = "local") -> int:
+    """``confcal evaluate`` of a sigmoid head: the per-label table of every stage (or JSON); ``engine``
+    (``"local"`` / ``"dask"``: which one read the rows) is recorded in the JSON document."""
     from confcal.evaluation.multilabel import evaluate_multilabel, format_multilabel
 
     logits, labels, manifest = inputs
@@ -98,8 +115,9 @@ def run_evaluate(args, inputs) -> int:
     results = evaluate_multilabel(_stages(args, logits, manifest), labels, n_bins=args.n_bins)
     n, n_labels = logits.shape
     if args.json:
+        # engine: the facts of the run, as in the class-vector document (evaluation.document)
         print(json.dumps({"n_samples": int(n), "n_labels": int(n_labels), "multilabel": True,
-                          "metrics": results}, indent=2))
+                          "metrics": results, "engine": {"name": engine, "n_passes": 1}}, indent=2))
     else:
         print(f"{n} samples, {n_labels} labels (sigmoid head: per-label ECE over {args.n_bins} equal-width bins, "
               "binary NLL and Brier; (mean) = the average over labels)")

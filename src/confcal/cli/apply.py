@@ -36,6 +36,7 @@ def run(args) -> int:
     import numpy as np
 
     from confcal.cli.drift import warn_if_drift
+    from confcal.passes import spread_ranges, take_ranges
     from confcal.io import (
         OUTPUT_SUFFIXES,
         check_not_an_input,
@@ -67,7 +68,10 @@ def run(args) -> int:
 
             side["features"] = read_box_features(args.logits, cal.feature_names_, option="--logits", fitted=True)
         probs = cal.predict_proba(scores, **side)
-        warn_if_drift(cal, scores, domains=side.get("domains"))
+        # the rows of every drift check (confcal.passes.spread_ranges), as the Dask engine reads them
+        rows = spread_ranges(len(scores))
+        warn_if_drift(cal, take_ranges(scores, rows),
+                      domains=take_ranges(side["domains"], rows) if "domains" in side else None)
         save_array(args.output, probs.astype(dtype))
         print(f"wrote {probs.shape[0]} x {probs.shape[1]} calibrated probabilities ({cal.method}) -> {args.output}")
         return 0

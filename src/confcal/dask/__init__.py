@@ -7,26 +7,28 @@ what is computed is declared once, as the jobs of :mod:`confcal.passes` that the
 single-process path runs too, so distributed results equal single-process ones to rounding:
 
 * :func:`apply` -- any calibrator, shipped to the workers as its JSON manifest;
+* :func:`spread_rows` -- the rows a drift summary (``fit``) or drift check (``apply``) reads, the
+  same global rows on both engines (:func:`confcal.passes.spread_ranges`);
 * :func:`evaluate` -- every metric of ``confcal evaluate`` (class vectors or 1-D box scores,
   overall and per domain, both ECE binnings, D-ECE), the job of
   :func:`confcal.evaluation.streamed.evaluate_job`;
 * :func:`fit` -- methods that declare a full-data job (a class's ``fit_job``, or the registry's
   :data:`~confcal.calibrators.registry.FULL_DATA_JOBS`) run it on every row, with
-  the drift summary in the same passes; every other method is fitted on a seeded in-memory
+  the drift summary's rows in the first of them; every other method is fitted on a seeded in-memory
   sample of ``sample_rows`` rows (then applied distributed). Which is which (generated from
   the method registry when this docstring is first read):
 """
 
 import sys
 
-from confcal.dask._apply import apply
-from confcal.dask._data import read_parquet
+from confcal.dask._apply import apply, read_rows, spread_rows
+from confcal.dask._data import read_parquet, resolve_columns
 from confcal.dask._evaluate import evaluate
 from confcal.dask._fit import fit, fit_modes_line, full_data_conditions, full_data_methods
 from confcal.dask._sample import sample_rows
 
-__all__ = ["apply", "evaluate", "fit", "read_parquet", "sample_rows", "full_data_methods", "full_data_conditions",
-           "fit_modes_line", "FULL_DATA_METHODS"]
+__all__ = ["apply", "evaluate", "fit", "read_parquet", "sample_rows", "spread_rows", "read_rows", "resolve_columns",
+           "full_data_methods", "full_data_conditions", "fit_modes_line", "FULL_DATA_METHODS"]
 
 
 # Both of these instantiate every registered method, importing its module (torch among them:

@@ -18,7 +18,7 @@ from confcal.dask._data import (ColumnSpec, ParquetDataset, Piece, read_table, r
                                row_batches)
 from confcal.io import check_finite_rows
 
-__all__ = ["apply", "manifest_text"]
+__all__ = ["apply", "manifest_text", "read_rows", "spread_rows"]
 
 _CACHE: dict[str, object] = {}
 _CACHE_LOCK = threading.Lock()
@@ -180,6 +180,33 @@ def apply(calibrator, data, *, logits: str = "logits", domains: str | None = Non
                                                                 out_column, cspec], meta=meta, enforce_metadata=False)
     return data.map_partitions(_apply_partition, text, lspec, dspec, fspec, keep, np.dtype(dtype), out_column, cspec,
                                meta=meta, align_dataframes=False)
+
+
+def read_rows(data, columns: dict, ranges=None) -> dict:
+    """``{name: array}`` of the ``columns`` (``{name: column spec}``, None values skipped) of the rows
+    of the global ``(start, stop)`` ``ranges`` (None: every row; a function: of the number of
+    rows), gathered into this process in row order, decoded as the single-process readers decode
+    them; one pass over only the partitions that hold them. ``data``: a
+    :class:`~confcal.dask._data.ParquetDataset` or Dask DataFrame (its partition lengths: one
+    ``len`` pass more). ``ValueError`` for unknown columns."""
+    from confcal.dask._engine import DaskEngine
+    from confcal.passes import gather_rows, run_job
+
+    specs = {k: resolve_columns(data, v, name=k) for k, v in columns.items() if v}
+    engine = DaskEngine(data, specs)
+    if ranges is None or callable(ranges):
+        n = engine.count_rows()
+        ranges = [(0, n)] if ranges is None else ranges(n)
+    return run_job(gather_rows(ranges, list(specs)), engine)
+
+
+def spread_rows(data, *, logits: str = "logits", domains: str | None = None) -> dict:
+    """``{"logits": array, "domains": array}`` (domains when given) of the rows a drift check reads
+    (:func:`confcal.passes.spread_ranges`: every row up to 200,000, else 20 evenly spread blocks),
+    the rows the single-process ``confcal apply`` checks (:func:`read_rows`)."""
+    from confcal.passes import spread_ranges
+
+    return read_rows(data, {"logits": logits, "domains": domains}, spread_ranges)
 
 
 def _is_scores(spec: ColumnSpec, data) -> bool:

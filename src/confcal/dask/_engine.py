@@ -14,7 +14,8 @@ from functools import partial
 import numpy as np
 
 from confcal.dask._data import BATCH_ROWS, ParquetDataset, Piece, partition_arrays, row_batches
-from confcal.passes import Pass, SpreadBlocks, merge_optional
+from confcal.passes import spread_ranges
+from confcal.passes import Pass, SpreadBlocks, gather_rows, merge_optional
 
 __all__ = ["DaskEngine", "tree_reduce"]
 
@@ -81,6 +82,22 @@ class DaskEngine:
     def n_rows(self):
         return None if self.lengths is None else int(self.lengths.sum())
 
+    def count_rows(self) -> int:
+        """The number of rows; for a Dask DataFrame (whose partition lengths no footer says) one
+        pass of ``len`` over the partitions, after which row numbers are global in every pass."""
+        if self.lengths is None:
+            import dask
+
+            self.lengths = np.array(dask.compute(*[dask.delayed(len)(p) for p in self.parts]), dtype=np.int64)
+        return int(self.lengths.sum())
+
+    def spread_job(self, names=("logits", "domains", "features")):
+        """The job (:func:`confcal.passes.gather_rows`) returning the rows of ``names`` (those this
+        engine has) that a drift summary or check reads: :func:`confcal.passes.spread_ranges`, the
+        rows the single-process CLI reads. Alone it reads only the partitions holding them; run
+        with :func:`confcal.passes.together` it rides along the other job's first pass."""
+        return gather_rows(spread_ranges(self.count_rows()), [n for n in names if n in self.specs])
+
     def run(self, request):
         import dask
 
@@ -92,8 +109,14 @@ class DaskEngine:
         # one key of the graph holds the pass: shipped once per worker that needs it, and
         # recomputable (unlike scattered data) when a worker is lost
         ref = dask.delayed(request, pure=False, traverse=False)
-        tasks = [dask.delayed(_run_partition)(p, self.specs, ref, int(offsets[i]), self.batch_rows)
-                 for i, p in enumerate(self.parts)]
+        chosen = range(len(self.parts))
+        if request.ranges is not None:  # only the partitions holding a wanted row
+            self.count_rows()
+            offsets = np.concatenate([[0], np.cumsum(self.lengths)[:-1]])
+            chosen = [i for i in chosen if any(a < offsets[i] + self.lengths[i] and b > offsets[i]
+                                               for a, b in request.ranges)]
+        tasks = [dask.delayed(_run_partition)(self.parts[i], self.specs, ref, int(offsets[i]), self.batch_rows)
+                 for i in chosen]
         if not tasks:
             return None
         return tree_reduce(tasks, partial(merge_optional, request.merge)).compute()

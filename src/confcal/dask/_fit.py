@@ -2,7 +2,8 @@
 
 A method whose fit is a sum over rows declares it (``fit_job(inputs)``: a job of
 :mod:`confcal.passes`, the same one its single-process streamed fit runs); the drift
-summary's job rides along in the same passes (:func:`confcal.passes.together`). Every other
+summary's rows (:func:`confcal.passes.spread_ranges`) ride along its first pass
+(:func:`confcal.passes.together`). Every other
 method needs its calibration set in memory: it is fitted on a seeded uniform sample of
 ``sample_rows`` rows (:func:`confcal.dask._sample.sample_rows`). Nothing here knows a method.
 """
@@ -64,6 +65,15 @@ def fit_modes_line(quote: str = "`") -> str:
     return "; ".join(parts) + "; every other method: seeded sample."
 
 
+def _summary(rows: dict, input_kind: str) -> dict:
+    """The drift summary of the spread rows (:meth:`DaskEngine.spread_job`), by the function the
+    single-process ``confcal fit`` calls on the same rows."""
+    from confcal.metrics.drift import data_summary
+
+    return data_summary(rows["logits"], input_kind=input_kind, domains=rows.get("domains"),
+                        features=rows.get("features"))
+
+
 def fit(method: str, data, *, logits: str = "logits", labels: str = "label", domains: str | None = None,
         features: str | None = None, params: dict | None = None, input_kind: str | None = None,
         sample_rows: int = 200_000, random_state: int = 0, return_how: bool = False,
@@ -102,8 +112,10 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
     -------
     Calibrator
         Fitted; its fit record has ``engine: "dask"``, ``fitted_on`` (``"all rows"`` or
-        ``"sample"``), the drift ``data_summary`` (of all rows, exact, for full-data fits; of the
-        sample otherwise) and ``n_passes`` (full-data fits) or ``sample`` (``{"rows", "seed"}``).
+        ``"sample"``), the drift ``data_summary`` (of the rows the single-process ``confcal fit``
+        summarises, :func:`confcal.passes.spread_ranges`: every row up to 200,000, else 20 evenly
+        spread blocks; so both engines record the same summary) and ``n_passes`` (full-data
+        fits) or ``sample`` (``{"rows", "seed"}``).
         ``data_sha256`` is the single-process fit's digest of the same rows
         (:mod:`confcal._digest`: fixed global row blocks, independent of the partitioning).
 
@@ -113,7 +125,6 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
         Unknown method or columns, invalid values in any partition.
     """
     from confcal.calibrators.base import make_calibrator
-    from confcal.metrics.drift_passes import summary_job
 
     if isinstance(sample_rows, bool) or not isinstance(sample_rows, int) or sample_rows < 1:
         # refused whichever way the method fits (a full-data method would ignore it)
@@ -131,18 +142,19 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
     from confcal.calibrators.registry import fit_job_of
 
     job = fit_job_of(cal, set(specs))
+    engine = DaskEngine(data, specs)
+    box = not (specs["logits"].list_column or specs["logits"].group)
+    kind = cal.input_kind if not box and cal.input_kind == "probs" else "logits"
     if job is not None:
-        engine = DaskEngine(data, specs)
-        box = not (specs["logits"].list_column or specs["logits"].group)
-        kind = cal.input_kind if not box and cal.input_kind == "probs" else "logits"
-        _, summary = run_job(together(job, summary_job(input_kind=kind, by_domain="domains" in specs)), engine)
+        # the drift rows ride along the fit's first pass (no pass of their own)
+        _, rows = run_job(together(job, engine.spread_job()), engine)
+        summary = _summary(rows, kind)
         fitted = cal
         fitted.fit_record_ = {**fitted.fit_record_, "data_summary": summary, "engine": "dask",
                               "fitted_on": "all rows", "n_passes": engine.n_passes}
         how = f"{method} fitted on all rows in {engine.n_passes} passes over the data"
         return (fitted, how) if return_how else fitted
     from confcal.dask._sample import sample_rows as draw
-    from confcal.metrics.drift import data_summary
 
     if seed is not None:  # the old name (every seed is random_state now); same rule as confcal's other functions
         import warnings
@@ -159,9 +171,9 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
     y = column_matrix(frame, specs["labels"], name="labels")
     side = {k: column_matrix(frame, specs[k], name=k) for k in ("domains", "features", "category_ids") if k in specs}
     fitted = cal.fit(x, y, **side)
-    # the drift reference is the sample itself (its n is the sample's, so the KS threshold is honest)
-    summary = data_summary(x, input_kind="probs" if cal.input_kind == "probs" and x.ndim == 2 else "logits",
-                           domains=side.get("domains"), features=side.get("features"))
+    # the drift reference: the rows the single-process fit summarises (one pass over only the
+    # partitions that hold them), so both engines record the same summary
+    summary = _summary(run_job(engine.spread_job(), engine), kind)
     fitted.fit_record_ = {**(fitted.fit_record_ or {}), "engine": "dask", "data_summary": summary,
                           "fitted_on": "sample", "sample": {"rows": int(len(frame)), "seed": int(seed)}}
     cond = full_data_conditions().get(method)
