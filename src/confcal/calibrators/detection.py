@@ -55,7 +55,7 @@ from scipy.special import expit
 from confcal._numeric import softmax
 from confcal._validation import as_numpy, check_labels, check_logits
 from confcal.calibrators._constraints import NLL, T_BOUNDS, T_RULE, TEMPERATURE, Bool, Choice, Fields, GroupKey, \
-    Int, ListOf, Nullable, Opt, Pairs, Real, increasing_slopes
+    GroupsAgree, Int, ListOf, Nullable, Opt, Pairs, Real, increasing_slopes
 from confcal.calibrators._logistic import LogisticFit, fit_logistic
 from confcal.calibrators._tsfit import DEFAULT_T_BOUNDS, CalibrationWarning, fit_temperature
 from confcal.calibrators._tsfit import _result as _ts_result
@@ -159,7 +159,7 @@ def _grouped_fields(group: Fields) -> Fields:
     return Fields({"kind": Choice("binary", "multiclass"), "by_domain": Bool(),
                    "pooled": group,
                    "groups": Pairs(GroupKey(), group), "group_counts": Opt(Pairs(GroupKey(), Int(ge=0))),
-                   "fallback_groups": Opt(ListOf(GroupKey()))})
+                   "fallback_groups": Opt(ListOf(GroupKey()))}, rules=(GroupsAgree(),))
 
 
 class _BoxScoreMaps(Calibrator):

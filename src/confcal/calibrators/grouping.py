@@ -28,7 +28,7 @@ from typing import Any, Callable, Hashable
 
 import numpy as np
 
-from confcal.calibrators._constraints import Choice, Fields, GroupKey, Int, ListOf, Nullable, Opt, Pairs, Text
+from confcal.calibrators._constraints import Choice, Fields, GroupKey, GroupsAgree, Int, ListOf, Nullable, Opt, Pairs, Text
 from confcal.calibrators._tsfit import CalibrationWarning
 from confcal.calibrators.base import METHODS, Calibrator, register
 
@@ -184,7 +184,8 @@ def grouped_fields(group: Fields) -> Fields:
     ['fallback_groups', 'group_counts', 'groups', 'pooled']
     """
     return Fields({"pooled": group, "groups": Pairs(GroupKey(), group),
-                   "group_counts": Opt(Pairs(GroupKey(), Int(ge=0))), "fallback_groups": Opt(ListOf(GroupKey()))})
+                   "group_counts": Opt(Pairs(GroupKey(), Int(ge=0))), "fallback_groups": Opt(ListOf(GroupKey()))},
+                  rules=(GroupsAgree(),))
 
 
 class _GroupingColumns:
