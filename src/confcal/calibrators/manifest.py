@@ -114,7 +114,8 @@ def calibrator_from_dict(manifest: dict[str, Any], *, n_classes: int | None = No
     a command that needs one of them (``drift``: ``data_summary``, ``input_kind``) refuses naming it.
 
     With ``source`` (the file the manifest was read from), every refusal names it too:
-    ``manifest cal.json: parameters.nll: expected a finite number >= -1e-09, got -5``.
+    ``manifest cal.json: parameters.nll: expected a finite number >= -1e-09, got -5``; the calibrator
+    keeps it as ``manifest_source_`` (None without ``source``).
     """
     try:
         return _from_dict(manifest, n_classes=n_classes, source=source)
@@ -161,6 +162,7 @@ def _from_dict(manifest, *, n_classes, source):
     cal.n_classes_ = int(k)
     cal.fit_record_ = manifest.get("fit")
     cal.fit_record_damage_ = {}
+    cal.manifest_source_ = source  # the file it was read from (named by later refusals), or None
     if cal.fit_record_ is not None:
         where = f"manifest {source}" if source else "manifest"
         bad = damaged_fit_fields(cal.fit_record_, where=where)
