@@ -290,6 +290,34 @@ def test_group_lists_that_disagree_are_refused_naming_the_field_and_the_manifest
     assert re.match(rf"^manifest g\.json: parameters\.{path}: expected {re.escape(said)}.*, got .+", text), text
 
 
+KEY_FORMS = {"grouped-ts": ["cam", ["cam"], ["cam", "x"]], "det-platt": [0, [], [0, "cam"]],
+             "det-platt-geo": [0, [], [0, "cam"]]}  # a good key first, then keys of the wrong form
+
+
+@pytest.mark.parametrize("method", sorted(KEY_FORMS))
+@pytest.mark.parametrize("where", ["groups", "group_counts", "fallback_groups"])
+def test_group_keys_of_another_form_than_the_hyper_parameters_give_are_refused(method, where):
+    """T34 (rest): a key must have the form its grouping gives it (one id for one column, [id, ...] for
+    crossed ones, [category id] for per_class box maps); before, a crossed key in a per-class manifest
+    loaded and named no group (its rows took the pooled map), and a plain id raised a TypeError naming no field."""
+    from confcal.calibrators import calibrator_from_dict
+
+    manifest, _ = GROUPED[method]
+    for bad in KEY_FORMS[method][1:]:
+        m = json.loads(json.dumps(manifest))
+        p = m["parameters"]
+        i = {"groups": 0, "group_counts": 0, "fallback_groups": 0}[where]
+        old = p[where][i][0] if where != "fallback_groups" else p[where][i]
+        for lst, pos in (("groups", 0), ("group_counts", 0)):  # rename the key everywhere (lists still agree)
+            for item in p[lst]:
+                if item[0] == old:
+                    item[0] = bad
+        p["fallback_groups"] = [bad if k == old else k for k in p["fallback_groups"]]
+        with pytest.raises(ValueError, match=r"^manifest k\.json: parameters\.(groups|group_counts|fallback_groups)"
+                                             r"\[\d+\](\[0\])?: expected a group key of "):
+            calibrator_from_dict(m, source="k.json")
+
+
 def test_a_legacy_grouped_ts_manifest_gets_its_fallback_domains_from_its_counts():
     """confcal 0.1's grouped-ts listed every domain in domain_counts and only those with their own
     temperature in temperatures: the upgrade names the others as fallback groups (the lists then agree)."""

@@ -32,7 +32,7 @@ import numpy as np
 __all__ = ["Spec", "Real", "Int", "Bool", "Choice", "Text", "Nullable", "Array", "Fields", "Pairs", "Opt",
            "AnyJSON", "Rule", "ListOf", "GroupKey", "check_hyperparameters", "check_parameters", "check_manifest_top",
            "MAX_ABS", "MAX_LOG", "TEMPERATURE", "T_BOUNDS", "T_RULE", "NLL", "N_ITER", "SEED", "COMMON_HYPER",
-           "optional_value", "without_missing", "GroupsAgree"]
+           "optional_value", "without_missing", "GroupsAgree", "group_keys_of"]
 
 #: largest magnitude of a plain real parameter (weights, biases, centroids)
 MAX_ABS = 1e100
@@ -605,6 +605,31 @@ def temperature_within_bounds(hyper: dict, params: dict) -> str | None:
     if not lo * (1 - 1e-9) <= t <= hi * (1 + 1e-9):
         return f"temperature: expected a number in [t_min, t_max] = [{lo:g}, {hi:g}], got {_show(t)}"
     return None
+
+
+def group_keys_of(parts, what: str) -> Callable[[dict, dict], str | None]:
+    """A ``hyper_parameter_rules`` entry: every group key of ``parameters`` (``groups[i][0]``,
+    ``group_counts[i][0]``, ``fallback_groups[i]``) has the form the hyper-parameters give it.
+
+    ``parts(hyper, params)`` is None for a plain id (one grouping column) or ``n``: a list of ``n`` ids (the
+    columns crossed; ``n = 0``: no groups); ``what`` says why, in the message. A key of another form names
+    no group the fit made, so its rows would silently take the pooled map."""
+    def rule(hyper: dict, params: dict) -> str | None:
+        n = parts(hyper, params)
+        lists = [("groups", [p[0] if isinstance(p, (list, tuple)) and p else None for p in params.get("groups") or []]),
+                 ("group_counts", [p[0] if isinstance(p, (list, tuple)) and p else None
+                                   for p in params.get("group_counts") or []]),
+                 ("fallback_groups", list(params.get("fallback_groups") or []))]
+        for name, keys in lists:
+            for i, key in enumerate(keys):
+                ok = not isinstance(key, list) if n is None else isinstance(key, list) and len(key) == n
+                if not ok:
+                    at = f"{name}[{i}][0]" if name != "fallback_groups" else f"{name}[{i}]"
+                    form = "a single id" if n is None else f"a list of {n} id(s)"
+                    return f"{at}: expected a group key of {form} ({what(hyper, params)}), got {_show(key)}"
+        return None
+
+    return rule
 
 
 def increasing_slopes(hyper: dict, params: dict) -> str | None:

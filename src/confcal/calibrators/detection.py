@@ -55,7 +55,7 @@ from scipy.special import expit
 from confcal._numeric import softmax
 from confcal._validation import as_numpy, check_labels, check_logits
 from confcal.calibrators._constraints import NLL, T_BOUNDS, T_RULE, TEMPERATURE, Bool, Choice, Fields, GroupKey, \
-    GroupsAgree, Int, ListOf, Nullable, Opt, Pairs, Real, increasing_slopes
+    GroupsAgree, Int, ListOf, Nullable, Opt, Pairs, Real, group_keys_of, increasing_slopes
 from confcal.calibrators._logistic import LogisticFit, fit_logistic
 from confcal.calibrators._tsfit import DEFAULT_T_BOUNDS, CalibrationWarning, fit_temperature
 from confcal.calibrators._tsfit import _result as _ts_result
@@ -154,6 +154,15 @@ def _key_part(v):
     return v.item() if hasattr(v, "item") else v
 
 
+def _box_key_parts(hyper, params) -> int:
+    return int(bool(hyper.get("per_class", False))) + int(params.get("by_domain") is True)
+
+
+#: a box map's group keys: [category id] (per_class), [domain] (by_domain) or [category id, domain]
+box_group_keys = group_keys_of(_box_key_parts, lambda h, p: f"hyper-parameter per_class={h.get('per_class', False)}"
+                                                            f", parameters.by_domain={p.get('by_domain')}")
+
+
 def _grouped_fields(group: Fields) -> Fields:
     """Manifest parameters of a box-score calibrator whose per-group fit is ``group``."""
     return Fields({"kind": Choice("binary", "multiclass"), "by_domain": Bool(),
@@ -175,6 +184,7 @@ class _BoxScoreMaps(Calibrator):
     """
 
     optional_side_inputs = ("domains", "category_ids")
+    hyper_parameter_rules = (box_group_keys,)  # group keys of the form per_class / by_domain give them
     #: tells ``confcal fit`` / ``apply`` to hand over 1-D box scores unvalidated (validated here)
     takes_box_scores = True
     supports_multiclass = False
@@ -592,7 +602,7 @@ class DetectionPlattScaling(_BoxScoreMaps):
 
     method = "det-platt"
     streams_box_scores = True
-    hyper_parameter_rules = (increasing_slopes,)  # a negated slope would invert the ranking
+    hyper_parameter_rules = (increasing_slopes, box_group_keys)  # a negated slope would invert the ranking
     hyper_constraints = {"per_class": Bool(), "increasing": Bool(), "platt_targets": Bool(),
                          "min_samples": Int(ge=1)}
     fitted_constraints = _grouped_fields(Fields({"a": Real(), "b": Real(), "nll": NLL, "at_bound": Opt(Bool())}))

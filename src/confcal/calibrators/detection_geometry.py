@@ -63,7 +63,8 @@ from confcal.calibrators._constraints import (Array, Bool, Choice, Fields, Group
                                               Nullable, Opt, Pairs, Real, Rule, Text)
 from confcal.calibrators._geofit import REG_GRID, fit_penalised_logistic, select_penalty
 from confcal.calibrators.base import Calibrator, _sha256, register
-from confcal.calibrators.detection import _binary_metrics, _check_category_ids, _check_scores, _key_part
+from confcal.calibrators.detection import _binary_metrics, _check_category_ids, _check_scores, _key_part, \
+    box_group_keys
 from confcal.calibrators.grouping import fit_groups, route_groups
 
 __all__ = ["GeometryLogisticCalibration", "GeometryBetaCalibration", "GeometryHistogramBinning",
@@ -114,6 +115,7 @@ class _GeometryBoxMap(Calibrator):
 
     side_inputs = ("features",)
     optional_side_inputs = _GROUP_INPUTS
+    hyper_parameter_rules = (box_group_keys,)  # [category id] (per_class), [domain] (by_domain), or both
     #: tells ``confcal fit`` / ``apply`` to hand over 1-D box scores (validated here)
     takes_box_scores = True
     #: tells the CLI to read the named ``box_features`` columns from the scores' file
@@ -343,7 +345,7 @@ class _PenalisedBasisMap(_GeometryBoxMap):
                     "clip_levels": Bool(), "per_class": Bool(), "min_samples": Int(ge=1),
                     "dependent": Bool(), "eps": Real(gt=0, lt=0.5), "cv_folds": Int(ge=2),
                     "random_state": Int(ge=0)}
-    hyper_parameter_rules = (fixed_penalty_without_cv,)
+    hyper_parameter_rules = (box_group_keys, fixed_penalty_without_cv)
 
     def _basis(self, s, f) -> np.ndarray:
         raise NotImplementedError

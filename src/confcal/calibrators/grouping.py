@@ -28,7 +28,8 @@ from typing import Any, Callable, Hashable
 
 import numpy as np
 
-from confcal.calibrators._constraints import Choice, Fields, GroupKey, GroupsAgree, Int, ListOf, Nullable, Opt, Pairs, Text
+from confcal.calibrators._constraints import Choice, Fields, GroupKey, GroupsAgree, Int, ListOf, Nullable, Opt, Pairs, \
+    Text, group_keys_of
 from confcal.calibrators._tsfit import CalibrationWarning
 from confcal.calibrators.base import METHODS, Calibrator, register
 
@@ -246,6 +247,10 @@ class GroupedCalibrator(Calibrator):
                          "by": Choice("domains", "category_ids", ("category_ids", "domains"),
                                       ["category_ids", "domains"]),
                          "min_samples": Int(ge=1)}  # + input_kind (COMMON_HYPER)
+
+    #: a group key is one id for one ``by`` column, a list of ids for crossed columns
+    hyper_parameter_rules = (group_keys_of(lambda h, p: None if isinstance(h.get("by", "domains"), str)
+                                           else len(h["by"]), lambda h, p: f"hyper-parameter by={h.get('by', 'domains')!r}"),)
 
     def __init__(self, base: str = "ts", base_params: dict | None = None, by="domains", min_samples: int = 1,
                  input_kind: str = "logits"):
