@@ -397,3 +397,35 @@ def test_a_damaged_group_list_is_refused_by_apply_in_one_line_naming_the_file(tm
     assert err.startswith(f"confcal: error: --calibrator: manifest {tmp_path / 'g.json'}: parameters.group_counts: "
                           "expected one count per group"), err
     assert not (tmp_path / "p.npy").exists()
+
+
+@pytest.mark.parametrize("method", ["grouped-ts", "grouped-ts-base", "det-ts"])
+@pytest.mark.parametrize("where", ["pooled", "group"])
+def test_a_group_temperature_outside_the_manifests_bounds_is_refused(method, where):
+    """T34 (rest): as for a ts manifest, every temperature of a grouped fit (pooled and per group) lies in
+    the manifest's [t_min, t_max]; before, a grouped-ts, grouped(base=ts) or det-ts group with T = 1000
+    loaded (only the base's table was applied per group, not its rules)."""
+    from confcal.calibrators import METHODS, calibrator_from_dict
+
+    if method == "det-ts":
+        rng = np.random.default_rng(1)
+        s = rng.uniform(0.05, 0.95, 600)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cal = METHODS["det-ts"](per_class=True).fit(s, (rng.random(600) < s).astype(int),
+                                                        category_ids=np.arange(600) % 2)
+    elif method == "grouped-ts":
+        cal, _, _ = _fit("grouped-ts")
+    else:
+        z, y, d = _class_data()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cal = METHODS["grouped"](base="ts").fit(z, y, domains=d)
+    m = json.loads(json.dumps(cal.to_dict()))
+    calibrator_from_dict(json.loads(json.dumps(m)))
+    p = m["parameters"]
+    (p["pooled"] if where == "pooled" else p["groups"][1][1])["temperature"] = 1000.0
+    at = r"pooled" if where == "pooled" else r"groups\[1\]\[1\]"
+    with pytest.raises(ValueError, match=rf"^manifest t\.json: parameters\.{at}\.temperature: expected a number in "
+                                         r"\[t_min, t_max\] = \[0\.01, 100\], got 1000\.0$"):
+        calibrator_from_dict(m, source="t.json")

@@ -55,12 +55,13 @@ from scipy.special import expit
 from confcal._numeric import softmax
 from confcal._validation import as_numpy, check_labels, check_logits
 from confcal.calibrators._constraints import NLL, T_BOUNDS, T_RULE, TEMPERATURE, Bool, Choice, Fields, GroupKey, \
-    GroupsAgree, Int, ListOf, Nullable, Opt, Pairs, Real, group_keys_of, increasing_slopes
+    GroupsAgree, Int, ListOf, Nullable, Opt, Pairs, Real, group_keys_of, increasing_slopes, \
+    temperature_within_bounds
 from confcal.calibrators._logistic import LogisticFit, fit_logistic
 from confcal.calibrators._tsfit import DEFAULT_T_BOUNDS, CalibrationWarning, fit_temperature
 from confcal.calibrators._tsfit import _result as _ts_result
 from confcal.calibrators.base import Calibrator, _sha256, register, summary_metrics
-from confcal.calibrators.grouping import fit_groups, route_groups
+from confcal.calibrators.grouping import base_rules, fit_groups, route_groups
 from confcal.metrics.detection import binary_brier, binary_nll, detection_ece
 
 __all__ = ["DetectionTemperatureScaling", "DetectionPlattScaling", "score_logit", "fit_logistic",
@@ -161,6 +162,12 @@ def _box_key_parts(hyper, params) -> int:
 #: a box map's group keys: [category id] (per_class), [domain] (by_domain) or [category id, domain]
 box_group_keys = group_keys_of(_box_key_parts, lambda h, p: f"hyper-parameter per_class={h.get('per_class', False)}"
                                                             f", parameters.by_domain={p.get('by_domain')}")
+
+
+class _TemperatureRules:
+    """The rules of one det-ts map (pooled or a group's): its temperature inside ``[t_min, t_max]``."""
+
+    hyper_parameter_rules = (temperature_within_bounds,)
 
 
 def _grouped_fields(group: Fields) -> Fields:
@@ -516,6 +523,9 @@ class DetectionTemperatureScaling(_BoxScoreMaps):
     hyper_constraints = {"per_class": Bool(), "bias": Bool(), "clip_scores": Bool(), "min_samples": Int(ge=1),
                          **T_BOUNDS, "input_kind": Nullable(Choice("logits", "probs"))}
     hyper_rules = (T_RULE,)
+    #: the group keys, and every temperature (pooled and per group) inside the manifest's [t_min, t_max]
+    hyper_parameter_rules = (box_group_keys, base_rules(lambda h: (_TemperatureRules, {
+        "t_min": h.get("t_min", DEFAULT_T_BOUNDS[0]), "t_max": h.get("t_max", DEFAULT_T_BOUNDS[1])})))
     fitted_constraints = _grouped_fields(Fields({"temperature": TEMPERATURE, "bias": Real(), "nll": NLL,
                                                  "at_bound": Opt(Bool())}))
 

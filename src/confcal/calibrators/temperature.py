@@ -18,7 +18,7 @@ from confcal.calibrators._constraints import NLL, N_ITER, T_BOUNDS, T_RULE, TEMP
     optional_value, temperature_within_bounds, without_missing
 from confcal.calibrators._tsfit import DEFAULT_T_BOUNDS, CalibrationWarning, fit_temperature
 from confcal.calibrators.base import Calibrator, register
-from confcal.calibrators.grouping import GroupedCalibrator, grouped_fields, route_groups
+from confcal.calibrators.grouping import GroupedCalibrator, base_rules, grouped_fields, route_groups
 
 __all__ = ["TemperatureScaling", "GroupedTemperatureScaling"]
 
@@ -273,6 +273,10 @@ class GroupedTemperatureScaling(GroupedCalibrator):
     method = "grouped-ts"
     side_inputs = ("domains",)
     hyper_constraints = {**T_BOUNDS, "min_samples": Int(ge=1)}
+    #: every domain's T (and the pooled one) inside the manifest's [t_min, t_max], as for ts
+    hyper_parameter_rules = (GroupedCalibrator.hyper_parameter_rules[0], base_rules(
+        lambda h: (TemperatureScaling, {"t_min": h.get("t_min", DEFAULT_T_BOUNDS[0]),
+                                        "t_max": h.get("t_max", DEFAULT_T_BOUNDS[1])})))
     hyper_rules = (T_RULE,)
     fitted_constraints = grouped_fields(TemperatureScaling.fitted_constraints)
     _what = "domain"
