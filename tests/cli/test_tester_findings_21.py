@@ -748,3 +748,22 @@ def test_t42_a_map_that_overflows_on_finite_logits_is_refused_naming_the_rows(me
         cal.predict_proba(rows)
     p = cal.predict_proba(x[:2], dtype=np.float64)
     assert np.isfinite(p).all() and np.allclose(p.sum(1), 1, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["ts", "ts+pb"])
+def test_p3_1_apply_on_zero_rows_says_the_logits_have_no_rows_not_that_the_manifest_is_damaged(files, capsys,
+                                                                                               method):
+    """P3-1: apply on a (0, K) file warned 'the manifest's fit.data_summary cannot be used (ValueError:
+    logits: ...)' of an intact manifest; the drift check is now skipped naming --logits."""
+    d, _, _ = files
+    _fitted_manifest(d, method)
+    np.save(d / "e0.npy", np.zeros((0, 3)))
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        assert main(["apply", "--calibrator", f"{d}/m.json", "--logits", f"{d}/e0.npy", "-o", f"{d}/o.npy"]) == 0
+    err = capsys.readouterr().err
+    warned = [line for line in err.splitlines() if line.startswith("confcal: warning: ")]
+    assert warned == ["confcal: warning: drift check skipped: --logits holds no rows (nothing to compare with the "
+                      "calibration data)"], err
+    assert np.load(d / "o.npy").shape == (0, 3)
