@@ -767,3 +767,55 @@ def test_p3_1_apply_on_zero_rows_says_the_logits_have_no_rows_not_that_the_manif
     assert warned == ["confcal: warning: drift check skipped: --logits holds no rows (nothing to compare with the "
                       "calibration data)"], err
     assert np.load(d / "o.npy").shape == (0, 3)
+
+
+def test_p3_2_bool_true_positive_flags_are_box_labels_in_evaluate_as_in_fit(tmp_path, capsys):
+    """P3-2: evaluate on box scores refused a bool TP/FP array ('expected integer class indices, got dtype
+    bool') that fit reads as 1/0; one rule (confcal._validation.check_box_labels) for every box-label reader.
+    The same arithmetic runs on the same 0/1 values, so the documents are equal."""
+    rng = np.random.default_rng(0)
+    s = rng.random(200)
+    flags = rng.random(200) < s
+    np.save(tmp_path / "s.npy", s)
+    np.save(tmp_path / "b.npy", flags)
+    np.save(tmp_path / "i.npy", flags.astype(np.int8))
+    docs = []
+    for labels in ("b.npy", "i.npy"):
+        capsys.readouterr()
+        assert main(["evaluate", "--logits", f"{tmp_path}/s.npy", "--labels", f"{tmp_path}/{labels}", "--json"]) == 0
+        docs.append(json.loads(capsys.readouterr().out))
+    assert docs[0] == docs[1]
+    # class labels of class vectors stay strict
+    np.save(tmp_path / "z.npy", rng.normal(size=(200, 2)))
+    capsys.readouterr()
+    assert main(["evaluate", "--logits", f"{tmp_path}/z.npy", "--labels", f"{tmp_path}/b.npy"]) == 2
+    assert "expected integer class indices, got dtype bool" in _err(capsys)
+
+
+@pytest.mark.parametrize("dropped", [0, 1])
+def test_p3_4_a_grouped_manifest_missing_a_fitted_group_is_refused(tmp_path, capsys, dropped):
+    """P3-4: a grouped-ts manifest with parameters.groups[i] deleted (group_counts still counting that
+    domain, fallback_groups empty) loaded, and the domain's rows silently took the pooled T without even
+    the unseen-domain warning. The group lists are checked against each other on load (GroupsAgree)."""
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(600, 3)) * 2
+    y = np.where(rng.random(600) < 0.8, z.argmax(1), rng.integers(0, 3, 600))
+    dom = np.array(["a", "b", "c"])[np.arange(600) % 3]
+    np.save(tmp_path / "z.npy", z)
+    np.save(tmp_path / "y.npy", y)
+    np.save(tmp_path / "d.npy", dom)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["fit", "-q", "--method", "grouped-ts", "--logits", f"{tmp_path}/z.npy", "--labels",
+                     f"{tmp_path}/y.npy", "--domains", f"{tmp_path}/d.npy", "-o", f"{tmp_path}/g.json"]) == 0
+    m = json.loads((tmp_path / "g.json").read_text())
+    gone = m["parameters"]["groups"].pop(dropped)[0]
+    assert m["parameters"]["fallback_groups"] == []
+    (tmp_path / "t.json").write_text(json.dumps(m))
+    capsys.readouterr()
+    assert main(["apply", "--calibrator", f"{tmp_path}/t.json", "--logits", f"{tmp_path}/z.npy", "--domains",
+                 f"{tmp_path}/d.npy", "-o", f"{tmp_path}/o.npy"]) == 2
+    err = _err(capsys)
+    assert err.startswith(f"confcal: error: --calibrator: manifest {tmp_path}/t.json: parameters.group_counts[")
+    assert "expected a group of parameters.groups or parameters.fallback_groups" in err and repr(gone) in err
+    assert not (tmp_path / "o.npy").exists()

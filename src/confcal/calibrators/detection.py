@@ -53,7 +53,7 @@ import numpy as np
 from scipy.special import expit
 
 from confcal._numeric import softmax
-from confcal._validation import as_numpy, check_labels, check_logits
+from confcal._validation import as_numpy, check_box_labels, check_labels, check_logits
 from confcal.calibrators._constraints import NLL, T_BOUNDS, T_RULE, TEMPERATURE, Bool, Choice, Fields, GroupKey, \
     GroupsAgree, Int, ListOf, Nullable, Opt, Pairs, Real, group_keys_of, increasing_slopes, \
     temperature_within_bounds
@@ -116,13 +116,6 @@ def score_logit(scores, *, clip_scores: bool = False, name: str = "scores", warn
     eps = float(np.finfo(s.dtype).eps)
     p = np.clip(s.astype(np.float64), eps, 1.0 - eps)
     return np.log(p) - np.log1p(-p)
-
-
-def _flags(labels):
-    """Box labels of 1-D scores are true-positive flags: a bool column (``matched``) reads as 1/0.
-    (Class labels stay strict: True/False are not class indices.)"""
-    arr = labels if isinstance(labels, np.ndarray) else None
-    return arr.astype(np.int8) if arr is not None and arr.dtype == bool else labels
 
 
 def _check_weight_batch(w, first_row: int) -> np.ndarray:
@@ -232,7 +225,7 @@ class _BoxScoreMaps(Calibrator):
         kind, x = self._scores(scores)
         keep = None
         if kind == "binary":
-            y = check_labels(_flags(labels), x.shape[0], 2)
+            y = check_box_labels(labels, x.shape[0])
         else:
             lab = as_numpy(labels, "labels")
             if lab.ndim == 1 and lab.shape[0] == x.shape[0] and np.issubdtype(lab.dtype, np.integer):
@@ -385,7 +378,7 @@ class _BoxScoreMaps(Calibrator):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", CalibrationWarning)  # counted: the job warns once
             u = self._features(s, self._input_kind(), first_row=first)
-        y = check_labels(_flags(batch["labels"]), k, 2, first_row=first)
+        y = check_box_labels(batch["labels"], k, first_row=first)
         cols = {}
         if "domains" in batch:
             cols["domains"] = check_domains(batch["domains"], k)

@@ -58,7 +58,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import expit, logit
 
-from confcal._validation import as_numpy, check_domains, check_features, check_labels
+from confcal._validation import as_numpy, check_domains, check_box_labels, check_features
 from confcal.calibrators._constraints import (Array, Bool, Choice, Fields, GroupKey, GroupsAgree, Int, ListOf,
                                               Nullable, Opt, Pairs, Real, Rule, Text)
 from confcal.calibrators._geofit import REG_GRID, fit_penalised_logistic, select_penalty
@@ -165,8 +165,7 @@ class _GeometryBoxMap(Calibrator):
 
     def _fit_inputs(self, scores, labels, sample_weight, side):
         s = self._scores(scores)
-        y = check_labels(labels.astype(np.int8) if isinstance(labels, np.ndarray) and labels.dtype == bool
-                         else labels, s.shape[0], 2)
+        y = check_box_labels(labels, s.shape[0])
         w = self._check_sample_weight(sample_weight, s.shape[0])
         side = self._side(side, s.shape[0], fitted=False)
         f = side["features"]
