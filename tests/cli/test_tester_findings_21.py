@@ -819,3 +819,18 @@ def test_p3_4_a_grouped_manifest_missing_a_fitted_group_is_refused(tmp_path, cap
     assert err.startswith(f"confcal: error: --calibrator: manifest {tmp_path}/t.json: parameters.group_counts[")
     assert "expected a group of parameters.groups or parameters.fallback_groups" in err and repr(gone) in err
     assert not (tmp_path / "o.npy").exists()
+
+
+@pytest.mark.parametrize("cell, said", [("", "is empty at row 1 (line 3 of the file)"),
+                                        ("NaN", "found NaN/+inf in row 1:")])
+def test_p3_3_csv_errors_count_rows_as_every_other_message(tmp_path, capsys, cell, said):
+    """P3-3: an empty cell was said to be 'at row 3' (the file's line), a NaN in the same cell 'in row 1'
+    (the sample index). Rows are sample indices from 0 in every message; the CSV reader adds the line."""
+    (tmp_path / "c.csv").write_text(f"logit_0,logit_1,logit_2,label\n1,2,3,0\n1,{cell},3,1\n\n4,5,6,2\n")
+    capsys.readouterr()
+    assert main(["evaluate", "--logits", f"{tmp_path}/c.csv:logit_*", "--labels", f"{tmp_path}/c.csv:label"]) == 2
+    assert said in _err(capsys)
+    # a blank line is skipped but still counted: the ragged third data row is on line 5
+    (tmp_path / "r.csv").write_text("logit_0,logit_1,logit_2,label\n1,2,3,0\n1,2,3,1\n\n4,5,2\n")
+    assert main(["evaluate", "--logits", f"{tmp_path}/r.csv:logit_*", "--labels", f"{tmp_path}/r.csv:label"]) == 2
+    assert "row 2 (line 5 of the file) has 3 fields" in _err(capsys)
