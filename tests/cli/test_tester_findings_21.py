@@ -834,3 +834,31 @@ def test_p3_3_csv_errors_count_rows_as_every_other_message(tmp_path, capsys, cel
     (tmp_path / "r.csv").write_text("logit_0,logit_1,logit_2,label\n1,2,3,0\n1,2,3,1\n\n4,5,2\n")
     assert main(["evaluate", "--logits", f"{tmp_path}/r.csv:logit_*", "--labels", f"{tmp_path}/r.csv:label"]) == 2
     assert "row 2 (line 5 of the file) has 3 fields" in _err(capsys)
+
+
+@pytest.mark.parametrize("key, where", [('"temperature":', "parameters.temperature"), ('"format":', "format"),
+                                        ('"n_samples":', "fit.n_samples")])
+def test_p3_5_a_key_given_twice_in_a_manifest_is_refused_or_in_the_fit_record_named(files, capsys, key, where):
+    """P3-5: a manifest with "temperature" written twice was read silently (Python keeps the last value,
+    other JSON readers the first). Refused in one line naming the key; inside the fit record (which never
+    blocks apply) one warning names it and the map is applied."""
+    d, _, _ = files
+    text = (d / "cal.json").read_text()
+    bad = text.replace(key, f'{key} 5, {key}', 1)
+    assert bad != text
+    (d / "dup.json").write_text(bad)
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        code = main(["apply", "--calibrator", f"{d}/dup.json", "--logits", f"{d}/z.npy", "-o", f"{d}/p.npy"])
+    if where.startswith("fit."):
+        assert code == 0
+        err = capsys.readouterr().err
+        assert f"confcal: warning: manifest {d}/dup.json: {where}: key given twice" in err
+        assert main(["apply", "-q", "--calibrator", f"{d}/cal.json", "--logits", f"{d}/z.npy", "-o",
+                     f"{d}/want.npy"]) == 0
+        np.testing.assert_array_equal(np.load(d / "p.npy"), np.load(d / "want.npy"))  # same file, same map
+        return
+    assert code == 2 and not (d / "p.npy").exists()
+    assert _err(capsys) == (f"confcal: error: --calibrator: manifest {d}/dup.json: {where}: expected each key once, "
+                            "got it twice (JSON readers differ on which value counts); the file is damaged")
