@@ -178,6 +178,17 @@ def check_probs(probs, *, name: str = "probs", keep_dtype: bool = False) -> np.n
     return p if keep_dtype or p.dtype == np.float64 else p.astype(np.float64)
 
 
+def unique_json_keys(pairs: list) -> dict:
+    """``object_pairs_hook`` for ``json.load``: the object as a dict, or ``ValueError`` naming a key given
+    twice (Python keeps the last value, other JSON readers the first: the file means two things)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"key {key!r} given twice in one JSON object")
+    return out
+
+
 def check_box_labels(labels, n_boxes: int, *, name: str = "labels", first_row: int = 0) -> np.ndarray:
     """True-positive flags of 1-D box scores as int64 0/1 ``(n_boxes,)``.
 

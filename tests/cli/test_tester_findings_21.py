@@ -862,3 +862,18 @@ def test_p3_5_a_key_given_twice_in_a_manifest_is_refused_or_in_the_fit_record_na
     assert code == 2 and not (d / "p.npy").exists()
     assert _err(capsys) == (f"confcal: error: --calibrator: manifest {d}/dup.json: {where}: expected each key once, "
                             "got it twice (JSON readers differ on which value counts); the file is damaged")
+
+
+def test_p3_5_other_json_inputs_refuse_a_key_given_twice(tmp_path):
+    """P3-5, the same rule for the other JSON inputs: COCO ground truth / detections and the CLI's JSON
+    options (--domain-map, ...) refuse a key given twice, naming it and the file."""
+    from confcal.cli._common import read_json
+    from confcal.detection.coco import load_coco_gt
+
+    (tmp_path / "m.json").write_text('{"1": "day", "1": "night"}')
+    with pytest.raises(ValueError, match=r"^--domain-map: '.*m\.json' is not a JSON file \(key '1' given twice"):
+        read_json(tmp_path / "m.json", "--domain-map")
+    (tmp_path / "gt.json").write_text('{"images": [{"id": 1, "id": 2, "file_name": "a.jpg"}], "annotations": [], '
+                                      '"categories": [{"id": 1, "name": "car"}]}')
+    with pytest.raises(ValueError, match=r"gt\.json is not valid JSON \(key 'id' given twice"):
+        load_coco_gt(tmp_path / "gt.json")

@@ -13,6 +13,8 @@ import math
 from numbers import Real
 from pathlib import Path
 
+from confcal._validation import unique_json_keys
+
 __all__ = ["load_coco_gt", "load_coco_detections", "check_bbox", "category_columns"]
 
 
@@ -20,8 +22,8 @@ def _read_json(src, name: str):
     if isinstance(src, (str, Path)):
         try:
             with open(src) as fh:
-                return json.load(fh)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                return json.load(fh, object_pairs_hook=unique_json_keys)
+        except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError, a key given twice
             raise ValueError(f"{name}: {src} is not valid JSON ({exc})") from None
         except IsADirectoryError:
             raise ValueError(f"{name}: {src} is a folder, expected a JSON file") from None
