@@ -327,7 +327,7 @@ def load_manifest(path) -> dict:
     if not path.is_file():
         raise ValueError(f"calibrator: {str(path)!r} is not a regular file; expected a JSON manifest")
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"), parse_constant=_NonFinite,
+        manifest = json.loads(path.read_text(encoding="utf-8-sig"), parse_constant=_NonFinite,
                               object_pairs_hook=_unique_pairs)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         # JSONDecodeError, an integer of thousands of digits, arrays nested past the recursion limit

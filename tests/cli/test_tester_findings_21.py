@@ -903,3 +903,21 @@ def test_p3_6_fit_on_logits_near_the_float64_limit_prints_no_raw_numpy_warning(t
     # ts fits (T on its bound); ts+pb may refuse this scale in its own words (its box solve overflows)
     assert code == 0 if method == "ts" else code == 0 or err.strip().splitlines()[-1].startswith(
         "confcal: error: --logits: the box-constrained softmax has no exact solution in float64"), err
+
+
+def test_json_inputs_with_a_utf8_byte_order_mark_are_read_as_bom_csvs_are(files, tmp_path, capsys):
+    """Tester pass 3, noticed: a manifest saved with a UTF-8 BOM was refused (JSONDecodeError: Unexpected UTF-8
+    BOM) while BOM CSVs are read; the manifest, COCO and JSON-option readers decode utf-8-sig now."""
+    from confcal.cli._common import read_json
+    from confcal.detection.coco import load_coco_gt
+
+    d, _, _ = files
+    (d / "bom.json").write_bytes(b"\xef\xbb\xbf" + (d / "cal.json").read_bytes())
+    assert main(["apply", "-q", "--calibrator", f"{d}/bom.json", "--logits", f"{d}/z.npy", "-o", f"{d}/p.npy"]) == 0
+    assert main(["apply", "-q", "--calibrator", f"{d}/cal.json", "--logits", f"{d}/z.npy", "-o", f"{d}/q.npy"]) == 0
+    np.testing.assert_array_equal(np.load(d / "p.npy"), np.load(d / "q.npy"))  # same file, same map
+    (tmp_path / "m.json").write_bytes(b"\xef\xbb\xbf" + b'{"1": "day"}')
+    assert read_json(tmp_path / "m.json", "--domain-map") == {"1": "day"}
+    (tmp_path / "gt.json").write_bytes(b"\xef\xbb\xbf" + b'{"images": [{"id": 1, "file_name": "a.jpg", "width": 10, '
+                                       b'"height": 10}], "annotations": [], "categories": [{"id": 1, "name": "car"}]}')
+    assert load_coco_gt(tmp_path / "gt.json")["images"][0]["id"] == 1

@@ -90,7 +90,7 @@ def read_json(path, option: str):
         raise ValueError(f"{const} is not a JSON number")
 
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open(path, encoding="utf-8-sig") as fh:
             return json.load(fh, parse_constant=refuse, object_pairs_hook=unique_json_keys)
     except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
         raise ValueError(f"{option}: {str(path)!r} is not a JSON file ({str(exc).splitlines()[0]})") from None

@@ -21,7 +21,7 @@ __all__ = ["load_coco_gt", "load_coco_detections", "check_bbox", "category_colum
 def _read_json(src, name: str):
     if isinstance(src, (str, Path)):
         try:
-            with open(src) as fh:
+            with open(src, encoding="utf-8-sig") as fh:
                 return json.load(fh, object_pairs_hook=unique_json_keys)
         except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError, a key given twice
             raise ValueError(f"{name}: {src} is not valid JSON ({exc})") from None
