@@ -178,6 +178,36 @@ def check_probs(probs, *, name: str = "probs", keep_dtype: bool = False) -> np.n
     return p if keep_dtype or p.dtype == np.float64 else p.astype(np.float64)
 
 
+def unique_json_keys(pairs: list) -> dict:
+    """``object_pairs_hook`` for ``json.load``: the object as a dict, or ``ValueError`` naming a key given
+    twice (Python keeps the last value, other JSON readers the first: the file means two things)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"key {key!r} given twice in one JSON object")
+    return out
+
+
+def check_box_labels(labels, n_boxes: int, *, name: str = "labels", first_row: int = 0) -> np.ndarray:
+    """True-positive flags of 1-D box scores as int64 0/1 ``(n_boxes,)``.
+
+    A bool column (``matched``: True = true positive) reads as 1/0, as do integer or float 0/1 labels
+    (:func:`check_labels` with 2 classes). Class labels of class vectors stay strict (True/False are not
+    class indices): this rule is for box scores only, and every reader of box labels (fit, evaluate,
+    the Dask engine) uses it.
+
+    Raises
+    ------
+    ValueError, TypeError
+        As :func:`check_labels` with ``n_classes=2`` (shape, a value other than 0/1, another dtype).
+    """
+    y = as_numpy(labels, name)
+    if y.dtype == bool:
+        y = y.astype(np.int8)
+    return check_labels(y, n_boxes, 2, name=name, first_row=first_row)
+
+
 def check_labels(labels, n_samples: int, n_classes: int, *, name: str = "labels", first_row: int = 0) -> np.ndarray:
     """Validate class labels against ``n_samples`` and ``n_classes``; return int64 ``(n_samples,)``.
 

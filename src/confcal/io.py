@@ -274,6 +274,36 @@ def _first_non_finite(value, path: str):
     return None
 
 
+class _Repeated(dict):
+    """A JSON object that named a key more than once (``repeated``: the first such key)."""
+
+    repeated: str = ""
+
+
+def _unique_pairs(pairs):
+    """``object_pairs_hook`` of the manifest reader: a key given twice is kept as :class:`_Repeated` (Python
+    keeps the last value, other JSON readers the first: the file means two things, P3-5)."""
+    out = dict(pairs)
+    if len(out) == len(pairs):
+        return out
+    seen: set = set()
+    rep = _Repeated(out)
+    rep.repeated = next(k for k, _ in pairs if k in seen or seen.add(k))
+    return rep
+
+
+def _first_repeated(value, path: str):
+    """The path of the first key given twice inside ``value`` (``parameters.temperature``), or None."""
+    if isinstance(value, _Repeated):
+        return f"{path}.{value.repeated}" if path else value.repeated
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        found = _first_repeated(v, f"{path}[{k}]" if isinstance(k, int) else f"{path}.{k}" if path else str(k))
+        if found is not None:
+            return found
+    return None
+
+
 def _plain(value):
     """``value`` with every :class:`_NonFinite` as a plain float (the fit record's checks name them)."""
     if isinstance(value, _NonFinite):
@@ -297,7 +327,8 @@ def load_manifest(path) -> dict:
     if not path.is_file():
         raise ValueError(f"calibrator: {str(path)!r} is not a regular file; expected a JSON manifest")
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"), parse_constant=_NonFinite)
+        manifest = json.loads(path.read_text(encoding="utf-8-sig"), parse_constant=_NonFinite,
+                              object_pairs_hook=_unique_pairs)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         # JSONDecodeError, an integer of thousands of digits, arrays nested past the recursion limit
         raise ValueError(f"calibrator: {str(path)!r} is not a JSON manifest ({type(exc).__name__}: "
@@ -305,6 +336,15 @@ def load_manifest(path) -> dict:
     if not isinstance(manifest, dict):
         raise ValueError(f"calibrator: {str(path)!r} holds a JSON {type(manifest).__name__}, not a manifest "
                          "(a JSON object written by 'confcal fit')")
+    repeated = _first_repeated(manifest, "")
+    if repeated is not None and repeated.split(".")[0].split("[")[0] != "fit" and repeated != "fit":
+        raise ValueError(f"calibrator: manifest {path}: {repeated}: expected each key once, got it twice "
+                         "(JSON readers differ on which value counts); the file is damaged")
+    if repeated is not None:  # inside the fit record: named, never blocks (as a NaN there)
+        import warnings
+
+        warnings.warn(f"manifest {path}: {repeated}: key given twice (the last value is kept): the fit record is "
+                      "damaged (kept for reference; the fitted map is used as is)", UserWarning, stacklevel=2)
     try:
         found = _first_non_finite({k: v for k, v in manifest.items() if k != "fit"}, "")
         plain = _plain(manifest)

@@ -164,3 +164,268 @@ def test_nan_outside_the_fit_record_is_still_refused(fitted, tmp_path, capsys):
     code, _, err, _ = _run("apply", "--calibrator", tmp_path / "c.json", "--logits", "x.npy", "-o",
                            tmp_path / "p.npy", capsys=capsys)
     assert code == 2 and "NaN at parameters.temperature" in err and not (tmp_path / "p.npy").exists()
+
+
+# ------------------------------------------------ T34 (rest): fitted diagnostics and group lists
+#: methods whose parameters hold optional diagnostics, and the diagnostic keys of each (at the top of
+#: ``parameters``, or of ``parameters.pooled`` for a grouped fit)
+DIAGNOSTICS = {"ts": ("nll", "n_iter", "at_bound"), "vs": ("nll", "n_iter", "converged"),
+               "pb": ("nll", "base_nll", "fallback", "tie_rate", "n_iter"), "set-ts": ("at_bound",),
+               "grouped-ts": ("nll", "n_iter", "at_bound")}
+
+
+def _class_data(n=300, k=3, seed=0):
+    rng = np.random.default_rng(seed)
+    z = rng.normal(size=(n, k)) * 2
+    y = np.where(rng.random(n) < 0.8, z.argmax(1), rng.integers(0, k, n))
+    d = np.where(np.arange(n) < 6, "tiny", np.where(np.arange(n) % 2 == 0, "cam", "lidar"))
+    return z, y, d
+
+
+def _fit(method, **hyper):
+    from confcal.calibrators import METHODS
+
+    z, y, d = _class_data()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cal = METHODS[method](**hyper)
+        side = {"domains": d} if method in ("grouped-ts", "set-ts") else {}
+        cal.fit(z, y, **side)
+    return cal, z, side
+
+
+@pytest.mark.parametrize("method", sorted(DIAGNOSTICS))
+def test_a_manifest_without_diagnostics_loads_and_nothing_is_invented(method):
+    """Older (format_version 1) manifests may lack nll / n_iter / at_bound (and the other diagnostics): they
+    load and predict as before; the loaded calibrator reports them as None (not 0, False or NaN) and writes
+    them back absent (before: n_iter 0, at_bound false, nll NaN, and the NaN made the rewritten file unloadable)."""
+    from confcal.calibrators import calibrator_from_dict
+
+    cal, z, side = _fit(method)
+    m = json.loads(json.dumps(cal.to_dict()))
+    holder = m["parameters"]["pooled"] if method == "grouped-ts" else m["parameters"]
+    assert set(DIAGNOSTICS[method]) <= set(holder)
+    for key in DIAGNOSTICS[method]:
+        del holder[key]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning either: absence is allowed
+        back = calibrator_from_dict(json.loads(json.dumps(m)), source="old.json")
+    np.testing.assert_allclose(back.predict_proba(z, **side), cal.predict_proba(z, **side), rtol=1e-12, atol=0)
+    loaded = back.pooled_ if method == "grouped-ts" else back
+    for key in DIAGNOSTICS[method]:
+        assert getattr(loaded, key + "_") is None, key
+    again = back.to_dict()
+    again_holder = again["parameters"]["pooled"] if method == "grouped-ts" else again["parameters"]
+    assert not set(DIAGNOSTICS[method]) & set(again_holder)
+    calibrator_from_dict(json.loads(json.dumps(again)))  # the rewritten manifest loads
+
+
+def _grouped_manifests():
+    """``{name: (manifest, where the group lists are)}`` of grouped fits with a fallback group."""
+    from confcal.calibrators import METHODS
+
+    out = {}
+    cal, _, _ = _fit("grouped-ts", min_samples=10)
+    out["grouped-ts"] = (cal.to_dict(), "parameters")
+    rng = np.random.default_rng(1)
+    s = rng.uniform(0.05, 0.95, 600)
+    y = (rng.random(600) < s).astype(int)
+    cats = np.where(np.arange(600) < 5, 9, np.arange(600) % 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        det = METHODS["det-platt"](per_class=True, min_samples=10).fit(s, y, category_ids=cats)
+        geo = METHODS["det-platt-geo"](per_class=True, min_samples=10, box_features="cx").fit(
+            s, y, features=rng.uniform(0, 1, (600, 1)), category_ids=cats)
+    out["det-platt"] = (det.to_dict(), "parameters")
+    out["det-platt-geo"] = (geo.to_dict(), "parameters")
+    return {k: (json.loads(json.dumps(m)), at) for k, (m, at) in out.items()}
+
+
+GROUPED = _grouped_manifests()
+
+
+def _group_tamper(p, how):
+    groups, fallback, counts = p["groups"], p["fallback_groups"], p["group_counts"]
+    if how == "count_dropped":
+        counts.pop()
+    elif how == "count_of_another_group":
+        counts.append([counts[0][0] + ["x"] if isinstance(counts[0][0], list) else "x", 4])
+    elif how == "fallback_twice":
+        fallback.append(fallback[0])
+    elif how == "fallback_with_own_map":
+        fallback.append(groups[0][0])
+    elif how == "fallback_not_counted":
+        fallback.append(["zz"] if isinstance(groups[0][0], list) else "zz")
+
+
+#: (tamper, the field path the refusal names, words of what it expected)
+GROUP_ROWS = [
+    ("count_dropped", "group_counts", "one count per group of parameters.groups and parameters.fallback_groups"),
+    ("count_of_another_group", r"group_counts\[\d+\]\[0\]", "a group of parameters.groups or "
+                                                            "parameters.fallback_groups"),
+    ("fallback_twice", r"fallback_groups\[\d+\]", "a group not listed before"),
+    ("fallback_with_own_map", r"fallback_groups\[\d+\]", "a group without its own map in parameters.groups"),
+    ("fallback_not_counted", "group_counts", "one count per group of parameters.groups and "
+                                             "parameters.fallback_groups"),
+]
+
+
+@pytest.mark.parametrize("method", sorted(GROUPED))
+@pytest.mark.parametrize(("how", "path", "said"), GROUP_ROWS, ids=[r[0] for r in GROUP_ROWS])
+def test_group_lists_that_disagree_are_refused_naming_the_field_and_the_manifest(method, how, path, said):
+    """T34 (rest): group_counts / fallback_groups are checked against the groups they describe (before, a
+    count for a group without a map, or a fallback group that also had a map, loaded silently; a count of
+    another group made route_groups take its rows for a seen group, without the unseen-group warning)."""
+    from confcal.calibrators import calibrator_from_dict
+
+    manifest, _ = GROUPED[method]
+    assert manifest["parameters"]["fallback_groups"], "the fixture needs a fallback group"
+    calibrator_from_dict(json.loads(json.dumps(manifest)))  # untouched: loads
+    m = json.loads(json.dumps(manifest))
+    _group_tamper(m["parameters"], how)
+    with pytest.raises(ValueError) as exc:
+        calibrator_from_dict(m, source="g.json")
+    text = str(exc.value)
+    assert "\n" not in text
+    assert re.match(rf"^manifest g\.json: parameters\.{path}: expected {re.escape(said)}.*, got .+", text), text
+
+
+KEY_FORMS = {"grouped-ts": ["cam", ["cam"], ["cam", "x"]], "det-platt": [0, [], [0, "cam"]],
+             "det-platt-geo": [0, [], [0, "cam"]]}  # a good key first, then keys of the wrong form
+
+
+@pytest.mark.parametrize("method", sorted(KEY_FORMS))
+@pytest.mark.parametrize("where", ["groups", "group_counts", "fallback_groups"])
+def test_group_keys_of_another_form_than_the_hyper_parameters_give_are_refused(method, where):
+    """T34 (rest): a key must have the form its grouping gives it (one id for one column, [id, ...] for
+    crossed ones, [category id] for per_class box maps); before, a crossed key in a per-class manifest
+    loaded and named no group (its rows took the pooled map), and a plain id raised a TypeError naming no field."""
+    from confcal.calibrators import calibrator_from_dict
+
+    manifest, _ = GROUPED[method]
+    for bad in KEY_FORMS[method][1:]:
+        m = json.loads(json.dumps(manifest))
+        p = m["parameters"]
+        i = {"groups": 0, "group_counts": 0, "fallback_groups": 0}[where]
+        old = p[where][i][0] if where != "fallback_groups" else p[where][i]
+        for lst, pos in (("groups", 0), ("group_counts", 0)):  # rename the key everywhere (lists still agree)
+            for item in p[lst]:
+                if item[0] == old:
+                    item[0] = bad
+        p["fallback_groups"] = [bad if k == old else k for k in p["fallback_groups"]]
+        with pytest.raises(ValueError, match=r"^manifest k\.json: parameters\.(groups|group_counts|fallback_groups)"
+                                             r"\[\d+\](\[0\])?: expected a group key of "):
+            calibrator_from_dict(m, source="k.json")
+
+
+def test_a_legacy_grouped_ts_manifest_gets_its_fallback_domains_from_its_counts():
+    """confcal 0.1's grouped-ts listed every domain in domain_counts and only those with their own
+    temperature in temperatures: the upgrade names the others as fallback groups (the lists then agree)."""
+    from confcal.calibrators import calibrator_from_dict
+
+    cal, z, side = _fit("grouped-ts", min_samples=10)
+    assert cal.fallback_groups_ == ["tiny"]
+    old = cal.to_dict()
+    old["parameters"] = {"temperature": cal.pooled_.temperature_,
+                         "temperatures": [[k, g.temperature_] for k, g in cal.groups_.items()],
+                         "domain_counts": [[k, n] for k, n in cal.group_counts_.items()]}
+    back = calibrator_from_dict(json.loads(json.dumps(old)))
+    assert back.fallback_groups_ == ["tiny"]
+    np.testing.assert_allclose(back.predict_proba(z, **side), cal.predict_proba(z, **side), rtol=1e-12, atol=0)
+
+
+def _cv_tamper(p, how):
+    cv = p["cv_scores"]
+    if how == "row_dropped_at_the_choice":
+        p["cv_scores"] = [r for r in cv if r[0] != p["reg_lambda"]]
+    elif how == "lowest_elsewhere":
+        other = next(r for r in cv if r[0] != p["reg_lambda"])
+        other[1] = min(r[1] for r in cv) / 2
+    elif how == "penalty_twice":
+        cv.append(list(cv[0]))
+    elif how == "negative_nll":
+        cv[0][1] = -1.0
+
+
+CV_ROWS = [("row_dropped_at_the_choice", "cv_scores", "cross-validated NLLs"),
+           ("lowest_elsewhere", "cv_scores", "cross-validated NLLs"),
+           ("penalty_twice", "cv_scores", "cross-validated NLLs"),
+           ("negative_nll", r"cv_scores\[0\]\[1\]", "a finite number >= 0")]
+
+
+@pytest.mark.parametrize(("how", "path", "said"), CV_ROWS, ids=[r[0] for r in CV_ROWS])
+@pytest.mark.parametrize("where", ["pooled", "group"])
+def test_cv_scores_must_describe_the_chosen_penalty(how, path, said, where):
+    """T34 (rest): det-platt-geo's cv_scores ([[lambda, held-out NLL], ...]) must choose its reg_lambda
+    (each penalty once, the lowest NLL at reg_lambda), in the pooled map and in every group's map."""
+    from confcal.calibrators import calibrator_from_dict
+
+    manifest, _ = GROUPED["det-platt-geo"]
+    m = json.loads(json.dumps(manifest))
+    params = m["parameters"] if where == "pooled" else m["parameters"]["groups"][0][1]
+    assert len(params["cv_scores"]) >= 2
+    _cv_tamper(params, how)
+    with pytest.raises(ValueError) as exc:
+        calibrator_from_dict(m, source="geo.json")
+    prefix = r"parameters\." if where == "pooled" else r"parameters\.groups\[0\]\[1\]\."
+    assert re.match(rf"^manifest geo\.json: {prefix}{path}: expected {re.escape(said)}.*, got .+", str(exc.value)), \
+        str(exc.value)
+
+
+def test_cv_scores_with_reg_fixed_are_refused():
+    from confcal.calibrators import calibrator_from_dict
+
+    manifest, _ = GROUPED["det-platt-geo"]
+    m = json.loads(json.dumps(manifest))
+    m["hyperparameters"]["reg"] = "fixed"
+    with pytest.raises(ValueError, match=r"^manifest: parameters\.cv_scores: expected \[\] \(hyper-parameter "
+                                         r"reg='fixed' cross-validates nothing\), got \d+ rows$"):
+        calibrator_from_dict(m)
+
+
+def test_a_damaged_group_list_is_refused_by_apply_in_one_line_naming_the_file(tmp_path, capsys):
+    """Through the CLI: exit 2, one line naming --calibrator, the manifest file and the field; no output."""
+    manifest, _ = GROUPED["grouped-ts"]
+    m = json.loads(json.dumps(manifest))
+    m["parameters"]["group_counts"].pop()
+    (tmp_path / "g.json").write_text(json.dumps(m))
+    z, _, d = _class_data()
+    np.savez(tmp_path / "v.npz", z=z, d=d)
+    code, out, err, _ = _run("apply", "--calibrator", tmp_path / "g.json", "--logits", f"{tmp_path}/v.npz:z",
+                             "--domains", f"{tmp_path}/v.npz:d", "-o", tmp_path / "p.npy", capsys=capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"confcal: error: --calibrator: manifest {tmp_path / 'g.json'}: parameters.group_counts: "
+                          "expected one count per group"), err
+    assert not (tmp_path / "p.npy").exists()
+
+
+@pytest.mark.parametrize("method", ["grouped-ts", "grouped-ts-base", "det-ts"])
+@pytest.mark.parametrize("where", ["pooled", "group"])
+def test_a_group_temperature_outside_the_manifests_bounds_is_refused(method, where):
+    """T34 (rest): as for a ts manifest, every temperature of a grouped fit (pooled and per group) lies in
+    the manifest's [t_min, t_max]; before, a grouped-ts, grouped(base=ts) or det-ts group with T = 1000
+    loaded (only the base's table was applied per group, not its rules)."""
+    from confcal.calibrators import METHODS, calibrator_from_dict
+
+    if method == "det-ts":
+        rng = np.random.default_rng(1)
+        s = rng.uniform(0.05, 0.95, 600)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cal = METHODS["det-ts"](per_class=True).fit(s, (rng.random(600) < s).astype(int),
+                                                        category_ids=np.arange(600) % 2)
+    elif method == "grouped-ts":
+        cal, _, _ = _fit("grouped-ts")
+    else:
+        z, y, d = _class_data()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cal = METHODS["grouped"](base="ts").fit(z, y, domains=d)
+    m = json.loads(json.dumps(cal.to_dict()))
+    calibrator_from_dict(json.loads(json.dumps(m)))
+    p = m["parameters"]
+    (p["pooled"] if where == "pooled" else p["groups"][1][1])["temperature"] = 1000.0
+    at = r"pooled" if where == "pooled" else r"groups\[1\]\[1\]"
+    with pytest.raises(ValueError, match=rf"^manifest t\.json: parameters\.{at}\.temperature: expected a number in "
+                                         r"\[t_min, t_max\] = \[0\.01, 100\], got 1000\.0$"):
+        calibrator_from_dict(m, source="t.json")

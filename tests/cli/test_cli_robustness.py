@@ -50,7 +50,7 @@ def test_ragged_csv_and_pickled_pt(tmp_path, capsys):
     (tmp_path / "r.csv").write_text("a,b,label\n1,2,0\n3,1\n")
     assert main(["fit", "--logits", f"{tmp_path}/r.csv:a,b", "--labels", f"{tmp_path}/r.csv:label",
                  "--method", "ts", "-o", str(tmp_path / "o.json")]) == 2
-    assert "row 3 has 2 fields" in capsys.readouterr().err
+    assert "row 1 (line 3 of the file) has 2 fields" in capsys.readouterr().err
     with open(tmp_path / "evil.pt", "wb") as fh:
         pickle.dump({"logits": object()}, fh)
     np.save(tmp_path / "y.npy", np.array([0, 1]))

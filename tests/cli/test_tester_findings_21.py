@@ -694,7 +694,8 @@ def test_t41_dask_evaluate_refuses_a_manifest_of_another_class_count_as_in_one_p
     base = ["evaluate", "--logits", f"{d}/x4.parquet:logit_*", "--labels", f"{d}/x4.parquet:label",
             "--calibrator", f"{d}/cal.json", "-q"]
     capsys.readouterr()
-    want = "confcal: error: --calibrator: calibrator was fitted on n_classes=3, but the logits have 4 classes"
+    want = (f"confcal: error: --calibrator: manifest {d}/cal.json: calibrator was fitted on n_classes=3, but the "
+            "logits have 4 classes")
     for more in ([], ["--engine", "dask", "--workers", "1"]):
         assert main(base + more) == 2
         out = capsys.readouterr()
@@ -747,3 +748,176 @@ def test_t42_a_map_that_overflows_on_finite_logits_is_refused_naming_the_rows(me
         cal.predict_proba(rows)
     p = cal.predict_proba(x[:2], dtype=np.float64)
     assert np.isfinite(p).all() and np.allclose(p.sum(1), 1, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["ts", "ts+pb"])
+def test_p3_1_apply_on_zero_rows_says_the_logits_have_no_rows_not_that_the_manifest_is_damaged(files, capsys,
+                                                                                               method):
+    """P3-1: apply on a (0, K) file warned 'the manifest's fit.data_summary cannot be used (ValueError:
+    logits: ...)' of an intact manifest; the drift check is now skipped naming --logits."""
+    d, _, _ = files
+    _fitted_manifest(d, method)
+    np.save(d / "e0.npy", np.zeros((0, 3)))
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        assert main(["apply", "--calibrator", f"{d}/m.json", "--logits", f"{d}/e0.npy", "-o", f"{d}/o.npy"]) == 0
+    err = capsys.readouterr().err
+    warned = [line for line in err.splitlines() if line.startswith("confcal: warning: ")]
+    assert warned == ["confcal: warning: drift check skipped: --logits holds no rows (nothing to compare with the "
+                      "calibration data)"], err
+    assert np.load(d / "o.npy").shape == (0, 3)
+
+
+def test_p3_2_bool_true_positive_flags_are_box_labels_in_evaluate_as_in_fit(tmp_path, capsys):
+    """P3-2: evaluate on box scores refused a bool TP/FP array ('expected integer class indices, got dtype
+    bool') that fit reads as 1/0; one rule (confcal._validation.check_box_labels) for every box-label reader.
+    The same arithmetic runs on the same 0/1 values, so the documents are equal."""
+    rng = np.random.default_rng(0)
+    s = rng.random(200)
+    flags = rng.random(200) < s
+    np.save(tmp_path / "s.npy", s)
+    np.save(tmp_path / "b.npy", flags)
+    np.save(tmp_path / "i.npy", flags.astype(np.int8))
+    docs = []
+    for labels in ("b.npy", "i.npy"):
+        capsys.readouterr()
+        assert main(["evaluate", "--logits", f"{tmp_path}/s.npy", "--labels", f"{tmp_path}/{labels}", "--json"]) == 0
+        docs.append(json.loads(capsys.readouterr().out))
+    assert docs[0] == docs[1]
+    # class labels of class vectors stay strict
+    np.save(tmp_path / "z.npy", rng.normal(size=(200, 2)))
+    capsys.readouterr()
+    assert main(["evaluate", "--logits", f"{tmp_path}/z.npy", "--labels", f"{tmp_path}/b.npy"]) == 2
+    assert "expected integer class indices, got dtype bool" in _err(capsys)
+
+
+@pytest.mark.parametrize("dropped", [0, 1])
+def test_p3_4_a_grouped_manifest_missing_a_fitted_group_is_refused(tmp_path, capsys, dropped):
+    """P3-4: a grouped-ts manifest with parameters.groups[i] deleted (group_counts still counting that
+    domain, fallback_groups empty) loaded, and the domain's rows silently took the pooled T without even
+    the unseen-domain warning. The group lists are checked against each other on load (GroupsAgree)."""
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(600, 3)) * 2
+    y = np.where(rng.random(600) < 0.8, z.argmax(1), rng.integers(0, 3, 600))
+    dom = np.array(["a", "b", "c"])[np.arange(600) % 3]
+    np.save(tmp_path / "z.npy", z)
+    np.save(tmp_path / "y.npy", y)
+    np.save(tmp_path / "d.npy", dom)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["fit", "-q", "--method", "grouped-ts", "--logits", f"{tmp_path}/z.npy", "--labels",
+                     f"{tmp_path}/y.npy", "--domains", f"{tmp_path}/d.npy", "-o", f"{tmp_path}/g.json"]) == 0
+    m = json.loads((tmp_path / "g.json").read_text())
+    gone = m["parameters"]["groups"].pop(dropped)[0]
+    assert m["parameters"]["fallback_groups"] == []
+    (tmp_path / "t.json").write_text(json.dumps(m))
+    capsys.readouterr()
+    assert main(["apply", "--calibrator", f"{tmp_path}/t.json", "--logits", f"{tmp_path}/z.npy", "--domains",
+                 f"{tmp_path}/d.npy", "-o", f"{tmp_path}/o.npy"]) == 2
+    err = _err(capsys)
+    assert err.startswith(f"confcal: error: --calibrator: manifest {tmp_path}/t.json: parameters.group_counts[")
+    assert "expected a group of parameters.groups or parameters.fallback_groups" in err and repr(gone) in err
+    assert not (tmp_path / "o.npy").exists()
+
+
+@pytest.mark.parametrize("cell, said", [("", "is empty at row 1 (line 3 of the file)"),
+                                        ("NaN", "found NaN/+inf in row 1:")])
+def test_p3_3_csv_errors_count_rows_as_every_other_message(tmp_path, capsys, cell, said):
+    """P3-3: an empty cell was said to be 'at row 3' (the file's line), a NaN in the same cell 'in row 1'
+    (the sample index). Rows are sample indices from 0 in every message; the CSV reader adds the line."""
+    (tmp_path / "c.csv").write_text(f"logit_0,logit_1,logit_2,label\n1,2,3,0\n1,{cell},3,1\n\n4,5,6,2\n")
+    capsys.readouterr()
+    assert main(["evaluate", "--logits", f"{tmp_path}/c.csv:logit_*", "--labels", f"{tmp_path}/c.csv:label"]) == 2
+    assert said in _err(capsys)
+    # a blank line is skipped but still counted: the ragged third data row is on line 5
+    (tmp_path / "r.csv").write_text("logit_0,logit_1,logit_2,label\n1,2,3,0\n1,2,3,1\n\n4,5,2\n")
+    assert main(["evaluate", "--logits", f"{tmp_path}/r.csv:logit_*", "--labels", f"{tmp_path}/r.csv:label"]) == 2
+    assert "row 2 (line 5 of the file) has 3 fields" in _err(capsys)
+
+
+@pytest.mark.parametrize("key, where", [('"temperature":', "parameters.temperature"), ('"format":', "format"),
+                                        ('"n_samples":', "fit.n_samples")])
+def test_p3_5_a_key_given_twice_in_a_manifest_is_refused_or_in_the_fit_record_named(files, capsys, key, where):
+    """P3-5: a manifest with "temperature" written twice was read silently (Python keeps the last value,
+    other JSON readers the first). Refused in one line naming the key; inside the fit record (which never
+    blocks apply) one warning names it and the map is applied."""
+    d, _, _ = files
+    text = (d / "cal.json").read_text()
+    bad = text.replace(key, f'{key} 5, {key}', 1)
+    assert bad != text
+    (d / "dup.json").write_text(bad)
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        code = main(["apply", "--calibrator", f"{d}/dup.json", "--logits", f"{d}/z.npy", "-o", f"{d}/p.npy"])
+    if where.startswith("fit."):
+        assert code == 0
+        err = capsys.readouterr().err
+        assert f"confcal: warning: manifest {d}/dup.json: {where}: key given twice" in err
+        assert main(["apply", "-q", "--calibrator", f"{d}/cal.json", "--logits", f"{d}/z.npy", "-o",
+                     f"{d}/want.npy"]) == 0
+        np.testing.assert_array_equal(np.load(d / "p.npy"), np.load(d / "want.npy"))  # same file, same map
+        return
+    assert code == 2 and not (d / "p.npy").exists()
+    assert _err(capsys) == (f"confcal: error: --calibrator: manifest {d}/dup.json: {where}: expected each key once, "
+                            "got it twice (JSON readers differ on which value counts); the file is damaged")
+
+
+def test_p3_5_other_json_inputs_refuse_a_key_given_twice(tmp_path):
+    """P3-5, the same rule for the other JSON inputs: COCO ground truth / detections and the CLI's JSON
+    options (--domain-map, ...) refuse a key given twice, naming it and the file."""
+    from confcal.cli._common import read_json
+    from confcal.detection.coco import load_coco_gt
+
+    (tmp_path / "m.json").write_text('{"1": "day", "1": "night"}')
+    with pytest.raises(ValueError, match=r"^--domain-map: '.*m\.json' is not a JSON file \(key '1' given twice"):
+        read_json(tmp_path / "m.json", "--domain-map")
+    (tmp_path / "gt.json").write_text('{"images": [{"id": 1, "id": 2, "file_name": "a.jpg"}], "annotations": [], '
+                                      '"categories": [{"id": 1, "name": "car"}]}')
+    with pytest.raises(ValueError, match=r"gt\.json is not valid JSON \(key 'id' given twice"):
+        load_coco_gt(tmp_path / "gt.json")
+
+
+@pytest.mark.parametrize("method", ["ts", "ts+pb"])
+def test_p3_6_fit_on_logits_near_the_float64_limit_prints_no_raw_numpy_warning(tmp_path, capsys, method):
+    """P3-6: fit on log-probabilities times 1e306 (entries overflowing to -inf) printed numpy's 'overflow
+    encountered in reduce' twice: the TS job re-ran its probabilities-as-logits sum on every pass after the
+    first (a pass that checks nothing claimed its rows lay in [0, 1]). Now only the validating pass checks."""
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(500, 10)) * 60
+    top = z.max(1, keepdims=True)
+    lp = z - top - np.log(np.exp(z - top).sum(1, keepdims=True))
+    with np.errstate(over="ignore"):
+        huge = lp * 1e306
+    assert np.isinf(huge).any() and np.nanmax(np.abs(huge[np.isfinite(huge)])) > 1e307
+    np.save(tmp_path / "h.npy", huge)
+    np.save(tmp_path / "y.npy", huge.argmax(1))
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        code = main(["fit", "-q", "--method", method, "--logits", f"{tmp_path}/h.npy", "--labels", f"{tmp_path}/y.npy",
+                     "-o", f"{tmp_path}/m.json"])
+    err = capsys.readouterr().err
+    assert "overflow encountered" not in err and "RuntimeWarning" not in err, err
+    # ts fits (T on its bound); ts+pb may refuse this scale in its own words (its box solve overflows)
+    assert code == 0 if method == "ts" else code == 0 or err.strip().splitlines()[-1].startswith(
+        "confcal: error: --logits: the box-constrained softmax has no exact solution in float64"), err
+
+
+def test_json_inputs_with_a_utf8_byte_order_mark_are_read_as_bom_csvs_are(files, tmp_path, capsys):
+    """Tester pass 3, noticed: a manifest saved with a UTF-8 BOM was refused (JSONDecodeError: Unexpected UTF-8
+    BOM) while BOM CSVs are read; the manifest, COCO and JSON-option readers decode utf-8-sig now."""
+    from confcal.cli._common import read_json
+    from confcal.detection.coco import load_coco_gt
+
+    d, _, _ = files
+    (d / "bom.json").write_bytes(b"\xef\xbb\xbf" + (d / "cal.json").read_bytes())
+    assert main(["apply", "-q", "--calibrator", f"{d}/bom.json", "--logits", f"{d}/z.npy", "-o", f"{d}/p.npy"]) == 0
+    assert main(["apply", "-q", "--calibrator", f"{d}/cal.json", "--logits", f"{d}/z.npy", "-o", f"{d}/q.npy"]) == 0
+    np.testing.assert_array_equal(np.load(d / "p.npy"), np.load(d / "q.npy"))  # same file, same map
+    (tmp_path / "m.json").write_bytes(b"\xef\xbb\xbf" + b'{"1": "day"}')
+    assert read_json(tmp_path / "m.json", "--domain-map") == {"1": "day"}
+    (tmp_path / "gt.json").write_bytes(b"\xef\xbb\xbf" + b'{"images": [{"id": 1, "file_name": "a.jpg", "width": 10, '
+                                       b'"height": 10}], "annotations": [], "categories": [{"id": 1, "name": "car"}]}')
+    assert load_coco_gt(tmp_path / "gt.json")["images"][0]["id"] == 1

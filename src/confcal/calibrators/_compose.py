@@ -14,7 +14,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from confcal.calibrators._constraints import NLL, N_ITER, SEED, Array, Bool, Choice, Fields, Int, Opt, Real
+from confcal.calibrators._constraints import NLL, N_ITER, SEED, Array, Bool, Choice, Fields, Int, Opt, Real, \
+    optional_value, without_missing
 from confcal.calibrators._maps import MAPS, LogitMap, build_map, get_state, load_state, mask_neg_inf, remask
 from confcal.calibrators._optim import OptimResult, adam, lbfgs, single_thread, torch_seed
 from confcal.calibrators._tsfit import check_labels_not_masked
@@ -203,7 +204,8 @@ class MapCalibrator(Calibrator):
     e.g. from the temperature-scaling fit).
 
     Fitted attributes: ``map_`` (the torch module), ``nll_`` (objective at the
-    optimum: mean NLL + penalty), ``n_iter_``, ``converged_``.
+    optimum: mean NLL + penalty), ``n_iter_``, ``converged_`` (the last three None on a calibrator
+    loaded from a manifest that does not record them).
     """
 
     map_name: ClassVar[str] = ""
@@ -290,15 +292,16 @@ class MapCalibrator(Calibrator):
         return out
 
     def _get_fitted(self):
-        return {"map": self.map_.name, "map_config": self.map_.config(), "map_state": get_state(self.map_),
-                "nll": self.nll_, "n_iter": self.n_iter_, "converged": self.converged_}
+        return without_missing({"map": self.map_.name, "map_config": self.map_.config(),
+                                "map_state": get_state(self.map_), "nll": self.nll_, "n_iter": self.n_iter_,
+                                "converged": self.converged_})
 
     def _set_fitted(self, params):
         m = build_map(params["map"], params["map_config"])
         self.map_ = load_state(m, params["map_state"]).requires_grad_(False)
-        self.nll_ = float(params.get("nll", float("nan")))
-        self.n_iter_ = int(params.get("n_iter", 0))
-        self.converged_ = bool(params.get("converged", True))
+        self.nll_ = optional_value(params, "nll", float)  # None: the manifest has none (nothing invented)
+        self.n_iter_ = optional_value(params, "n_iter", int)
+        self.converged_ = optional_value(params, "converged", bool)
 
 
 def _refuse_non_finite_rows(p: np.ndarray, z, first_row: int, method: str) -> None:

@@ -31,7 +31,8 @@ import numpy as np
 
 __all__ = ["Spec", "Real", "Int", "Bool", "Choice", "Text", "Nullable", "Array", "Fields", "Pairs", "Opt",
            "AnyJSON", "Rule", "ListOf", "GroupKey", "check_hyperparameters", "check_parameters", "check_manifest_top",
-           "MAX_ABS", "MAX_LOG", "TEMPERATURE", "T_BOUNDS", "T_RULE", "NLL", "N_ITER", "SEED", "COMMON_HYPER"]
+           "MAX_ABS", "MAX_LOG", "TEMPERATURE", "T_BOUNDS", "T_RULE", "NLL", "N_ITER", "SEED", "COMMON_HYPER",
+           "optional_value", "without_missing", "GroupsAgree", "group_keys_of"]
 
 #: largest magnitude of a plain real parameter (weights, biases, centroids)
 MAX_ABS = 1e100
@@ -405,6 +406,53 @@ class GroupKey(Spec):
 
 
 @dataclass(frozen=True)
+class GroupsAgree:
+    """The group lists of a grouped fit describe the same groups (a rule of :class:`Fields`).
+
+    ``groups`` (``[[key, map], ...]``: the groups with their own map), ``fallback_groups`` (groups seen at
+    fit time that use the pooled map) and ``group_counts`` (``[[key, n], ...]``: one count per group seen
+    at fit time) are written by one fit (:func:`confcal.calibrators.grouping.fit_groups`): a fallback group
+    is listed once and has no map of its own, and the counts name exactly the groups of the other two
+    lists. A count naming another group would make :func:`~confcal.calibrators.grouping.route_groups`
+    take rows of an unseen group for seen ones (no warning). Either list may be missing (older manifests);
+    then only what is there is compared.
+    """
+
+    groups: str = "groups"
+    fallback: str = "fallback_groups"
+    counts: str = "group_counts"
+
+    def check(self, obj: dict, path: str, ctx: _Ctx) -> None:
+        at = (lambda name: _join(path, name))  # noqa: E731
+        pairs = obj.get(self.groups) or []
+        own = [repr(p[0]) for p in pairs if isinstance(p, (list, tuple)) and len(p) == 2]
+        fallback = obj.get(self.fallback)
+        if isinstance(fallback, (list, tuple)):
+            seen: set = set()
+            for i, key in enumerate(fallback):
+                if repr(key) in seen:
+                    ctx.fail(_join(at(self.fallback), i), "a group not listed before", key)
+                if repr(key) in own:
+                    ctx.fail(_join(at(self.fallback), i), f"a group without its own map in {at(self.groups)} "
+                             "(a group fitted on its own rows does not fall back)", key)
+                seen.add(repr(key))
+        counts = obj.get(self.counts)
+        if not isinstance(counts, (list, tuple)):
+            return
+        listed = own + [repr(k) for k in (fallback if isinstance(fallback, (list, tuple)) else [])]
+        keys = [repr(p[0]) for p in counts if isinstance(p, (list, tuple)) and len(p) == 2]
+        for i, key in enumerate(keys):
+            if key not in listed:
+                ctx.fail(_join(_join(at(self.counts), i), 0), f"a group of {at(self.groups)} or "
+                         f"{at(self.fallback)} (the counts are of the groups seen at fit time)", got=key)
+        missing = [key for key in listed if key not in keys]
+        if missing:
+            ctx.fail(at(self.counts), f"one count per group of {at(self.groups)} and {at(self.fallback)} "
+                     f"({len(own)} + {len(listed) - len(own)} = {len(listed)} entries)",
+                     got=f"{len(keys)} entries, none for {missing[0]}")
+
+
+@dataclass(frozen=True)
 class Rule:
     """A relation between fields: ``test(values) -> bool``, ``message`` says what was expected.
 
@@ -481,6 +529,25 @@ T_RULE = Rule(("t_min", "t_max"), lambda lo, hi: lo < hi, "t_min < t_max")
 NLL = Opt(Real(ge=-1e-9, max_abs=math.inf))  # a mean negative log-likelihood: >= 0 up to rounding (T34)
 N_ITER = Opt(Int(ge=0))
 SEED = Nullable(Int(ge=0, le=2 ** 32 - 1))
+
+
+# ------------------------------------------------------------------ optional diagnostics
+# The fitted objective (``nll``, ``base_nll``), the optimiser's ``n_iter`` / ``converged``, ``at_bound``,
+# ``fallback`` and ``tie_rate`` describe a fit and are never used to predict. Their absence is allowed
+# (``Opt`` in the tables): format_version 1 is the only manifest version, so it cannot tell a manifest
+# written before a method recorded one of them from a later one, and hand-written manifests of version 1
+# carry the map alone. A value that is present is checked (range, type); one that is absent stays absent:
+# loading gives ``None`` (not 0, False or NaN, which would read as a fact about the fit) and writing the
+# calibrator again leaves the key out.
+def optional_value(params: dict, key: str, conv: Callable[[Any], Any]):
+    """``conv(params[key])``, or ``None`` when the manifest has no ``key`` (see the comment above)."""
+    value = params.get(key)
+    return None if value is None else conv(value)
+
+
+def without_missing(values: dict) -> dict:
+    """``values`` less the entries that are ``None`` (optional diagnostics a loaded manifest lacked)."""
+    return {k: v for k, v in values.items() if v is not None}
 #: hyper-parameters every calibrator may have (added by the base class)
 COMMON_HYPER = {"input_kind": Choice("logits", "probs")}
 
@@ -538,6 +605,31 @@ def temperature_within_bounds(hyper: dict, params: dict) -> str | None:
     if not lo * (1 - 1e-9) <= t <= hi * (1 + 1e-9):
         return f"temperature: expected a number in [t_min, t_max] = [{lo:g}, {hi:g}], got {_show(t)}"
     return None
+
+
+def group_keys_of(parts, what: str) -> Callable[[dict, dict], str | None]:
+    """A ``hyper_parameter_rules`` entry: every group key of ``parameters`` (``groups[i][0]``,
+    ``group_counts[i][0]``, ``fallback_groups[i]``) has the form the hyper-parameters give it.
+
+    ``parts(hyper, params)`` is None for a plain id (one grouping column) or ``n``: a list of ``n`` ids (the
+    columns crossed; ``n = 0``: no groups); ``what`` says why, in the message. A key of another form names
+    no group the fit made, so its rows would silently take the pooled map."""
+    def rule(hyper: dict, params: dict) -> str | None:
+        n = parts(hyper, params)
+        lists = [("groups", [p[0] if isinstance(p, (list, tuple)) and p else None for p in params.get("groups") or []]),
+                 ("group_counts", [p[0] if isinstance(p, (list, tuple)) and p else None
+                                   for p in params.get("group_counts") or []]),
+                 ("fallback_groups", list(params.get("fallback_groups") or []))]
+        for name, keys in lists:
+            for i, key in enumerate(keys):
+                ok = not isinstance(key, list) if n is None else isinstance(key, list) and len(key) == n
+                if not ok:
+                    at = f"{name}[{i}][0]" if name != "fallback_groups" else f"{name}[{i}]"
+                    form = "a single id" if n is None else f"a list of {n} id(s)"
+                    return f"{at}: expected a group key of {form} ({what(hyper, params)}), got {_show(key)}"
+        return None
+
+    return rule
 
 
 def increasing_slopes(hyper: dict, params: dict) -> str | None:

@@ -92,7 +92,7 @@ def _ts_batch(batch: dict, first: int, *, input_kind: str, validate: bool, by_do
     if w is not None:
         w = _check_weights(w, first) if validate else np.asarray(w, dtype=np.float64)
     out = {"stats": {}, "n": int(x.shape[0]), "k": int(x.shape[1]), "counts": {}, "digest": None,
-           "unit": True, "sums_to_one": True, "inside": False}
+           "unit": False, "sums_to_one": True, "inside": False}  # unit: checked in the validating pass only
     if validate:
         arrays = (x, y) + (() if d is None else (d,)) + (() if w is None else (w,))  # as Calibrator.fit
         if digest is not None:

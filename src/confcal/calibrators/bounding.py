@@ -51,6 +51,7 @@ from confcal.calibrators._compose import (
 )
 from confcal.calibrators._constraints import (
     NLL, N_ITER, T_BOUNDS, Bool, Choice, Fields, Int, Nullable, Opt, Real, check_hyperparameters,
+    optional_value, without_missing,
 )
 from confcal.calibrators._links import (
     BOUND_MODES, BoxLink, MLPBoxLink, SoftmaxLink, raw_from_lower, raw_from_upper,
@@ -256,6 +257,7 @@ class ProbabilityBounding(Calibrator):
     fallback_ : True when X alone was better and the bounds were dropped (``a = 0``, ``b = 1``)
     tie_rate_ : fraction of calibration rows with a tied top probability
     n_iter_ : optimiser iterations / steps of the joint refinement
+    (each of the last five is None on a calibrator loaded from a manifest that does not record it)
 
     ``fit`` raises ``ValueError`` for an unknown base / bounds / bound_model;
     ``METHODS[preset](base=...)`` for one that contradicts the preset.
@@ -465,9 +467,10 @@ class ProbabilityBounding(Calibrator):
 
     # ---------------------------------------------------------------- manifest
     def _get_fitted(self):
-        out = {"map": self.map_.name, "map_config": self.map_.config(), "map_state": get_state(self.map_),
-               "lower": self.lower_, "upper": self.upper_, "nll": self.nll_, "base_nll": self.base_nll_,
-               "fallback": self.fallback_, "tie_rate": self.tie_rate_, "n_iter": self.n_iter_}
+        out = without_missing({"map": self.map_.name, "map_config": self.map_.config(),
+                               "map_state": get_state(self.map_), "lower": self.lower_, "upper": self.upper_,
+                               "nll": self.nll_, "base_nll": self.base_nll_, "fallback": self.fallback_,
+                               "tie_rate": self.tie_rate_, "n_iter": self.n_iter_})
         if self.link_ is not None:
             out["link_config"] = self.link_.config()
             out["link_state"] = get_state(self.link_)
@@ -480,11 +483,11 @@ class ProbabilityBounding(Calibrator):
         self.link_ = None
         if "link_state" in params:
             self.link_ = load_state(MLPBoxLink(**params["link_config"]), params["link_state"]).requires_grad_(False)
-        self.nll_ = float(params.get("nll", float("nan")))
-        self.base_nll_ = float(params.get("base_nll", float("nan")))
-        self.fallback_ = bool(params.get("fallback", False))
-        self.tie_rate_ = float(params.get("tie_rate", float("nan")))
-        self.n_iter_ = int(params.get("n_iter", 0))
+        self.nll_ = optional_value(params, "nll", float)  # None: the manifest has none (nothing invented)
+        self.base_nll_ = optional_value(params, "base_nll", float)
+        self.fallback_ = optional_value(params, "fallback", bool)
+        self.tie_rate_ = optional_value(params, "tie_rate", float)
+        self.n_iter_ = optional_value(params, "n_iter", int)
 
 
 register(ProbabilityBounding, name="pb")

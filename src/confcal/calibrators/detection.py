@@ -53,14 +53,15 @@ import numpy as np
 from scipy.special import expit
 
 from confcal._numeric import softmax
-from confcal._validation import as_numpy, check_labels, check_logits
+from confcal._validation import as_numpy, check_box_labels, check_labels, check_logits
 from confcal.calibrators._constraints import NLL, T_BOUNDS, T_RULE, TEMPERATURE, Bool, Choice, Fields, GroupKey, \
-    Int, ListOf, Nullable, Opt, Pairs, Real, increasing_slopes
+    GroupsAgree, Int, ListOf, Nullable, Opt, Pairs, Real, group_keys_of, increasing_slopes, \
+    temperature_within_bounds
 from confcal.calibrators._logistic import LogisticFit, fit_logistic
 from confcal.calibrators._tsfit import DEFAULT_T_BOUNDS, CalibrationWarning, fit_temperature
 from confcal.calibrators._tsfit import _result as _ts_result
 from confcal.calibrators.base import Calibrator, _sha256, register, summary_metrics
-from confcal.calibrators.grouping import fit_groups, route_groups
+from confcal.calibrators.grouping import base_rules, fit_groups, route_groups
 from confcal.metrics.detection import binary_brier, binary_nll, detection_ece
 
 __all__ = ["DetectionTemperatureScaling", "DetectionPlattScaling", "score_logit", "fit_logistic",
@@ -117,13 +118,6 @@ def score_logit(scores, *, clip_scores: bool = False, name: str = "scores", warn
     return np.log(p) - np.log1p(-p)
 
 
-def _flags(labels):
-    """Box labels of 1-D scores are true-positive flags: a bool column (``matched``) reads as 1/0.
-    (Class labels stay strict: True/False are not class indices.)"""
-    arr = labels if isinstance(labels, np.ndarray) else None
-    return arr.astype(np.int8) if arr is not None and arr.dtype == bool else labels
-
-
 def _check_weight_batch(w, first_row: int) -> np.ndarray:
     w = np.asarray(w)
     if w.ndim != 1 or w.dtype == bool or w.dtype.kind not in "fiu":
@@ -154,12 +148,27 @@ def _key_part(v):
     return v.item() if hasattr(v, "item") else v
 
 
+def _box_key_parts(hyper, params) -> int:
+    return int(bool(hyper.get("per_class", False))) + int(params.get("by_domain") is True)
+
+
+#: a box map's group keys: [category id] (per_class), [domain] (by_domain) or [category id, domain]
+box_group_keys = group_keys_of(_box_key_parts, lambda h, p: f"hyper-parameter per_class={h.get('per_class', False)}"
+                                                            f", parameters.by_domain={p.get('by_domain')}")
+
+
+class _TemperatureRules:
+    """The rules of one det-ts map (pooled or a group's): its temperature inside ``[t_min, t_max]``."""
+
+    hyper_parameter_rules = (temperature_within_bounds,)
+
+
 def _grouped_fields(group: Fields) -> Fields:
     """Manifest parameters of a box-score calibrator whose per-group fit is ``group``."""
     return Fields({"kind": Choice("binary", "multiclass"), "by_domain": Bool(),
                    "pooled": group,
                    "groups": Pairs(GroupKey(), group), "group_counts": Opt(Pairs(GroupKey(), Int(ge=0))),
-                   "fallback_groups": Opt(ListOf(GroupKey()))})
+                   "fallback_groups": Opt(ListOf(GroupKey()))}, rules=(GroupsAgree(),))
 
 
 class _BoxScoreMaps(Calibrator):
@@ -175,6 +184,7 @@ class _BoxScoreMaps(Calibrator):
     """
 
     optional_side_inputs = ("domains", "category_ids")
+    hyper_parameter_rules = (box_group_keys,)  # group keys of the form per_class / by_domain give them
     #: tells ``confcal fit`` / ``apply`` to hand over 1-D box scores unvalidated (validated here)
     takes_box_scores = True
     supports_multiclass = False
@@ -215,7 +225,7 @@ class _BoxScoreMaps(Calibrator):
         kind, x = self._scores(scores)
         keep = None
         if kind == "binary":
-            y = check_labels(_flags(labels), x.shape[0], 2)
+            y = check_box_labels(labels, x.shape[0])
         else:
             lab = as_numpy(labels, "labels")
             if lab.ndim == 1 and lab.shape[0] == x.shape[0] and np.issubdtype(lab.dtype, np.integer):
@@ -368,7 +378,7 @@ class _BoxScoreMaps(Calibrator):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", CalibrationWarning)  # counted: the job warns once
             u = self._features(s, self._input_kind(), first_row=first)
-        y = check_labels(_flags(batch["labels"]), k, 2, first_row=first)
+        y = check_box_labels(batch["labels"], k, first_row=first)
         cols = {}
         if "domains" in batch:
             cols["domains"] = check_domains(batch["domains"], k)
@@ -506,6 +516,9 @@ class DetectionTemperatureScaling(_BoxScoreMaps):
     hyper_constraints = {"per_class": Bool(), "bias": Bool(), "clip_scores": Bool(), "min_samples": Int(ge=1),
                          **T_BOUNDS, "input_kind": Nullable(Choice("logits", "probs"))}
     hyper_rules = (T_RULE,)
+    #: the group keys, and every temperature (pooled and per group) inside the manifest's [t_min, t_max]
+    hyper_parameter_rules = (box_group_keys, base_rules(lambda h: (_TemperatureRules, {
+        "t_min": h.get("t_min", DEFAULT_T_BOUNDS[0]), "t_max": h.get("t_max", DEFAULT_T_BOUNDS[1])})))
     fitted_constraints = _grouped_fields(Fields({"temperature": TEMPERATURE, "bias": Real(), "nll": NLL,
                                                  "at_bound": Opt(Bool())}))
 
@@ -592,7 +605,7 @@ class DetectionPlattScaling(_BoxScoreMaps):
 
     method = "det-platt"
     streams_box_scores = True
-    hyper_parameter_rules = (increasing_slopes,)  # a negated slope would invert the ranking
+    hyper_parameter_rules = (increasing_slopes, box_group_keys)  # a negated slope would invert the ranking
     hyper_constraints = {"per_class": Bool(), "increasing": Bool(), "platt_targets": Bool(),
                          "min_samples": Int(ge=1)}
     fitted_constraints = _grouped_fields(Fields({"a": Real(), "b": Real(), "nll": NLL, "at_bound": Opt(Bool())}))

@@ -58,12 +58,13 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import expit, logit
 
-from confcal._validation import as_numpy, check_domains, check_features, check_labels
-from confcal.calibrators._constraints import (Array, Bool, Choice, Fields, GroupKey, Int, ListOf, Nullable, Opt,
-                                              Pairs, Real, Text)
+from confcal._validation import as_numpy, check_domains, check_box_labels, check_features
+from confcal.calibrators._constraints import (Array, Bool, Choice, Fields, GroupKey, GroupsAgree, Int, ListOf,
+                                              Nullable, Opt, Pairs, Real, Rule, Text)
 from confcal.calibrators._geofit import REG_GRID, fit_penalised_logistic, select_penalty
 from confcal.calibrators.base import Calibrator, _sha256, register
-from confcal.calibrators.detection import _binary_metrics, _check_category_ids, _check_scores, _key_part
+from confcal.calibrators.detection import _binary_metrics, _check_category_ids, _check_scores, _key_part, \
+    box_group_keys
 from confcal.calibrators.grouping import fit_groups, route_groups
 
 __all__ = ["GeometryLogisticCalibration", "GeometryBetaCalibration", "GeometryHistogramBinning",
@@ -104,7 +105,8 @@ def _key(k) -> tuple:
 def _with_groups(spec: Fields) -> Fields:
     """The manifest table of a map (``spec``) plus the optional per-group maps of the same table."""
     return Fields({**spec.fields, "by_domain": Opt(Bool()), "groups": Opt(Pairs(GroupKey(), spec)),
-                   "group_counts": Opt(Pairs(GroupKey(), Int(ge=0))), "fallback_groups": Opt(ListOf(GroupKey()))})
+                   "group_counts": Opt(Pairs(GroupKey(), Int(ge=0))), "fallback_groups": Opt(ListOf(GroupKey()))},
+                  rules=(*spec.rules, GroupsAgree()))
 
 
 class _GeometryBoxMap(Calibrator):
@@ -113,6 +115,7 @@ class _GeometryBoxMap(Calibrator):
 
     side_inputs = ("features",)
     optional_side_inputs = _GROUP_INPUTS
+    hyper_parameter_rules = (box_group_keys,)  # [category id] (per_class), [domain] (by_domain), or both
     #: tells ``confcal fit`` / ``apply`` to hand over 1-D box scores (validated here)
     takes_box_scores = True
     #: tells the CLI to read the named ``box_features`` columns from the scores' file
@@ -162,8 +165,7 @@ class _GeometryBoxMap(Calibrator):
 
     def _fit_inputs(self, scores, labels, sample_weight, side):
         s = self._scores(scores)
-        y = check_labels(labels.astype(np.int8) if isinstance(labels, np.ndarray) and labels.dtype == bool
-                         else labels, s.shape[0], 2)
+        y = check_box_labels(labels, s.shape[0])
         w = self._check_sample_weight(sample_weight, s.shape[0])
         side = self._side(side, s.shape[0], fitted=False)
         f = side["features"]
@@ -289,6 +291,52 @@ def _clip01(v, eps):
     return np.clip(v, eps, 1.0 - eps)
 
 
+def _cv_chose(cv_scores, reg_lambda) -> bool:
+    """``cv_scores`` (``[[lambda, held-out NLL], ...]``, one row per penalty tried) choose ``reg_lambda``:
+    each penalty listed once, ``reg_lambda`` among them with the lowest NLL (up to the fit's rounding of
+    the NLL to 12 digits, :func:`~confcal.calibrators._geofit.select_penalty`). An empty list (no
+    cross-validation: ``reg="fixed"``, or a label with fewer than ``cv_folds`` boxes) chooses nothing."""
+    rows = [r for r in cv_scores if isinstance(r, (list, tuple)) and len(r) == 2]
+    if not rows:
+        return True
+    lams = [r[0] for r in rows]
+    if len(set(lams)) != len(lams) or reg_lambda not in lams:
+        return False
+    best = min(r[1] for r in rows)
+    return rows[lams.index(reg_lambda)][1] <= best + 1e-9 * max(1.0, abs(best))
+
+
+def _show_cv(cv_scores, reg_lambda) -> str:
+    rows = [r for r in cv_scores if isinstance(r, (list, tuple)) and len(r) == 2]
+    lams = [r[0] for r in rows]
+    if len(set(lams)) != len(lams):
+        return f"a penalty listed twice ({next(x for x in lams if lams.count(x) > 1)!r})"
+    if reg_lambda not in lams:
+        return f"reg_lambda={reg_lambda!r}, not among the {len(lams)} penalties listed"
+    best = min(rows, key=lambda r: r[1])
+    return f"reg_lambda={reg_lambda!r} with NLL {rows[lams.index(reg_lambda)][1]!r}, lowest {best[1]!r} at {best[0]!r}"
+
+
+#: the cross-validation scores describe the chosen penalty (T34)
+_CV_RULE = Rule(("cv_scores", "reg_lambda"), _cv_chose,
+                "cross-validated NLLs [[lambda, NLL], ...] of distinct penalties whose lowest NLL is at "
+                "{at}.reg_lambda (the penalty they chose)", show=_show_cv)
+
+
+def fixed_penalty_without_cv(hyper: dict, params: dict) -> str | None:
+    """With ``reg="fixed"`` nothing is cross-validated: every ``cv_scores`` (pooled and per group) is empty."""
+    if hyper.get("reg", "cv") != "fixed":
+        return None
+    maps = [("", params)] + [(f"groups[{i}][1].", g[1]) for i, g in enumerate(params.get("groups") or [])
+                             if isinstance(g, (list, tuple)) and len(g) == 2 and isinstance(g[1], dict)]
+    for at, m in maps:
+        if m.get("cv_scores"):
+            return (f"{at}cv_scores: expected [] (hyper-parameter reg='fixed' cross-validates nothing), "
+                    f"got {len(m['cv_scores'])} rows")
+    return None
+
+
+
 class _PenalisedBasisMap(_GeometryBoxMap):
     """Logistic regression on a basis of (score, features), standardised, L2-penalised."""
 
@@ -296,6 +344,7 @@ class _PenalisedBasisMap(_GeometryBoxMap):
                     "clip_levels": Bool(), "per_class": Bool(), "min_samples": Int(ge=1),
                     "dependent": Bool(), "eps": Real(gt=0, lt=0.5), "cv_folds": Int(ge=2),
                     "random_state": Int(ge=0)}
+    hyper_parameter_rules = (box_group_keys, fixed_penalty_without_cv)
 
     def _basis(self, s, f) -> np.ndarray:
         raise NotImplementedError
@@ -389,7 +438,7 @@ def _pairs(cols):
 # lengths follow from feature_names and `dependent`: checked by _set_fitted, each array on its own
 _BASIS_FIELDS = {"feature_names": ListOf(Text()), "intercept": Real(), "coef": Array((None,)),
                  "phi_mean": Array((None,)), "phi_std": Array((None,), Real(gt=0)),
-                 "reg_lambda": Real(ge=0), "cv_scores": ListOf(Array((2,), Real(max_abs=np.inf)))}
+                 "reg_lambda": Real(ge=0), "cv_scores": ListOf(Array((2,), Real(ge=0, max_abs=np.inf)))}
 
 
 @register
@@ -442,7 +491,7 @@ class GeometryLogisticCalibration(_PenalisedBasisMap):
 
     method = "det-platt-geo"
     hyper_constraints = {**_PenalisedBasisMap.hyper_common, "score_transform": Choice("logit", "raw")}
-    fitted_constraints = _with_groups(Fields(dict(_BASIS_FIELDS)))
+    fitted_constraints = _with_groups(Fields(dict(_BASIS_FIELDS), rules=(_CV_RULE,)))
 
     def __init__(self, box_features: str | None = None, reg: str = "cv", reg_lambda: float = 1e-4,
                  dependent: bool = True, score_transform: str = "logit", clip_levels: bool = True,
@@ -501,7 +550,8 @@ class GeometryBetaCalibration(_PenalisedBasisMap):
 
     method = "det-beta-geo"
     hyper_constraints = {**_PenalisedBasisMap.hyper_common, "feature_scaling": Choice("auto", "minmax", "none")}
-    fitted_constraints = _with_groups(Fields({**_BASIS_FIELDS, "lo": Array((None,)), "hi": Array((None,))}))
+    fitted_constraints = _with_groups(Fields({**_BASIS_FIELDS, "lo": Array((None,)), "hi": Array((None,))},
+                                             rules=(_CV_RULE,)))
 
     def __init__(self, box_features: str | None = None, reg: str = "cv", reg_lambda: float = 1e-4,
                  dependent: bool = True, feature_scaling: str = "auto", clip_levels: bool = True,

@@ -36,7 +36,7 @@ import numpy as np
 
 from confcal._numeric import softmax
 from confcal.calibrators._constraints import SEED, T_BOUNDS, T_RULE, TEMPERATURE, Array, Bool, Choice, Fields, \
-    GroupKey, Int, Nullable, Opt, Pairs, Real
+    GroupKey, Int, Nullable, Opt, Pairs, Real, optional_value, without_missing
 from confcal.calibrators._tsfit import DEFAULT_T_BOUNDS, CalibrationWarning, fit_temperature
 from confcal.calibrators.base import Calibrator, register
 from confcal.calibrators.grouping import fit_groups
@@ -182,12 +182,12 @@ class SetLevelTemperatureScaling(Calibrator):
         return _scaled_softmax(logits, self.temperature_)
 
     def _get_fitted(self):
-        return {"temperature": self.temperature_, "at_bound": self.at_bound_,
-                "domain_counts": [[k, v] for k, v in self.domain_counts_.items()]}
+        return without_missing({"temperature": self.temperature_, "at_bound": self.at_bound_,
+                                "domain_counts": [[k, v] for k, v in self.domain_counts_.items()]})
 
     def _set_fitted(self, params):
         self.temperature_ = float(params["temperature"])
-        self.at_bound_ = bool(params.get("at_bound", False))
+        self.at_bound_ = optional_value(params, "at_bound", bool)  # None: the manifest has none
         self.domain_counts_ = {k: int(v) for k, v in params.get("domain_counts", [])}
 
 

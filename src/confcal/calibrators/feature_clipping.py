@@ -20,7 +20,8 @@ import numpy as np
 from scipy.optimize import minimize_scalar
 
 from confcal._numeric import log_softmax, softmax
-from confcal.calibrators._constraints import NLL, Array, Fields, Nullable, Real
+from confcal.calibrators._constraints import NLL, Array, Fields, Nullable, Real, optional_value, \
+    without_missing
 from confcal.calibrators.base import Calibrator, register
 
 __all__ = ["FeatureClipping"]
@@ -151,12 +152,12 @@ class FeatureClipping(Calibrator):
         # no clipping (c = inf) is stored as null: JSON has no inf, and the loader refuses "inf" strings
         return {"threshold": self.threshold_ if math.isfinite(self.threshold_) else None,
                 "weight": self.weight_.tolist(), "bias": self.bias_.tolist(),
-                "nll": self.nll_, "base_nll": self.base_nll_}
+                **without_missing({"nll": self.nll_, "base_nll": self.base_nll_})}
 
     def _set_fitted(self, params):
         t = params["threshold"]
         self.threshold_ = math.inf if t is None else float(t)
         self.weight_ = np.asarray(params["weight"], dtype=np.float64)
         self.bias_ = np.asarray(params["bias"], dtype=np.float64)
-        self.nll_ = float(params.get("nll", float("nan")))
-        self.base_nll_ = float(params.get("base_nll", float("nan")))
+        self.nll_ = optional_value(params, "nll", float)  # None: the manifest has none (nothing invented)
+        self.base_nll_ = optional_value(params, "base_nll", float)

@@ -28,11 +28,12 @@ from typing import Any, Callable, Hashable
 
 import numpy as np
 
-from confcal.calibrators._constraints import Choice, Fields, GroupKey, Int, ListOf, Nullable, Opt, Pairs, Text
+from confcal.calibrators._constraints import Choice, Fields, GroupKey, GroupsAgree, Int, ListOf, Nullable, Opt, Pairs, \
+    Text, group_keys_of
 from confcal.calibrators._tsfit import CalibrationWarning
 from confcal.calibrators.base import METHODS, Calibrator, register
 
-__all__ = ["GroupFits", "fit_groups", "group_rows", "route_groups", "GroupedCalibrator", "grouped_fields"]
+__all__ = ["GroupFits", "fit_groups", "group_rows", "route_groups", "GroupedCalibrator", "grouped_fields", "base_rules"]
 
 
 def _plain(v):
@@ -184,7 +185,39 @@ def grouped_fields(group: Fields) -> Fields:
     ['fallback_groups', 'group_counts', 'groups', 'pooled']
     """
     return Fields({"pooled": group, "groups": Pairs(GroupKey(), group),
-                   "group_counts": Opt(Pairs(GroupKey(), Int(ge=0))), "fallback_groups": Opt(ListOf(GroupKey()))})
+                   "group_counts": Opt(Pairs(GroupKey(), Int(ge=0))), "fallback_groups": Opt(ListOf(GroupKey()))},
+                  rules=(GroupsAgree(),))
+
+
+def base_rules(base_of: Callable[[dict], tuple]) -> Callable[[dict, dict], str | None]:
+    """A ``hyper_parameter_rules`` entry: the base method's own rules (a temperature inside its
+    ``[t_min, t_max]``, ...) on the pooled map and on every group's map.
+
+    ``base_of(hyper)`` gives ``(base class, the base's hyper-parameters)`` for the grouped manifest's
+    ``hyper``. Before, only the base's tables were applied per group, not its rules: a grouped-ts group
+    with ``T = 500`` outside ``[0.01, 100]`` loaded (a plain ts manifest with it is refused)."""
+    def rule(hyper: dict, params: dict) -> str | None:
+        try:
+            base_cls, base_hyper = base_of(hyper)
+        except (KeyError, TypeError, ValueError):  # the base itself is refused by the tables
+            return None
+        maps = [("pooled.", params.get("pooled"))]
+        maps += [(f"groups[{i}][1].", g[1]) for i, g in enumerate(params.get("groups") or [])
+                 if isinstance(g, (list, tuple)) and len(g) == 2]
+        for check in getattr(base_cls, "hyper_parameter_rules", ()):
+            for at, sub in maps:
+                msg = check(base_hyper, sub) if isinstance(sub, dict) else None
+                if msg:
+                    return at + msg
+        return None
+
+    return rule
+
+
+def _generic_base(hyper: dict) -> tuple:
+    entry = METHODS[hyper.get("base", "ts")]
+    base_cls = getattr(entry, "cls", entry)
+    return base_cls, {**entry().get_params(), **(hyper.get("base_params") or {})}
 
 
 class _GroupingColumns:
@@ -245,6 +278,11 @@ class GroupedCalibrator(Calibrator):
                          "by": Choice("domains", "category_ids", ("category_ids", "domains"),
                                       ["category_ids", "domains"]),
                          "min_samples": Int(ge=1)}  # + input_kind (COMMON_HYPER)
+
+    #: a group key is one id for one ``by`` column, a list of ids for crossed columns
+    hyper_parameter_rules = (group_keys_of(lambda h, p: None if isinstance(h.get("by", "domains"), str)
+                                           else len(h["by"]), lambda h, p: f"hyper-parameter by={h.get('by', 'domains')!r}"),
+                             base_rules(_generic_base))
 
     def __init__(self, base: str = "ts", base_params: dict | None = None, by="domains", min_samples: int = 1,
                  input_kind: str = "logits"):

@@ -112,7 +112,21 @@ def calibrator_from_dict(manifest: dict[str, Any], *, n_classes: int | None = No
     damaged one never blocks: one ``UserWarning`` names every damaged field (path, expected, found) and
     ``source`` (the manifest's file, when given); ``fit_record_damage_`` holds ``{field: message}``, so
     a command that needs one of them (``drift``: ``data_summary``, ``input_kind``) refuses naming it.
+
+    With ``source`` (the file the manifest was read from), every refusal names it too:
+    ``manifest cal.json: parameters.nll: expected a finite number >= -1e-09, got -5``; the calibrator
+    keeps it as ``manifest_source_`` (None without ``source``).
     """
+    try:
+        return _from_dict(manifest, n_classes=n_classes, source=source)
+    except ValueError as exc:
+        text = str(exc)
+        if source and type(exc) is ValueError and text.startswith("manifest: "):
+            raise ValueError(f"manifest {source}: {text[len('manifest: '):]}") from None
+        raise
+
+
+def _from_dict(manifest, *, n_classes, source):
     check_manifest_top(manifest, fmt=MANIFEST_FORMAT, version=MANIFEST_VERSION)
     method = manifest["method"]
     if method not in METHODS:
@@ -148,6 +162,7 @@ def calibrator_from_dict(manifest: dict[str, Any], *, n_classes: int | None = No
     cal.n_classes_ = int(k)
     cal.fit_record_ = manifest.get("fit")
     cal.fit_record_damage_ = {}
+    cal.manifest_source_ = source  # the file it was read from (named by later refusals), or None
     if cal.fit_record_ is not None:
         where = f"manifest {source}" if source else "manifest"
         bad = damaged_fit_fields(cal.fit_record_, where=where)
@@ -158,5 +173,5 @@ def calibrator_from_dict(manifest: dict[str, Any], *, n_classes: int | None = No
             said = "; ".join(m[len(where) + 2:] if m.startswith(where + ": ") else m for m in bad.values())
             skipped = "; drift check skipped" if {"data_summary", "input_kind"} & set(bad) else ""
             warnings.warn(f"{where}: {said}: the fit record is damaged (kept for reference; the fitted map is "
-                          f"used as is{skipped})", UserWarning, stacklevel=2)
+                          f"used as is{skipped})", UserWarning, stacklevel=3)
     return cal

@@ -15,10 +15,10 @@ import numpy as np
 
 from confcal._numeric import softmax
 from confcal.calibrators._constraints import NLL, N_ITER, T_BOUNDS, T_RULE, TEMPERATURE, Bool, Fields, Int, Opt, \
-    temperature_within_bounds
+    optional_value, temperature_within_bounds, without_missing
 from confcal.calibrators._tsfit import DEFAULT_T_BOUNDS, CalibrationWarning, fit_temperature
 from confcal.calibrators.base import Calibrator, register
-from confcal.calibrators.grouping import GroupedCalibrator, grouped_fields, route_groups
+from confcal.calibrators.grouping import GroupedCalibrator, base_rules, grouped_fields, route_groups
 
 __all__ = ["TemperatureScaling", "GroupedTemperatureScaling"]
 
@@ -111,6 +111,9 @@ class TemperatureScaling(Calibrator):
     nll_ : float, mean calibration-set NLL (nats) at ``temperature_``
     n_iter_ : int, Newton iterations (one pass over the logits each)
     at_bound_ : bool, whether ``T`` ended on ``t_min`` or ``t_max``
+
+    ``nll_``, ``n_iter_`` and ``at_bound_`` are None on a calibrator loaded from a manifest that does not
+    record them (they are optional; see :mod:`confcal.calibrators._constraints`).
 
     Source: Guo et al., "On Calibration of Modern Neural Networks", ICML 2017, sec. 4.2.
 
@@ -239,14 +242,14 @@ class TemperatureScaling(Calibrator):
         return scaled_softmax_rows(np.asarray(logits), self.temperature_)[0]
 
     def _get_fitted(self):
-        return {"temperature": self.temperature_, "nll": self.nll_, "n_iter": self.n_iter_,
-                "at_bound": self.at_bound_}
+        return without_missing({"temperature": self.temperature_, "nll": self.nll_, "n_iter": self.n_iter_,
+                                "at_bound": self.at_bound_})
 
     def _set_fitted(self, params):
         self.temperature_ = float(params["temperature"])
-        self.nll_ = float(params.get("nll", float("nan")))
-        self.n_iter_ = int(params.get("n_iter", 0))
-        self.at_bound_ = bool(params.get("at_bound", False))
+        self.nll_ = optional_value(params, "nll", float)  # None: the manifest has none (nothing invented)
+        self.n_iter_ = optional_value(params, "n_iter", int)
+        self.at_bound_ = optional_value(params, "at_bound", bool)
 
 
 @register
@@ -294,6 +297,10 @@ class GroupedTemperatureScaling(GroupedCalibrator):
     method = "grouped-ts"
     side_inputs = ("domains",)
     hyper_constraints = {**T_BOUNDS, "min_samples": Int(ge=1)}
+    #: every domain's T (and the pooled one) inside the manifest's [t_min, t_max], as for ts
+    hyper_parameter_rules = (GroupedCalibrator.hyper_parameter_rules[0], base_rules(
+        lambda h: (TemperatureScaling, {"t_min": h.get("t_min", DEFAULT_T_BOUNDS[0]),
+                                        "t_max": h.get("t_max", DEFAULT_T_BOUNDS[1])})))
     hyper_rules = (T_RULE,)
     fitted_constraints = grouped_fields(TemperatureScaling.fitted_constraints)
     _what = "domain"
@@ -319,10 +326,14 @@ class GroupedTemperatureScaling(GroupedCalibrator):
             return params  # not the old layout either: the table names what is wrong
         counts = params.get("domain_counts") or [[pair[0], 0] for pair in params["temperatures"]
                                                  if isinstance(pair, list) and pair]
+        own = [repr(pair[0]) for pair in params["temperatures"] if isinstance(pair, list) and pair]
+        # a domain counted without a temperature of its own fell back to the pooled one
+        fallback = [c[0] for c in counts if isinstance(c, list) and c and repr(c[0]) not in own] \
+            if isinstance(counts, list) else []
         return {"pooled": {"temperature": params.get("temperature")},
                 "groups": [[pair[0], {"temperature": pair[1]}] if isinstance(pair, list) and len(pair) == 2
                            else pair for pair in params["temperatures"]],
-                "group_counts": counts, "fallback_groups": []}
+                "group_counts": counts, "fallback_groups": fallback}
 
     def _make_base(self):
         return TemperatureScaling(t_min=self.t_min, t_max=self.t_max)

@@ -79,6 +79,8 @@ def read_json(path, option: str):
     a folder, not UTF-8 or not JSON (NaN/Infinity refused too)."""
     import os
 
+    from confcal._validation import unique_json_keys
+
     if not os.path.exists(path):
         raise FileNotFoundError(f"{option}: no such file {str(path)!r}")
     if not os.path.isfile(path):
@@ -88,8 +90,8 @@ def read_json(path, option: str):
         raise ValueError(f"{const} is not a JSON number")
 
     try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh, parse_constant=refuse)
+        with open(path, encoding="utf-8-sig") as fh:
+            return json.load(fh, parse_constant=refuse, object_pairs_hook=unique_json_keys)
     except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
         raise ValueError(f"{option}: {str(path)!r} is not a JSON file ({str(exc).splitlines()[0]})") from None
 

@@ -55,15 +55,27 @@ def warn_if_drift(cal, logits, *, input_kind: str = "logits", domains=None) -> N
     fit = getattr(cal, "fit_record_", None) or {}
     if "data_summary" not in fit or set(NEEDS) & set(getattr(cal, "fit_record_damage_", None) or {}):
         return  # no summary, or a damaged one: the load warning said so (and that the check is skipped)
-    try:
-        from confcal.calibrators._constraints import check_data_summary
+    from confcal.calibrators._constraints import check_data_summary
 
+    def said(exc):
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+    try:
         check_data_summary(fit["data_summary"], input_kind=fit.get("input_kind"))
-        rows = check(fit, logits, input_kind=input_kind, domains=domains)
     except Exception as exc:  # a damaged fit record never blocks apply: the check is skipped, said once
-        warnings.warn(f"drift check skipped: the manifest's fit.data_summary cannot be used "
-                      f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})", UserWarning,
-                      stacklevel=2)
+        warnings.warn(f"drift check skipped: the manifest's fit.data_summary cannot be used ({said(exc)})",
+                      UserWarning, stacklevel=2)
+        return
+    # the summary is sound from here: what goes wrong is of the new data, and is said of --logits (P3-1)
+    if len(logits) == 0:
+        warnings.warn("drift check skipped: --logits holds no rows (nothing to compare with the calibration "
+                      "data)", UserWarning, stacklevel=2)
+        return
+    try:
+        rows = check(fit, logits, input_kind=input_kind, domains=domains)
+    except Exception as exc:  # the output is written all the same: the check only warns
+        warnings.warn(f"drift check skipped: --logits cannot be compared with the manifest's fit.data_summary "
+                      f"({said(exc)})", UserWarning, stacklevel=2)
         return
     bad = [r for r in rows if r["drift"]]
     if bad:

@@ -8,6 +8,7 @@ calibrator (as its JSON manifest).
 from __future__ import annotations
 
 import json
+import os
 
 from confcal.dask._apply import manifest_text
 from confcal.dask._data import resolve_columns
@@ -87,7 +88,10 @@ def evaluate(data, *, logits: str = "logits", labels: str = "label", calibrator=
     n_classes = int(head.shape[1]) if head.ndim == 2 else None
     if cal is not None and n_classes is not None and n_classes >= 2 and cal.n_classes_ != n_classes:
         # as load_calibrator(n_classes=...) refuses in one process (T41): another class count is no map of these
-        raise ValueError(f"manifest: calibrator was fitted on n_classes={cal.n_classes_}, but the logits have "
+        src = os.fspath(calibrator) if isinstance(calibrator, (str, os.PathLike)) else \
+            getattr(calibrator, "manifest_source_", None)
+        where = f"manifest {src}" if src else "manifest"
+        raise ValueError(f"{where}: calibrator was fitted on n_classes={cal.n_classes_}, but the logits have "
                          f"{n_classes} classes")
     side = tuple(k for k, s in (("domains", dspec_cal), ("features", fspec_cal)) if s is not None)
     # the geometry D-ECE is of box scores; for class vectors it is ignored, as in one process

@@ -13,15 +13,17 @@ import math
 from numbers import Real
 from pathlib import Path
 
+from confcal._validation import unique_json_keys
+
 __all__ = ["load_coco_gt", "load_coco_detections", "check_bbox", "category_columns"]
 
 
 def _read_json(src, name: str):
     if isinstance(src, (str, Path)):
         try:
-            with open(src) as fh:
-                return json.load(fh)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            with open(src, encoding="utf-8-sig") as fh:
+                return json.load(fh, object_pairs_hook=unique_json_keys)
+        except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError, a key given twice
             raise ValueError(f"{name}: {src} is not valid JSON ({exc})") from None
         except IsADirectoryError:
             raise ValueError(f"{name}: {src} is a folder, expected a JSON file") from None

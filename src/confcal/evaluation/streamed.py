@@ -93,12 +93,13 @@ def _accumulator(ctx: _Context):
 
 def _probabilities(ctx: _Context, batch: dict, first: int, wanted, stats: dict):
     """``({stage: probs}, labels, domains, rows as read)`` of one batch, validated."""
-    from confcal._validation import check_domains, check_features, check_labels, check_logits
+    from confcal._validation import check_box_labels, check_domains, check_features, check_labels, check_logits
 
     raw = batch["logits"]
     side = {k: batch[k] for k in ("domains", "features", "category_ids") if k in batch}
     if ctx.given:  # probabilities computed by the caller (box scores in one process: see confcal evaluate)
-        y = check_labels(batch["labels"], len(raw), 2 if ctx.box else ctx.k, first_row=first)
+        y = (check_box_labels(batch["labels"], len(raw), first_row=first) if ctx.box
+             else check_labels(batch["labels"], len(raw), ctx.k, first_row=first))
         probs = {w: np.asarray(batch[f"stage:{w}"], dtype=np.float64) for w in wanted}
         x = np.asarray(raw)
     elif ctx.box:
@@ -109,7 +110,7 @@ def _probabilities(ctx: _Context, batch: dict, first: int, wanted, stats: dict):
         bad = ~np.isfinite(s)
         if bad.any():
             raise ValueError(f"scores: box scores must be finite, got {s[bad][0]!r} at row {first + int(np.flatnonzero(bad)[0])}")
-        y = check_labels(batch["labels"], s.shape[0], 2, first_row=first)
+        y = check_box_labels(batch["labels"], s.shape[0], first_row=first)
         stats["outside"] += int(np.count_nonzero((s < 0) | (s > 1)))
         probs = {}
         if "uncalibrated" in wanted:

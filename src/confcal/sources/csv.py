@@ -34,37 +34,51 @@ def _is_number(text: str) -> bool:
 
 def read_csv_columns(path, *, header: str = "first", name: str = "array") -> tuple[list[str], list[list[str]]]:
     """``(column names, rows as lists of strings)``, with the checks of the module docstring."""
+    head, body, _ = _read_rows(path, header=header, name=name)
+    return head, body
+
+
+def _where(i: int, lines: list[int]) -> str:
+    """A data row in the words of every reader's messages: ``row i`` (the sample index, from 0, as the
+    NaN and label checks count) and the file's line, so that a person can find the cell (P3-3)."""
+    return f"row {i} (line {lines[i]} of the file)"
+
+
+def _read_rows(path, *, header: str, name: str) -> tuple[list[str], list[list[str]], list[int]]:
+    """``(column names, data rows, the file line of each data row)``."""
     path = Path(path)
     if header not in CSV_HEADERS:
         raise ValueError(f"csv header: expected one of {CSV_HEADERS}, got {header!r}")
     try:
         with open(path, newline="", encoding="utf-8-sig") as fh:
-            rows = [r for r in _csv.reader(fh) if r]
+            reader = _csv.reader(fh)
+            numbered = [(reader.line_num, r) for r in reader if r]  # blank lines skipped, still counted
+            rows = [r for _, r in numbered]
     except UnicodeDecodeError as exc:
         raise ValueError(f"{name}: {path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
                          f"{exc.start}); save it as UTF-8") from None
     if not rows:
         raise ValueError(f"{name}: {path} is an empty CSV file")
     if header == "first":
-        head, body, first_line = rows[0], rows[1:], 2
+        head, body, lines = rows[0], rows[1:], [n for n, _ in numbered[1:]]
         if all(_is_number(c) for c in head):
             raise ValueError(f"{name}: the first row of {path} ({','.join(head[:6])}) looks like data, not a "
                              "header of column names; add a header row, or pass --csv-header none")
         if len(set(head)) != len(head):
             raise ValueError(f"{name}: {path} has duplicate column names in its header {head}")
     else:
-        head, body, first_line = [str(j) for j in range(len(rows[0]))], rows, 1
+        head, body, lines = [str(j) for j in range(len(rows[0]))], rows, [n for n, _ in numbered]
     for i, r in enumerate(body):
         if len(r) != len(head):
-            raise ValueError(f"{name}: {path} row {i + first_line} has {len(r)} fields, "
+            raise ValueError(f"{name}: {path} {_where(i, lines)} has {len(r)} fields, "
                              f"{'the header has' if header == 'first' else 'the first row has'} {len(head)}")
-    return head, body
+    return head, body, lines
 
 
-def _column_array(values: list[str], col: str, path, name: str, first_line: int) -> np.ndarray:
+def _column_array(values: list[str], col: str, path, name: str, lines: list[int]) -> np.ndarray:
     for i, v in enumerate(values):
         if not v.strip():
-            raise ValueError(f"{name}: column {col!r} of {path} is empty at row {i + first_line}")
+            raise ValueError(f"{name}: column {col!r} of {path} is empty at {_where(i, lines)}")
     try:
         out = np.array(values, dtype=np.float64)
     except ValueError:
@@ -86,7 +100,7 @@ class CsvSource(Source):
     def __init__(self, path, columns: str | None = None, *, header: str = "first", name: str = "array"):
         self.path, self.spec, self.header, self.name = Path(path), columns, header, name
         self.label = f"{path}:{columns}" if columns else str(path)
-        head, body = read_csv_columns(self.path, header=header, name=name)
+        head, body, lines = _read_rows(self.path, header=header, name=name)
         glob = columns is not None and columns not in head and any(ch in columns for ch in "*?[")
         if glob:  # logit_*: the matching columns, in class order (numeric suffix), as the Parquet reader
             cols = [c for c in head if fnmatch.fnmatchcase(c, columns)]
@@ -105,8 +119,7 @@ class CsvSource(Source):
         else:
             arrays_2d = False
         self.columns = cols
-        first_line = 2 if header == "first" else 1
-        arrays = [_column_array([r[head.index(c)] for r in body], c, path, name, first_line) for c in cols]
+        arrays = [_column_array([r[head.index(c)] for r in body], c, path, name, lines) for c in cols]
         if len(arrays) == 1:
             arr = arrays[0][:, None] if arrays_2d else arrays[0]  # a group stays (n, k), k = 1 included
         else:
