@@ -130,7 +130,11 @@ def _cli(*argv, capsys):
         except SystemExit as exc:
             code = exc.code
     out = capsys.readouterr()
-    return code, out.out, out.err, sorted({str(w.message) for w in caught if "dask" not in str(w.message).lower()})
+    # the CLI prints its warnings as `confcal: warning: ...` lines on stderr (its own showwarning), so
+    # they are read there; a warning that reached Python's machinery instead is compared too
+    said = [ln.split("confcal: warning:", 1)[1].strip() for ln in out.err.splitlines() if "confcal: warning:" in ln]
+    said += [str(w.message) for w in caught]
+    return code, out.out, out.err, sorted({w for w in said if "dask" not in w.lower()})
 
 
 def _inputs(name: str, kind: str, root, where: str) -> dict:
@@ -185,12 +189,22 @@ def _same_rows(got: list[dict], want: list[dict]) -> None:
                 assert a == b, (i, k)
 
 
-def _same_evaluation(method, local, dask):
+#: input kinds whose evaluate cannot yet recognise its own calibration rows, on either engine: the fit digest
+#: of a per-category box map covers the category ids, which evaluate does not digest; the multi-label
+#: evaluate has no such check
+FITTED_ON_GAPS = ("box+category", "geo+category", "multihot")
+
+
+def _same_evaluation(method, kind, local, dask):
     """Same --max-ece exit status, warnings and evaluate document: the same keys, recursively, and
     values within 1e-12 relative (:func:`tests.dask._documents.same_document`)."""
     (cl, ol, el, wl), (cd, od, ed, wd) = local, dask
     assert cl == cd, (el, ed)
     assert wl == wd
+    # the matrix evaluates the rows it fitted on: both engines must say so (the warnings compared are not
+    # empty), except where neither engine can yet tell (FITTED_ON_GAPS)
+    if kind not in FITTED_ON_GAPS:
+        assert any("fitted on" in w for w in wl), (method, kind, wl)
     same_document(json.loads(ol), json.loads(od))
 
 
@@ -236,7 +250,7 @@ def test_engine_parity(method, kind, matrix_data, dask_client, tmp_path, capsys,
     for where, args, more in (("local", ev_l, []), ("dask", ev_d, sched)):
         runs[where] = _cli("evaluate", *args, "--calibrator", man_l, "--max-ece", limit, "--json", *more,
                            capsys=capsys)
-    _same_evaluation(method, runs["local"], runs["dask"])
+    _same_evaluation(method, kind, runs["local"], runs["dask"])
 
     # apply with the dask-fitted manifest on both engines
     out_l, out_d = tmp_path / "probs.npy", tmp_path / "probs.parquet"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sys
-import warnings
 
 import numpy as np
 
@@ -147,10 +146,15 @@ def run_box_scores(args) -> int:
     s = np.asarray(raw, dtype=np.float64).reshape(-1)
     n_outside = 0 if args.score_kind == "logits" else int(np.count_nonzero((s < 0) | (s > 1)))
     if cal is not None:
-        record = getattr(cal, "fit_record_", None) or {}
-        if record.get("data_sha256") == _sha256(raw, y, *[side[k] for k in sorted(side)]):
-            warnings.warn("these are the arrays the calibrator was fitted on: the calibrated metrics are "
-                          "optimistic; evaluate on a held-out test set", UserWarning, stacklevel=2)
+        from confcal.evaluation.streamed import warn_if_fitted_on
+
+        digested = dict(side)
+        if getattr(cal, "takes_box_features", False) and "features" not in digested:
+            # a geometry map was fitted on its box features: its fit digest covers them (as the Dask job's)
+            from confcal.cli._boxfeatures import read_box_features
+
+            digested["features"] = read_box_features(args.logits, cal.feature_names_, option="--logits")
+        warn_if_fitted_on(cal, _sha256(raw, y, *[digested[k] for k in sorted(digested)]))
     names = geometry_names(args, cal)
     sources = {"logits": s, "labels": y, **{f"stage:{w}": p for w, p in stages.items()}}
     if "domains" in side:

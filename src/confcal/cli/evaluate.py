@@ -8,7 +8,6 @@ engines (same keys, same values up to summation order).
 
 from __future__ import annotations
 
-import warnings
 
 from confcal.cli._common import add_logits_args, progress_of, side_sources, source
 from confcal.cli._boxfeatures import add_box_features_arg
@@ -56,7 +55,7 @@ def run(args) -> int:
     if inputs is not None:  # a sigmoid head: per-label metrics
         return _multilabel.run_evaluate(args, inputs)
     from confcal.evaluation.document import evaluation_document
-    from confcal.evaluation.streamed import evaluate_stats
+    from confcal.evaluation.streamed import evaluate_stats, warn_if_fitted_on
     from confcal.io import load_calibrator, load_manifest
 
     xs = source(args, "logits")
@@ -79,8 +78,5 @@ def run(args) -> int:
     stats, digest = evaluate_stats(xs, ys, cal=cal, side=side, taken=taken, per_domain="domains" in side,
                                    input_kind=args.input_kind, n_bins=args.n_bins, progress=progress_of(args))
     if cal is not None:
-        record = getattr(cal, "fit_record_", None) or {}
-        if record.get("data_sha256") == digest:
-            warnings.warn("these are the arrays the calibrator was fitted on: the calibrated metrics are "
-                          "optimistic; evaluate on a held-out test set", UserWarning, stacklevel=2)
+        warn_if_fitted_on(cal, digest)
     return _audit.finish(evaluation_document(stats, engine="local", max_ece=args.max_ece, manifest=manifest), args)

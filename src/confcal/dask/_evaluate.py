@@ -14,7 +14,7 @@ from confcal.dask._apply import manifest_text
 from confcal.dask._data import resolve_columns
 from confcal.dask._engine import DaskEngine
 from confcal.evaluation.document import evaluation_document
-from confcal.evaluation.streamed import OVERALL, ShippedCalibrator, evaluate_job
+from confcal.evaluation.streamed import OVERALL, ShippedCalibrator, evaluate_job, warn_if_fitted_on
 from confcal.passes import SpreadBlocks, run_job
 
 __all__ = ["evaluate", "OVERALL"]
@@ -96,7 +96,12 @@ def evaluate(data, *, logits: str = "logits", labels: str = "label", calibrator=
     side = tuple(k for k, s in (("domains", dspec_cal), ("features", fspec_cal)) if s is not None)
     # the geometry D-ECE is of box scores; for class vectors it is ignored, as in one process
     names = tuple(n.strip() for n in geometry.split(",")) if geometry and n_classes is None else ()
+    # the digest only when a fit record can match it (a sha256 of every row costs ~1-2% of the job)
+    record = getattr(cal, "fit_record_", None) or {}
     stats = run_job(evaluate_job(n_classes=n_classes, cal=shipped, input_kind=input_kind, n_bins=n_bins, side=side,
-                                 per_domain=dspec is not None, geometry=names), engine)
+                                 per_domain=dspec is not None, geometry=names,
+                                 digest=bool(record.get("data_sha256"))), engine)
+    if cal is not None:
+        warn_if_fitted_on(cal, stats.data_sha256)
     return evaluation_document(stats, engine="dask", max_ece=max_ece,
                                manifest=json.loads(shipped.text) if shipped is not None else None)

@@ -22,6 +22,7 @@ from functools import partial
 
 import numpy as np
 
+from confcal._digest import digest_part, merge_parts, part_hexdigest
 from confcal.passes import LocalEngine, Pass, run_job
 
 __all__ = ["evaluate_sources", "evaluate_stats", "evaluate_job", "EvaluationStats", "ShippedCalibrator", "OVERALL"]
@@ -77,6 +78,7 @@ class _Context:
     per_domain: bool
     given: tuple = ()  # names of stages whose probabilities the batches carry (column "stage:NAME")
     geometry: int = 0  # box-feature columns of the geometry D-ECE (batch column "geometry"), 0: none
+    digest: bool = False  # a mergeable data digest of the rows (logits, labels, domains / features) in pass 1
 
     @property
     def stages(self) -> tuple:
@@ -154,7 +156,7 @@ def _unit_flags(x: np.ndarray, stats: dict) -> None:
     stats["inside"] = stats["inside"] or not bool(np.all((x == 0) | (x == 1)))
 
 
-def _eval_batch(batch: dict, first: int, *, ctx: _Context, start, digest=None):
+def _eval_batch(batch: dict, first: int, *, ctx: _Context, start):
     """Accumulators ``{(group, stage): accumulator}`` of one batch (and the pass-1 facts).
 
     ``start`` is None in pass 1, else ``{key: accumulator}`` of the merged previous pass turned to
@@ -176,8 +178,8 @@ def _eval_batch(batch: dict, first: int, *, ctx: _Context, start, digest=None):
 
         f = check_features(batch["geometry"], y.shape[0])
         stats["geo_range"] = (f.min(axis=0), f.max(axis=0)) if f.shape[0] else None
-    if digest is not None and pass1:  # an in-order engine's digest of the rows as read (LocalEngine)
-        _update_digest(digest, batch, x, y)
+    if ctx.digest and pass1:  # mergeable in any order: the same digest on every engine
+        stats["digest"] = digest_part(first, _digest_arrays(batch, x, y))
     stats["n"] = int(y.shape[0])
     rows_of = {OVERALL: slice(None)}
     if d is not None and ctx.per_domain:
@@ -196,15 +198,28 @@ def _eval_batch(batch: dict, first: int, *, ctx: _Context, start, digest=None):
     return stats
 
 
-def _update_digest(digest, batch, x, y):
+#: the batch columns a data digest covers besides the logits and labels (those a fit's digest covers)
+_DIGESTED_SIDE = ("domains", "features")
+
+
+def _digest_arrays(batch, x, y) -> list:
     from confcal._validation import check_domains, check_features
 
-    digest.update(0, x)
-    digest.update(1, y)
-    side = sorted(k for k in batch if k not in ("logits", "labels"))
-    for i, key in enumerate(side):
-        digest.update(2 + i, check_domains(batch[key], y.shape[0]) if key == "domains"
-                      else check_features(batch[key], y.shape[0]))
+    side = sorted(k for k in batch if k in _DIGESTED_SIDE and batch[k] is not None)
+    return [x, y, *(check_domains(batch[k], y.shape[0]) if k == "domains" else check_features(batch[k], y.shape[0])
+                    for k in side)]
+
+
+FITTED_ON_MESSAGE = ("these are the arrays the calibrator was fitted on: the calibrated metrics are "
+                     "optimistic; evaluate on a held-out test set")
+
+
+def warn_if_fitted_on(cal, data_sha256: str | None) -> None:
+    """Warn (``UserWarning``) when ``data_sha256`` is the digest in ``cal``'s fit record: the metrics
+    after it are of its own calibration set. One check for every engine and input kind."""
+    record = getattr(cal, "fit_record_", None) or {}
+    if data_sha256 is not None and record.get("data_sha256") == data_sha256:
+        warnings.warn(FITTED_ON_MESSAGE, UserWarning, stacklevel=3)
 
 
 def _merge_eval(a: dict, b: dict) -> dict:
@@ -216,7 +231,7 @@ def _merge_eval(a: dict, b: dict) -> dict:
     geo = ra if rb is None else rb if ra is None else (np.minimum(ra[0], rb[0]), np.maximum(ra[1], rb[1]))
     return {"geo_range": geo, "accs": accs, "outside": a["outside"] + b["outside"], "warnings": {**a["warnings"], **b["warnings"]},
             "n": a["n"] + b["n"], "unit": unit, "sums_to_one": a["sums_to_one"] and b["sums_to_one"],
-            "inside": a["inside"] or b["inside"]}
+            "inside": a["inside"] or b["inside"], "digest": merge_parts(a.get("digest"), b.get("digest"))}
 
 
 @dataclass
@@ -241,6 +256,9 @@ class EvaluationStats:
     geometry: dict | None = None
     geometry_features: tuple = ()
     geometry_bins: tuple = (5, 5)
+    #: the data digest of the evaluated rows (:mod:`confcal._digest`, as a fit record's ``data_sha256``),
+    #: None unless the job was asked for it
+    data_sha256: str | None = None
 
 
 def _geo_batch(batch: dict, first: int, *, ctx: _Context, edges, n_bins: int):
@@ -260,7 +278,7 @@ def _merge_geo(a: dict, b: dict) -> dict:
 
 
 def evaluate_job(*, n_classes: int | None, cal=None, input_kind: str = "logits", n_bins: int = 15,
-                 side: tuple = (), per_domain: bool = False, digest=None, given: tuple = (),
+                 side: tuple = (), per_domain: bool = False, digest: bool = False, given: tuple = (),
                  geometry: tuple = (), geometry_bins: tuple = (5, 5)):
     """The evaluate job (a generator of :class:`confcal.passes.Pass`; run it with
     :func:`confcal.passes.run_job` on an engine).
@@ -269,7 +287,8 @@ def evaluate_job(*, n_classes: int | None, cal=None, input_kind: str = "logits",
     ``n_classes`` is None), ``"labels"`` and optionally ``"domains"`` / ``"features"`` /
     ``"category_ids"``. ``cal``: a fitted calibrator (or :class:`ShippedCalibrator`) whose stage is
     measured too, taking the ``side`` inputs; ``per_domain``: metrics per ``"domains"`` value as well;
-    ``digest``: a :class:`confcal._digest.DataDigest` updated in row order (in-order engines only);
+    ``digest``: also the data digest of the rows (``EvaluationStats.data_sha256``; merged in any order,
+    so every engine gives the fit record's ``data_sha256`` of the same rows);
     ``given``: stage names whose probabilities the batches carry as ``"stage:NAME"`` columns (then
     no calibrator is run); ``geometry``: names of the ``"geometry"`` columns (box features) of a
     geometry D-ECE over ``geometry_bins`` = (confidence bins, bins per feature), one more pass.
@@ -286,8 +305,8 @@ def evaluate_job(*, n_classes: int | None, cal=None, input_kind: str = "logits",
     shipped = None if cal is None else (cal if isinstance(cal, ShippedCalibrator) else ShippedCalibrator(cal))
     ctx = _Context(box=n_classes is None, k=n_classes, cal=None if given else shipped, input_kind=input_kind,
                    n_bins=int(n_bins), side=tuple(side), per_domain=bool(per_domain), given=tuple(given),
-                   geometry=len(geometry))
-    first = yield Pass(partial(_eval_batch, ctx=ctx, start=None, digest=digest), _merge_eval, desc="evaluate pass")
+                   geometry=len(geometry), digest=bool(digest))
+    first = yield Pass(partial(_eval_batch, ctx=ctx, start=None), _merge_eval, desc="evaluate pass")
     if first is None or first["n"] == 0:
         raise ValueError("logits: expected at least 1 sample, the data has no rows")
     if first["unit"] and first["sums_to_one"] and first["inside"]:
@@ -321,7 +340,8 @@ def evaluate_job(*, n_classes: int | None, cal=None, input_kind: str = "logits",
     return EvaluationStats(n_samples=int(first["n"]), box=ctx.box, n_classes=n_classes, n_bins=ctx.n_bins,
                            names=names, first=first["accs"], last=last, n_outside=int(first["outside"]),
                            n_passes=n_passes, geometry=geo, geometry_features=tuple(geometry),
-                           geometry_bins=tuple(int(b) for b in geometry_bins))
+                           geometry_bins=tuple(int(b) for b in geometry_bins),
+                           data_sha256=part_hexdigest(first.get("digest"), 2) if ctx.digest else None)
 
 
 def evaluate_sources(logits, labels, *, cal=None, side=None, input_kind: str = "logits", n_bins: int = 15,
@@ -393,7 +413,6 @@ def evaluate_stats(logits, labels, *, cal=None, side=None, taken=None, per_domai
     As :func:`evaluate_sources` (same arguments and errors); ``taken``: the names of ``side`` handed
     to the calibrator (default all; ``domains`` may be given for ``per_domain`` metrics only).
     """
-    from confcal._digest import DataDigest
     from confcal.io import load_calibrator
     from confcal.sources import DEFAULT_BATCH_BYTES, batch_rows_for, open_source
 
@@ -406,10 +425,9 @@ def evaluate_stats(logits, labels, *, cal=None, side=None, taken=None, per_domai
         raise ValueError(f"logits: expected at least 1 sample, got shape {xs.shape}")
     if cal is not None:
         cal = load_calibrator(cal, n_classes=k) if not hasattr(cal, "_predict_batch") else cal
-    digest = DataDigest(2 + len(side))
     rows = batch_rows or batch_rows_for([xs, ys, *side.values()], DEFAULT_BATCH_BYTES // 4)
     engine = LocalEngine({"logits": xs, "labels": ys, **side}, batch_rows=rows, progress=progress)
     stats = run_job(evaluate_job(n_classes=k, cal=cal, input_kind=input_kind, n_bins=n_bins,
                                  side=tuple(side) if taken is None else tuple(taken), per_domain=per_domain,
-                                 digest=digest), engine)
-    return stats, digest.hexdigest()
+                                 digest=True), engine)
+    return stats, stats.data_sha256
