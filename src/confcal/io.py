@@ -262,16 +262,23 @@ class _NonFinite(float):
         return obj
 
 
-def _first_non_finite(value, path: str):
-    """``(path, constant)`` of the first :class:`_NonFinite` inside ``value``, or None."""
-    if isinstance(value, _NonFinite):
-        return path, value.const
+def _first_marked(value, path: str, mark):
+    """The first non-None ``mark(node, path)`` over ``value`` and its members, depth first through
+    objects and arrays (``path`` like ``parameters.groups[0].temperature``)."""
+    found = mark(value, path)
+    if found is not None:
+        return found
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     for k, v in items:
-        found = _first_non_finite(v, f"{path}[{k}]" if isinstance(k, int) else f"{path}.{k}" if path else str(k))
+        found = _first_marked(v, f"{path}[{k}]" if isinstance(k, int) else f"{path}.{k}" if path else str(k), mark)
         if found is not None:
             return found
     return None
+
+
+def _first_non_finite(value, path: str):
+    """``(path, constant)`` of the first :class:`_NonFinite` inside ``value``, or None."""
+    return _first_marked(value, path, lambda v, p: (p, v.const) if isinstance(v, _NonFinite) else None)
 
 
 class _Repeated(dict):
@@ -294,14 +301,8 @@ def _unique_pairs(pairs):
 
 def _first_repeated(value, path: str):
     """The path of the first key given twice inside ``value`` (``parameters.temperature``), or None."""
-    if isinstance(value, _Repeated):
-        return f"{path}.{value.repeated}" if path else value.repeated
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for k, v in items:
-        found = _first_repeated(v, f"{path}[{k}]" if isinstance(k, int) else f"{path}.{k}" if path else str(k))
-        if found is not None:
-            return found
-    return None
+    return _first_marked(value, path, lambda v, p: ((f"{p}.{v.repeated}" if p else v.repeated)
+                                                    if isinstance(v, _Repeated) else None))
 
 
 def _plain(value):

@@ -43,3 +43,27 @@ def same_document(local: dict, dask: dict) -> None:
     assert key_paths(local) == key_paths(dask), sorted(key_paths(local) ^ key_paths(dask))
     same_values(dask, local)
     assert (local["engine"]["name"], dask["engine"]["name"]) == ("local", "dask")
+
+
+def run_cli(capsys, *argv, ignore_warnings: bool = False, caught: list | None = None):
+    """``(exit code, stdout, stderr)`` of ``confcal ARGV`` run in this process (``capsys``: pytest's
+    fixture; earlier captured output is dropped first). Python warnings that reach the test process (the
+    CLI prints its own on stderr) are silenced with ``ignore_warnings``, or appended to ``caught``."""
+    import warnings
+
+    from confcal.cli import main
+
+    capsys.readouterr()
+    with warnings.catch_warnings(record=caught is not None) as got:
+        if ignore_warnings:
+            warnings.simplefilter("ignore")
+        elif caught is not None:
+            warnings.simplefilter("always")
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as exc:
+            code = exc.code
+    if caught is not None:
+        caught.extend(got)
+    out = capsys.readouterr()
+    return code, out.out, out.err

@@ -7,13 +7,12 @@ Before, only the in-process document had ``n_classes`` and only the Dask one ``r
 from __future__ import annotations
 
 import json
-import warnings
 
 import numpy as np
 import pytest
 
 from tests.conftest import require_shared_data
-from tests.dask._documents import key_paths, same_document
+from tests.dask._documents import key_paths, run_cli, same_document
 from tests.dask.conftest import write_dataset
 
 N = 240
@@ -37,16 +36,7 @@ def data(tmp_path_factory):
 
 
 def _cli(*argv, capsys):
-    from confcal.cli import main
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            code = main([str(a) for a in argv])
-        except SystemExit as exc:
-            code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    return run_cli(capsys, *argv, ignore_warnings=True)
 
 
 #: (data, --logits column, --labels column, fit method, extra flags)

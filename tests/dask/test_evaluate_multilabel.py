@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import require_shared_data
-from tests.dask._documents import same_document
+from tests.dask._documents import run_cli, same_document
 from tests.dask.conftest import write_dataset
 
 
@@ -31,16 +31,7 @@ def sigmoid_head(tmp_path_factory):
     return folder
 
 
-def _cli(capsys, *argv):
-    from confcal.cli import main
-
-    capsys.readouterr()
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+_cli = run_cli
 
 
 def test_dask_evaluate_of_a_sigmoid_head_equals_single_process(dask_client, sigmoid_head, tmp_path, capsys):

@@ -37,14 +37,13 @@ from __future__ import annotations
 
 import csv
 import json
-import warnings
 
 import numpy as np
 import pytest
 
 from confcal.calibrators import METHODS
 from tests.conftest import require_shared_data
-from tests.dask._documents import same_document
+from tests.dask._documents import run_cli, same_document
 from tests.dask.conftest import write_dataset
 from tests.dask.test_parity import ENGINE_FIELDS, _close
 
@@ -121,20 +120,13 @@ def matrix_data(tmp_path_factory):
 
 
 def _cli(*argv, capsys):
-    from confcal.cli import main
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            code = main([str(a) for a in argv])
-        except SystemExit as exc:
-            code = exc.code
-    out = capsys.readouterr()
+    caught = []
+    code, out, err = run_cli(capsys, *argv, caught=caught)
     # the CLI prints its warnings as `confcal: warning: ...` lines on stderr (its own showwarning), so
     # they are read there; a warning that reached Python's machinery instead is compared too
-    said = [ln.split("confcal: warning:", 1)[1].strip() for ln in out.err.splitlines() if "confcal: warning:" in ln]
+    said = [ln.split("confcal: warning:", 1)[1].strip() for ln in err.splitlines() if "confcal: warning:" in ln]
     said += [str(w.message) for w in caught]
-    return code, out.out, out.err, sorted({w for w in said if "dask" not in w.lower()})
+    return code, out, err, sorted({w for w in said if "dask" not in w.lower()})
 
 
 def _inputs(name: str, kind: str, root, where: str) -> dict:
