@@ -17,6 +17,21 @@ from hypothesis import settings
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
+
+def _default_signal_dispositions() -> None:
+    """A suite started under ``nohup`` or as a background job (``make test &``) inherits SIGHUP / SIGINT
+    ignored, and so would every command the tests start: the CLI rightly keeps an ignored signal ignored,
+    so the signal tests would see no signal at all. Start from what a terminal gives instead."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
+_default_signal_dispositions()
+
 settings.register_profile("confcal", deadline=None, print_blob=True)
 # CI replays the same examples every run (a landing must not depend on the draw); local runs keep
 # exploring new ones, which is how the flat-optimum and 2**63 cases were found
