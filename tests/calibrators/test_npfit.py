@@ -232,6 +232,47 @@ def test_preconditioned_newton_cg_reaches_the_scipy_optimum(k):
     assert np.max(np.abs(_npfit.affine_objective(res.x, d, 0.05, 0.05)[1])) <= 1e-9
 
 
+def test_newton_cg_stops_within_its_hvp_budget_at_an_accepted_point():
+    """``max_hvp`` bounds the products of the whole fit; the point returned is one the loop accepted
+    (its objective is below the start's), reported as not converged."""
+    d = _rows(n=300, k=6, seed=9)
+    x0 = np.r_[np.eye(6).ravel(), np.zeros(6)]
+    f0 = _npfit.affine_objective(x0, d, 1e-3, 1e-3)[0]
+    losses = []
+    for budget in (0, 60, 130):
+        pr = _npfit.AffineProblem(d, 1e-3, 1e-3)
+        res = _npfit.newton_cg(pr.fgp, pr.hessp, x0, precond=pr.precond, tol=1e-12, tol_change=0.0,
+                               max_iter=500, max_cg=50, max_hvp=budget)
+        assert pr.n_hvp <= budget and not res.converged
+        assert res.loss == pytest.approx(_npfit.affine_objective(res.x, d, 1e-3, 1e-3)[0], rel=1e-12)
+        assert (res.loss < f0) == (budget >= 50)
+        losses.append(res.loss)
+    assert losses[0] == f0 and losses[1] >= losses[2]
+    pr = _npfit.AffineProblem(d, 1e-3, 1e-3)
+    free = _npfit.newton_cg(pr.fgp, pr.hessp, x0, precond=pr.precond, tol=1e-8, tol_change=0.0, max_iter=500)
+    assert free.converged and free.loss <= losses[2] + 1e-12
+
+
+def test_fixed_odir_fit_goes_on_with_lbfgs_when_the_newton_budget_is_spent(monkeypatch):
+    """A weak penalty (``reg="fixed"``): with no Newton-CG budget the fit is L-BFGS alone, with a small one
+    Newton-CG then L-BFGS; both end at the optimum of the same objective (oracle: scipy's trust-region
+    Newton-CG to a tight tolerance), as the unbudgeted Newton-CG does."""
+    from confcal.calibrators import scaling
+    from confcal.calibrators.registry import METHODS
+
+    d = _rows(n=400, k=5, seed=3)
+    ref = minimize(lambda x: _npfit.affine_objective(x, d, 1e-2, 1e-2)[:2], np.r_[np.eye(5).ravel(), np.zeros(5)],
+                   jac=True, method="trust-ncg",
+                   hessp=lambda x, v: _npfit.affine_hessp(v, _npfit.affine_objective(x, d, 1e-2, 1e-2)[2], d,
+                                                          1e-2, 1e-2),
+                   options={"gtol": 1e-10, "maxiter": 5000})
+    for budget in (0, 60, 10_000):
+        monkeypatch.setattr(scaling, "FIXED_NEWTON_MAX_HVP", budget)
+        cal = METHODS["ms"](reg="fixed", reg_lambda=1e-2, reg_mu=1e-2, tol=1e-9, max_iter=5000).fit(d.x, d.y)
+        assert cal.converged_
+        assert cal.nll_ == pytest.approx(ref.fun, abs=1e-9)
+
+
 def test_lbfgs_reports_the_iteration_limit_as_not_converged():
     d = _rows(n=300, k=6, seed=9)
     x0 = np.r_[np.eye(6).ravel(), np.zeros(6)]

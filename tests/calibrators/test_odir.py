@@ -101,21 +101,30 @@ def test_deterministic_for_a_seed():
 
 @pytest.mark.parametrize("name,default", [("dirichlet", 0.01), ("ms", 0.0)])
 def test_fixed_values_unchanged(name, default):
-    """reg="fixed" is the fit of the map at the given penalty from the identity: the same optimum as the
-    autograd L-BFGS fit of the torch map (the closed-form gradient rounds differently, so the
-    iterates agree to a tolerance, not bit for bit)."""
+    """reg="fixed" is the optimum of the map's objective at the given penalty: the oracle is the autograd
+    L-BFGS fit of the torch map run to a far tighter tolerance (the two solvers stop at different
+    points of the flat valley around the optimum, so parameters agree to a tolerance, and the fit's
+    objective may not be above the oracle's by more than its own gradient tolerance allows)."""
     z, y = _data(3, n=150, k=4)
     for kw, lam, mu in (({}, default, default), ({"reg_lambda": 0.3, "reg_mu": 0.02}, 0.3, 0.02)):
         cal = METHODS[name](reg="fixed", **kw).fit(z, y)
         m = MatrixScalingMap(4, on_log_probs=name == "dirichlet", reg_lambda=lam, reg_mu=mu)
         model = Composite(m, SoftmaxLink())
         fit_composite(model, model.prepare(torch.as_tensor(z)), torch.as_tensor(y), trainer="lbfgs",
-                      max_iter=500, tol=1e-7)
-        np.testing.assert_allclose(cal.map_.weight.numpy(), m.weight.detach().numpy(), atol=1e-5)
-        np.testing.assert_allclose(cal.map_.bias.numpy(), m.bias.detach().numpy(), atol=1e-5)
+                      max_iter=20000, tol=1e-12)
+        # without a penalty (ms's default) adding one vector to every row of W, or a constant to c, leaves
+        # the softmax as it is: the parameters are compared up to that shift (centred over the rows)
+        w, w_ref = cal.map_.weight.numpy(), m.weight.detach().numpy()
+        b, b_ref = cal.map_.bias.numpy(), m.bias.detach().numpy()
+        scale = float(np.max(np.abs(w_ref)))
+        np.testing.assert_allclose(w - w.mean(axis=0), w_ref - w_ref.mean(axis=0), atol=1e-4 * scale)
+        np.testing.assert_allclose(b - b.mean(), b_ref - b_ref.mean(), atol=1e-4 * scale)
+        if lam > 0 and mu > 0:  # the penalty fixes the shift
+            np.testing.assert_allclose(w, w_ref, atol=1e-4 * scale)
         with torch.no_grad():
             ref = float(model.nll(model.prepare(torch.as_tensor(z)), torch.as_tensor(y)))
-        assert cal.nll_ == pytest.approx(ref, abs=1e-10)
+        assert ref - 1e-12 <= cal.nll_ <= ref + 1e-9
+        assert cal.converged_
         assert (cal.reg_lambda_, cal.reg_mu_) == (lam, mu) and cal.cv_results_ is None
 
 

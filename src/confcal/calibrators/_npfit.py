@@ -416,8 +416,8 @@ def _newton_loop(fgp: Callable, direction: Callable, x0: np.ndarray, *, tol: flo
                  tol_change: float) -> NpResult:
     """The one (inexact) Newton loop of :func:`newton` and :func:`newton_cg`.
 
-    ``direction(g, state) -> (step, scale)``: a descent step (else ``-g / scale`` is used);
-    Armijo backtracking from the full step (the state is formed at accepted points only).
+    ``direction(g, state) -> (step, scale)``: a descent step (else ``-g / scale`` is used), or
+    ``(None, None)`` to stop at the current point (a spent budget, reported as not converged); Armijo backtracking from the full step (the state is formed at accepted points only).
     Stops when ``max |g| <= tol``, when an accepted step lowers ``f`` by at most
     ``tol_change * max(|f|, 1)``, or when the line search finds no decrease.
     """
@@ -429,6 +429,8 @@ def _newton_loop(fgp: Callable, direction: Callable, x0: np.ndarray, *, tol: flo
         if np.max(np.abs(g)) <= tol:
             return NpResult(x, f, it - 1, True)
         step, scale = direction(g, st)
+        if step is None:  # the direction's budget is spent: the last accepted point, not converged
+            return NpResult(x, f, it - 1, False)
         slope = float(g @ step)
         if not slope < 0:
             step, slope = -g / scale, -float(g @ g) / scale
@@ -489,14 +491,19 @@ def lbfgs(fg: Callable, x0: np.ndarray, *, max_iter: int = 500, tol_grad: float 
 
 def newton_cg(fgp: Callable, hessp: Callable, x0: np.ndarray, *, precond: Callable | None = None,
               tol: float = 1e-7, max_iter: int = 100, max_cg: int = 50, tol_change: float = 1e-12,
-              forcing: float = 0.5) -> NpResult:
+              forcing: float = 0.5, max_hvp: int | None = None) -> NpResult:
     """Truncated Newton (Nocedal & Wright, alg. 7.1) on a convex objective: ``fgp(x) -> (f, g, state)``
     and ``hessp(v, state) -> H v``; ``precond(state) -> m`` (optional, ``m > 0`` elementwise) a diagonal
     preconditioner (preconditioned CG, N&W alg. 5.3, with ``M = diag(m)``). CG stops at the forcing
-    tolerance ``min(forcing, sqrt|g|) |g|`` or after ``max_cg`` products. The loop and its stopping
-    rules are :func:`_newton_loop`'s."""
+    tolerance ``min(forcing, sqrt|g|) |g|`` or after ``max_cg`` products. ``max_hvp`` (None: no limit)
+    bounds the Hessian-vector products of the whole fit: a Newton step that would pass it is not
+    taken, and the last accepted point is returned as not converged (a caller can go on from it with
+    a cheaper solver). The loop and its other stopping rules are :func:`_newton_loop`'s."""
+    used = [0]
 
     def direction(g, st):
+        if max_hvp is not None and used[0] + int(max_cg) > max_hvp:
+            return None, None
         gn = float(np.linalg.norm(g))
         eps = min(forcing, math.sqrt(gn)) * gn
         m = None if precond is None else precond(st)
@@ -506,6 +513,7 @@ def newton_cg(fgp: Callable, hessp: Callable, x0: np.ndarray, *, precond: Callab
         dv = -s
         rs = float(r @ s)
         for j in range(int(max_cg)):
+            used[0] += 1
             hd = hessp(dv, st)
             curv = float(dv @ hd)
             if not curv > 1e-300:

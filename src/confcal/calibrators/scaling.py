@@ -6,8 +6,9 @@ Obtaining well-calibrated multiclass probabilities with Dirichlet calibration",
 NeurIPS 2019 (ODIR regulariser; eq. 50 of Atarashi et al., arXiv 2506.10572).
 All three are fitted on the mean NLL (+ ODIR penalty) with closed-form gradients and
 Hessians in numpy (:mod:`confcal.calibrators._npfit`): vector scaling by damped Newton on
-its ``2K x 2K`` Hessian, matrix scaling / Dirichlet with a fixed penalty by L-BFGS on the
-closed-form gradient, each started at the identity map (``W = I``, ``c = 0``), i.e. at the
+its ``2K x 2K`` Hessian, matrix scaling / Dirichlet with a fixed penalty by preconditioned
+Newton-CG on the closed-form gradient and Hessian-vector products (L-BFGS where the penalty is
+too weak for it to converge within a budget), each started at the identity map (``W = I``, ``c = 0``), i.e. at the
 uncalibrated model; the cross-validated path is in :mod:`confcal.calibrators._odir`, the default
 single fit with a data-size ridge toward temperature scaling (``reg="auto"``) in
 :mod:`confcal.calibrators._tsridge`.
@@ -168,6 +169,11 @@ def _optim_result(res):
     return OptimResult(float(res.loss), int(res.n_iter), bool(res.converged))
 
 
+#: Hessian-vector products of a ``reg="fixed"`` ODIR fit's Newton-CG before L-BFGS takes over (a
+#: 100-class fit at ``lambda = mu = 1e3`` on 5,000 rows converges in about 280)
+FIXED_NEWTON_MAX_HVP = 400
+
+
 class _ODIRFit:
     """ODIR regularisation for :class:`MatrixScaling` and :class:`DirichletCalibration`:
     ``reg="cv"`` picks ``(reg_lambda, reg_mu)`` by cross-validation
@@ -249,22 +255,20 @@ class _ODIRFit:
         return m, res
 
     def _fit_fixed(self, z, y, sample_weight=None):
-        """L-BFGS from the identity map on the closed-form NLL + ODIR gradient
-        (:func:`._npfit.affine_objective`): the iterates of the former autograd fit, without autograd.
+        """The optimum of the mean NLL + ODIR penalty at the given ``(reg_lambda, reg_mu)``, from the
+        identity map: preconditioned Newton-CG on the closed-form gradient and Hessian-vector products
+        (:class:`._npfit.AffineProblem`, float32 products in the HVP only) within
+        :data:`FIXED_NEWTON_MAX_HVP` products; where that budget is spent (a penalty too weak to
+        condition the problem), L-BFGS goes on from Newton-CG's point for ``max_iter`` iterations.
 
-        (Newton-CG on :func:`._npfit.affine_hessp` reaches a lower objective, but where the
-        penalty is too weak to stop the fit from separating the calibration set, e.g.
-        ``reg_lambda = 0.1`` on 1,600 x 100, the lower objective is the more over-fitted one:
-        test NLL 3.62 against L-BFGS's 3.37 at 500 steps, so L-BFGS stays. On the DenseNet CIFAR-100
-        outputs, 5,000 rows, ``reg_lambda = reg_mu = 1e-3``, the 500 steps end at the iteration limit
-        (``converged_`` False) with objective 9.4e-4, while the optimum is at 3.84e-4 (scipy's L-BFGS-B,
-        8,000 iterations, max gradient 1.0e-7; preconditioned Newton-CG 3.88e-4 in 200 iterations);
-        its test NLL is 6.74 against the 500-step fit's 8.32: the penalty is too weak for 10,100
-        parameters on 5,000 rows either way, and the optimum costs ten to a hundred times the time.
-        Re-measured for issue 26 (CPU seconds, same data): L-BFGS's 500 steps 8.5 s to 8.7e-4;
-        Newton-CG passes 8.7e-4 only after 15.5 s. torch-uncertainty's DirichletScaler with the same
-        penalty stops after its 200 torch L-BFGS iterations at 0.297 (2.9 s), an objective this
-        L-BFGS passes after 1.5 s.)"""
+        Measured for issue 26 on the CIFAR outputs (5,000 / 5,000, seed 0, one thread), Dirichlet,
+        against the former L-BFGS from the identity (500 iterations): ``lambda = mu = 1e4`` DenseNet-100
+        0.58 s / 10 Newton steps against 4.3 s (iteration limit), WRN-100 0.33 s against 4.1 s;
+        ``1e3`` DenseNet-100 1.06 s against 4.55 s, WRN-100 0.45 s against 4.1 s; CIFAR-10 0.02 s
+        against 0.09-0.46 s; the same test NLL (to 5e-4) at a lower objective. Where the penalty is
+        too weak for 10,100 parameters on 5,000 rows (``1e-3``, ``1``), the optimum is over-fitted
+        whoever reaches it (DenseNet-100 test NLL 3.6-8.4 against TS's 0.876) and costs minutes;
+        the budget keeps such a fit within about 1.5x the former time."""
         import numpy as np
 
         from confcal.calibrators import _npfit
@@ -274,9 +278,26 @@ class _ODIRFit:
         k = z.shape[1]
         lam, mu = m.reg_lambda, m.reg_mu
         x0 = np.concatenate([np.eye(k).ravel(), np.zeros(k)])
-        res = _solve(z, lambda: _npfit.lbfgs(lambda x: _npfit.affine_objective(x, d, lam, mu)[:2], x0,
-                                             max_iter=self.max_iter, tol_grad=self.tol,
-                                             tol_change=self.tol * 1e-3))
+
+        def fg(x):
+            return _npfit.affine_objective(x, d, lam, mu)[:2]
+
+        def run():
+            n_newton = 0
+            start = x0
+            # the preconditioner squares the inputs: on absurd scales (1e15 and up) L-BFGS alone
+            if d.n == 0 or float(np.max(np.abs(d.x))) < 1e15:
+                prob = _npfit.AffineProblem(d, lam, mu)
+                res = _npfit.newton_cg(prob.fgp, prob.hessp, x0, precond=prob.precond, tol=self.tol,
+                                       max_iter=self.max_iter, tol_change=self.tol * 1e-3, forcing=0.25,
+                                       max_hvp=FIXED_NEWTON_MAX_HVP)
+                if res.converged:
+                    return res
+                n_newton, start = res.n_iter, res.x
+            res = _npfit.lbfgs(fg, start, max_iter=self.max_iter, tol_grad=self.tol, tol_change=self.tol * 1e-3)
+            return _npfit.NpResult(res.x, res.loss, res.n_iter + n_newton, res.converged)
+
+        res = _solve(z, run)
         _set_params(m, res.x[:k * k], res.x[k * k:])
         return m, _optim_result(res)
 
@@ -341,7 +362,8 @@ class MatrixScaling(_ODIRFit, MapCalibrator):
         2 rows cross-validate leave-one-out; 1 row is refused with ``reg='cv'``)
     reg_grid : with ``reg="cv"`` only: lambda values (``mu = lambda``) or ``[lambda, mu]`` pairs, strongest
         first (None: the default grid)
-    max_iter : L-BFGS iterations with ``reg="fixed"``, Newton steps with ``reg="auto"`` (default 500). With ``reg="cv"`` the final fit
+    max_iter : Newton-CG steps, then L-BFGS iterations, with ``reg="fixed"``; Newton steps with ``reg="auto"``
+        (default 500). With ``reg="cv"`` the final fit
         repeats the procedure the folds validated on all rows: the warm-started path down to the
         chosen grid point, 40 L-BFGS steps per point
     tol : gradient tolerance (default 1e-7)
@@ -353,7 +375,7 @@ class MatrixScaling(_ODIRFit, MapCalibrator):
     reg_lambda_, reg_mu_ : the penalty weights of the fit (``reg="auto"``: the ODIR-equivalent off-diagonal
         and intercept weights of its ridge, ``T^2 (K(K-1))^2 / n`` and ``K^2 / n``)
     cv_results_ : dict (``grid``, ``mean_nll`` per grid point, ``best`` index, ``n_folds``), None for ``reg="fixed"``
-    nll_, n_iter_, converged_ : final objective (NLL + penalty), L-BFGS iterations, convergence flag
+    nll_, n_iter_, converged_ : final objective (NLL + penalty), solver iterations, convergence flag
 
     Examples
     --------
