@@ -6,14 +6,17 @@ own environment, never in the project's::
 
     python3 -m venv /tmp/benchvenv
     /tmp/benchvenv/bin/pip install -c constraints.txt -e . 'netcal==1.4.*' 'probmetrics==1.3.*' \\
-        'torch-uncertainty==0.13.*' lightning relplot torchmetrics rich numba
+        'torch-uncertainty==0.13.*' lightning relplot torchmetrics rich numba jax jaxlib
+    /tmp/benchvenv/bin/pip download --no-deps --no-binary=:all: --python-version 3.12 -d /tmp/dc 'dirichletcal==0.5.3'
+    /tmp/benchvenv/bin/pip install --no-deps --ignore-requires-python /tmp/dc/dirichletcal-0.5.3.tar.gz
 
 (``rich``: torch-uncertainty imports it and does not declare it; ``numba``: probmetrics' calibrators
 import it and do not declare it. No torchvision: the one built for
 torch 2.13.0, 0.28.0, is CUDA-linked and does not import with the CPU torch, see
-:class:`_TorchvisionStub`. probmetrics' optional ``dirichletcal`` 0.3.dev4 does not build: its
-setup.py joins ``install_requires`` without separators, ``numpy>=1.14.2scipy>=1.0.0...``, and it
-needs jax.) That venv holds confcal editable from the clone it was built from; to time another
+:class:`_TorchvisionStub`. ``dirichletcal``, probmetrics' Dirichlet calibration (``dircal``,
+``dircal-cv``): the newest release, 0.5.3, declares Python >= 3.12 but runs on 3.11 (pure Python on
+jax); the last one pip would pick for 3.11, 0.3.dev4, does not build, its setup.py joins
+``install_requires`` without separators.) That venv holds confcal editable from the clone it was built from; to time another
 clone's confcal, run from that clone's root with ``PYTHONPATH=src``, which comes first on
 ``sys.path``::
 
@@ -36,6 +39,15 @@ float32, ECE and the reliability table on 10M x 10, smECE on 10k and 1M rows, an
 the CLI as subprocesses (wall and peak RSS). Each row gives the ratio of confcal's time to the
 fastest peer's (< 1: confcal is faster) and, for fits, whether confcal's test NLL is within 0.002
 of the best peer's. ``--quick`` runs one CIFAR file, one rep and small sizes.
+
+Peers that take minutes (:data:`CAPPED`, dirichletcal's Dirichlet fits: full Newton, or L-BFGS to
+``factr=1`` on jax gradients) run one fit each, in a child process stopped after a time limit;
+one that does not finish is reported as "stopped after N s", and confcal's ratio against it is an
+upper bound (``< 0.05x``). A peer's fit that serves two rows (dircal-cv is the cross-validated
+matrix scaling and Dirichlet calibration of these log-probability inputs) runs once for both.
+A peer named ``... (reference ...)`` is shown beside confcal but is not one of the peers the ratio
+is taken against: it does not do what the row's method does (e.g. a single fit beside a
+cross-validated one); its test NLL still counts in the NLL check.
 """
 
 from __future__ import annotations
@@ -213,6 +225,22 @@ def netcal_fit(cls_name, **kw):
     return run
 
 
+def dircal_fixed(odir_lambda):
+    """probmetrics' ``dircal`` at ODIR's ``lambda = mu = odir_lambda`` (dirichletcal's penalty is not
+    divided by ``K (K-1)`` and ``K``: the division happens here, once ``K`` is known)."""
+    def run(z, y):
+        k = z.shape[1]
+        return probmetrics_fit("dircal", dircal_reg_lambda=odir_lambda / (k * (k - 1)),
+                               dircal_reg_mu=odir_lambda / k)(z, y)
+    return run
+
+
+#: peer -> time limit in seconds of its one fit (CIFAR-10 files, CIFAR-100 files): see the module docstring
+CAPPED = {"probmetrics dircal-cv (same fit as dirichlet (cv))": (240, 30),
+          "probmetrics dircal-cv (same fit as ms (cv))": (240, 30),
+          "probmetrics dircal": (120, 30)}
+
+
 #: method -> [(peer, adapter)], confcal first
 FITS = {
     "ts": [("confcal", confcal_fit("ts")), ("scikit-learn", sklearn_fit("temperature")),
@@ -225,21 +253,27 @@ FITS = {
     # log-probabilities: these inputs are log-probabilities) stands beside the Dirichlet rows as the nearest peer
     "ms": [("confcal", confcal_fit("ms")), ("probmetrics sms", probmetrics_fit("sms", sms_print_init_info=False)),
            ("torch-uncertainty (unreg.)", torchunc_fit("MatrixScaler"))],
+    # the cross-validated rows: probmetrics' dircal-cv (dirichletcal, 5-fold CV over 5 L2 penalties) is the
+    # peer that cross-validates; on these inputs (log-probabilities) matrix scaling and Dirichlet calibration
+    # are one method, so its one fit serves both rows. sms (one fit, no CV) stands beside them as a reference
     "ms (cv)": [("confcal", confcal_fit("ms", reg="cv")),
-                ("probmetrics sms", probmetrics_fit("sms", sms_print_init_info=False))],
-    "dirichlet": [("confcal", confcal_fit("dirichlet")), ("probmetrics dircal-cv", probmetrics_fit("dircal-cv")),
+                ("probmetrics dircal-cv (same fit as dirichlet (cv))", probmetrics_fit("dircal-cv")),
+                ("probmetrics sms (reference: one fit, no CV)", probmetrics_fit("sms", sms_print_init_info=False))],
+    "dirichlet": [("confcal", confcal_fit("dirichlet")),
                   ("probmetrics sms (nearest peer)", probmetrics_fit("sms", sms_print_init_info=False))],
     "dirichlet (cv)": [("confcal", confcal_fit("dirichlet", reg="cv")),
-                       ("probmetrics dircal-cv", probmetrics_fit("dircal-cv")),
-                       ("probmetrics sms (nearest peer)", probmetrics_fit("sms", sms_print_init_info=False))],
-    # the same objective for both: torch-uncertainty's DirichletScaler without lambda_reg / mu_reg fits no
-    # penalty at all; with them its penalty is ODIR's (lambda / (K (K-1)) sum_{i!=j} W_ij^2 + mu mean(b^2)).
-    # It runs torch's L-BFGS for max_iter=200 and stops far above the optimum (DenseNet CIFAR-100: training
-    # objective 0.297 against confcal's 8.7e-4 after its 500 steps; the optimum is near 3.9e-4), so its time
-    # is the time to a much higher objective
-    "dirichlet (fixed 1e-3)": [("confcal", confcal_fit("dirichlet", reg="fixed", reg_lambda=1e-3, reg_mu=1e-3)),
-                               ("probmetrics dircal", probmetrics_fit("dircal")),
-                               ("torch-uncertainty", torchunc_fit("DirichletScaler", lambda_reg=1e-3, mu_reg=1e-3))],
+                       ("probmetrics dircal-cv (same fit as ms (cv))", probmetrics_fit("dircal-cv")),
+                       ("probmetrics sms (reference: one fit, no CV)",
+                        probmetrics_fit("sms", sms_print_init_info=False))],
+    # one objective for all three: ODIR at lambda = mu = 1e3 (a value the CV path picks on these outputs).
+    # torch-uncertainty's DirichletScaler has ODIR's penalty (lambda / (K (K-1)) sum_{i!=j} W_ij^2 +
+    # mu mean(b^2)) and stops after its 200 torch L-BFGS iterations; dirichletcal's is not normalised, so it
+    # gets lambda / (K (K-1)) and mu / K (its reference-row parametrisation is its own). At 1e-3 (the former
+    # row) the penalty is too weak for 10,100 parameters on 5,000 rows: every fit over-fits (DenseNet-100
+    # test NLL 1.5-8.4 against TS's 0.876) and the fastest is the one that stops earliest
+    "dirichlet (fixed 1e3)": [("confcal", confcal_fit("dirichlet", reg="fixed", reg_lambda=1e3, reg_mu=1e3)),
+                              ("probmetrics dircal", dircal_fixed(1e3)),
+                              ("torch-uncertainty", torchunc_fit("DirichletScaler", lambda_reg=1e3, mu_reg=1e3))],
     "ets": [("confcal", confcal_fit("ets")), ("probmetrics ts-mix", probmetrics_fit("ts-mix"))],
     "platt-ovr": [("confcal", confcal_fit("platt-ovr")), ("scikit-learn", sklearn_fit("sigmoid")),
                   ("probmetrics platt", probmetrics_fit("platt"))],
@@ -265,20 +299,81 @@ def _timed(fn, *a):
     return time.perf_counter() - t0, out
 
 
-def bench_fits(names, reps, methods, log):
+def _quality(pred, zt, yt):
     from confcal.metrics import ece, nll
 
+    p = np.clip(pred(zt), 0, None)
+    p = p / p.sum(axis=1, keepdims=True)
+    return (ece(p, yt), nll(p, yt), float((p.argmax(1) == yt).mean()))
+
+
+def _one_fit(method, peer, name, cap):
+    """The child of :func:`_capped_fit`: one fit of ``peer`` stopped after ``cap`` seconds; prints
+    ``{"time_s", "quality"}`` (or ``{"stopped": cap}``) as its last line."""
+    import signal
+
+    z, y, zt, yt = load(name)
+    adapter = dict(FITS[method])[peer]
+
+    class Stop(BaseException):  # not an Exception: scikit-learn's GridSearchCV would score it as a failed fold
+        pass
+
+    def stop(signum, frame):
+        raise Stop
+
+    signal.signal(signal.SIGALRM, stop)
+    signal.alarm(int(cap))
+    try:
+        dt, pred = _timed(adapter, z, y)
+    except Stop:
+        print(json.dumps({"stopped": cap}))
+        return
+    finally:
+        signal.alarm(0)
+    print(json.dumps({"time_s": dt, "quality": _quality(pred, zt, yt)}))
+
+
+def _capped_fit(method, peer, name, cap):
+    """``(time_s or None, quality, stopped_after or None)`` of one fit of a :data:`CAPPED` peer, run in a
+    child process (its imports outside the timing) and stopped after ``cap`` seconds."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--one-fit", method, "--one-peer", peer, "--data", name,
+           "--cap", str(cap), "--simd", "on"]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=cap + 180)
+    except subprocess.TimeoutExpired:
+        return None, f"stopped after {cap} s (did not finish)", cap
+    try:
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return None, f"failed: exit {r.returncode}: {r.stderr.strip()[-80:]}", None
+    if "stopped" in out:
+        return None, f"stopped after {cap} s (did not finish)", cap
+    return out["time_s"], tuple(out["quality"]), None
+
+
+def bench_fits(names, reps, methods, log):
     rows = []
+    shared = {}  # (adapter's peer, data) -> the capped result, for a fit that serves two rows
     for name in names:
         z, y, zt, yt = load(name)
         for method in methods:
             peers = FITS[method]
-            times = {p: [] for p, _ in peers}
-            quality = {}
+            quality, stopped = {}, {}
             peers = [(p, a) for p, a in peers if name in ONLY_ON.get((method, p), (name,))]
             times = {p: [] for p, _ in peers}
+            for peer, _ in peers:
+                if peer in CAPPED:
+                    cap = CAPPED[peer][0 if z.shape[1] <= 10 else 1]
+                    key = (peer.split(" (same fit")[0], name, cap)
+                    if key not in shared:
+                        shared[key] = _capped_fit(method, peer, name, cap)
+                    t, quality[peer], stopped[peer] = shared[key]
+                    if t is not None:
+                        times[peer].append(t)
             for rep in range(reps):
                 for peer, adapter in peers:
+                    if peer in CAPPED:
+                        continue
                     try:
                         dt, pred = _timed(adapter, z, y)
                     except Exception as exc:  # a peer that fails is reported, not fatal
@@ -286,13 +381,13 @@ def bench_fits(names, reps, methods, log):
                         continue
                     times[peer].append(dt)
                     if rep == 0:
-                        p = np.clip(pred(zt), 0, None)
-                        p = p / p.sum(axis=1, keepdims=True)
-                        quality[peer] = (ece(p, yt), nll(p, yt), float((p.argmax(1) == yt).mean()))
+                        quality[peer] = _quality(pred, zt, yt)
             for peer, _ in peers:
                 med = statistics.median(times[peer]) if times[peer] else None
                 rows.append({"data": name, "method": method, "peer": peer, "time_s": med,
                              "quality": quality.get(peer)})
+                if stopped.get(peer):
+                    rows[-1]["stopped_after"] = stopped[peer]
                 log(rows[-1])
     return rows
 
@@ -538,10 +633,11 @@ def _ratios(rows):
         groups.setdefault((r["data"], r["method"]), []).append(r)
     out = {}
     for key, rs in groups.items():
-        peers = [r for r in rs if not r["peer"].startswith(("confcal", "numpy", "torch softmax"))]
-        times = [r["time_s"] for r in peers if r["time_s"] is not None]
-        fastest = min(times) if times else None
-        nlls = [r["quality"][1] for r in peers if isinstance(r["quality"], (list, tuple))]
+        peers = [r for r in rs if _is_peer(r)]
+        fastest, bound = _fastest(peers)
+        # the NLL check is against every other fit shown, the '(reference ...)' rows too
+        nlls = [r["quality"][1] for r in rs if isinstance(r["quality"], (list, tuple))
+                and not r["peer"].startswith("confcal")]
         for r in rs:
             if not r["peer"].startswith("confcal") or key in out:
                 continue
@@ -550,8 +646,29 @@ def _ratios(rows):
             check = ""
             if isinstance(r["quality"], (list, tuple)) and nlls:
                 check = "yes" if r["quality"][1] <= min(nlls) + NLL_SLACK else "no"
-            out[key] = (ratio, check, t)
+            out[key] = (ratio, check, t, bound)
     return out
+
+
+def _is_peer(r):
+    """A row the ratio is taken against: not confcal, not a bare numpy / torch reference, not a
+    ``(reference ...)`` row."""
+    return not r["peer"].startswith(("confcal", "numpy", "torch softmax")) and "(reference" not in r["peer"]
+
+
+def _fastest(peers):
+    """``(seconds, is_bound)``: the fastest peer's time; where no peer finished faster than one that was
+    stopped, the stop time, a lower bound of that peer's time (so confcal's ratio is an upper bound)."""
+    done = [r["time_s"] for r in peers if r["time_s"] is not None]
+    stopped = [r["stopped_after"] for r in peers if r.get("stopped_after")]
+    fastest = min(done) if done else None
+    if stopped and (fastest is None or min(stopped) < fastest):
+        return min(stopped), True
+    return fastest, False
+
+
+def _fmt_ratio(ratio, bound):
+    return f"{'< ' if bound else ''}{ratio:.2f}x"
 
 
 def to_markdown(rows, header):
@@ -564,13 +681,12 @@ def to_markdown(rows, header):
         groups.setdefault((r["data"], r["method"]), []).append(r)
     ratios = _ratios(rows)
     for (data, method), rs in groups.items():
-        peers = [r["time_s"] for r in rs if not r["peer"].startswith(("confcal", "numpy", "torch softmax"))
-                 and r["time_s"] is not None]
-        fastest = min(peers) if peers else None
+        fastest, bound = _fastest([r for r in rs if _is_peer(r)])
         for r in rs:
             t = r["time_s"]
-            ratio = f"{t / fastest:.2f}x" if (fastest and t is not None and r["peer"].startswith("confcal")) else ""
-            check = ratios.get((data, method), (None, "", None))[1] if r["peer"].startswith("confcal") else ""
+            own = fastest and t is not None and r["peer"].startswith("confcal")
+            ratio = _fmt_ratio(t / fastest, bound) if own else ""
+            check = ratios.get((data, method), (None, "", None, False))[1] if r["peer"].startswith("confcal") else ""
             out.append(f"| {data} | {method} | {r['peer']} | {'' if t is None else f'{t:.3f}'} | {ratio} | "
                        f"{_fmt_q(r['quality'])} | {check} |")
     return "\n".join(out) + "\n"
@@ -594,9 +710,9 @@ def combined_markdown(parts, t_total):
     for k in keys:
         cells = []
         for r in per:
-            ratio, check, t = r.get(k, (None, "", None))
+            ratio, check, t, bound = r.get(k, (None, "", None, False))
             # no peer (start-up): confcal's own time
-            cells += [f"{ratio:.2f}x" if ratio is not None else ("" if t is None else f"{t:.3f} s"), check]
+            cells += [_fmt_ratio(ratio, bound) if ratio is not None else ("" if t is None else f"{t:.3f} s"), check]
         out.append(f"| {k[0]} | {k[1]} | " + " | ".join(cells) + " |")
     for lab, _, md in parts:
         out += ["", f"## {lab}", "", md.replace("\n# ", "\n### ", 1).lstrip("# ").replace("confcal vs peers", "Run:", 1)]
@@ -621,7 +737,9 @@ def _header(a, reps, t0, partial):
             "The machine was shared: other engineers' tests ran at the same time, so absolute times are noisy; "
             "the ratios are measured side by side in this one run.", "", "Versions: " + ", ".join(vers) + ".", "",
             "ratio = confcal's time / the fastest peer's (below 1: confcal is faster); the numpy bincount and "
-            "numpy/torch softmax rows are bare references, not peers. The first confcal fit of a process "
+            "numpy/torch softmax rows and the rows named '(reference ...)' are not peers. Peers that take minutes "
+            "run one fit each, stopped after a time limit ('stopped after N s'; the ratio against it, '< r', is an "
+            "upper bound). The first confcal fit of a process "
             "includes its first-call costs (torch's lazy start-up). The start-up rows run with confcal's "
             "bytecode compiled first (as a regular install has it).", ""]
 
@@ -677,7 +795,12 @@ def main(argv=None):
                          "(NPY_DISABLE_CPU_FEATURES from .ci/simd_features.py), one markdown file; "
                          "on/off: this process only (off re-executes itself with the variable set)")
     ap.add_argument("--rows-json", type=Path, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--one-fit", default=None, help=argparse.SUPPRESS)  # the child of _capped_fit
+    ap.add_argument("--one-peer", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--cap", type=float, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.one_fit is not None:
+        return _one_fit(a.one_fit, a.one_peer, a.data, a.cap)
     if a.simd == "both":
         return run_both(a, argv)
     if a.simd == "off" and "NPY_DISABLE_CPU_FEATURES" not in os.environ:
