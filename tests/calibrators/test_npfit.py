@@ -250,7 +250,7 @@ def test_newton_cg_stops_within_its_hvp_budget_at_an_accepted_point():
     assert losses[0] == f0 and losses[1] >= losses[2]
     pr = _npfit.AffineProblem(d, 1e-3, 1e-3)
     free = _npfit.newton_cg(pr.fgp, pr.hessp, x0, precond=pr.precond, tol=1e-8, tol_change=0.0, max_iter=500)
-    assert free.converged and free.loss <= losses[2] + 1e-12
+    assert free.converged and free.loss <= losses[2] + 1e-10  # tol 1e-8: within 1e-10 of the optimum
 
 
 def test_fixed_odir_fit_goes_on_with_lbfgs_when_the_newton_budget_is_spent(monkeypatch):
