@@ -8,8 +8,8 @@ All three are fitted on the mean NLL (+ ODIR penalty) with closed-form gradients
 Hessians in numpy (:mod:`confcal.calibrators._npfit`): vector scaling by damped Newton on
 its ``2K x 2K`` Hessian, matrix scaling / Dirichlet with a fixed penalty by preconditioned
 Newton-CG on the closed-form gradient and Hessian-vector products (L-BFGS where the penalty is
-too weak for it to converge within a budget), each started at the identity map (``W = I``, ``c = 0``), i.e. at the
-uncalibrated model; the cross-validated path is in :mod:`confcal.calibrators._odir`, the default
+too weak for it to converge within a budget), each started at temperature scaling (``W = I / T``,
+``c = 0``); the cross-validated path is in :mod:`confcal.calibrators._odir`, the default
 single fit with a data-size ridge toward temperature scaling (``reg="auto"``) in
 :mod:`confcal.calibrators._tsridge`.
 """
@@ -256,19 +256,22 @@ class _ODIRFit:
 
     def _fit_fixed(self, z, y, sample_weight=None):
         """The optimum of the mean NLL + ODIR penalty at the given ``(reg_lambda, reg_mu)``, from the
-        identity map: preconditioned Newton-CG on the closed-form gradient and Hessian-vector products
+        temperature-scaling map: preconditioned Newton-CG on the closed-form gradient and Hessian-vector products
         (:class:`._npfit.AffineProblem`, float32 products in the HVP only) within
         :data:`FIXED_NEWTON_MAX_HVP` products; where that budget is spent (a penalty too weak to
         condition the problem), L-BFGS goes on from Newton-CG's point for ``max_iter`` iterations.
 
         Measured for issue 26 on the CIFAR outputs (5,000 / 5,000, seed 0, one thread), Dirichlet,
         against the former L-BFGS from the identity (500 iterations): ``lambda = mu = 1e4`` DenseNet-100
-        0.58 s / 10 Newton steps against 4.3 s (iteration limit), WRN-100 0.33 s against 4.1 s;
-        ``1e3`` DenseNet-100 1.06 s against 4.55 s, WRN-100 0.45 s against 4.1 s; CIFAR-10 0.02 s
-        against 0.09-0.46 s; the same test NLL (to 5e-4) at a lower objective. Where the penalty is
+        0.58 s / 10 Newton steps (from the identity) against 4.3 s (iteration limit), WRN-100 0.33 s
+        against 4.1 s; ``1e3`` DenseNet-100 1.06 s against 4.55 s, WRN-100 0.45 s against 4.1 s;
+        CIFAR-10 0.02 s against 0.09-0.46 s; the same test NLL (to 5e-4) at a lower objective. The
+        start at temperature scaling then cut DenseNet-100 at ``1e3`` from 13 Newton steps to 9
+        (interleaved medians of 3: 0.75x torch-uncertainty's DirichletScaler at the same penalty,
+        against 0.98x from the identity). Where the penalty is
         too weak for 10,100 parameters on 5,000 rows (``1e-3``, ``1``), the optimum is over-fitted
         whoever reaches it (DenseNet-100 test NLL 3.6-8.4 against TS's 0.876) and costs minutes;
-        the budget keeps such a fit within about 1.5x the former time."""
+        the budget keeps such a fit within about twice the former time (8.0-8.4 s against 4.2-5.4 s)."""
         import numpy as np
 
         from confcal.calibrators import _npfit
@@ -288,7 +291,11 @@ class _ODIRFit:
             # the preconditioner squares the inputs: on absurd scales (1e15 and up) L-BFGS alone
             if d.n == 0 or float(np.max(np.abs(d.x))) < 1e15:
                 prob = _npfit.AffineProblem(d, lam, mu)
-                res = _npfit.newton_cg(prob.fgp, prob.hessp, x0, precond=prob.precond, tol=self.tol,
+                # from temperature scaling (W = I / T, c = 0): the objective is convex (strictly, with both
+                # penalties), so the start changes only the path; from it the over-confident CIFAR-100
+                # outputs need 9 Newton steps instead of 13 at lambda = mu = 1e3
+                ts = np.concatenate([(np.eye(k) * _npfit.inverse_temperature(d)).ravel(), np.zeros(k)])
+                res = _npfit.newton_cg(prob.fgp, prob.hessp, ts, precond=prob.precond, tol=self.tol,
                                        max_iter=self.max_iter, tol_change=self.tol * 1e-3, forcing=0.25,
                                        max_hvp=FIXED_NEWTON_MAX_HVP)
                 if res.converged:
