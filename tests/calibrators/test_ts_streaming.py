@@ -128,6 +128,31 @@ def test_streamed_validation_names_whole_data_rows():
         stream_fit(masked, y, batch_rows=3)
 
 
+def test_bad_rows_in_the_warm_start_blocks_are_named_by_the_first_pass():
+    """Above _WARM_START_ROWS the fit starts from spread-out row blocks, which it tests with one
+    row max instead of check_logits: a bad row there (the first and last rows are in them)
+    still gets the first pass's message, with its index in the whole data."""
+    from confcal.calibrators._tsfit import _WARM_START_ROWS
+
+    n = _WARM_START_ROWS + 1000
+    rng = np.random.default_rng(0)
+    x = rng.normal(scale=3.0, size=(n, 3)).astype(np.float32)
+    y = np.where(rng.random(n) < 0.7, x.argmax(axis=1), rng.integers(0, 3, size=n))
+    for row, value, match in ((0, np.nan, "NaN/\\+inf in row 0:"), (n - 1, np.inf, f"NaN/\\+inf in row {n - 1}:"),
+                              (2, -np.inf, "row 2 is entirely -inf")):
+        bad = x.copy()
+        if np.isneginf(value):
+            bad[row] = value
+        else:
+            bad[row, 1] = value
+        for dtype in (np.float32, np.float64):
+            with pytest.raises(ValueError, match=match):
+                TemperatureScaling().fit(bad.astype(dtype), y)
+    # logits of other dtypes still go through check_logits, then the fit
+    assert abs(TemperatureScaling().fit(np.round(x * 4).astype(np.int16), y).temperature_
+               - TemperatureScaling().fit(np.round(x * 4).astype(np.float32), y).temperature_) < 1e-9
+
+
 def test_predict_proba_writes_rows_in_place_and_matches_the_oracle():
     """predict_proba writes each batch into its rows of the output: same bits as the generic
     batch path, softmax(z / T) in float64 to rounding, and the same messages."""
@@ -251,7 +276,7 @@ def test_row_kernels_equal_numpy_reductions(seed, n, k, f64):
     """The pass's row kernels (max by columns, sums and dot products by BLAS matrix-vector
     products, the top-label test without a row-wise argmax) against numpy's own reductions, on
     rows with ties, -inf (masked classes) and NaN."""
-    from confcal.calibrators._ts_batch import _top_is_label
+    from confcal.calibrators._ts_batch import _rowdot_metric, _top_is_label
     from confcal.calibrators._tsfit import _rowdot, _rowmax, _rowsum
 
     rng = np.random.default_rng(seed)
@@ -264,9 +289,13 @@ def test_row_kernels_equal_numpy_reductions(seed, n, k, f64):
     np.testing.assert_array_equal(hi, a.max(axis=1))
     zy = np.take_along_axis(a, y[:, None], axis=1)[:, 0].astype(np.float64) - hi
     np.testing.assert_array_equal(_top_is_label(a, hi, y, zy), np.argmax(a, axis=1) == y)
+    hb = _rowmax(b)  # continuous values: one maximum per row (the tie count's short cut)
+    zb = b[np.arange(n), y].astype(np.float64) - hb
+    np.testing.assert_array_equal(_top_is_label(b, hb, y, zb), np.argmax(b, axis=1) == y)
     rel = 1e-12 if f64 else 1e-5
     np.testing.assert_allclose(_rowsum(b), b.sum(axis=1, dtype=np.float64), rtol=rel, atol=rel * k)
     np.testing.assert_allclose(_rowdot(b, b), (b.astype(np.float64) ** 2).sum(axis=1), rtol=rel, atol=rel * k)
+    np.testing.assert_allclose(_rowdot_metric(b, b), (b.astype(np.float64) ** 2).sum(axis=1), rtol=rel, atol=rel * k)
     if n:
         c = b.copy()
         c[0, -1] = np.nan

@@ -23,7 +23,8 @@ from functools import partial
 import numpy as np
 
 from confcal.calibrators._ts_batch import _summary, ts_batch_stats
-from confcal.calibrators._tsfit import _NEAR_DMAX, _WARM_START_ROWS, CalibrationWarning, _newton_steps, _result, fit_temperature
+from confcal.calibrators._tsfit import _NEAR_DMAX, _WARM_START_ROWS, CalibrationWarning, _newton_steps, _result, _rowmax, \
+    fit_temperature
 from confcal.passes import Pass, SpreadBlocks
 
 __all__ = ["temperature_job", "TemperatureJobResult"]
@@ -157,8 +158,15 @@ def _warm_start(blocks: dict, input_kind: str, t_bounds, t_default: float) -> tu
     exact = x is not None and np.asarray(x).dtype == np.float64
     if x is None or len(x) == 0:
         return t_default, exact
+    z = np.asarray(x)
     try:
-        z = check_logits(x, input_kind=input_kind, whole=False)
+        if input_kind == "logits" and z.dtype in (np.float32, np.float64) and z.ndim == 2 and z.shape[1] >= 2:
+            # check_logits' row tests as one row max (NaN, +inf or an all -inf row make it
+            # non-finite), in a fifth of its time
+            if not np.isfinite(_rowmax(z)).all():
+                return t_default, exact
+        else:
+            z = check_logits(x, input_kind=input_kind, whole=False)
         y = check_labels(blocks["labels"], z.shape[0], z.shape[1])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
