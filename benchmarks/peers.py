@@ -27,8 +27,8 @@ twice as subprocesses, once on this CPU's numpy SIMD paths and once with
 ``NPY_DISABLE_CPU_FEATURES`` set to every optional feature this CPU dispatches to
 (``.ci/simd_features.py``), and writes both tables plus a combined ratio table to one markdown
 file (``--out``, default ``benchmarks/results/peers.md``). ``--simd on`` / ``--simd off`` run one
-of them only. A full run takes about 2 x 20 minutes on the 2-core dev machine (the fits
-dominate); ``--quick`` about 2 x 2 minutes.
+of them only. A full run took 25 minutes on the idle 2-core dev machine (the capped peers and
+the 1M x 100 TS fits of the peers dominate); ``--quick`` about 2 x 2 minutes.
 
 Fits: the CIFAR outputs in ``../shared/data/cifar`` (probabilities; logits = their log),
 5,000 / 5,000 calibration / test split (seed 0), medians of ``--reps`` cold fits interleaved
