@@ -208,17 +208,45 @@ def test_registry_declares_which_methods_fit_on_all_rows():
 
 def test_lbfgs_passes_reach_the_newton_optimum(cifar10):
     """Above NEWTON_MAX_PARAMS (matrix maps of >= 32 classes) the passes return no Hessian and the
-    job runs L-BFGS from the warm start: forced here on 10 classes, it lands on the Newton fit."""
+    job runs L-BFGS from the warm start: forced here on 10 classes, it lands on the Newton fit. (With
+    every row in the warm start the job keeps that fit, see the next test: here the warm start holds
+    all rows but one.)"""
     x, y = cifar10
     newton, lbfgs = METHODS["dirichlet"](reg="fixed"), METHODS["dirichlet"](reg="fixed")
     run_job(linear_fit_job(newton), _engine(x, y))
-    run_job(linear_fit_job(lbfgs, newton_max_params=0, max_iter=500), _engine(x, y))
+    run_job(linear_fit_job(lbfgs, newton_max_params=0, max_iter=500, warm_rows=len(y) - 1), _engine(x, y))
     a, b = _flat(newton), _flat(lbfgs)
     assert lbfgs.nll_ <= METHODS["dirichlet"](reg="fixed").fit(x, y).nll_ + 1e-12
     # L-BFGS stops on its gradient tolerance, so the parameters sit within the flat valley around the
     # optimum: measured 1.05e-6 of the largest parameter with numpy's SIMD paths on and 4.6e-6 with them
     # off (the rounding of the passes picks another stopping point); 1e-5 allowed, the NLL check above is tight
     assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(a))
+
+
+@pytest.mark.parametrize("params", [{"reg_lambda": 10.0, "reg_mu": 10.0}, {"reg_lambda": 10.0, "reg_mu": 10.0,
+                                                                        "max_iter": 1}])
+def test_many_classes_with_every_row_in_the_warm_start_give_the_in_memory_fit(params):
+    """Above NEWTON_MAX_PARAMS (40 classes: 1,640 parameters) with every row in the warm start, the job's
+    result is the in-memory fit of those rows, its own hyper-parameters (max_iter, tol) included:
+    parameters, objective, iterations and convergence flag (the CLI's fit of a file equals the
+    library's fit of the arrays); without the warm start it still polishes by L-BFGS passes."""
+    rng = np.random.default_rng(11)
+    n, k = 800, 40
+    x = 2.5 * rng.normal(size=(n, k))
+    y = np.where(rng.random(n) < 0.6, x.argmax(1), rng.integers(0, k, n))
+    ref = METHODS["dirichlet"](reg="fixed", **params).fit(x, y)
+    job = METHODS["dirichlet"](reg="fixed", **params)
+    run_job(linear_fit_job(job), _engine(x, y))
+    a, b = _flat(job), _flat(ref)
+    assert np.max(np.abs(a - b)) <= 1e-12 * np.max(np.abs(b))
+    assert (job.n_iter_, job.converged_) == (ref.n_iter_, ref.converged_)
+    assert job.converged_ == ("max_iter" not in params)
+    assert job.nll_ == pytest.approx(ref.nll_, rel=1e-12)
+    if "max_iter" not in params:  # a cold start polishes to the same optimum
+        cold = METHODS["dirichlet"](reg="fixed", **params)
+        run_job(linear_fit_job(cold, warm_rows=0, max_iter=2000), _engine(x, y))
+        assert cold.nll_ <= ref.nll_ + 1e-9
+        assert np.max(np.abs(_flat(cold) - b)) <= 1e-3 * np.max(np.abs(b))
 
 
 class _OtherBlocks(LocalEngine):

@@ -24,7 +24,8 @@ map-reduced gradient (Nocedal & Wright, *Numerical Optimization*, 2nd ed., alg. 
 Armijo backtracking line search, eq. 3.4). Both start from the in-memory fit on spread-out row
 blocks (:class:`confcal.passes.SpreadBlocks`) and stop at a gradient far below the in-memory
 fit's tolerance, so the parameters equal the in-memory fit on the same rows to its own
-accuracy. The fitted state is written through the estimator's own ``_set_fitted`` (the
+accuracy; above :data:`NEWTON_MAX_PARAMS`, where those blocks hold every row, the in-memory fit
+(Newton-CG to its own tolerance) is the result, without L-BFGS passes. The fitted state is written through the estimator's own ``_set_fitted`` (the
 manifest is the in-memory fit's format). ``-inf`` logits (masked classes) are handled as the
 in-memory fit does (:func:`confcal.calibrators._maps.mask_neg_inf`).
 
@@ -266,7 +267,7 @@ def _warm_start(cal, blocks: dict, kind: str):
             ref = type(cal)(**cal.get_params()).fit(blocks["logits"], blocks["labels"])  # a clone
     except (ValueError, TypeError):
         return None
-    return _theta_of(ref.map_, kind), ref.n_classes_
+    return _theta_of(ref.map_, kind), ref.n_classes_, (int(ref.n_iter_), bool(ref.converged_))
 
 
 def _objective(st: dict, theta, lam: float, mu: float, kind: str, k: int):
@@ -321,7 +322,7 @@ def linear_fit_job(cal, *, warm_rows: int = WARM_START_ROWS, gtol: float = 1e-12
     one_logit = bool(getattr(cal, "one_logit_head", True))
     blocks = yield SpreadBlocks(("logits", "labels"), rows=int(warm_rows))
     warm = _warm_start(cal, blocks, kind)
-    theta, k = (None, None) if warm is None else warm
+    theta, k, warm_fit = (None, None, None) if warm is None else warm
     def request(th, *, validate=False, kk=None):
         hess = kk is not None and (kk * (kk + 1) if kind != "vs" else 2 * kk) <= newton_max_params
         return Pass(partial(_linear_batch, kind=kind, k=kk, input_kind=input_kind, one_logit=one_logit,
@@ -349,7 +350,13 @@ def linear_fit_job(cal, *, warm_rows: int = WARM_START_ROWS, gtol: float = 1e-12
     after = st["after"]
     n_iter, converged = 0, False
     hist_s, hist_y = [], []
-    while True:
+    # above newton_max_params, when the warm start was the in-memory fit on every row (n <= warm_rows:
+    # the same rows on every engine), that fit, solved by Newton-CG to its own tolerance, is the result:
+    # L-BFGS passes from it to gtol stalled on 100 classes (200 passes, ~130 s on 5,000 rows, not converged)
+    polish = not (h is None and warm_fit is not None and len(blocks["labels"]) == n)
+    if not polish:
+        n_iter, converged = warm_fit
+    while polish:
         if float(np.max(np.abs(g))) <= gtol:
             converged = True
             break
