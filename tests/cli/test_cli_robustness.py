@@ -65,7 +65,11 @@ def test_unknown_hyperparameter_lists_valid_ones(fitted, capsys):
     d, _ = fitted
     assert main(["fit", "--logits", str(d / "z.npy"), "--labels", str(d / "y.npy"), "--method", "ts",
                  "--param", "t_maxx=5", "-o", str(d / "o.json")]) == 2
-    assert "unknown hyper-parameter(s) ['t_maxx']" in capsys.readouterr().err
+    assert "confcal: error: --param: ts: unknown hyper-parameter(s) ['t_maxx']" in capsys.readouterr().err
+    # the list of valid names quotes 'input_kind': the error still names --param, not --input-kind (tester)
+    assert main(["fit", "--logits", str(d / "z.npy"), "--labels", str(d / "y.npy"), "--method", "ms",
+                 "--input-kind", "logits", "--param", "reg_lamda=5", "-o", str(d / "o.json")]) == 2
+    assert "confcal: error: --param: ms: unknown hyper-parameter(s) ['reg_lamda']" in capsys.readouterr().err
 
 
 def test_output_checks_happen_before_fitting(fitted, capsys):

@@ -224,7 +224,7 @@ def make_calibrator(method: str, params: dict | None = None):
     params = dict(params or {})
     unknown = sorted(set(params) - set(cls._param_names()))
     if unknown:
-        raise ValueError(f"{method}: unknown hyper-parameter(s) {unknown}; it takes {cls._param_names()}")
+        raise ValueError(f"params: {method}: unknown hyper-parameter(s) {unknown}; it takes {cls._param_names()}")
     target = cls.cls if isinstance(cls, Preset) else cls
     check_hyperparameters(target, params, where=method)  # early and named, before any data is read
     return cls(**params)

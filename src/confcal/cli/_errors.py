@@ -17,7 +17,8 @@ import re
 #: library argument names whose CLI option has another spelling
 ALIASES = {"scores": "logits", "probs": "logits", "manifest": "calibrator", "domain names": "domain_name",
            "box_scores": "logits", "n_splits": "splits", "n_draws": "draws", "n_domains": "n_calibration",
-           "quota": "per_domain_quota", "mc_probs": "mc_scores", "det_boxes": "detections", "gt_boxes": "gt"}
+           "quota": "per_domain_quota", "mc_probs": "mc_scores", "det_boxes": "detections", "gt_boxes": "gt",
+           "params": "param"}
 
 #: exception types (by name: their packages are optional) that mean a damaged input file, not a defect
 #: of confcal: protobuf's DecodeError (an ONNX file), zipfile's BadZipFile, zlib's error, EOFError, ...
