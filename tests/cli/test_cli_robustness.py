@@ -61,6 +61,21 @@ def test_ragged_csv_and_pickled_pt(tmp_path, capsys):
     assert not (tmp_path / "o.json").exists()
 
 
+@pytest.mark.parametrize("method", [["--method", "ts"], ["--method", "vs"],
+                                    ["--method", "ms", "--param", "reg=fixed"]])
+def test_three_dimensional_logits_are_named_before_the_row_counts(tmp_path, capsys, method):
+    """(tester) A (1, 300, 4) logits file with 300 labels: the shape of --logits is the error, on the
+    streamed paths (ts, and the full-data jobs of vs / ms reg=fixed) as on the in-memory one."""
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "z.npy", rng.normal(size=(1, 300, 4)))
+    np.save(tmp_path / "y.npy", rng.integers(0, 4, 300))
+    assert main(["fit", "--logits", str(tmp_path / "z.npy"), "--labels", str(tmp_path / "y.npy"), *method,
+                 "-o", str(tmp_path / "o.json")]) == 2
+    err = capsys.readouterr().err
+    assert "confcal: error: --logits: expected shape (n_samples, n_classes)" in err and "(1, 300, 4)" in err, err
+    assert not (tmp_path / "o.json").exists()
+
+
 def test_unknown_hyperparameter_lists_valid_ones(fitted, capsys):
     d, _ = fitted
     assert main(["fit", "--logits", str(d / "z.npy"), "--labels", str(d / "y.npy"), "--method", "ts",

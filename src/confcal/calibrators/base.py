@@ -263,8 +263,11 @@ class Calibrator(Estimator, abc.ABC):
         from confcal.passes import LocalEngine, run_job
         from confcal.sources import open_source
 
-        engine = LocalEngine({"logits": open_source(logits, name="logits"),
-                              "labels": open_source(labels, name="labels")}, progress=progress, reference="logits")
+        xs = open_source(logits, name="logits")
+        if xs.ndim not in (1, 2):
+            return NotImplemented  # a shape error, which the in-memory path names (before the row counts)
+        engine = LocalEngine({"logits": xs, "labels": open_source(labels, name="labels")}, progress=progress,
+                             reference="logits")
         run_job(job, engine)
         return self
 
