@@ -273,6 +273,27 @@ def test_fixed_odir_fit_goes_on_with_lbfgs_when_the_newton_budget_is_spent(monke
         assert cal.nll_ == pytest.approx(ref.fun, abs=1e-9)
 
 
+@pytest.mark.parametrize("method", ["ms", "dirichlet"])
+def test_fixed_odir_fit_of_large_logits_falls_back_to_lbfgs(method):
+    """(tester) Logits of 1e4 and more with a weak penalty: the Newton-CG directions along the flat
+    curvature overflow the float32 products of the HVP; the fit goes on by L-BFGS instead of refusing
+    the logits. Oracle: scipy's L-BFGS-B on the same objective (the map's inputs: the logits, or their
+    log-softmax for Dirichlet), from the identity, to a tight tolerance."""
+    from confcal.calibrators.registry import METHODS
+
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(200, 4)) * 3
+    y = rng.integers(0, 4, 200)
+    for scale in (1e4, 3e4):
+        zz = z * scale / np.abs(z).max()
+        cal = METHODS[method](reg="fixed", reg_lambda=1.0, reg_mu=1.0).fit(zz, y)
+        d = _npfit.Rows(log_softmax(zz) if method == "dirichlet" else zz, y)
+        ref = minimize(lambda x: _npfit.affine_objective(x, d, 1.0, 1.0)[:2], np.r_[np.eye(4).ravel(), np.zeros(4)],
+                       jac=True, method="L-BFGS-B", options={"gtol": 1e-10, "ftol": 1e-15, "maxiter": 20000})
+        # (the default tol stops L-BFGS within about 2e-6 of the optimum on these ill-conditioned rows)
+        assert cal.converged_ and cal.nll_ <= ref.fun + 1e-5
+
+
 def test_lbfgs_reports_the_iteration_limit_as_not_converged():
     d = _rows(n=300, k=6, seed=9)
     x0 = np.r_[np.eye(6).ravel(), np.zeros(6)]

@@ -294,13 +294,19 @@ class _ODIRFit:
                 # from temperature scaling (W = I / T, c = 0): the objective is convex (strictly, with both
                 # penalties), so the start changes only the path; from it the over-confident CIFAR-100
                 # outputs need 9 Newton steps instead of 13 at lambda = mu = 1e3
-                ts = np.concatenate([(np.eye(k) * _npfit.inverse_temperature(d)).ravel(), np.zeros(k)])
-                res = _npfit.newton_cg(prob.fgp, prob.hessp, ts, precond=prob.precond, tol=self.tol,
-                                       max_iter=self.max_iter, tol_change=self.tol * 1e-3, forcing=0.25,
-                                       max_hvp=FIXED_NEWTON_MAX_HVP)
-                if res.converged:
+                try:
+                    ts = np.concatenate([(np.eye(k) * _npfit.inverse_temperature(d)).ravel(), np.zeros(k)])
+                    res = _npfit.newton_cg(prob.fgp, prob.hessp, ts, precond=prob.precond, tol=self.tol,
+                                           max_iter=self.max_iter, tol_change=self.tol * 1e-3, forcing=0.25,
+                                           max_hvp=FIXED_NEWTON_MAX_HVP)
+                except FloatingPointError:
+                    # large logits (1e4 and up) with a weak penalty: CG directions along the flat
+                    # curvature overflow the float32 products; L-BFGS from the identity solves these
+                    res = None
+                if res is not None and res.converged:
                     return res
-                n_newton, start = res.n_iter, res.x
+                if res is not None:
+                    n_newton, start = res.n_iter, res.x
             res = _npfit.lbfgs(fg, start, max_iter=self.max_iter, tol_grad=self.tol, tol_change=self.tol * 1e-3)
             return _npfit.NpResult(res.x, res.loss, res.n_iter + n_newton, res.converged)
 
