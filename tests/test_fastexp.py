@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -75,10 +75,13 @@ def test_block_arguments_are_checked():
 
 
 #: float32 softmax against the float64 softmax of the same float32 logits: the exp's argument
-#: ``(z - max z) * float32(log2(e) / T)`` carries about one float32 rounding, which the exp turns into
-#: a relative error of ``|x| eps`` (``x = (z - max z) / T``); on top, a few ulp for the polynomial,
-#: the sum and the division
-SOFTMAX_ULP, SOFTMAX_ULP_PER_UNIT_X = 6.0, 1.0
+#: ``(z - max z) * float32(log2(e) / T)`` carries three float32 roundings of at most half an ulp each
+#: (the difference, where ``z`` and ``max z`` are not within a factor 2 of each other; the rounded
+#: factor; the product), which the exp turns into a relative error of up to ``1.5 |x| eps``
+#: (``x = (z - max z) / T``); on top, a few ulp for the polynomial, the sum and the division. (The
+#: bound was ``1.0 |x| eps``, one rounding: hypothesis found n=8, k=16, T=2.5, scale=34, seed=0, where
+#: an entry at x = -26.5 is 3.96e-6 off, above that bound's 3.88e-6 and inside this one's 5.4e-6.)
+SOFTMAX_ULP, SOFTMAX_ULP_PER_UNIT_X = 6.0, 1.5
 
 
 def _softmax_bound_holds(z32, t):
@@ -105,6 +108,7 @@ def test_float32_softmax_against_float64_large_array():
 
 @given(st.integers(1, 30), st.integers(2, 40), st.floats(0.01, 100.0), st.floats(0.1, 300.0),
        st.integers(0, 2 ** 32 - 1))
+@example(8, 16, 2.5, 34.0, 0)  # three roundings of the exp's argument (see SOFTMAX_ULP_PER_UNIT_X)
 def test_float32_softmax_against_float64(n, k, t, scale, seed):
     rng = np.random.default_rng(seed)
     z = rng.normal(scale=scale, size=(n, k))  # with small T, most entries underflow to subnormals or 0
