@@ -173,6 +173,35 @@ def test_inverse_temperature_is_the_nll_minimiser_along_the_ray():
     assert s == pytest.approx(ref.x, rel=1e-6)
 
 
+@pytest.mark.parametrize("scale", [0.05, 8.0, 40.0])
+def test_inverse_temperature_from_far_under_or_over_confident_logits(scale):
+    """The start ``s = 1`` is far from the minimiser (a Newton step from it would cross 0 for
+    over-confident logits): the clamped steps still reach scipy's bounded minimiser."""
+    from scipy.optimize import minimize_scalar
+
+    d = _rows(n=300, k=6, seed=3)
+    d.x[...] *= scale
+
+    def f(v):
+        return _npfit.softmax_nll(d.x * v, d)[0]
+
+    ref = minimize_scalar(f, bounds=(1e-4, 200.0), method="bounded", options={"xatol": 1e-12})
+    assert _npfit.inverse_temperature(d) == pytest.approx(ref.x, rel=1e-6)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_vs_hessian_float32_product_within_float32_rounding_of_float64(case):
+    d = _rows(**case)
+    rng = np.random.default_rng(4)
+    x = np.concatenate([1 + 0.3 * rng.normal(size=d.k), 0.5 * rng.normal(size=d.k)])
+    _, _, p = _npfit.vs_parts(x, d)
+    h64, h32 = _npfit.vs_hessian(p, d), _npfit.vs_hessian(p, d, np.float32)
+    assert h32.dtype == np.float64
+    # float32 products: about 100 float32 ulps (6e-8 each) of the largest entry after accumulation and cancellation
+    np.testing.assert_allclose(h32, h64, rtol=0, atol=1e-5 * np.abs(h64).max())
+    np.testing.assert_array_equal(h32, h32.T)
+
+
 # ------------------------------------------------------------ float32 products, preconditioned Newton-CG
 #: float32 products keep ~7 digits: an NLL gradient entry of order 1e-2 within this of float64
 F32_GRAD_ATOL = 1e-6

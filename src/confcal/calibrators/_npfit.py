@@ -101,26 +101,34 @@ def softmax_nll(a: np.ndarray, d: Rows):
 
 
 # ----------------------------------------------------------------------------- vector scaling
-def inverse_temperature(d: Rows, *, tol: float = 1e-10, max_iter: int = 50) -> float:
+def inverse_temperature(d: Rows, *, rtol: float = 1e-4, max_iter: int = 50) -> float:
     """``s = 1 / T`` minimising the NLL of ``softmax(s Z)``: 1-D Newton (``f' = sum_i r_i (E_p[z_i] - z_iy)``,
     ``f'' = sum_i r_i Var_p(z_i)``, convex in ``s``) from ``s = 1`` with backtracking; a start for
-    vector scaling, not the temperature-scaling fit itself (which keeps its bounds and rules)."""
+    vector scaling and ODIR, not the temperature-scaling fit itself (which keeps its bounds and rules).
+
+    A step moves ``s`` by at most a factor 2 down or 2 up: over-confident logits put the full Newton
+    step from ``s = 1`` below 0, which cost three backtracking evaluations of the softmax. Returns
+    ``s + step`` without evaluating it once the Newton step is below ``rtol * s`` (quadratic
+    convergence: the returned ``s`` is then within about ``rtol**2`` relative of the minimiser)."""
     zy = d.x[d.rows, d.y]
+    xm = d.x if d.mask is None else np.where(d.mask, 0.0, d.x)
+    xm2 = xm * xm
 
     def parts(s):
         a = d.x * s
         f, p, _ = softmax_nll(a, d)
-        xm = d.x if d.mask is None else np.where(d.mask, 0.0, d.x)
         mean = np.einsum("ij,ij->i", p, xm)
-        var = np.einsum("ij,ij->i", p, xm * xm) - mean * mean
+        var = np.einsum("ij,ij->i", p, xm2) - mean * mean
         return f, float(d.r @ (mean - zy)), float(d.r @ np.maximum(var, 0.0))
 
     s = 1.0
     f, g, h = parts(s)
     for _ in range(int(max_iter)):
-        if abs(g) <= tol or h <= 0:
+        if g == 0 or h <= 0:
             break
-        step = -g / h
+        step = min(max(-g / h, -0.5 * s), s)
+        if abs(step) <= rtol * s:
+            return s + step
         t = 1.0
         while t > 1e-8:
             fn, gn, hn = parts(s + t * step)
@@ -146,25 +154,24 @@ def vs_parts(theta: np.ndarray, d: Rows):
 def vs_hessian(p: np.ndarray, d: Rows, dtype=np.float64) -> np.ndarray:
     """The ``2K x 2K`` Hessian of :func:`vs_parts` at the point whose softmax is ``p``.
 
-    ``dtype=np.float32`` runs the three ``(K, n) x (n, K)`` products in float32 (half the time);
-    a Newton direction needs no more, the gradient that decides convergence stays float64."""
+    ``-sum_i r_i u_i u_i^T`` with ``u_i = [p_i z_i, p_i]`` is one symmetric product ``-M^T M`` of the
+    ``(n, 2K)`` matrix ``M = sqrt(r) [P Z, P]`` (BLAS ``syrk``: half a general product's work), plus the
+    diagonal terms ``sum_i r_i p_ij [z_ij^2, z_ij, 1]`` in float64. ``dtype=np.float32`` forms ``M`` and
+    its product in float32 (a third of the float64 time on 5,000 x 100): a Newton direction needs
+    no more, and the gradient that decides convergence stays float64."""
     k = d.k
-    rp = p * d.r[:, None]
-    rpz = rp * d.x
-    lo = rpz.astype(dtype, copy=False), rp.astype(dtype, copy=False)
-    pz = (p * d.x).astype(dtype, copy=False)
-    p_ = p.astype(dtype, copy=False)
-    h = np.empty((2 * k, 2 * k))
-    h[:k, :k] = -(lo[0].T @ pz)
-    h[:k, k:] = -(lo[0].T @ p_)
-    h[k:, k:] = -(lo[1].T @ p_)
+    pz = p * d.x
+    sr = np.sqrt(d.r)[:, None]
+    m = np.empty((d.n, 2 * k), dtype=dtype)
+    np.multiply(pz, sr, out=m[:, :k], casting="same_kind")
+    np.multiply(p, sr, out=m[:, k:], casting="same_kind")
+    h = np.negative(m.T @ m, dtype=np.float64)  # numpy calls syrk for a product with its own transpose
     i = np.arange(k)
-    h[i, i] += np.einsum("ij,ij->j", rpz, d.x)
-    h[i, k + i] += rpz.sum(axis=0)
-    h[k + i, k + i] += rp.sum(axis=0)
-    h[k:, :k] = h[:k, k:].T
-    h[:k, :k] = 0.5 * (h[:k, :k] + h[:k, :k].T)
-    h[k:, k:] = 0.5 * (h[k:, k:] + h[k:, k:].T)
+    h[i, i] += d.r @ (pz * d.x)
+    cross = d.r @ pz
+    h[i, k + i] += cross
+    h[k + i, i] += cross
+    h[k + i, k + i] += d.r @ p
     return h
 
 
