@@ -429,3 +429,36 @@ def test_a_group_temperature_outside_the_manifests_bounds_is_refused(method, whe
     with pytest.raises(ValueError, match=rf"^manifest t\.json: parameters\.{at}\.temperature: expected a number in "
                                          r"\[t_min, t_max\] = \[0\.01, 100\], got 1000\.0$"):
         calibrator_from_dict(m, source="t.json")
+
+
+@pytest.mark.parametrize("n, k", [(1, 2), (300, 3), (5000, 100), (40_000, 4)])
+def test_summary_metrics_equal_the_four_public_metrics(n, k):
+    """The fit record's shared-pass summary (float64, up to 32,768 rows) and the whole-array
+    path above it give the values of accuracy / ece / nll / brier_score, ties and a zero
+    label probability included."""
+    from confcal.calibrators.manifest import summary_metrics
+    from confcal.metrics import accuracy, brier_score, ece, nll
+
+    rng = np.random.default_rng(n + k)
+    p = rng.dirichlet(np.full(k, 0.3), size=n)
+    y = rng.integers(0, k, size=n)
+    p[0] = 0.0
+    p[0, (y[0] + 1) % k] = 1.0  # the label's probability is 0: nll clips it
+    if n > 1:
+        p[1] = 1.0 / k  # a tie: the lowest index is the prediction
+    got = summary_metrics(p, y)
+    want = {"accuracy": accuracy(p, y), "ece": ece(p, y, n_bins=15), "nll": nll(p, y), "brier": brier_score(p, y)}
+    assert got.keys() == want.keys()
+    for key in want:
+        assert got[key] == pytest.approx(want[key], rel=1e-14, abs=1e-15), key
+
+
+def test_summary_metrics_refuses_invalid_probabilities_with_the_argument_named():
+    from confcal.calibrators.manifest import summary_metrics
+
+    p = np.full((4, 2), 0.5)
+    p[2, 0] = np.nan
+    with pytest.raises(ValueError, match="probs"):
+        summary_metrics(p, [0, 1, 0, 1])
+    with pytest.raises(ValueError, match="labels"):
+        summary_metrics(np.full((4, 2), 0.5), [0, 1, 2, 1])
