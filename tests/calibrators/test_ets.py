@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from scipy.optimize import minimize
 
@@ -67,6 +67,7 @@ def _ets_nll(z, y, log_t, w, r=None):
 
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, 10_000), st.integers(2, 3))
+@example(seed=9571, m=3)  # the optimum 0.0016 from a face: a step cut at the boundary jammed there
 def test_mixture_weights_match_scipy_slsqp_on_the_simplex(seed, m):
     rng = np.random.default_rng(seed)
     n = 200
@@ -81,6 +82,10 @@ def test_mixture_weights_match_scipy_slsqp_on_the_simplex(seed, m):
                    constraints=[{"type": "eq", "fun": lambda v: v.sum() - 1.0}],
                    options={"ftol": 1e-14, "maxiter": 500})
     assert f <= ref.fun + 1e-9  # the exact active-set optimum is never worse than SLSQP's
+    for first in [(0,), (0, 1), tuple(range(m)), (1, m - 1)]:  # a face tried first changes the path, not the optimum
+        wf, ff = mixture_weights(comps, r, first=first)
+        assert ff == pytest.approx(f, rel=1e-12, abs=1e-14)
+        np.testing.assert_allclose(wf, w, atol=1e-6)
 
 
 def test_profile_derivative_matches_finite_differences():

@@ -153,7 +153,8 @@ def check_labels_not_masked(logits, labels, sample_weight=None) -> None:
 
 
 def fit_temperature(logits, labels, *, sample_weight=None, t_bounds=DEFAULT_T_BOUNDS,
-                    tol: float = 1e-12, max_iter: int = 100, warn: bool = True) -> TemperatureFit:
+                    tol: float = 1e-12, max_iter: int = 100, warn: bool = True,
+                    accept_step: float = 0.0) -> TemperatureFit:
     """Temperature ``T`` minimising the mean NLL of ``softmax(logits / T)``.
 
     Parameters
@@ -164,6 +165,8 @@ def fit_temperature(logits, labels, *, sample_weight=None, t_bounds=DEFAULT_T_BO
     t_bounds : ``(T_min, T_max)``, the search range (default ``[1e-2, 1e2]``)
     tol : stop when the bracket on ``log T`` is narrower than this (the usual stop is a float64
         Newton step below 1e-7, whose error is then ~1e-14)
+    accept_step : a start for another fit (ETS) needs less: stop at the evaluated point once its
+        float64 Newton step on ``log T`` is below this (0, the default: the full fit)
 
     Returns a :class:`TemperatureFit`. When the optimum lies on a bound
     (separable data: T -> 0; a model mostly wrong: T -> inf), that bound is
@@ -173,10 +176,10 @@ def fit_temperature(logits, labels, *, sample_weight=None, t_bounds=DEFAULT_T_BO
     if not (0 < t_min < t_max and math.isfinite(t_max)):
         raise ValueError(f"t_bounds: expected 0 < T_min < T_max < inf, got {t_bounds!r}")
     check_labels_not_masked(logits, labels, sample_weight)
-    return _fit(logits, labels, sample_weight, t_min, t_max, tol, max_iter, warn)
+    return _fit(logits, labels, sample_weight, t_min, t_max, tol, max_iter, warn, accept_step)
 
 
-def _fit(logits, labels, sample_weight, t_min, t_max, tol, max_iter, warn) -> TemperatureFit:
+def _fit(logits, labels, sample_weight, t_min, t_max, tol, max_iter, warn, accept_step=0.0) -> TemperatureFit:
     t_bounds = (t_min, t_max)
     st = _Stats(logits, labels, sample_weight)
     exact = st.z.dtype == np.float64
@@ -194,7 +197,7 @@ def _fit(logits, labels, sample_weight, t_min, t_max, tol, max_iter, warn) -> Te
         stride = st.n // (_WARM_START_ROWS // 2)
         sub = fit_temperature(st.z[::stride], np.asarray(labels)[::stride], t_bounds=t_bounds, warn=False)
         t = math.log(sub.temperature)
-    t, loss, n_iter, _ = _newton(dt_stats, t, t_min, t_max, tol, max_iter, exact)
+    t, loss, n_iter, _ = _newton(dt_stats, t, t_min, t_max, tol, max_iter, exact, accept_evaluated=accept_step)
     return _result(t, loss, n_iter, t_min, t_max, warn, stacklevel=5)
 
 
