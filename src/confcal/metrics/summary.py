@@ -65,3 +65,52 @@ def calibration_summary(probs, labels, *, n_bins: int = 15) -> dict[str, float]:
         "nll": nll(q, y),
         "brier": brier_score(q, y),
     }
+
+
+def record_metrics(probs, labels, *, n_bins: int = 15) -> dict[str, float]:
+    """Accuracy, top-label ECE (equal-width bins), NLL (nats) and Brier score: a fit record's metrics.
+
+    The values of :func:`~confcal.metrics.accuracy`, :func:`~confcal.metrics.ece`,
+    :func:`~confcal.metrics.nll` and :func:`~confcal.metrics.brier_score` (sources there). A float64
+    ``(n_samples, n_classes)`` array of at most 32,768 rows (a calibration set) is validated once and
+    its arg-max and label column are shared by the four, in the same operations as those functions
+    (2.9 -> 1.5 ms on 5,000 x 100; every fit records it twice); other input goes to the four functions.
+
+    Parameters
+    ----------
+    probs : array-like of shape (n_samples, n_classes) or (n_samples,)
+    labels : array-like of int, shape (n_samples,), in ``[0, n_classes)``
+    n_bins : int, default=15, equal-width bins of the ECE
+
+    Returns
+    -------
+    dict of str to float
+        ``accuracy``, ``ece``, ``nll``, ``brier``.
+
+    Raises
+    ------
+    ValueError
+        Invalid probabilities or labels (the argument named).
+    """
+    import numpy as np
+
+    from confcal.metrics.calibration import _FUSED_ROWS, _ece_from_pairs
+    from confcal.metrics.scores import NLL_EPS
+
+    if not (isinstance(probs, np.ndarray) and probs.dtype == np.float64 and probs.ndim == 2
+            and 0 < probs.shape[0] <= _FUSED_ROWS):
+        return {"accuracy": accuracy(probs, labels), "ece": ece(probs, labels, n_bins=n_bins),
+                "nll": nll(probs, labels), "brier": brier_score(probs, labels)}
+    p = check_probs(probs)
+    y = check_labels(labels, p.shape[0], p.shape[1])
+    rows = np.arange(p.shape[0])
+    pred = np.argmax(p, axis=1)  # ties: the lowest index, as accuracy() and ece()
+    correct = pred == y
+    py = p[rows, y]
+    sq = np.sum(p**2, axis=1) - 2.0 * py + 1.0
+    return {
+        "accuracy": float(np.mean(correct)),
+        "ece": _ece_from_pairs(p[rows, pred], correct, n_bins, "equal_width", "l1"),
+        "nll": float(-np.mean(np.log(np.clip(py, NLL_EPS, 1.0)))) + 0.0,
+        "brier": float(np.mean(sq)),
+    }
