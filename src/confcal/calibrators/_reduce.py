@@ -33,8 +33,8 @@ from scipy.special import logsumexp
 from confcal._numeric import log_softmax, softmax
 from confcal.calibrators.base import Calibrator
 
-__all__ = ["OneVsRestCalibrator", "TopLabelCalibrator", "log_odds", "log_odds_from_log_softmax", "top_label_log_odds", "spread_top_label",
-           "predicted_class", "break_ties_toward", "LOGIT_CLIP"]
+__all__ = ["OneVsRestCalibrator", "TopLabelCalibrator", "log_odds", "log_odds_from_log_softmax", "top_label_log_odds",
+           "spread_top_label", "predicted_class", "break_ties_toward", "LOGIT_CLIP"]
 
 LOGIT_CLIP = float(np.log(1.0 / np.finfo(np.float64).eps))
 
