@@ -33,8 +33,8 @@ from scipy.special import logsumexp
 from confcal._numeric import log_softmax, softmax
 from confcal.calibrators.base import Calibrator
 
-__all__ = ["OneVsRestCalibrator", "TopLabelCalibrator", "log_odds", "top_label_log_odds", "spread_top_label",
-           "predicted_class", "break_ties_toward", "LOGIT_CLIP"]
+__all__ = ["OneVsRestCalibrator", "TopLabelCalibrator", "log_odds", "log_odds_from_log_softmax", "top_label_log_odds",
+           "spread_top_label", "predicted_class", "break_ties_toward", "LOGIT_CLIP"]
 
 LOGIT_CLIP = float(np.log(1.0 / np.finfo(np.float64).eps))
 
@@ -62,6 +62,35 @@ def log_odds(logits: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         lo = logp - _log1m_softmax(z, logp)
     return np.clip(np.nan_to_num(lo, nan=-LOGIT_CLIP), -LOGIT_CLIP, LOGIT_CLIP)
+
+
+def log_odds_from_log_softmax(logp: np.ndarray, p: np.ndarray | None = None) -> np.ndarray:
+    """:func:`log_odds` from ``logp = log_softmax(logits)`` (and optionally ``p = exp(logp)``), float64
+    ``(n, K)``, clipped to ``+-LOGIT_CLIP``; equal to :func:`log_odds` to a few float64 ulps.
+
+    ``log(1 - p)`` is ``log(1 - p)`` where ``p <= 1/2`` (``1 - p`` in ``[1/2, 1]`` rounds with an absolute
+    error below 2**-54, so the log-odds are off by less than that) and, for the (single) larger entry
+    of a row, the log of the sum of the row's other probabilities (a sum of positive terms, no
+    cancellation; a term that underflows is below 1e-300 of a sum that matters only above ``e**-37``:
+    below, the log-odds are clipped). Two exponential/log passes over the array instead of the
+    ``logsumexp`` of every such row's other logits.
+    """
+    logp = np.asarray(logp, dtype=np.float64)
+    if p is None:
+        p = np.exp(logp)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lo = logp - np.log(1.0 - p)
+    rows = np.flatnonzero(np.max(logp, axis=1) > -np.log(2.0))
+    if rows.size:
+        cols = np.argmax(logp[rows], axis=1)
+        others = p[rows]
+        others[np.arange(rows.size), cols] = 0.0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lo[rows, cols] = logp[rows, cols] - np.log(others.sum(axis=1))
+    bad = np.isnan(lo)
+    if bad.any():
+        lo[bad] = -LOGIT_CLIP
+    return np.clip(lo, -LOGIT_CLIP, LOGIT_CLIP, out=lo)
 
 
 def top_label_log_odds(logits: np.ndarray, top: np.ndarray) -> np.ndarray:
@@ -155,8 +184,23 @@ def _accuracy_report(cal: Calibrator, logits, side) -> None:
     after = rec["metrics_after"]["accuracy"]
     rec["accuracy_change"] = float(after - before)
     x = np.asarray(logits)  # validated, (n, K)
-    q = cal._predict_proba(x, **cal._check_side(side, x.shape[0]))
-    rec["argmax_changed"] = float(np.mean(np.argmax(q, axis=1) != predicted_class(softmax(x))))
+    memo = (cal.__dict__.get("_fit_memo") or {}).get("report")
+    if memo is not None and (memo[0] is x or (memo[0].shape == x.shape and np.array_equal(memo[0], x))):
+        # the fit record's own predictions of these logits (the same rows, the same fitted maps)
+        q, p = memo[1], memo[2]
+    else:
+        q = cal._predict_proba(x, **cal._check_side(side, x.shape[0]))
+        p = softmax(x)
+    rec["argmax_changed"] = float(np.mean(np.argmax(q, axis=1) != predicted_class(p)))
+
+
+def _fit_softmax(cal: Calibrator, logits) -> np.ndarray:
+    """``softmax(logits)``, taken from the running fit's memo when ``logits`` is the array being fitted
+    (:attr:`_ReportingCalibrator._fit_memo`) and computed otherwise."""
+    memo = cal.__dict__.get("_fit_memo")
+    if memo is not None and memo.get("x") is logits and "softmax" in memo:
+        return memo["softmax"]
+    return softmax(logits)
 
 
 def _named(check, params, prefix: str):
@@ -190,7 +234,14 @@ class _MapMixin:
 
 class _ReportingCalibrator(Calibrator):
     """Adds ``accuracy_change`` (after - before) and ``argmax_changed`` (fraction of rows whose
-    arg-max moved) to the fit record."""
+    arg-max moved) to the fit record.
+
+    During :meth:`fit` (and only then) ``_fit_memo`` is a dict of values computed once per fit and read
+    again by the fit record: ``"report"``, the fitted logits with their calibrated and uncalibrated
+    probabilities (:meth:`_fit_metrics`), and what a method's ``_fit`` leaves there for its own
+    predictions of the fitted array (``"x"``: that array, ``"softmax"``: its softmax; read by identity
+    of the array, so a slice or copy is computed afresh). It is removed when the fit returns or raises,
+    so a fitted calibrator (and a sub-calibrator fitted through ``_fit`` directly) holds no data."""
 
     def fit(self, logits, labels, *, sample_weight=None, progress=False, **side):
         from confcal.calibrators.base import _materialise
@@ -198,9 +249,22 @@ class _ReportingCalibrator(Calibrator):
         # sources (the CLI streams its inputs) are read whole once, for the fit and the report
         logits, labels = _materialise(logits, "logits"), _materialise(labels, "labels")
         side = {k: _materialise(v, k) for k, v in side.items()}
-        super().fit(logits, labels, sample_weight=sample_weight, progress=progress, **side)
-        _accuracy_report(self, self._validate_logits(logits), side)
+        self._fit_memo = {}
+        try:
+            super().fit(logits, labels, sample_weight=sample_weight, progress=progress, **side)
+            _accuracy_report(self, self._validate_logits(logits), side)
+        finally:
+            self.__dict__.pop("_fit_memo", None)
         return self
+
+    def _fit_metrics(self, logits, probs, labels) -> tuple[dict, dict]:
+        from confcal.calibrators.manifest import summary_metrics
+
+        p = _fit_softmax(self, logits)
+        memo = self.__dict__.get("_fit_memo")
+        if memo is not None:
+            memo["report"] = (logits, probs, p)
+        return summary_metrics(p, labels), summary_metrics(probs, labels)
 
 
 class OneVsRestCalibrator(_MapMixin, _ReportingCalibrator):
@@ -234,18 +298,24 @@ class OneVsRestCalibrator(_MapMixin, _ReportingCalibrator):
             out[start:start + rows] = self._predict_block(logits[start:start + rows])
         return out
 
+    def _map_columns(self, scores: np.ndarray) -> np.ndarray:
+        """The ``K`` maps applied to their columns of ``scores`` ``(n, K)``, clipped to ``[0, 1]``
+        (methods whose maps vectorise over the classes override this)."""
+        return np.column_stack([np.clip(self._apply_map(m, scores[:, j]), 0.0, 1.0)
+                                for j, m in enumerate(self.maps_)])
+
     def _predict_block(self, logits):
         s = self._scores(logits)
         if len(self.maps_) == 1:
             p1 = np.clip(self._apply_map(self.maps_[0], s[:, 1]), 0.0, 1.0)
             return np.stack([1.0 - p1, p1], axis=1)
-        q = np.column_stack([np.clip(self._apply_map(m, s[:, j]), 0.0, 1.0) for j, m in enumerate(self.maps_)])
+        q = self._map_columns(s)
         total = q.sum(axis=1, keepdims=True)
         zero = total[:, 0] <= 0.0
         q[zero] = 1.0
         total[zero] = q.shape[1]
         q /= total
-        return break_ties_toward(q, predicted_class(softmax(logits)))
+        return break_ties_toward(q, predicted_class(_fit_softmax(self, logits)))
 
     def _get_fitted(self):
         return {"maps": self.maps_}

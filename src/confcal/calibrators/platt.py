@@ -26,7 +26,7 @@ import numpy as np
 
 from confcal._numeric import log_softmax
 from confcal.calibrators._constraints import Choice, Fields, ListOf, Opt, Real, per_class_maps
-from confcal.calibrators._reduce import LOGIT_CLIP, OneVsRestCalibrator, log_odds
+from confcal.calibrators._reduce import LOGIT_CLIP, OneVsRestCalibrator, log_odds_from_log_softmax
 from confcal.calibrators._univariate import apply_platt, fit_platt
 from confcal.calibrators.base import register
 
@@ -77,7 +77,16 @@ class PlattOneVsRest(OneVsRestCalibrator):
         self.input_kind = input_kind
 
     def _scores(self, logits: np.ndarray) -> np.ndarray:
-        return _class_scores(logits, getattr(self, "score_space_", "log-odds"))
+        kind = getattr(self, "score_space_", "log-odds")
+        memo = self.__dict__.get("_fit_memo")
+        if memo is not None and memo.get("x") is logits and kind in memo.get("scores", ()):
+            return memo["scores"][kind]
+        return _class_scores(logits, kind)
+
+    def _map_columns(self, scores: np.ndarray) -> np.ndarray:
+        a = np.array([m["a"] for m in self.maps_], dtype=np.float64)
+        b = np.array([m["b"] for m in self.maps_], dtype=np.float64)
+        return np.clip(apply_platt_columns(a, b, scores), 0.0, 1.0)
 
     #: with ``score_space="auto"`` on more than twice this many rows, both scores are first fitted on every
     #: ``n // _SELECT_ROWS``-th row, the score is chosen by the full calibration set's NLL of those fits,
@@ -94,7 +103,11 @@ class PlattOneVsRest(OneVsRestCalibrator):
         cols = [1] if k == 2 else list(range(k))
         targets = np.column_stack([platt_targets((labels == j).astype(np.float64), sample_weight) for j in cols])
         w = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
-        scores = {kind: _class_scores(logits, kind)[:, cols] for kind in kinds}
+        full = _class_scores_and_softmax(logits, kinds)
+        memo = self.__dict__.get("_fit_memo")
+        if memo is not None:  # the fit record's predictions of these logits reuse their scores and softmax
+            memo.update(x=logits, softmax=full.pop("softmax"), scores=full)
+        scores = {kind: full[kind][:, cols] for kind in kinds}
         init = None
         if len(kinds) > 1:
             sub = slice(0, None, n // self._SELECT_ROWS) if n > 2 * self._SELECT_ROWS else slice(None)
@@ -144,9 +157,22 @@ class PlattOneVsRest(OneVsRestCalibrator):
 def _class_scores(logits: np.ndarray, kind: str) -> np.ndarray:
     """The class scores the maps take: log-odds or log-probabilities of ``softmax(logits)``, float64
     ``(n, K)`` clipped to ``+-LOGIT_CLIP``."""
-    if kind == "log-odds":
-        return log_odds(logits)
-    return np.clip(log_softmax(np.asarray(logits, dtype=np.float64)), -LOGIT_CLIP, LOGIT_CLIP)
+    return _class_scores_and_softmax(logits, (kind,), with_softmax=False)[kind]
+
+
+def _class_scores_and_softmax(logits: np.ndarray, kinds, with_softmax: bool = True) -> dict:
+    """``{kind: scores}`` for each of ``kinds`` and ``"softmax"``: ``softmax(logits)`` (bit for bit
+    :func:`confcal._numeric.softmax`), from one ``log_softmax`` and one exponential of it."""
+    logp = log_softmax(np.asarray(logits, dtype=np.float64))
+    out = {}
+    p = np.exp(logp) if with_softmax or "log-odds" in kinds else None
+    if "log-odds" in kinds:
+        out["log-odds"] = log_odds_from_log_softmax(logp, p)
+    if "log-prob" in kinds:
+        out["log-prob"] = np.clip(logp, -LOGIT_CLIP, LOGIT_CLIP, out=logp)
+    if with_softmax:
+        out["softmax"] = p / p.sum(axis=-1, keepdims=True)
+    return out
 
 
 def apply_platt_columns(a: np.ndarray, b: np.ndarray, scores: np.ndarray) -> np.ndarray:
