@@ -31,6 +31,26 @@ def _scaled_softmax(logits: np.ndarray, temperature) -> np.ndarray:
 _CHUNK_ELEMS = 1 << 16  # rows of ~256-512 KB: every step on a chunk stays in L2
 
 
+def _simd_float32_exp() -> bool:
+    """Whether numpy runs float32 ``exp`` with a dispatched SIMD loop (AVX2 / AVX-512 on x86-64) on
+    this CPU and settings: one pass, about 4x faster than :func:`confcal._fastexp.exp2_block`'s
+    fifteen; without one (``NPY_DISABLE_CPU_FEATURES``, another CPU, numpy < 2.1 without
+    ``opt_func_info``) the two cost about the same here and ``exp2_block`` is taken."""
+    global _SIMD_EXP
+    if _SIMD_EXP is None:
+        try:
+            from numpy.lib.introspect import opt_func_info
+
+            info = opt_func_info(func_name="^exp$", signature="float32")["exp"]
+            _SIMD_EXP = all(not v["current"].startswith("baseline") for v in info.values())
+        except Exception:  # numpy without the introspection API: the portable path
+            _SIMD_EXP = False
+    return _SIMD_EXP
+
+
+_SIMD_EXP: bool | None = None
+
+
 def scaled_softmax_rows(logits: np.ndarray, temperature: float, out: np.ndarray | None = None,
                         *, first_row: int = 0, dtype=np.float64):
     """``softmax(logits / T)`` row chunk by row chunk, into ``out``; numpy only.
@@ -41,16 +61,18 @@ def scaled_softmax_rows(logits: np.ndarray, temperature: float, out: np.ndarray 
     Each chunk is computed in place in its rows of ``out`` while it is in cache, so the output
     is written to memory once and the logits are read once (no temporary of the whole array).
     ``(z - max z) / T`` is computed as ``(z - max z) * (1 / T)``: within an ulp of the quotient.
+    The row maxima of a contiguous chunk are one ``maximum.reduceat`` over its rows (half the time
+    of ``max(axis=1)`` on rows of 100: one call instead of a reduction set up per row).
 
-    float32 output: ``exp((z - max z) / T)`` is ``2 ** ((z - max z) * (log2(e) / T))`` by
-    :func:`confcal._fastexp.exp2_block` (numpy's float32 ``exp`` without its AVX2 / AVX-512 loops
-    costs one libm call per element; issue 26), with ``log2(e) / T`` rounded to float32 once, as
-    ``1 / T`` was. Measured on 200,000 x 100 logits (N(0, 9), T = 1.7) against a float64 softmax of
-    the same float32 logits: at most 14.3 float32 ulp per entry (99th percentile 5.3; numpy's
-    ``exp`` on ``(z - max z) * float32(1 / T)``: 18.6, 99th percentile 7.4), the same with and
-    without numpy's SIMD paths. The float32 row sums are ``einsum``'s (float32 accumulators, one
-    row at a time: the same for any batching and alignment, tested). float64 output keeps numpy's
-    ``exp`` and ``sum``.
+    float32 output: numpy's float32 ``exp`` where it has a SIMD loop (:func:`_simd_float32_exp`), else
+    ``exp((z - max z) / T)`` as ``2 ** ((z - max z) * (log2(e) / T))`` by
+    :func:`confcal._fastexp.exp2_block`, with ``log2(e) / T`` rounded to float32 once, as ``1 / T``
+    was. Measured on 200,000 x 100 logits (N(0, 9), T = 1.7) against a float64 softmax of the same
+    float32 logits: at most 14.3 float32 ulp per entry with ``exp2_block`` (99th percentile 5.3),
+    18.6 with numpy's ``exp`` (99th percentile 7.4): the rounding of the argument dominates both
+    (the tested bound is ``(6 + 1.5 |x|)`` ulp, ``x = (z - max z) / T``). The float32 row sums are
+    ``einsum``'s (float32 accumulators, one row at a time: the same for any batching and alignment,
+    tested). float64 output keeps numpy's ``exp`` and ``sum``.
     """
     x = np.asarray(logits)
     n, k = x.shape
@@ -58,22 +80,30 @@ def scaled_softmax_rows(logits: np.ndarray, temperature: float, out: np.ndarray 
         x = x.astype(np.float64)
     if out is None:
         out = np.empty((n, k), dtype=dtype)
-    fast = out.dtype == np.float32 and out.flags.c_contiguous
-    if fast:
+    f32 = out.dtype == np.float32 and out.flags.c_contiguous
+    exp2 = f32 and not _simd_float32_exp()
+    if exp2:
         from confcal._fastexp import LOG2E, exp2_block
 
         scale = np.float32(LOG2E / float(temperature))
-        work = np.empty((2, min(_CHUNK_ELEMS, n * k) if n * k else 0), dtype=np.float32)
     else:
         scale = out.dtype.type(1.0 / float(temperature))
     unit = True
-    rows = max(1, _CHUNK_ELEMS // max(1, k))
-    m = np.empty(min(rows, n), dtype=x.dtype)
-    s = np.empty(min(rows, n), dtype=out.dtype)
+    rows = max(1, min(n, _CHUNK_ELEMS // max(1, k)))
+    m = np.empty(rows, dtype=x.dtype)
+    s = np.empty(rows, dtype=out.dtype)
+    starts = np.arange(0, rows * k, k)
+    contiguous = x.flags.c_contiguous and k > 0
+    if exp2:
+        work = np.empty((2, rows * k), dtype=np.float32)
     for i in range(0, n, rows):
         xc, o = x[i:i + rows], out[i:i + rows]
-        mc, sc = m[:xc.shape[0]], s[:xc.shape[0]]
-        np.max(xc, axis=1, out=mc)
+        r = xc.shape[0]
+        mc, sc = (m, s) if r == rows else (m[:r], s[:r])
+        if contiguous:
+            np.maximum.reduceat(xc.reshape(-1), starts if r == rows else starts[:r], out=mc)
+        else:
+            np.max(xc, axis=1, out=mc)
         if not np.isfinite(mc).all():
             from confcal._validation import check_logits
 
@@ -83,12 +113,13 @@ def scaled_softmax_rows(logits: np.ndarray, temperature: float, out: np.ndarray 
         # in the output dtype; the row max is finite, so -inf stays -inf (exp -> 0)
         np.subtract(xc, mc[:, None], out=o, dtype=o.dtype)
         o *= scale
-        if fast:  # o <= 0 (or -inf): only underflow needs numpy's exp2
+        if exp2:  # o <= 0 (or -inf): only underflow needs numpy's exp2
             flat = o.reshape(-1)
-            exp2_block(flat, work[0, :flat.size], work[1, :flat.size], nonpositive=True)
+            t, p = (work[0], work[1]) if r == rows else (work[0, :flat.size], work[1, :flat.size])
+            exp2_block(flat, t, p, nonpositive=True)
         else:
             np.exp(o, out=o)
-        if fast:  # einsum's row sums: 2-4x np.sum's on rows of ~100, per row independent of the batching
+        if f32:  # einsum's row sums: 2-4x np.sum's on rows of ~100, per row independent of the batching
             np.einsum("ij->i", o, out=sc)
         else:
             np.sum(o, axis=1, out=sc)
