@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from confcal._numeric import log_softmax
+from confcal._numeric import log_softmax, softmax
 from confcal.calibrators._constraints import Choice, Fields, ListOf, Opt, Real, per_class_maps
 from confcal.calibrators._reduce import LOGIT_CLIP, OneVsRestCalibrator, log_odds_from_log_softmax
 from confcal.calibrators._univariate import apply_platt, fit_platt
@@ -161,17 +161,18 @@ def _class_scores(logits: np.ndarray, kind: str) -> np.ndarray:
 
 
 def _class_scores_and_softmax(logits: np.ndarray, kinds, with_softmax: bool = True) -> dict:
-    """``{kind: scores}`` for each of ``kinds`` and ``"softmax"``: ``softmax(logits)`` (bit for bit
-    :func:`confcal._numeric.softmax`), from one ``log_softmax`` and one exponential of it."""
+    """``{kind: scores}`` for each of ``kinds`` and ``"softmax"``: ``softmax(logits)``, that of
+    :func:`confcal._numeric.softmax` (the one the predictions break ties by), from one ``log_softmax``
+    and one exponential of it."""
     logp = log_softmax(np.asarray(logits, dtype=np.float64))
     out = {}
-    p = np.exp(logp) if with_softmax or "log-odds" in kinds else None
+    p = np.exp(logp) if "log-odds" in kinds else None
     if "log-odds" in kinds:
         out["log-odds"] = log_odds_from_log_softmax(logp, p)
     if "log-prob" in kinds:
         out["log-prob"] = np.clip(logp, -LOGIT_CLIP, LOGIT_CLIP, out=logp)
     if with_softmax:
-        out["softmax"] = p / p.sum(axis=-1, keepdims=True)
+        out["softmax"] = softmax(logits)
     return out
 
 
