@@ -70,11 +70,44 @@ def test_cv_picks_the_grid_point_with_the_lowest_heldout_nll(on_log_probs):
     assert fast.best == best
     assert fast.mean_nll[best] == pytest.approx(ref[best], rel=1e-3)
     assert fast.mean_nll[best + 2:] == (None,) * (len(GRID) - best - 2)  # the path stopped early
+    # the refinement: the vertex of the parabola through the three scores (in log10 lambda, closed
+    # form), scored like a grid point (the oracle: fresh fits to convergence at that penalty)
+    f = fast.mean_nll
+    t = 0.5 * (f[best - 1] - f[best + 1]) / (f[best - 1] - 2 * f[best] + f[best + 1])
+    lam = 10.0 ** (np.log10(GRID[best]) - t)  # GRID falls by one decade per index
+    assert fast.refined == pytest.approx((lam, lam), rel=1e-12)
+    assert fast.refined_from == (best if t > 0 else best - 1)
+    assert fast.refined_nll == pytest.approx(_brute_force(z, y, on_log_probs, [lam], 3, seed=0)[0], rel=1e-3)
+    chosen = lam if fast.refined_nll < f[best] else GRID[best]
     # and so does the calibrator, which then refits on all rows at that penalty
     name = "dirichlet" if on_log_probs else "ms"
-    cal = METHODS[name](reg="cv", reg_grid=list(GRID)).fit(z, y)
-    assert cal.reg_lambda_ == cal.reg_mu_ == GRID[best]
+    cal = METHODS[name](reg="cv", cv=3, reg_grid=list(GRID)).fit(z, y)
+    assert cal.reg_lambda_ == cal.reg_mu_ == cal.cv_results_["reg_lambda"] == pytest.approx(chosen, rel=1e-12)
     assert cal.cv_results_["best"] == best and cal.cv_results_["n_folds"] == 3
+    assert cal.cv_results_["refined_nll"] == fast.refined_nll
+    # without the refinement: the grid point
+    plain = select_odir(zt, yt, on_log_probs=on_log_probs, grid=GRID, n_folds=3, seed=0, refine=False)
+    assert plain.refined is None and plain.reg_lambda == GRID[best] and plain.mean_nll == fast.mean_nll
+
+
+@pytest.mark.parametrize("centre", [0.3, -0.45, 0.0, 1.2, -2.4])
+def test_refinement_is_the_minimum_of_a_quadratic_held_out_nll(centre):
+    """Held-out NLL exactly quadratic in log10 lambda: the vertex is its minimum, whichever side of the
+    best grid point it lies on; an edge or unscored neighbour gets no refinement."""
+    from confcal.calibrators._odir import _vertex
+
+    pairs = [(10.0 ** e, 10.0 ** e) for e in (3, 2, 1, 0, -1, -2, -3)]
+    scores = [(np.log10(lam) - centre) ** 2 + 1.0 for lam, _ in pairs]
+    b = int(np.argmin(scores))
+    vertex, start = _vertex(pairs, scores, b)
+    if round(centre) == centre:
+        assert vertex is None  # the best grid point is the minimum
+    else:
+        assert vertex == pytest.approx((10.0 ** centre,) * 2, rel=1e-12)
+        assert pairs[start][0] > vertex[0] and pairs[start + 1][0] < vertex[0]  # the stronger neighbour
+    assert _vertex(pairs, scores, 0) == (None, None)
+    assert _vertex(pairs, scores[:b + 1] + [None] * (len(pairs) - b - 1), b) == (None, None)
+    assert _vertex([(1.0, 1.0), (0.1, 0.1), (0.01, 0.0)], [1.2, 1.0, 1.1], 1) == (None, None)  # log 0
 
 
 def test_grid_of_pairs_and_ties_go_to_the_stronger_penalty():
