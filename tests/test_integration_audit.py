@@ -25,6 +25,9 @@ def test_seed_workflow(tmp_path, capsys):
                  "--holdout-output", str(test_npz), "-o", str(cal_npz)]) == 0
     c, t = np.load(cal_npz), np.load(test_npz)
     assert c["score"].size + t["score"].size == 4948 + 194
+    # the summary line says how many detections each file holds (it once gave the total for -o alone)
+    said = capsys.readouterr().out
+    assert f"{c['score'].size} -> {cal_npz} and {t['score'].size} -> {test_npz}" in said
     assert set(np.unique(t["domain"])) == {"kitti", "rareplanes"}
     # fit per sensor (one Platt map per domain), with the dataset version
     assert main(["fit", "--method", "det-platt", "--logits", f"{cal_npz}:score", "--labels", f"{cal_npz}:correct",

@@ -3,7 +3,7 @@ package's private modules or names.
 
 Layers, bottom to top (a module may import its own layer or a lower one):
 
-0. shared helpers of the whole library: ``confcal._numeric``, ``_fastexp``, ``_validation``, ``_digest``,
+0. shared helpers of the whole library: ``confcal._numeric``, ``_fastexp``, ``_validation``, ``_digest``, ``_threads``,
    ``_progress``, ``_tables``, ``_lazy``, ``_signals``, and ``catalog`` (method names and extras, no imports)
 1. ``ops``, ``metrics``, ``sources``: pure operators, metrics and accumulators, row sources
 2. ``calibrators``: estimators, maps, links, compositions
@@ -30,7 +30,7 @@ import confcal
 SRC = Path(confcal.__file__).parent
 
 LAYERS = {
-    "_numeric": 0, "_fastexp": 0, "_validation": 0, "_digest": 0, "_progress": 0, "_tables": 0, "_lazy": 0, "_signals": 0, "catalog": 0,
+    "_numeric": 0, "_fastexp": 0, "_validation": 0, "_digest": 0, "_progress": 0, "_tables": 0, "_lazy": 0, "_signals": 0, "_threads": 0, "catalog": 0,
     "ops": 1, "metrics": 1, "sources": 1, "passes": 1,
     "calibrators": 2,
     "detection": 3, "active": 3, "evaluation": 3,

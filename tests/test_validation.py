@@ -74,6 +74,13 @@ def test_labels_out_of_range_and_non_integer():
     with pytest.raises(ValueError, match="non-integer"):
         check_labels(np.array([0.5, 1.0]), 2, 3)
     np.testing.assert_array_equal(check_labels(np.array([0.0, 2.0]), 2, 3), [0, 2])
+    # the values as given, not after a cast to int64 (which wraps 2**64 - 1 to -1, 1e20 to -2**63)
+    with pytest.raises(ValueError, match=r"got 18446744073709551615 at index 1; range seen \[0, 18446744073709551615\]"):
+        check_labels(np.array([0, 2**64 - 1], dtype=np.uint64), 2, 3)
+    with pytest.raises(ValueError, match=r"got 1e\+20 at index 0; range seen \[1.0, 1e\+20\]"):
+        check_labels(np.array([1e20, 1.0]), 2, 3)
+    with pytest.raises(ValueError, match=r"non-integer value 4.5 at index 0"):
+        check_labels(np.array([4.5, 1.0]), 2, 3)
 
 
 def test_n_classes_comes_from_logits_not_labels():
@@ -93,6 +100,21 @@ def test_one_hot_labels():
         check_labels(np.array([[1, 1, 0], [0, 0, 1]]), 2, 3)
     with pytest.raises(ValueError, match="one-hot"):
         check_labels(np.array([[0.5, 0.5, 0], [0, 0, 1]]), 2, 3)
+
+
+@pytest.mark.parametrize("name", ["ts", "grouped-ts"])
+def test_one_hot_labels_fit_as_their_class_indices(name):
+    """Temperature scaling's fit is a job over row batches (its later passes skip validation): one-hot
+    labels once crashed there with an IndexError. The fit equals the fit on the class indices."""
+    from confcal.calibrators import METHODS
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 5, 200)
+    x = 3 * (rng.normal(size=(200, 5)) + np.eye(5)[y])
+    side = {"domains": np.arange(200) % 2} if name == "grouped-ts" else {}
+    a = METHODS[name]().fit(x, np.eye(5, dtype=int)[y], **side)
+    b = METHODS[name]().fit(x, y, **side)
+    np.testing.assert_allclose(a.predict_proba(x, **side), b.predict_proba(x, **side), rtol=1e-12)
 
 
 def test_torch_inputs_any_float_dtype():
@@ -153,3 +175,13 @@ def test_one_posinf_anywhere_names_its_row_in_the_streamed_fit(k, n, data):
     labels = rng.integers(0, k, n)
     with pytest.raises(ValueError, match=rf"^logits: .*found NaN/\+inf in row {row}:"):
         TemperatureScaling().fit(z, labels)
+
+
+def test_a_one_sample_1d_input_is_named_as_given():
+    """predict_proba of one sample passed 1-D: the message names the shape the user passed (it once said
+    (5, 2), the binary-head reading) and how to pass one sample."""
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 5, 200)
+    cal = TemperatureScaling().fit(3 * (rng.normal(size=(200, 5)) + np.eye(5)[y]), y)
+    with pytest.raises(ValueError, match=r"fitted on 5 classes, got shape \(5,\) \(a 1-D .* pass shape \(1, 5\)\)"):
+        cal.predict_proba(np.zeros(5))

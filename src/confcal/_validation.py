@@ -245,17 +245,18 @@ def check_labels(labels, n_samples: int, n_classes: int, *, name: str = "labels"
         if not np.all(np.isfinite(y)) or not np.all(y == np.round(y)):
             idx = int(np.flatnonzero(~np.isfinite(y) | (y != np.round(y)))[0])
             raise ValueError(f"{name}: expected integer class indices in [0, {n_classes}), "
-                             f"got non-integer value {y[idx]!r} at index {first_row + idx} "
+                             f"got non-integer value {y[idx].item()!r} at index {first_row + idx} "
                              "(did you swap probabilities and labels?)")
     elif not np.issubdtype(y.dtype, np.integer):
         raise TypeError(f"{name}: expected integer class indices, got dtype {y.dtype}")
-    y = y.astype(np.int64)
+    # the range on the values as given: a cast first would wrap 2**64 - 1 to -1 and 1e20 to -2**63
     bad = (y < 0) | (y >= n_classes)
     if bad.any():
         idx = int(np.flatnonzero(bad)[0])
         raise ValueError(f"{name}: expected values in [0, {n_classes}) (n_classes from the width of the "
-                         f"scores), got {y[idx]} at index {first_row + idx}; range seen [{y.min()}, {y.max()}]")
-    return y
+                         f"scores), got {y[idx].item()!r} at index {first_row + idx}; range seen "
+                         f"[{y.min().item()!r}, {y.max().item()!r}]")
+    return y.astype(np.int64)
 
 
 def check_domains(domains, n_samples: int, *, name: str = "domains") -> np.ndarray:

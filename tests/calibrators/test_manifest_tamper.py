@@ -353,6 +353,28 @@ def test_damaged_fit_record_is_named_and_the_map_still_applies(field, value):
     np.testing.assert_array_equal(cal.predict_proba(data["z"], **side), want)
 
 
+@pytest.mark.parametrize("value, message", [([1.0], "expected {k} frequencies .*, got 1"),
+                                            ("extra", "expected {k} frequencies .*, got {k1}"),
+                                            ("halved", "expected frequencies summing to 1, got a sum of 0.5")])
+def test_class_frequencies_must_be_one_per_class_summing_to_one(value, message):
+    """A hand-edited fit.data_summary.class_frequencies is named on load (drift read it with another width
+    and blamed the new logits' width instead)."""
+    from confcal.metrics.drift import data_summary
+
+    m, data, side = _manifest("ts")
+    m["fit"]["data_summary"] = data_summary(data["z"])  # as `confcal fit` records it
+    calibrator_from_dict(m)  # (intact: no warning, under -W error)
+    freq = m["fit"]["data_summary"]["class_frequencies"]
+    k = m["n_classes"]
+    assert len(freq) == k and abs(sum(freq) - 1) < 1e-12
+    edits = {"extra": freq + [0.0], "halved": [f / 2 for f in freq]}
+    m["fit"]["data_summary"]["class_frequencies"] = edits[value] if isinstance(value, str) else value
+    msg = message.format(k=k, k1=k + 1)
+    with pytest.warns(UserWarning, match=rf"^manifest: fit\.data_summary\.class_frequencies: {msg}: the fit record"):
+        cal = calibrator_from_dict(m)
+    assert set(cal.fit_record_damage_) == {"data_summary"}
+
+
 @pytest.mark.parametrize("method, where", [
     ("pts", ("map_config", "hidden")), ("pts", ("map_config", "top_k")),
     ("pb-mlp", ("link_config", "hidden")), ("pb-mlp", ("link_config", "top_k"))])

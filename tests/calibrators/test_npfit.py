@@ -368,3 +368,26 @@ def test_affine_problem_is_equivariant_under_relabelling_the_classes(seed, k, re
     np.testing.assert_allclose(gp, permute(g), atol=1e-12)
     np.testing.assert_allclose(prp.hessp(permute(v), sp), permute(pr.hessp(v, s)), atol=1e-11)
     np.testing.assert_allclose(prp.precond(sp), permute(pr.precond(s)), rtol=1e-12, atol=1e-15)
+
+
+def test_lbfgs_runs_on_one_blas_thread_and_restores_the_limit():
+    """numpy's and scipy's OpenBLAS pools spin against each other during an L-BFGS fit (confcal._threads):
+    every loaded BLAS library has one thread inside the minimisation, and its earlier limit after."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    def blas_threads():
+        return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+
+    seen = []
+
+    def fg(x):
+        seen.append(blas_threads())
+        return float(np.sum((x - 1.0) ** 2)), 2.0 * (x - 1.0)
+
+    with threadpool_limits(2, user_api="blas"):
+        before = blas_threads()
+        assert before and set(before) == {2}  # a limit above one, so the test can tell
+        res = _npfit.lbfgs(fg, np.zeros(5))
+        assert blas_threads() == before
+    np.testing.assert_allclose(res.x, 1.0, atol=1e-6)
+    assert len(seen) > 2 and all(set(s) == {1} for s in seen[1:])  # seen[0]: the start, outside scipy

@@ -170,3 +170,39 @@ def test_unwritable_output_names_the_path(fitted, capsys, monkeypatch):
                  "-o", str(d / "o.json")]) == 2
     err = capsys.readouterr().err
     assert f"output: cannot write '{d / 'o.json'}': Permission denied" in err and ".tmp" not in err
+
+
+def test_probabilities_as_logits_hint_is_in_the_clis_words(tmp_path, capsys):
+    """The library's hint "pass input_kind='probs' (CLI: --input-kind probs)" reads as one CLI hint, not
+    "--input-kind 'probs' (CLI: --input-kind probs)"."""
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "p.npy", rng.dirichlet(np.ones(5), 300))
+    np.save(tmp_path / "y.npy", rng.integers(0, 5, 300))
+    assert main(["fit", "--method", "ts", "--logits", str(tmp_path / "p.npy"), "--labels", str(tmp_path / "y.npy"),
+                 "-o", str(tmp_path / "m.json")]) == 2
+    err = capsys.readouterr().err
+    assert "pass --input-kind probs to use their log as logits" in err and "CLI:" not in err and "'probs'" not in err
+    assert not (tmp_path / "m.json").exists()
+
+
+@pytest.mark.parametrize("params, message", [
+    (["t_max=abc"], "--param: ts: t_max: expected a finite number > 0, got 'abc'"),
+    (["t_max=5", "t_max=50"], "--param: t_max is given twice (t_max=5 and t_max=50); give it once"),
+    (["bogus=1"], "--param: ts: unknown hyper-parameter(s) ['bogus']"),
+])
+def test_bad_param_is_named_as_param_before_the_data_is_read(fitted, capsys, params, message):
+    """A bad --param is said as --param (it was "ts: t_max: ... (while reading --logits ...)"), and a
+    repeated key is refused rather than the last one silently winning."""
+    d, _ = fitted
+    args = ["fit", "--method", "ts", "--logits", str(d / "z.npy"), "--labels", str(d / "y.npy"), "-o", str(d / "o.json")]
+    assert main(args + [a for p in params for a in ("--param", p)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "while reading" not in err
+    assert not (d / "o.json").exists()
+
+
+def test_a_param_refused_by_the_fit_itself_is_named_as_param(fitted, capsys):
+    d, _ = fitted
+    assert main(["fit", "--method", "ms", "--param", "reg=cv", "--param", "reg_lambda=1", "--logits", str(d / "z.npy"),
+                 "--labels", str(d / "y.npy"), "-o", str(d / "o.json")]) == 2
+    assert "error: --param: reg_lambda: reg='cv' chooses it by cross-validation" in capsys.readouterr().err

@@ -80,6 +80,49 @@ def test_source_types_and_lazy_npz(tmp_path, arrays):
     assert isinstance(open_source(x), ArraySource)
 
 
+def _damage(path, member, at, n=8):
+    """Overwrite ``n`` bytes of ``member``'s stored data ``at`` bytes past its .npy header start."""
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo(member)
+    b = bytearray(path.read_bytes())
+    start = info.header_offset + 30 + len(info.filename) + len(info.extra)
+    b[start + at:start + at + n] = bytes(255 - v for v in b[start + at:start + at + n])
+    path.write_bytes(bytes(b))
+
+
+@pytest.mark.parametrize("batch_rows", [1, 7, 1000])
+def test_damaged_stored_npz_is_refused_by_its_crc(tmp_path, batch_rows):
+    """A stored .npz member is memory-mapped past zipfile's CRC check: the first in-order sweep checks
+    it (np.load refuses such a file with BadZipFile; reading it silently gave wrong numbers)."""
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(1000, 4)).astype(np.float32), rng.integers(0, 4, size=1000)
+    np.savez(tmp_path / "s.npz", logits=x, labels=y)
+    # row 500, past the 4 KiB that zipfile reads ahead when the header is read (a damage there, in a
+    # member that small, is zipfile's own BadZipFile at open)
+    _damage(tmp_path / "s.npz", "logits.npy", at=128 + 16 * 500)
+    src = open_source(f"{tmp_path}/s.npz:logits", name="logits")
+    with pytest.raises(ValueError, match=r"logits: .*s\.npz:logits is corrupt: the CRC-32 of its data"):
+        list(src.iter_batches(batch_rows))
+    # the other member is intact; reads that skip rows do not claim a mismatch
+    assert batches_equal(open_source(f"{tmp_path}/s.npz:labels"), y, batch_rows)
+    fresh = open_source(f"{tmp_path}/s.npz:logits")
+    assert np.array_equal(fresh.read(600, 1000), x[600:])
+    # an intact file passes, and a second sweep (already verified) reads the same rows
+    np.savez(tmp_path / "ok.npz", logits=x)
+    ok = open_source(f"{tmp_path}/ok.npz:logits")
+    assert batches_equal(ok, x, batch_rows) and batches_equal(ok, x, batch_rows)
+
+
+def test_damaged_compressed_npz_is_refused(tmp_path, arrays):
+    x, y = arrays
+    np.savez_compressed(tmp_path / "c.npz", logits=x, labels=y)
+    with zipfile.ZipFile(tmp_path / "c.npz") as zf:
+        size = zf.getinfo("logits.npy").compress_size
+    _damage(tmp_path / "c.npz", "logits.npy", at=size // 2)
+    with pytest.raises(Exception, match="CRC|corrupt|invalid|Error"):
+        list(open_source(f"{tmp_path}/c.npz:logits").iter_batches(1000))
+
+
 def test_npz_object_member_only_breaks_that_key(tmp_path):
     np.savez(tmp_path / "o.npz", logits=np.zeros((3, 2)), ids=np.array([{"a": 1}, None, 3], dtype=object))
     assert open_source(f"{tmp_path}/o.npz:logits").shape == (3, 2)

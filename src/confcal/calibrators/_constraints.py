@@ -807,7 +807,7 @@ FIT_RECORD = Fields({
 })
 
 
-def damaged_fit_fields(record, *, where: str = "manifest") -> dict[str, str]:
+def damaged_fit_fields(record, *, where: str = "manifest", n_classes=None) -> dict[str, str]:
     """``{field: message}`` of every damaged field of a fit record (``{}``: none), ``field`` the top-level
     key (``"n_samples"``, ``"data_summary"``, an unknown key), ``message`` one line naming the field path,
     what was expected and what was found. Every field of :data:`FIT_RECORD` is checked on its own, so one
@@ -832,7 +832,7 @@ def damaged_fit_fields(record, *, where: str = "manifest") -> dict[str, str]:
             (spec.spec if isinstance(spec, Opt) else spec).check(record[key], _join("fit", key), ctx)
             if key == "data_summary":
                 kind = record.get("input_kind")
-                check_data_summary(record[key], where=where,
+                check_data_summary(record[key], where=where, n_classes=n_classes,
                                    input_kind=kind if kind in ("logits", "probs", "scores") else None)
         except ValueError as exc:
             out[key] = str(exc)
@@ -870,11 +870,13 @@ def summary_holds_probabilities(summary, input_kind) -> bool:
     return input_kind == "probs"
 
 
-def check_data_summary(summary, *, where: str = "manifest", input_kind=None) -> None:
+def check_data_summary(summary, *, where: str = "manifest", input_kind=None, n_classes=None) -> None:
     """Check a fit record's ``data_summary`` field by field before a drift check reads it.
 
     ``input_kind`` is the fit record's ``fit.input_kind``: the quantiles must lie in ``[0, 1]`` when
     :func:`summary_holds_probabilities` says they are probabilities, and be finite otherwise.
+    ``n_classes`` (the manifest's, None: unchecked): ``class_frequencies`` holds one frequency per
+    class, summing to 1.
 
     Raises
     ------
@@ -886,6 +888,14 @@ def check_data_summary(summary, *, where: str = "manifest", input_kind=None) -> 
     DATA_SUMMARY.check(summary, "fit.data_summary", ctx)
     quantiles = _PROB_QUANTILES if summary_holds_probabilities(summary, input_kind) else _QUANTILES
     quantiles.check(summary["confidence_quantiles"], "fit.data_summary.confidence_quantiles", ctx)
+    freq = summary.get("class_frequencies")
+    if freq is not None and n_classes is not None:
+        if len(freq) != n_classes:
+            ctx.fail("fit.data_summary.class_frequencies", f"{n_classes} frequencies (one per class, as "
+                     f"n_classes)", got=f"{len(freq)}")
+        if abs(math.fsum(freq) - 1.0) > 1e-9 * max(n_classes, 1) + 1e-12:
+            ctx.fail("fit.data_summary.class_frequencies", "frequencies summing to 1",
+                     got=f"a sum of {math.fsum(freq)!r}")
     domains = summary.get("domains")
     if domains is not None:
         if not isinstance(domains, dict):

@@ -476,6 +476,8 @@ def lbfgs(fg: Callable, x0: np.ndarray, *, max_iter: int = 500, tol_grad: float 
     """
     from scipy.optimize import minimize
 
+    from confcal._threads import one_blas_thread
+
     best = {"f": math.inf, "x": None}
 
     def fun(x):
@@ -490,9 +492,10 @@ def lbfgs(fg: Callable, x0: np.ndarray, *, max_iter: int = 500, tol_grad: float 
     f0, _ = fun(x0)
     if not math.isfinite(f0) or f0 >= 1e300:
         raise FloatingPointError("the objective is not finite at the initial parameters")
-    res = minimize(fun, x0, jac=True, method="L-BFGS-B",
-                   options={"maxiter": int(max_iter), "gtol": float(tol_grad), "ftol": float(tol_change),
-                            "maxcor": int(history_size), "maxls": 40, "maxfun": max(15000, 4 * int(max_iter))})
+    with one_blas_thread():  # numpy's and scipy's BLAS pools otherwise fight (see confcal._threads)
+        res = minimize(fun, x0, jac=True, method="L-BFGS-B",
+                       options={"maxiter": int(max_iter), "gtol": float(tol_grad), "ftol": float(tol_change),
+                                "maxcor": int(history_size), "maxls": 40, "maxfun": max(15000, 4 * int(max_iter))})
     return NpResult(best["x"], best["f"], int(res.nit), int(res.status) == 0)
 
 

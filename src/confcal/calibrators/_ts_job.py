@@ -85,7 +85,11 @@ def _ts_batch(batch: dict, first: int, *, input_kind: str, validate: bool, by_do
     if input_kind == "probs" or x.dtype not in (np.float32, np.float64) or x.ndim != 2 or x.shape[1] < 2:
         x = check_logits(x, input_kind=input_kind, first_row=first, whole=False)
     y = batch["labels"]
-    y = check_labels(y, x.shape[0], x.shape[1], first_row=first) if validate else y.astype(np.int64, copy=False)
+    if validate:
+        y = check_labels(y, x.shape[0], x.shape[1], first_row=first)
+    else:  # checked on the validating pass; one-hot rows (2-D) become their class index as there
+        y = np.argmax(y, axis=1) if np.ndim(y) == 2 else y
+        y = y.astype(np.int64, copy=False)
     d = None
     if by_domain:
         d = check_domains(batch["domains"], x.shape[0]) if validate else np.asarray(batch["domains"])

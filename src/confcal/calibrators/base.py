@@ -303,10 +303,15 @@ class Calibrator(Estimator, abc.ABC):
             return out if out.dtype == want else out.astype(want)
         logits = _materialise(logits, "logits")
         side = {k: _materialise(v, k) for k, v in side.items()}
+        given = np.shape(logits)
         x = self._validate_logits(logits)
         if x.shape[1] != self.n_classes_:
+            # 1-D / one-column input is a one-logit binary head's scores, validated as (n, 2) logits
+            how = (f" (a 1-D or one-column input is read as the scores of a one-logit binary head; for one "
+                   f"sample of {self.n_classes_} classes pass shape (1, {self.n_classes_}))"
+                   if len(given) == 1 or (len(given) == 2 and given[1] == 1) else "")
             raise ValueError(f"logits: calibrator was fitted on {self.n_classes_} classes, "
-                             f"got shape {x.shape}")
+                             f"got shape {tuple(given)}{how}")
         side = self._check_side(side, x.shape[0])
         p = self._predict_proba(x, **side)
         return p if p.dtype == want else p.astype(want)

@@ -160,7 +160,7 @@ def _from_dict(manifest, *, n_classes, source):
     cal.manifest_source_ = source  # the file it was read from (named by later refusals), or None
     if cal.fit_record_ is not None:
         where = f"manifest {source}" if source else "manifest"
-        bad = damaged_fit_fields(cal.fit_record_, where=where)
+        bad = damaged_fit_fields(cal.fit_record_, where=where, n_classes=cal.n_classes_)
         if bad:  # the record describes the fit; the map above is checked and usable
             import warnings
 

@@ -187,6 +187,8 @@ def parse_params(items, method: str | None = None, *, option: str = "--param") -
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ValueError(f"{option}: expected KEY=VALUE, got {item!r}")
+        if key in out:  # the last one would silently win
+            raise ValueError(f"{option}: {key} is given twice ({key}={json.dumps(out[key])} and {item}); give it once")
         if key in flags and value.strip().lower() in _BOOL_WORDS:
             out[key] = _BOOL_WORDS[value.strip().lower()]
             continue

@@ -109,7 +109,8 @@ def one_line(exc: BaseException, args, options: dict) -> str:
         suspects = f" (check --param {', '.join(params)})" if params else ""
         return (f"out of memory (MemoryError: {_raw(exc)}){suspects}; use smaller inputs or numeric options "
                 "within their documented caps (see --help)")
-    msg = _raw(exc)
+    # a library message's hint for CLI users, "(CLI: --input-kind probs)", is the message itself here
+    msg = re.sub(r" \(CLI: [^)]*\)", "", _raw(exc))
     names = {**{k: k for k in options}, **{alias: dest for alias, dest in ALIASES.items() if dest in options}}
     given_outputs = [d for d, _ in _values(args, OUTPUT_DESTS)]
     if "output" not in options and len(given_outputs) == 1:  # ``output: ...`` of the writer: the one output
@@ -118,10 +119,17 @@ def one_line(exc: BaseException, args, options: dict) -> str:
     for name, dest in sorted(names.items(), key=lambda kv: -len(kv[0])):
         opt = options[dest]
         msg = re.sub(rf"^{re.escape(name)}:", f"{opt}:", msg)
+        msg = re.sub(rf"\b(pass |choose ){re.escape(name)}='([^']*)'", rf"\1{opt} \2", msg)  # pass x='v'
         msg = re.sub(rf"\b(?:pass |choose ){re.escape(name)}=?\s?", f"pass {opt} ", msg)
         msg = re.sub(rf"\b{re.escape(name)}=\s*", opt + " ", msg)
     if re.match(r"^--[\w-]+", msg):
         return msg
+    # a hyper-parameter given by --param, named by the fit ("reg_lambda: ...", "ts: t_max: ...")
+    keys = [item.partition("=")[0] for item in getattr(args, "param", None) or [] if isinstance(item, str)]
+    method = getattr(args, "method", None)
+    prefix = rf"(?:{re.escape(method)}: )?" if isinstance(method, str) else ""
+    if keys and re.match(rf"^{prefix}(?:{'|'.join(map(re.escape, keys))}):", msg):
+        return f"{options.get('param', '--param')}: {msg}"
     # no option named: the option whose file the message mentions, else the only file option given
     files = _values(args, INPUT_DESTS + OUTPUT_DESTS + ("domain",))
     for dest, path in files:

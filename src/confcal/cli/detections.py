@@ -163,8 +163,10 @@ def run_match(args) -> int:
     with contextlib.ExitStack() as stack:  # both files or neither: a failed second write removes the first
         for path, part in outputs:
             np.savez(stack.enter_context(atomic_write(path)), **part.to_arrays())
+    # with a hold-out, say where each part went (the calibration file holds only its part)
+    where = " and ".join(f"{len(part)} -> {path}" for path, part in outputs) if len(outputs) > 1 else f"-> {args.output}"
     print(f"matched {len(res)} detections at IoU >= {args.iou_threshold:g} (crowd rule {args.crowd!r}, "
-          f"{n_ignored} on crowd regions {'dropped' if args.drop_ignored else 'flagged ignore'}) -> {args.output}")
+          f"{n_ignored} on crowd regions {'dropped' if args.drop_ignored else 'flagged ignore'}) {where}")
     print("box geometry features: " + (", ".join(res.geometry) if res.geometry else
                                        "none (axis-aligned boxes without image width/height: pass --image-size W,H)"))
     if len(res):

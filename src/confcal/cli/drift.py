@@ -46,7 +46,9 @@ def check(manifest_fit: dict | None, logits, *, input_kind: str, domains=None, a
 
     summary = (manifest_fit or {}).get("data_summary")
     if summary is None:
-        raise ValueError("--calibrator: the manifest holds no fit.data_summary (refit it with this confcal)")
+        raise ValueError("--calibrator: the manifest holds no fit.data_summary, which `confcal fit` records (a "
+                         "manifest written by Calibrator.to_dict() or an older confcal has none): fit it with "
+                         "`confcal fit` to check drift")
     return drift_check(summary, logits, input_kind=input_kind, domains=domains, alpha=alpha)
 
 
@@ -61,7 +63,8 @@ def warn_if_drift(cal, logits, *, input_kind: str = "logits", domains=None) -> N
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
     try:
-        check_data_summary(fit["data_summary"], input_kind=fit.get("input_kind"))
+        check_data_summary(fit["data_summary"], input_kind=fit.get("input_kind"),
+                           n_classes=getattr(cal, "n_classes_", None))
     except Exception as exc:  # a damaged fit record never blocks apply: the check is skipped, said once
         warnings.warn(f"drift check skipped: the manifest's fit.data_summary cannot be used ({said(exc)})",
                       UserWarning, stacklevel=2)
