@@ -245,3 +245,22 @@ def test_folds_equal_scikit_learns_shuffled_kfold(n, k, seed):
     assert len(ours) == len(ref)
     for (tr, te), (rtr, rte) in zip(ours, ref):
         assert np.array_equal(tr, rtr) and np.array_equal(te, rte)
+
+
+def test_a_choice_at_the_grid_edge_is_said():
+    """The best grid point first (strongest) or last (weakest): a CalibrationWarning names it (the held-out
+    NLL may fall further past it); an interior choice is silent."""
+    import warnings
+
+    from confcal.calibrators._tsfit import CalibrationWarning
+
+    z, y = _data()
+    zt, yt = torch.as_tensor(z), torch.as_tensor(y)
+    best = select_odir(zt, yt, on_log_probs=False, grid=GRID, n_folds=3, seed=0, refine=False).best
+    with pytest.warns(CalibrationWarning, match=rf"ms: reg='cv' chose the strongest penalty .*lambda = {GRID[best]:g}"):
+        METHODS["ms"](reg="cv", cv=3, reg_grid=list(GRID[best:])).fit(z, y)
+    with pytest.warns(CalibrationWarning, match=rf"chose the weakest penalty .*lambda = {GRID[best]:g}"):
+        METHODS["ms"](reg="cv", cv=3, reg_grid=list(GRID[:best + 1])).fit(z, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CalibrationWarning)
+        METHODS["ms"](reg="cv", cv=3, reg_grid=list(GRID)).fit(z, y)

@@ -174,6 +174,24 @@ def _optim_result(res):
 FIXED_NEWTON_MAX_HVP = 400
 
 
+def _warn_at_grid_edge(method: str, cv) -> None:
+    """A CalibrationWarning when the cross-validation chose the first (strongest) or last (weakest) point of
+    a grid of several: the held-out NLL may go on falling past it."""
+    n = len(cv.grid)
+    if n < 2 or cv.refined_chosen or cv.best not in (0, n - 1):
+        return
+    import warnings
+
+    from confcal.calibrators._tsfit import CalibrationWarning
+
+    lam, mu = cv.grid[cv.best]
+    which, where = (("strongest", "larger values first") if cv.best == 0 else
+                    ("weakest", "smaller values at the end"))
+    warnings.warn(f"{method}: reg='cv' chose the {which} penalty of reg_grid (lambda = {lam:g}, mu = {mu:g}); the "
+                  f"held-out NLL may go on falling past it: put {where} in reg_grid to look further "
+                  "(cv_results_ holds the held-out NLL per grid point)", CalibrationWarning, stacklevel=4)
+
+
 class _ODIRFit:
     """ODIR regularisation for :class:`MatrixScaling` and :class:`DirichletCalibration`:
     ``reg="cv"`` picks ``(reg_lambda, reg_mu)`` by cross-validation
@@ -252,6 +270,7 @@ class _ODIRFit:
                 pass
             _odir.memo_put(key, cv, m.state_dict(), res)
         self.cv_results_ = cv.to_dict()
+        _warn_at_grid_edge(self.method, cv)
         return m, res
 
     def _fit_fixed(self, z, y, sample_weight=None):
@@ -369,7 +388,8 @@ class MatrixScaling(_ODIRFit, MapCalibrator):
         set over ``reg_grid`` (default: one value per decade from 1e5 down to 1e-2, see
         :mod:`confcal.calibrators._odir`), as Kull et al. (NeurIPS 2019) do, plus the vertex of the
         parabola through the best grid point's held-out NLL and its neighbours'; the final fit then
-        uses all rows. ``"fixed"``: use ``reg_lambda`` and ``reg_mu`` as given.
+        uses all rows; a choice at either end of the grid raises a ``CalibrationWarning`` (the held-out NLL
+        may fall further past it). ``"fixed"``: use ``reg_lambda`` and ``reg_mu`` as given.
     reg_lambda : float >= 0 or None, off-diagonal penalty weight with ``reg="fixed"`` (None: 0)
     reg_mu : float >= 0 or None, intercept penalty weight with ``reg="fixed"`` (None: 0)
     cv : int >= 2, number of folds (default 5; shuffled, seeded by ``random_state``; at most one per row, so
