@@ -68,14 +68,8 @@ def run(args) -> int:
     elif geo and not args.features:
         raise ValueError(f"--box-features: {args.method} calibrates box scores on box geometry; name the features "
                          "of the --logits file, e.g. --box-features cx,cy,w,h or --box-features range")
-    try:  # the hyper-parameters before any data is read, named as the option their values came from
-        cal = make_calibrator(args.method, params)
-        cal._check_hyperparameters()
-    except (TypeError, ValueError) as exc:
-        if not args.param:
-            raise
-        text = str(exc)
-        raise ValueError(f"--param: {text[len('params: '):] if text.startswith('params: ') else text}") from None
+    cal = make_calibrator(args.method, params)
+    cal._check_hyperparameters()  # before any data is read (the error path names --param: cli._errors)
     counts = {k: len(getattr(args, k)) for k in ("logits", "labels", "domains", "features", "category_ids")
               if getattr(args, k, None)}
     if len(set(counts.values())) > 1:
