@@ -22,13 +22,22 @@ clone's confcal, run from that clone's root with ``PYTHONPATH=src``, which comes
 
     cd /path/to/clone && PYTHONPATH=src flock /tmp/bench.lock /tmp/benchvenv/bin/python benchmarks/peers.py
 
-The committed run is that one command: by default (``--simd both``) it runs the whole benchmark
-twice as subprocesses, once on this CPU's numpy SIMD paths and once with
-``NPY_DISABLE_CPU_FEATURES`` set to every optional feature this CPU dispatches to
-(``.ci/simd_features.py``), and writes both tables plus a combined ratio table to one markdown
-file (``--out``, default ``benchmarks/results/peers.md``). ``--simd on`` / ``--simd off`` run one
-of them only. A full run took 25 minutes on the idle 2-core dev machine (the capped peers and
-the 1M x 100 TS fits of the peers dominate); ``--quick`` about 2 x 2 minutes.
+The committed run is that one command: by default (``--simd all``) it runs the whole benchmark
+three times as subprocesses and writes the three tables plus a combined ratio table to one
+markdown file (``--out``, default ``benchmarks/results/peers.md``):
+
+* ``on``: this CPU's numpy SIMD paths (AVX-512 here);
+* ``no-avx512``: ``NPY_DISABLE_CPU_FEATURES`` set to numpy's AVX-512 features only
+  (``.ci/simd_features.py --avx512``), so numpy runs its AVX2 paths as on a CPU without AVX-512.
+  This and ``on`` are issue 26's target settings ("on this CPU and with numpy's AVX-512 paths
+  disabled");
+* ``baseline``: every optional feature off (``.ci/simd_features.py``), numpy's SSE4.2 baseline:
+  beyond the targets, shown for what an older CPU would see (torch keeps its own AVX-512 kernels
+  in every setting).
+
+``--simd both`` runs the two target settings only; ``--simd on`` / ``no-avx512`` / ``baseline`` one of
+them. A full run of one setting took 12 minutes on the idle 2-core dev machine (the capped peers and
+the 1M x 100 TS fits of the peers dominate); ``--quick`` about 2 minutes.
 
 Fits: the CIFAR outputs in ``../shared/data/cifar`` (probabilities; logits = their log),
 5,000 / 5,000 calibration / test split (seed 0), medians of ``--reps`` cold fits interleaved
@@ -392,6 +401,10 @@ def bench_fits(names, reps, methods, log):
     return rows
 
 
+#: interleaved reps of each predict_proba row (medians)
+PREDICT_REPS = 5
+
+
 def bench_ts_large(n, log):
     import torch
 
@@ -428,14 +441,17 @@ def bench_ts_large(n, log):
              *_peer_predicts(z, y, zt),
              ("torch softmax(z / T), float32", lambda: torch.softmax(zt / t, 1)),
              ("numpy softmax(z / T), float32", lambda: _softmax(z / np.float32(t)))]
-    for peer, fn in preds:
-        times = []
-        for _ in range(3):
+    # 5 reps interleaved over the callers (rep 1 of each, then rep 2, ...), like the fits: the time of a
+    # fresh 400 MB output varies with the machine's state (huge pages or not) more than between callers
+    times = {peer: [] for peer, _ in preds}
+    for _ in range(PREDICT_REPS):
+        for peer, fn in preds:
             dt, out = _timed(fn)
             del out
-            times.append(dt)
+            times[peer].append(dt)
+    for peer, _ in preds:
         rows.append({"data": f"synthetic {n}x{k} float32", "method": "predict_proba after TS", "peer": peer,
-                     "time_s": statistics.median(times), "quality": None})
+                     "time_s": statistics.median(times[peer]), "quality": None})
         log(rows[-1])
     return rows
 
@@ -693,13 +709,18 @@ def to_markdown(rows, header):
 
 
 def combined_markdown(parts, t_total):
-    """One file: the combined ratio table (SIMD on / off side by side), then each run's own table.
+    """One file: the combined ratio table (the SIMD settings side by side), then each run's own table.
     ``parts`` is ``[(label, rows, markdown)]``."""
-    out = ["# confcal vs peers: numpy SIMD paths on and off", "",
-           f"`benchmarks/peers.py` (both runs, one command), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+    out = ["# confcal vs peers: " + ", ".join(lab for lab, _, _ in parts), "",
+           f"`benchmarks/peers.py` ({len(parts)} runs, one command), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
            f"{t_total:.0f} s in all. ratio = confcal's time / the fastest peer's in the same run (below 1: confcal "
            f"is faster; rows without a peer, the start-up, give confcal's time); NLL check: confcal's test NLL "
-           f"within {NLL_SLACK} of the best peer's.", ""]
+           f"within {NLL_SLACK} of the best peer's.", "",
+           "Settings (`NPY_DISABLE_CPU_FEATURES`, numpy only; torch and OpenBLAS keep their own AVX-512 kernels): "
+           "'SIMD on': unset, numpy's AVX-512 paths; 'no AVX-512': numpy's AVX-512 features off "
+           "(`.ci/simd_features.py --avx512`), its AVX2 paths as on a CPU without AVX-512: with 'SIMD on', issue "
+           "26's target settings; 'baseline': every optional feature off (`.ci/simd_features.py`), numpy's SSE4.2 "
+           "baseline, beyond the targets.", ""]
     keys, per = [], []
     for _, rows, _ in parts:
         r = _ratios(rows)
@@ -744,36 +765,44 @@ def _header(a, reps, t0, partial):
             "bytecode compiled first (as a regular install has it).", ""]
 
 
-def _simd_off_features():
-    """The NPY_DISABLE_CPU_FEATURES value that turns off every optional SIMD path numpy dispatches to
-    on this CPU (``.ci/simd_features.py``, run in a fresh interpreter: the variable is read at import)."""
+#: --simd settings: label, and the .ci/simd_features.py arguments for NPY_DISABLE_CPU_FEATURES (None: unset)
+SIMD_MODES = {
+    "on": ("SIMD on", None),
+    "no-avx512": ("no AVX-512", ["--avx512"]),
+    "baseline": ("baseline (beyond the targets)", []),
+}
+SIMD_RUNS = {"all": ("on", "no-avx512", "baseline"), "both": ("on", "no-avx512")}
+
+
+def _simd_env(mode):
+    """The environment of a run in SIMD setting ``mode`` (``.ci/simd_features.py``, run in a fresh
+    interpreter without the variable: numpy reads it at import)."""
     env = {k: v for k, v in os.environ.items() if k != "NPY_DISABLE_CPU_FEATURES"}
-    r = subprocess.run([sys.executable, str(ROOT / ".ci" / "simd_features.py")], capture_output=True, text=True,
-                       env=env, check=True)
-    return r.stdout.strip()
+    args = SIMD_MODES[mode][1]
+    if args is not None:
+        r = subprocess.run([sys.executable, str(ROOT / ".ci" / "simd_features.py"), *args], capture_output=True,
+                           text=True, env=env, check=True)
+        if r.stdout.strip():
+            env["NPY_DISABLE_CPU_FEATURES"] = r.stdout.strip()
+    return env
 
 
-def run_both(a, argv):
-    """Run the benchmark twice as subprocesses (SIMD paths on, then off) and write one markdown file."""
+def run_modes(a, argv):
+    """Run the benchmark once per SIMD setting of ``a.simd`` as subprocesses and write one markdown file."""
     t0 = time.time()
     parts = []
-    rest = [x for x in argv if not x.startswith("--simd") and x not in ("on", "off", "both")]
+    rest = [x for x in argv if not x.startswith("--simd") and x not in (*SIMD_MODES, *SIMD_RUNS)]
     if "--out" in rest:
         i = rest.index("--out")
         del rest[i:i + 2]
     with tempfile.TemporaryDirectory() as tmp:
-        for label, mode in (("numpy SIMD paths on", "on"), ("numpy SIMD paths off", "off")):
+        for mode in SIMD_RUNS[a.simd]:
+            label = SIMD_MODES[mode][0]
             md, js = Path(tmp) / f"{mode}.md", Path(tmp) / f"{mode}.json"
-            env = dict(os.environ)
-            env.pop("NPY_DISABLE_CPU_FEATURES", None)
-            if mode == "off":
-                feats = _simd_off_features()
-                if feats:
-                    env["NPY_DISABLE_CPU_FEATURES"] = feats
             cmd = [sys.executable, str(Path(__file__).resolve()), *rest, "--simd", mode, "--out", str(md),
                    "--rows-json", str(js)]
             print(f"== {label}: {' '.join(cmd)}", flush=True)
-            r = subprocess.run(cmd, env=env)
+            r = subprocess.run(cmd, env=_simd_env(mode))
             rows = json.loads(js.read_text()) if js.exists() else []
             text = md.read_text() if md.exists() else f"(no table: exit {r.returncode})\n"
             parts.append((label, rows, text))
@@ -790,10 +819,11 @@ def main(argv=None):
     ap.add_argument("--methods", default=",".join(FITS), help="fit rows, comma-separated: " + ", ".join(FITS))
     ap.add_argument("--data", default=",".join(FILES))
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "peers.md")
-    ap.add_argument("--simd", choices=("both", "on", "off"), default="both",
-                    help="both (default): run twice as subprocesses, numpy's SIMD paths on and off "
-                         "(NPY_DISABLE_CPU_FEATURES from .ci/simd_features.py), one markdown file; "
-                         "on/off: this process only (off re-executes itself with the variable set)")
+    ap.add_argument("--simd", choices=(*SIMD_RUNS, *SIMD_MODES), default="all",
+                    help="all (default): one subprocess run per setting, on, no-avx512 (numpy's AVX-512 paths "
+                         "off: the target setting with on) and baseline (every optional path off), one markdown "
+                         "file; both: on and no-avx512; a single setting: this process only (re-executed with "
+                         "NPY_DISABLE_CPU_FEATURES from .ci/simd_features.py when it is not set)")
     ap.add_argument("--rows-json", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--one-fit", default=None, help=argparse.SUPPRESS)  # the child of _capped_fit
     ap.add_argument("--one-peer", default=None, help=argparse.SUPPRESS)
@@ -801,11 +831,10 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.one_fit is not None:
         return _one_fit(a.one_fit, a.one_peer, a.data, a.cap)
-    if a.simd == "both":
-        return run_both(a, argv)
-    if a.simd == "off" and "NPY_DISABLE_CPU_FEATURES" not in os.environ:
-        feats = _simd_off_features()
-        env = dict(os.environ, NPY_DISABLE_CPU_FEATURES=feats)
+    if a.simd in SIMD_RUNS:
+        return run_modes(a, argv)
+    env = _simd_env(a.simd)
+    if env.get("NPY_DISABLE_CPU_FEATURES") != os.environ.get("NPY_DISABLE_CPU_FEATURES"):
         os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve()), *argv], env)
     import torch
 
