@@ -119,6 +119,32 @@ def test_grid_of_pairs_and_ties_go_to_the_stronger_penalty():
     assert res2.grid == ((10.0, 0.5), (0.1, 2.0))
 
 
+def test_cross_validation_is_kept_in_the_manifest():
+    """reg='cv': the search is written to the fit record (strict JSON) and cv_results_ comes back on load;
+    a damaged record is named and not used; other reg settings write none."""
+    import warnings
+
+    z, y = _data()
+    cal = METHODS["dirichlet"](reg="cv", cv=3, reg_grid=list(GRID)).fit(z, y)
+    manifest = json.loads(json.dumps(cal.to_dict(), allow_nan=False))
+    assert manifest["fit"]["cross_validation"] == cal.cv_results_
+    loaded = calibrator_from_dict(manifest)
+    assert loaded.cv_results_ == cal.cv_results_
+    assert loaded.cv_results_["grid"] == [[g, g] for g in GRID]
+    np.testing.assert_allclose(loaded.predict_proba(z), cal.predict_proba(z), rtol=1e-12, atol=1e-15)
+
+    manifest["fit"]["cross_validation"]["n_folds"] = 1
+    with pytest.warns(UserWarning, match=r"fit\.cross_validation\.n_folds: expected .*>= 2.* damaged"):
+        damaged = calibrator_from_dict(manifest)
+    assert damaged.cv_results_ is None and "cross_validation" in damaged.fit_record_damage_
+
+    fixed = METHODS["ms"](reg="fixed", reg_lambda=0.1, reg_mu=0.1).fit(z, y)
+    assert "cross_validation" not in fixed.fit_record_
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert calibrator_from_dict(fixed.to_dict()).cv_results_ is None
+
+
 def test_deterministic_for_a_seed():
     z, y = _data(2)
     a = METHODS["dirichlet"](reg="cv", reg_grid=list(GRID), random_state=3).fit(z, y)
@@ -216,6 +242,21 @@ def test_bad_settings_raise_one_clear_error():
         METHODS["ms"](reg="cv", reg_grid=[1.0, -1.0]).fit(z, y)
     with pytest.raises(ValueError, match="reg_grid"):
         METHODS["ms"](reg="cv", reg_grid=[]).fit(z, y)
+
+
+def test_reg_grid_order_does_not_matter():
+    """The grid is searched strongest first whatever order it is given in: the same choice, held-out
+    NLLs and fitted map as the same grid given strongest first."""
+    z, y = _data()
+    a = METHODS["ms"](reg="cv", cv=3, reg_grid=list(GRID)).fit(z, y)
+    shuffled = [GRID[i] for i in np.random.default_rng(0).permutation(len(GRID))]
+    assert shuffled != list(GRID)
+    b = METHODS["ms"](reg="cv", cv=3, reg_grid=shuffled).fit(z, y)
+    assert a.cv_results_ == b.cv_results_  # grid (strongest first), held-out NLLs, choice, refinement
+    np.testing.assert_array_equal(a.predict_proba(z), b.predict_proba(z))
+    res = select_odir(torch.as_tensor(z), torch.as_tensor(y), on_log_probs=False, n_folds=2, seed=0,
+                      grid=[[0.1, 2.0], 1.0, [10.0, 0.5], [1.0, 3.0]])
+    assert res.grid == ((10.0, 0.5), (1.0, 3.0), (1.0, 1.0), (0.1, 2.0))  # pairs: by lambda, then mu
 
 
 def test_default_grid_is_documented_decades():

@@ -804,6 +804,17 @@ FIT_RECORD = Fields({
     "engine": Opt(Choice("dask")),
     "fitted_on": Opt(Choice("all rows", "sample")),
     "sample": Opt(Fields({"rows": _COUNT, "seed": Int(ge=0, le=2 ** 32 - 1)})),
+    # ms / dirichlet with reg='cv': the search, as cv_results_ holds it (None: a grid point not scored)
+    "cross_validation": Opt(Fields({
+        "grid": _NonEmpty(ListOf(Real(ge=0), length=2)),
+        "mean_nll": ListOf(Nullable(Real())),
+        "best": Int(ge=0),
+        "n_folds": Int(ge=2),
+        "refined": Nullable(ListOf(Real(ge=0), length=2)),
+        "refined_nll": Nullable(Real()),
+        "reg_lambda": Real(ge=0),
+        "reg_mu": Real(ge=0),
+    })),
 })
 
 

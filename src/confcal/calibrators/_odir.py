@@ -264,7 +264,8 @@ def select_odir(z: torch.Tensor, y: torch.Tensor, *, on_log_probs: bool, grid=OD
     z : float64 tensor ``(n_samples, n_classes)``, logits (``-inf`` allowed for masked classes)
     y : int64 tensor ``(n_samples,)``
     on_log_probs : True for Dirichlet calibration (the map sees ``log softmax(z)``), False for matrix scaling
-    grid : lambda values (``mu = lambda``) or ``(lambda, mu)`` pairs, fitted in the given order
+    grid : lambda values (``mu = lambda``) or ``(lambda, mu)`` pairs, in any order: fitted strongest first
+        (sorted by lambda, then mu, descending; ``CVResult.grid`` keeps that order)
     n_folds : folds of the shuffled k-fold split (seeded by ``seed``)
     path_max_iter, tol : L-BFGS budget per grid point and gradient tolerance
     patience : stop after this many consecutive grid points above the best mean held-out NLL
@@ -361,6 +362,9 @@ def _as_pairs(grid) -> list[tuple[float, float]]:
         pairs.append((float(lam), float(mu)))
     if not pairs:
         raise ValueError("reg_grid: expected at least one value")
+    # the path warm-starts from the strongest penalty down and the refinement interpolates between
+    # neighbours, so the grid is searched strongest first (by lambda, then mu) whatever order it is given in
+    pairs.sort(reverse=True)
     return pairs
 
 

@@ -416,6 +416,11 @@ class Calibrator(Estimator, abc.ABC):
     def _get_fitted(self) -> dict[str, Any]:
         """Fitted parameters as JSON-ready values (lists, floats, strings)."""
 
+    def _load_fit_record(self, record, damage: dict) -> None:
+        """Set the fitted attributes that live in the manifest's fit record (``record``: the ``fit``
+        block or None; ``damage``: its damaged fields, not to be used) on a calibrator loaded from a
+        manifest. Most methods keep none there."""
+
     @abc.abstractmethod
     def _set_fitted(self, params: dict[str, Any]) -> None:
         """Inverse of :meth:`_get_fitted`."""

@@ -169,4 +169,5 @@ def _from_dict(manifest, *, n_classes, source):
             skipped = "; drift check skipped" if {"data_summary", "input_kind"} & set(bad) else ""
             warnings.warn(f"{where}: {said}: the fit record is damaged (kept for reference; the fitted map is "
                           f"used as is{skipped})", UserWarning, stacklevel=3)
+    cal._load_fit_record(cal.fit_record_, cal.fit_record_damage_)
     return cal

@@ -174,6 +174,13 @@ def _optim_result(res):
 FIXED_NEWTON_MAX_HVP = 400
 
 
+def _cv_record(cv_results: dict) -> dict:
+    """``cv_results_`` as the fit record's ``cross_validation`` (JSON: a non-finite held-out NLL is None)."""
+    finite = lambda v: v if v is not None and math.isfinite(v) else None  # noqa: E731
+    return {**cv_results, "mean_nll": [finite(v) for v in cv_results["mean_nll"]],
+            "refined_nll": finite(cv_results["refined_nll"])}
+
+
 def _warn_at_grid_edge(method: str, cv) -> None:
     """A CalibrationWarning when the cross-validation chose the first (strongest) or last (weakest) point of
     a grid of several: the held-out NLL may go on falling past it."""
@@ -185,10 +192,9 @@ def _warn_at_grid_edge(method: str, cv) -> None:
     from confcal.calibrators._tsfit import CalibrationWarning
 
     lam, mu = cv.grid[cv.best]
-    which, where = (("strongest", "larger values first") if cv.best == 0 else
-                    ("weakest", "smaller values at the end"))
+    which, where = ("strongest", "larger") if cv.best == 0 else ("weakest", "smaller")
     warnings.warn(f"{method}: reg='cv' chose the {which} penalty of reg_grid (lambda = {lam:g}, mu = {mu:g}); the "
-                  f"held-out NLL may go on falling past it: put {where} in reg_grid to look further "
+                  f"held-out NLL may go on falling past it: add {where} values to reg_grid to look further "
                   "(cv_results_ holds the held-out NLL per grid point)", CalibrationWarning, stacklevel=4)
 
 
@@ -199,6 +205,19 @@ class _ODIRFit:
 
     _on_log_probs: ClassVar[bool] = False
     _fixed_default: ClassVar[float] = 0.0
+
+    def fit(self, logits, labels, *, sample_weight=None, progress=False, **side):
+        # the search goes into the manifest with the map (cv_results_ is restored from it on load)
+        super().fit(logits, labels, sample_weight=sample_weight, progress=progress, **side)
+        if getattr(self, "cv_results_", None) is not None and self.fit_record_ is not None:
+            self.fit_record_["cross_validation"] = _cv_record(self.cv_results_)
+        return self
+
+    fit.__doc__ = MapCalibrator.fit.__doc__
+
+    def _load_fit_record(self, record, damage):
+        ok = isinstance(record, dict) and "cross_validation" not in damage
+        self.cv_results_ = record.get("cross_validation") if ok else None
 
     def _reg_values(self) -> tuple[float, float] | None:
         """The fixed ``(lambda, mu)``, or None when they are chosen from the data (``"auto"``, ``"cv"``)."""
@@ -394,8 +413,9 @@ class MatrixScaling(_ODIRFit, MapCalibrator):
     reg_mu : float >= 0 or None, intercept penalty weight with ``reg="fixed"`` (None: 0)
     cv : int >= 2, number of folds (default 5; shuffled, seeded by ``random_state``; at most one per row, so
         2 rows cross-validate leave-one-out; 1 row is refused with ``reg='cv'``)
-    reg_grid : with ``reg="cv"`` only: lambda values (``mu = lambda``) or ``[lambda, mu]`` pairs, strongest
-        first (None: the default grid)
+    reg_grid : with ``reg="cv"`` only: lambda values (``mu = lambda``) or ``[lambda, mu]`` pairs, in any
+        order (searched strongest first: by lambda, then mu, descending; ``cv_results_["grid"]`` keeps
+        that order) (None: the default grid)
     max_iter : Newton-CG steps, then L-BFGS iterations, with ``reg="fixed"``; Newton steps with ``reg="auto"``
         (default 500). With ``reg="cv"`` the final fit
         repeats the procedure the folds validated on all rows: the warm-started path down to the
@@ -409,7 +429,9 @@ class MatrixScaling(_ODIRFit, MapCalibrator):
     reg_lambda_, reg_mu_ : the penalty weights of the fit (``reg="auto"``: the ODIR-equivalent off-diagonal
         and intercept weights of its ridge, ``T^2 (K(K-1))^2 / n`` and ``K^2 / n``)
     cv_results_ : dict (``grid``, ``mean_nll`` per grid point, ``best`` index, ``n_folds``, ``refined`` pair and
-        its ``refined_nll`` (None when not tried), the chosen ``reg_lambda`` and ``reg_mu``), None unless ``reg="cv"``
+        its ``refined_nll`` (None when not tried), the chosen ``reg_lambda`` and ``reg_mu``), None unless ``reg="cv"``;
+        kept in the manifest's fit record as ``cross_validation`` (a grid point not scored: ``mean_nll`` None)
+        and restored from it on load
     nll_, n_iter_, converged_ : final objective (NLL + penalty), solver iterations, convergence flag
 
     Examples
