@@ -219,6 +219,51 @@ class AnyJSON(Spec):
         return value
 
 
+def reg_grid_pairs(grid, path: str = "reg_grid", ctx: "_Ctx | None" = None) -> list[tuple[float, float]]:
+    """ODIR's ``reg_grid`` (lambda values, ``mu = lambda``, or ``[lambda, mu]`` pairs; a list, tuple or
+    array of shape ``(n,)`` or ``(n, 2)``) as ``(lambda, mu)`` float pairs, strongest first (sorted by
+    lambda, then mu, descending) and each point once: the cross-validation path warm-starts from the
+    strongest penalty down and stops at the first point worse than the best, which a repeat would be.
+
+    Raises ValueError naming ``path`` (and the entry) for anything else: a scalar, a string, a
+    generator, an empty grid, a pair of other than 2 numbers, a bool, NaN, inf or a negative value."""
+    ctx = ctx if ctx is not None else _Ctx("")
+
+    def fail(where, what, value):
+        msg = None
+        try:
+            ctx.fail(where, what, value)
+        except ValueError as exc:  # _Ctx("") prefixes ": "
+            msg = str(exc)
+        raise ValueError(msg[2:] if msg.startswith(": ") else msg) from None
+
+    lists = (list, tuple, np.ndarray)
+    want = "a non-empty list of lambda values or [lambda, mu] pairs"
+    if not isinstance(grid, lists) or (isinstance(grid, np.ndarray) and grid.ndim == 0) or len(grid) == 0:
+        fail(path, want, grid)
+    pairs = []
+    for i, g in enumerate(grid):
+        flat = isinstance(g, (list, tuple)) or (isinstance(g, np.ndarray) and g.ndim == 1)
+        items = [g, g] if _is_real(g) else (list(g) if flat else None)
+        if items is None or len(items) != 2:
+            fail(_join(path, i), "a lambda value or a [lambda, mu] pair", g)
+        for j, v in enumerate(items):
+            if not _is_real(v) or not math.isfinite(v) or v < 0:
+                where = _join(path, i) if _is_real(g) else _join(_join(path, i), j)
+                fail(where, "a finite number >= 0", v)
+        pairs.append((float(items[0]), float(items[1])))
+    return sorted(set(pairs), reverse=True)
+
+
+@dataclass(frozen=True)
+class RegGrid(Spec):
+    """ODIR's ``reg_grid``: see :func:`reg_grid_pairs`."""
+
+    def check(self, value, path, ctx):
+        reg_grid_pairs(value, path, ctx)
+        return value
+
+
 @dataclass(frozen=True)
 class Nullable(Spec):
     inner: Spec
@@ -784,6 +829,34 @@ _INPUT = Fields({"path": Text(), "key": Nullable(Text()), "sha256": Nullable(_He
 #: ``fit`` (confcal.calibrators.manifest.fit_record, plus what ``confcal fit`` and the Dask engine add):
 #: every field, its type and range; unknown keys are refused. Checked on load; a damaged field is named
 #: in one warning and never blocks apply (check_fit_record, damaged_fit_fields)
+class _CVSearchRule:
+    """The cross-validation record agrees with itself: the grid strongest first and each point once
+    (as :func:`reg_grid_pairs` searches it), one held-out NLL (or null) per point, ``best`` the first
+    lowest scored point, and the chosen ``reg_lambda`` / ``reg_mu`` that point, or the refined pair
+    when it scored lower."""
+
+    names = ("grid", "mean_nll", "best", "refined", "refined_nll", "reg_lambda", "reg_mu")
+
+    def check(self, obj: dict, path: str, ctx) -> None:
+        grid, scores, best = obj["grid"], obj["mean_nll"], obj["best"]
+        pairs = [tuple(g) for g in grid]
+        if pairs != sorted(set(pairs), reverse=True):
+            ctx.fail(_join(path, "grid"), "[lambda, mu] pairs strongest first (by lambda, then mu), each once", grid)
+        if len(scores) != len(grid):
+            ctx.fail(_join(path, "mean_nll"), f"one entry per grid point ({len(grid)})", got=f"{len(scores)} entries")
+        scored = [v for v in scores if v is not None]
+        if best >= len(grid) or scores[best] is None or scores.index(min(scored)) != best:
+            ctx.fail(_join(path, "best"), f"the index of the first lowest mean_nll in [0, {len(grid) - 1}]", best)
+        refined, refined_nll = obj["refined"], obj["refined_nll"]
+        if refined is None and refined_nll is not None:  # (refined with a null refined_nll: not finite)
+            ctx.fail(_join(path, "refined_nll"), "null when refined is null", refined_nll)
+        won = refined is not None and refined_nll is not None and refined_nll < scores[best]
+        chosen = list(refined) if won else list(grid[best])
+        if [obj["reg_lambda"], obj["reg_mu"]] != chosen:
+            ctx.fail(_join(path, "reg_lambda"), f"the chosen pair {chosen} (grid[best], or refined when its "
+                     f"refined_nll is lower)", got=f"[{obj['reg_lambda']!r}, {obj['reg_mu']!r}]")
+
+
 FIT_RECORD = Fields({
     "n_samples": _COUNT,
     "data_sha256": _Hex(),
@@ -807,14 +880,14 @@ FIT_RECORD = Fields({
     # ms / dirichlet with reg='cv': the search, as cv_results_ holds it (None: a grid point not scored)
     "cross_validation": Opt(Fields({
         "grid": _NonEmpty(ListOf(Real(ge=0), length=2)),
-        "mean_nll": ListOf(Nullable(Real())),
+        "mean_nll": ListOf(Nullable(Real(ge=0))),
         "best": Int(ge=0),
-        "n_folds": Int(ge=2),
+        "n_folds": Int(ge=2, le=2 ** 53),
         "refined": Nullable(ListOf(Real(ge=0), length=2)),
-        "refined_nll": Nullable(Real()),
+        "refined_nll": Nullable(Real(ge=0)),
         "reg_lambda": Real(ge=0),
         "reg_mu": Real(ge=0),
-    })),
+    }, rules=(_CVSearchRule(),))),
 })
 
 

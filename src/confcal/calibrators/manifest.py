@@ -59,6 +59,20 @@ def fit_record(*, n_samples: int, data_sha256: str, input_kind: str, metrics_bef
     return record
 
 
+def _plain(value):
+    """``value`` with numpy scalars and arrays as Python numbers and lists (JSON has no int64: a
+    hyper-parameter given as ``np.int64(3)`` or ``np.array([...])`` must still save)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
 def to_manifest(cal) -> dict[str, Any]:
     """The JSON-ready manifest of a fitted calibrator (see :meth:`Calibrator.to_dict`)."""
     cal._check_fitted()
@@ -66,7 +80,7 @@ def to_manifest(cal) -> dict[str, Any]:
         "format": MANIFEST_FORMAT,
         "format_version": MANIFEST_VERSION,
         "method": cal.method,
-        "hyperparameters": cal.get_params(deep=False),
+        "hyperparameters": _plain(cal.get_params(deep=False)),
         "parameters": cal._get_fitted(),
         "n_classes": cal.n_classes_,
         "fit": getattr(cal, "fit_record_", None),

@@ -225,8 +225,10 @@ def make_calibrator(method: str, params: dict | None = None):
     unknown = sorted(set(params) - set(cls._param_names()))
     if unknown:
         raise ValueError(f"params: {method}: unknown hyper-parameter(s) {unknown}; it takes {cls._param_names()}")
-    target = cls.cls if isinstance(cls, Preset) else cls
-    check_hyperparameters(target, params, where=method)  # early and named, before any data is read
+    target, checked = (cls.cls, {**params, **cls.fixed}) if isinstance(cls, Preset) else (cls, params)
+    # early and named, before any data is read; a preset's fixed values are part of what is checked
+    # (ms+pb's base_params are ms's: the rule reads base)
+    check_hyperparameters(target, checked, where=method)
     return cls(**params)
 
 

@@ -17,11 +17,14 @@ single fit with a data-size ridge toward temperature scaling (``reg="auto"``) in
 from __future__ import annotations
 
 import math
+import numbers
 from typing import ClassVar
+
+import numpy as np
 
 from confcal._validation import MIN_SPLIT_ROWS, min_rows_message
 from confcal.calibrators._compose import MapCalibrator, Prepared
-from confcal.calibrators._constraints import AnyJSON, Choice, Int, Nullable, Real
+from confcal.calibrators._constraints import Choice, Int, Nullable, Real, RegGrid, reg_grid_pairs
 from confcal.calibrators.base import register
 
 __all__ = ["VectorScaling", "MatrixScaling", "DirichletCalibration"]
@@ -195,7 +198,8 @@ def _warn_at_grid_edge(method: str, cv) -> None:
     which, where = ("strongest", "larger") if cv.best == 0 else ("weakest", "smaller")
     warnings.warn(f"{method}: reg='cv' chose the {which} penalty of reg_grid (lambda = {lam:g}, mu = {mu:g}); the "
                   f"held-out NLL may go on falling past it: add {where} values to reg_grid to look further "
-                  "(cv_results_ holds the held-out NLL per grid point)", CalibrationWarning, stacklevel=4)
+                  "(cv_results_, and the manifest's fit.cross_validation, hold the held-out NLL per grid point)",
+                  CalibrationWarning, stacklevel=4)
 
 
 class _ODIRFit:
@@ -242,7 +246,7 @@ class _ODIRFit:
                                  f"reg_grid={self.reg_grid!r}")
             return None
         if self.reg == "cv":
-            if isinstance(self.cv, bool) or not isinstance(self.cv, int) or self.cv < 2:
+            if isinstance(self.cv, (bool, np.bool_)) or not isinstance(self.cv, numbers.Integral) or self.cv < 2:
                 raise ValueError(f"cv: expected an integer >= 2 (number of folds), got {self.cv!r}")
             return None
         return vals[0], vals[1]
@@ -260,9 +264,8 @@ class _ODIRFit:
             return self._fit_auto(z, y, sample_weight)
         from confcal.calibrators import _odir
 
-        grid = _odir.ODIR_GRID if self.reg_grid is None else self.reg_grid
-        settings = (type(self).__name__, self._on_log_probs, repr(list(grid)), self.cv, self.random_state,
-                    self.tol)
+        grid = reg_grid_pairs(_odir.ODIR_GRID if self.reg_grid is None else self.reg_grid)
+        settings = (type(self).__name__, self._on_log_probs, repr(grid), self.cv, self.random_state, self.tol)
         # hashing the data costs a pass: only inside an opt-in `reuse_fits()` block
         key = _odir.memo_key(z, y, settings, sample_weight) if _odir.memo_enabled() else None
         hit = _odir.memo_get(key)
@@ -277,7 +280,7 @@ class _ODIRFit:
             n = int(z.shape[0])
             if n < MIN_SPLIT_ROWS:
                 raise ValueError(min_rows_message(self.method, n, "reg='cv' cross-validates; reg='fixed' fits 1 row"))
-            cv = _odir.select_odir(z, y, on_log_probs=self._on_log_probs, grid=grid, n_folds=min(self.cv, n),
+            cv = _odir.select_odir(z, y, on_log_probs=self._on_log_probs, grid=grid, n_folds=int(min(self.cv, n)),
                                    seed=self.random_state, tol=self.tol, sample_weight=sample_weight)
             # final fit on all rows: the procedure the folds validated (the same warm-started
             # path, PATH_MAX_ITER L-BFGS steps per grid point) down to the chosen point
@@ -453,7 +456,7 @@ class MatrixScaling(_ODIRFit, MapCalibrator):
     method = "ms"
     hyper_constraints = {**MapCalibrator.hyper_constraints, "reg": Choice("auto", "cv", "fixed"),
                          "reg_lambda": Nullable(Real(ge=0)), "reg_mu": Nullable(Real(ge=0)), "cv": Int(ge=2),
-                         "reg_grid": Nullable(AnyJSON())}
+                         "reg_grid": Nullable(RegGrid())}
     map_name = "ms"
     _on_log_probs = False
     _fixed_default = 0.0
@@ -502,7 +505,7 @@ class DirichletCalibration(_ODIRFit, MapCalibrator):
     method = "dirichlet"
     hyper_constraints = {**MapCalibrator.hyper_constraints, "reg": Choice("auto", "cv", "fixed"),
                          "reg_lambda": Nullable(Real(ge=0)), "reg_mu": Nullable(Real(ge=0)), "cv": Int(ge=2),
-                         "reg_grid": Nullable(AnyJSON())}
+                         "reg_grid": Nullable(RegGrid())}
     map_name = "ms"
     _on_log_probs = True
     _fixed_default = 0.01

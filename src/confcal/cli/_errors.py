@@ -128,7 +128,8 @@ def one_line(exc: BaseException, args, options: dict) -> str:
     keys = [item.partition("=")[0] for item in getattr(args, "param", None) or [] if isinstance(item, str)]
     method = getattr(args, "method", None)
     prefix = rf"(?:{re.escape(method)}: )?" if isinstance(method, str) else ""
-    if keys and re.match(rf"^{prefix}(?:{'|'.join(map(re.escape, keys))}):", msg):
+    # the key alone or one of its entries: "reg_grid:", "reg_grid[0]:", "base_params.reg_grid:"
+    if keys and re.match(rf"^{prefix}(?:{'|'.join(map(re.escape, keys))})(?:\[[^\]]*\]|\.[\w.\[\]]+)*:", msg):
         return f"{options.get('param', '--param')}: {msg}"
     # no option named: the option whose file the message mentions, else the only file option given
     files = _values(args, INPUT_DESTS + OUTPUT_DESTS + ("domain",))
