@@ -35,7 +35,9 @@ def register(sub):
     p.add_argument("--per-class", action="store_true",
                    help="det-ts/det-platt/det-beta and the geometry maps: one map per category (needs --category-ids)")
     p.add_argument("-o", "--output", required=True, help="manifest path (.json)")
-    p.add_argument("--json", action="store_true", help="print the fit record as JSON")
+    p.add_argument("--json", action="store_true",
+                   help="print the manifest written to -o (method, parameters and fit record) as JSON "
+                        "instead of the summary")
     p.add_argument("--dataset-version", metavar="VERSION",
                    help="version/tag of the calibration dataset, stored in the manifest's fit.provenance")
     add_box_features_arg(p, what="for det-platt-geo / det-beta-geo / det-hist-geo (recorded in the manifest)")
