@@ -143,7 +143,8 @@ def test_cross_validation_is_kept_in_the_manifest():
                              ("mean_nll", good["mean_nll"][:-1], r"mean_nll: expected one entry per grid point"),
                              ("mean_nll", [-1.0] * n, r"mean_nll\[0\]: expected .*>= 0"),
                              ("grid", good["grid"][::-1], r"grid: expected \[lambda, mu\] pairs strongest first"),
-                             ("reg_lambda", 12345.0, r"reg_lambda: expected the chosen pair"),
+                             ("reg_lambda", 12345.0, r"reg_lambda: expected 1.*, from the chosen pair"),
+                             ("reg_mu", 12345.0, r"reg_mu: expected 1.*, from the chosen pair"),
                              ("refined", None, r"refined_nll: expected null when refined is null")]:
         if key == "refined" and good["refined"] is None:
             continue
@@ -151,6 +152,19 @@ def test_cross_validation_is_kept_in_the_manifest():
         with pytest.warns(UserWarning, match=rf"fit\.cross_validation\.{said}.* damaged"):
             damaged = calibrator_from_dict(manifest)
         assert damaged.cv_results_ is None and "cross_validation" in damaged.fit_record_damage_
+
+    # a self-consistent record that does not describe this calibrator's fit: warned about and not used
+    manifest["fit"]["cross_validation"] = good
+    for edit, said in [(("parameters", "map_config", "reg_lambda"), r"but the fitted map has"),
+                       (("hyperparameters", "reg_grid"), r"its grid is not hyperparameters\.reg_grid"),
+                       (("hyperparameters", "cv"), r"n_folds = 3 is more than hyperparameters\.cv = 2")]:
+        other = json.loads(json.dumps(manifest))
+        node = other
+        for key in edit[:-1]:
+            node = node[key]
+        node[edit[-1]] = {"reg_lambda": 123.0, "reg_grid": [100.0, 10.0], "cv": 2}[edit[-1]]
+        with pytest.warns(UserWarning, match=rf"fit\.cross_validation: .*{said}.*: the record is not used"):
+            assert calibrator_from_dict(other).cv_results_ is None
 
     fixed = METHODS["ms"](reg="fixed", reg_lambda=0.1, reg_mu=0.1).fit(z, y)
     assert "cross_validation" not in fixed.fit_record_
@@ -250,8 +264,11 @@ def test_bad_settings_raise_one_clear_error():
         METHODS["ms"](reg="odir").fit(z, y)
     with pytest.raises(ValueError, match="cv"):
         METHODS["ms"](reg="cv", cv=1).fit(z, y)
-    with pytest.raises(ValueError, match="reg_grid: only used with reg='cv'"):
-        METHODS["ms"](reg_grid=[1.0]).fit(z, y)
+    for reg in ("auto", "fixed"):  # refused with the hyper-parameters, before the data
+        with pytest.raises(ValueError, match=rf"reg_grid: expected reg='cv' with it .* got reg='{reg}'$"):
+            METHODS["ms"](reg=reg, reg_grid=[1.0]).fit(z, y)
+    with pytest.raises(ValueError, match=r"reg_grid: only used with reg='cv' .* got reg='fixed'"):
+        METHODS["ms"](reg="fixed", reg_grid=[1.0])._reg_values()  # the fit's own check says the same
     with pytest.raises(ValueError, match="reg_grid"):
         METHODS["ms"](reg="cv", reg_grid=[1.0, -1.0]).fit(z, y)
     with pytest.raises(ValueError, match="reg_grid"):
@@ -263,8 +280,11 @@ def test_bad_settings_raise_one_clear_error():
     ("100,10", r"reg_grid: expected a non-empty list .* got '100,10'$"),
     ((g for g in [1.0]), r"reg_grid: expected a non-empty list .* got <generator"),
     ([[1.0, 2.0, 3.0]], r"reg_grid\[0\]: expected a lambda value or a \[lambda, mu\] pair, got \[1.0, 2.0, 3.0\]$"),
-    ([1.0, [2.0, "x"]], r"reg_grid\[1\]\[1\]: expected a finite number >= 0, got 'x'$"),
+    ([1.0, [2.0, "x"]], r"reg_grid\[1\]\[1\]: expected a number in \[0, 1e\+100\], got 'x'$"),
     ([True], r"reg_grid\[0\]: expected a lambda value or a \[lambda, mu\] pair, got True$"),
+    ([10 ** 400], r"reg_grid\[0\]: expected a number in \[0, 1e\+100\], got 1000"),  # no OverflowError
+    ([1e150, 1.0], r"reg_grid\[0\]: expected a number in \[0, 1e\+100\], got 1e\+150$"),  # a manifest holds <= 1e100
+    (np.zeros((1, 2, 2)), r"reg_grid\[0\]: expected .* got array\(\[\[0\., 0\.\], \[0\., 0\.\]\]\)$"),  # one line
 ])
 def test_a_malformed_reg_grid_is_named_before_any_data(grid, said):
     """The hyper-parameter check (run before the data is read, and on a loaded manifest) names the

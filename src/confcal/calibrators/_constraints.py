@@ -43,7 +43,7 @@ _REPR_LIMIT = 60
 
 
 def _show(value) -> str:
-    text = repr(value)
+    text = " ".join(repr(value).split())  # one line: an array's repr spans several
     return text if len(text) <= _REPR_LIMIT else text[:_REPR_LIMIT - 3] + "..."
 
 
@@ -223,10 +223,11 @@ def reg_grid_pairs(grid, path: str = "reg_grid", ctx: "_Ctx | None" = None) -> l
     """ODIR's ``reg_grid`` (lambda values, ``mu = lambda``, or ``[lambda, mu]`` pairs; a list, tuple or
     array of shape ``(n,)`` or ``(n, 2)``) as ``(lambda, mu)`` float pairs, strongest first (sorted by
     lambda, then mu, descending) and each point once: the cross-validation path warm-starts from the
-    strongest penalty down and stops at the first point worse than the best, which a repeat would be.
+    strongest penalty down and stops after points worse than the best, which a repeat would be.
 
     Raises ValueError naming ``path`` (and the entry) for anything else: a scalar, a string, a
-    generator, an empty grid, a pair of other than 2 numbers, a bool, NaN, inf or a negative value."""
+    generator, an empty grid, a pair of other than 2 numbers, a bool, NaN, a negative value or one
+    above :data:`MAX_ABS` (a manifest could not hold the fitted penalty)."""
     ctx = ctx if ctx is not None else _Ctx("")
 
     def fail(where, what, value):
@@ -248,9 +249,9 @@ def reg_grid_pairs(grid, path: str = "reg_grid", ctx: "_Ctx | None" = None) -> l
         if items is None or len(items) != 2:
             fail(_join(path, i), "a lambda value or a [lambda, mu] pair", g)
         for j, v in enumerate(items):
-            if not _is_real(v) or not math.isfinite(v) or v < 0:
+            if not _is_real(v) or not 0 <= v <= MAX_ABS:  # NaN, inf and a 400-digit int fail the comparison
                 where = _join(path, i) if _is_real(g) else _join(_join(path, i), j)
-                fail(where, "a finite number >= 0", v)
+                fail(where, f"a number in [0, {MAX_ABS:g}]", v)
         pairs.append((float(items[0]), float(items[1])))
     return sorted(set(pairs), reverse=True)
 
@@ -852,9 +853,10 @@ class _CVSearchRule:
             ctx.fail(_join(path, "refined_nll"), "null when refined is null", refined_nll)
         won = refined is not None and refined_nll is not None and refined_nll < scores[best]
         chosen = list(refined) if won else list(grid[best])
-        if [obj["reg_lambda"], obj["reg_mu"]] != chosen:
-            ctx.fail(_join(path, "reg_lambda"), f"the chosen pair {chosen} (grid[best], or refined when its "
-                     f"refined_nll is lower)", got=f"[{obj['reg_lambda']!r}, {obj['reg_mu']!r}]")
+        for name, want, have in zip(("reg_lambda", "reg_mu"), chosen, (obj["reg_lambda"], obj["reg_mu"])):
+            if have != want:
+                ctx.fail(_join(path, name), f"{want!r}, from the chosen pair {chosen} (grid[best], or refined when "
+                         f"its refined_nll is lower)", have)
 
 
 FIT_RECORD = Fields({

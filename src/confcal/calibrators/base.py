@@ -449,7 +449,9 @@ class Calibrator(Estimator, abc.ABC):
 
     def _check_hyperparameters(self) -> None:
         """The class's ``hyper_constraints`` table applied to ``get_params()`` (called by ``fit``)."""
-        check_hyperparameters(type(self), self.get_params(deep=False), where=type(self).__name__)
+        method = getattr(self, "method", None)  # the registry's name ("ms", "ts+pb"), as the CLI and manifests say
+        check_hyperparameters(type(self), self.get_params(deep=False),
+                              where=method if isinstance(method, str) and method else type(self).__name__)
 
     def _is_fitted(self) -> bool:
         return hasattr(self, "n_classes_")

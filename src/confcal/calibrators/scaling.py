@@ -177,6 +177,23 @@ def _optim_result(res):
 FIXED_NEWTON_MAX_HVP = 400
 
 
+#: checked with the hyper-parameters (before any data is read): the grid is searched by cross-validation only
+class _RegGridRule:
+    """``reg_grid`` only with ``reg="cv"``; a ``reg`` not given is the default, ``"auto"`` (``ms+pb``'s
+    ``base_params`` name only what they change)."""
+
+    names = ("reg_grid", "reg")
+
+    def check(self, obj: dict, path: str, ctx) -> None:
+        reg = obj.get("reg", "auto")
+        if obj.get("reg_grid") is not None and reg != "cv":
+            ctx.fail(f"{path}.reg_grid" if path else "reg_grid", "reg='cv' with it (the grid is searched by "
+                     "cross-validation; reg='auto' and 'fixed' do not use it)", got=f"reg={reg!r}")
+
+
+_REG_GRID_RULE = _RegGridRule()
+
+
 def _cv_record(cv_results: dict) -> dict:
     """``cv_results_`` as the fit record's ``cross_validation`` (JSON: a non-finite held-out NLL is None)."""
     finite = lambda v: v if v is not None and math.isfinite(v) else None  # noqa: E731
@@ -221,7 +238,33 @@ class _ODIRFit:
 
     def _load_fit_record(self, record, damage):
         ok = isinstance(record, dict) and "cross_validation" not in damage
-        self.cv_results_ = record.get("cross_validation") if ok else None
+        cv = record.get("cross_validation") if ok else None
+        why = None if cv is None else self._cv_record_disagrees(cv)
+        if why:
+            import warnings
+
+            src = getattr(self, "manifest_source_", None)
+            warnings.warn(f"manifest{' ' + src if src else ''}: fit.cross_validation: {why}: the record is not "
+                          "used (cv_results_ is None; the fitted map is used as is)", UserWarning, stacklevel=4)
+            cv = None
+        self.cv_results_ = cv
+
+    def _cv_record_disagrees(self, cv: dict) -> str | None:
+        """Why a (self-consistent) cross-validation record cannot describe this calibrator's fit, or None."""
+        from confcal.calibrators import _odir
+
+        if self.reg != "cv":
+            return f"recorded for a calibrator with hyperparameters.reg={self.reg!r}, not 'cv'"
+        fitted = [self.map_.reg_lambda, self.map_.reg_mu]
+        if [cv["reg_lambda"], cv["reg_mu"]] != fitted:
+            return (f"chose [{cv['reg_lambda']!r}, {cv['reg_mu']!r}], but the fitted map has "
+                    f"parameters.map_config reg_lambda, reg_mu = {fitted}")
+        grid = reg_grid_pairs(_odir.ODIR_GRID if self.reg_grid is None else self.reg_grid)
+        if [tuple(g) for g in cv["grid"]] != grid:
+            return "its grid is not hyperparameters.reg_grid (or the default grid)"
+        if cv["n_folds"] > self.cv:
+            return f"n_folds = {cv['n_folds']} is more than hyperparameters.cv = {self.cv}"
+        return None
 
     def _reg_values(self) -> tuple[float, float] | None:
         """The fixed ``(lambda, mu)``, or None when they are chosen from the data (``"auto"``, ``"cv"``)."""
@@ -240,10 +283,10 @@ class _ODIRFit:
             if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"{name}: expected a finite number >= 0, got {v!r}")
             vals.append(float(v))
+        if self.reg_grid is not None and self.reg != "cv":
+            raise ValueError(f"reg_grid: only used with reg='cv' (cross-validation), got reg={self.reg!r} and "
+                             f"reg_grid={self.reg_grid!r}")
         if self.reg == "auto":
-            if self.reg_grid is not None:
-                raise ValueError(f"reg_grid: only used with reg='cv' (cross-validation), got reg='auto' and "
-                                 f"reg_grid={self.reg_grid!r}")
             return None
         if self.reg == "cv":
             if isinstance(self.cv, (bool, np.bool_)) or not isinstance(self.cv, numbers.Integral) or self.cv < 2:
@@ -454,6 +497,7 @@ class MatrixScaling(_ODIRFit, MapCalibrator):
     """
 
     method = "ms"
+    hyper_rules = (_REG_GRID_RULE,)
     hyper_constraints = {**MapCalibrator.hyper_constraints, "reg": Choice("auto", "cv", "fixed"),
                          "reg_lambda": Nullable(Real(ge=0)), "reg_mu": Nullable(Real(ge=0)), "cv": Int(ge=2),
                          "reg_grid": Nullable(RegGrid())}
@@ -503,6 +547,7 @@ class DirichletCalibration(_ODIRFit, MapCalibrator):
     """
 
     method = "dirichlet"
+    hyper_rules = (_REG_GRID_RULE,)
     hyper_constraints = {**MapCalibrator.hyper_constraints, "reg": Choice("auto", "cv", "fixed"),
                          "reg_lambda": Nullable(Real(ge=0)), "reg_mu": Nullable(Real(ge=0)), "cv": Int(ge=2),
                          "reg_grid": Nullable(RegGrid())}
