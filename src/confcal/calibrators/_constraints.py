@@ -228,15 +228,10 @@ def reg_grid_pairs(grid, path: str = "reg_grid", ctx: "_Ctx | None" = None) -> l
     Raises ValueError naming ``path`` (and the entry) for anything else: a scalar, a string, a
     generator, an empty grid, a pair of other than 2 numbers, a bool, NaN, a negative value or one
     above :data:`MAX_ABS` (a manifest could not hold the fitted penalty)."""
-    ctx = ctx if ctx is not None else _Ctx("")
-
     def fail(where, what, value):
-        msg = None
-        try:
+        if ctx is not None:  # inside a hyper-parameter check: its prefix ("ms: ", "manifest: ...")
             ctx.fail(where, what, value)
-        except ValueError as exc:  # _Ctx("") prefixes ": "
-            msg = str(exc)
-        raise ValueError(msg[2:] if msg.startswith(": ") else msg) from None
+        raise ValueError(f"{where}: expected {what}, got {_show(value)}")
 
     lists = (list, tuple, np.ndarray)
     want = "a non-empty list of lambda values or [lambda, mu] pairs"
