@@ -38,6 +38,7 @@ _ROWS = [
     ("grouped-ts", "temperature", "one temperature per --domains id, pooled T for unseen ids", False),
     ("grouped", "grouping", "any method fitted per group (--param base=vs, by=domains)", False),
     ("vs", "scaling", "vector scaling (Guo et al. 2017)", True),
+    ("bcts", "bcts", "bias-corrected TS: softmax(z / T + b) (Alexandari et al. 2020)", False),
     ("ms", "scaling", "matrix scaling with ODIR (Guo et al. 2017; Kull et al. 2019)", True),
     ("dirichlet", "scaling", "Dirichlet calibration, ODIR (Kull et al. 2019)", True),
     ("ets", "ensemble", "ensemble temperature scaling (Zhang et al. 2020)", True),

@@ -148,7 +148,7 @@ def em_step(probs: np.ndarray, ratio: np.ndarray, weights: np.ndarray | None = N
 
 
 def em_update(ratio, s, wsum, source_prior, smoothing: float = 0.0) -> np.ndarray:
-    """The M-step: ``pi_new = (ratio * pi_s... )``: expected counts ``ratio * S`` plus ``smoothing``
+    """The M-step: expected counts ``ratio * S`` (:func:`em_step`) plus ``smoothing``
     pseudo-counts per class (a Dirichlet(1 + smoothing) prior on ``pi_t``, the MAP estimate), divided by
     ``wsum + K * smoothing``. Returns ``(B, K)`` priors."""
     k = ratio.shape[1]
@@ -192,7 +192,7 @@ def em_prior(probs, source_prior, *, smoothing: float = 0.0, tol: float = 1e-7, 
     >>> probs = np.array([[0.9, 0.1], [0.9, 0.1], [0.2, 0.8]])
     >>> r = em_prior(probs, [0.5, 0.5])
     >>> r.converged, r.prior.round(3).tolist()
-    (True, [0.867, 0.133])
+    (True, [0.847, 0.153])
     """
     p = check_posteriors(probs)
     k = p.shape[1]

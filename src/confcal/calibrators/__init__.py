@@ -35,7 +35,7 @@ _LAZY = {
     "ClusterRegressionTemperatureScaling": "domain", "ClusterTemperatureScaling": "domain",
     "DomainEnsembleTemperatureScaling": "domain", "SetLevelTemperatureScaling": "domain",
     "GroupedTemperatureScaling": "temperature", "TemperatureScaling": "temperature",
-    "GroupedCalibrator": "grouping",
+    "GroupedCalibrator": "grouping", "BiasCorrectedTemperatureScaling": "bcts",
     "DirichletCalibration": "scaling", "MatrixScaling": "scaling", "VectorScaling": "scaling",
     "EnsembleTemperatureScaling": "ensemble", "ParameterizedTemperatureScaling": "parametric",
     "FeatureClipping": "feature_clipping",
@@ -83,7 +83,7 @@ __all__ = [
     "DualProbabilityBounding", "SourceGatedTemperatureScaling", "IsotonicCalibration",
     "TopLabelIsotonicCalibration", "HistogramBinning", "TopLabelHistogramBinning", "BBQ", "TopLabelBBQ",
     "ScalingBinning", "MarginalScalingBinning", "BetaCalibration", "DetectionBetaCalibration", "PlattOneVsRest",
-    "reuse_fits",
+    "reuse_fits", "BiasCorrectedTemperatureScaling",
     "GeometryLogisticCalibration", "GeometryBetaCalibration", "GeometryHistogramBinning",
     "MultilabelTemperatureScaling", "MultilabelPlattScaling",
 ]
