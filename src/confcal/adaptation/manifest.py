@@ -3,10 +3,10 @@
 Layout::
 
     {"format": "confcal.prior_adapted", "format_version": 1, "method": "prior-adapted",
-     "hyperparameters": {estimator, smoothing, tol, max_iter, n_boot, confidence, random_state},
+     "hyperparameters": {estimator, smoothing, tol, max_iter, source_prior, n_boot, confidence, random_state},
      "n_classes": K,
      "base": <the base calibrator's manifest (confcal.calibrator), checked by its own loader>,
-     "source": {"label_counts": [K ints], "confusion": [K x K ints]},
+     "source": {"label_counts": [K ints], "confusion": [K x K ints], "mean_probs": [K]},
      "target": {"pooled": PRIOR or null, "domains": [{"id": str or int, **PRIOR}, ...]},
      "adaptation": null or {estimator, n_rows, n_domains, n_passes, utc_time},
      "fit": the base's fit record (kept for the drift check) or null}
@@ -65,7 +65,8 @@ def to_adapted_manifest(ad) -> dict[str, Any]:
     return {
         "format": ADAPTED_FORMAT, "format_version": ADAPTED_VERSION, "method": "prior-adapted",
         "hyperparameters": hyper, "n_classes": int(ad.n_classes_), "base": ad.base_.to_dict(),
-        "source": {"label_counts": ad.label_counts_.tolist(), "confusion": ad.confusion_.tolist()},
+        "source": {"label_counts": ad.label_counts_.tolist(), "confusion": ad.confusion_.tolist(),
+                   "mean_probs": ad.mean_probs_.tolist()},
         "target": {"pooled": None if pooled is None else _record(pooled),
                    "domains": [{"id": k, **_record(r)} for k, r in ad.priors_.items() if k is not None]},
         "adaptation": ad.adaptation_, "fit": getattr(ad.base_, "fit_record_", None),
@@ -166,14 +167,18 @@ def check_adapted_manifest(manifest, *, where: str = "manifest") -> None:
         c.fail("method", "'prior-adapted'", manifest["method"])
     k = c.int_(manifest["n_classes"], "n_classes", 2, 10 ** 6)
     h = manifest["hyperparameters"]
-    c.dict_(h, "hyperparameters", ("estimator", "smoothing", "tol", "max_iter", "n_boot", "confidence",
-                                   "random_state"))
+    c.dict_(h, "hyperparameters", ("estimator", "smoothing", "tol", "max_iter", "source_prior", "n_boot",
+                                   "confidence", "random_state"))
     try:
         check_settings(h)
     except ValueError as exc:
         raise ValueError(f"{where}: hyperparameters.{exc}") from None
     s = manifest["source"]
-    c.dict_(s, "source", ("label_counts", "confusion"))
+    c.dict_(s, "source", ("label_counts", "confusion", "mean_probs"))
+    c.prior(s["mean_probs"], "source.mean_probs", k)
+    for j, v in enumerate(s["mean_probs"]):
+        if not v > 0:
+            c.fail(f"source.mean_probs[{j}]", "a mean probability > 0", v)
     c.vector(s["label_counts"], "source.label_counts", k, ints=True)
     for j, n in enumerate(s["label_counts"]):
         if n == 0:

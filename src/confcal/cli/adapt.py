@@ -36,6 +36,9 @@ def register(sub):
     p.add_argument("--tol", type=float, default=1e-7,
                    help="EM stops after the first step with ||pi_new - pi||_1 <= TOL (default 1e-7)")
     p.add_argument("--max-iter", type=int, default=1000, help="EM: at most this many iterations (default 1000)")
+    p.add_argument("--source-prior", choices=["calibrated", "labels"], default="calibrated",
+                   help="EM's source prior: the calibration set's mean calibrated probability (default) or its "
+                        "label frequencies")
     p.add_argument("--n-boot", type=int, default=200, help="bootstrap replicates per prior (default 200; 0: none)")
     p.add_argument("--confidence", type=float, default=0.95, help="interval level (default 0.95)")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap weights (default 0)")
@@ -79,7 +82,8 @@ def adapted(args, cal):
     d = load_array(args.calibration_domains, name="calibration_domains", csv_header=args.csv_header) \
         if args.calibration_domains else None
     return PriorAdapted.from_fitted(cal, x, y, domains=d, estimator=args.method, smoothing=args.smoothing,
-                                    tol=args.tol, max_iter=args.max_iter, n_boot=args.n_boot,
+                                    tol=args.tol, max_iter=args.max_iter, source_prior=args.source_prior,
+                                    n_boot=args.n_boot,
                                     confidence=args.confidence, random_state=args.seed)
 
 
@@ -121,7 +125,7 @@ def label_shift_check(cal, args, alpha: float):
     params = {k: v for k, v in cal.get_params(deep=False).items() if k != "base"}
     fresh = PriorAdapted(base=cal.base_.method, **params)
     fresh.base_, fresh.n_classes_ = cal.base_, cal.n_classes_
-    fresh.label_counts_, fresh.confusion_ = cal.label_counts_, cal.confusion_
+    fresh.label_counts_, fresh.confusion_, fresh.mean_probs_ = cal.label_counts_, cal.confusion_, cal.mean_probs_
     fresh.priors_, fresh.adaptation_ = {}, None
     fresh.adapt(source(args, "logits"), domains=source(args, "domains"), progress=False)
     return prior_rows(fresh, alpha=alpha)
