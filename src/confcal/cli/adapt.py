@@ -81,10 +81,17 @@ def adapted(args, cal):
     y = load_array(args.calibration_labels, name="calibration_labels", csv_header=args.csv_header)
     d = load_array(args.calibration_domains, name="calibration_domains", csv_header=args.csv_header) \
         if args.calibration_domains else None
-    return PriorAdapted.from_fitted(cal, x, y, domains=d, estimator=args.method, smoothing=args.smoothing,
-                                    tol=args.tol, max_iter=args.max_iter, source_prior=args.source_prior,
-                                    n_boot=args.n_boot,
-                                    confidence=args.confidence, random_state=args.seed)
+    try:
+        return PriorAdapted.from_fitted(cal, x, y, domains=d, estimator=args.method, smoothing=args.smoothing,
+                                        tol=args.tol, max_iter=args.max_iter, source_prior=args.source_prior,
+                                        n_boot=args.n_boot, confidence=args.confidence, random_state=args.seed)
+    except ValueError as exc:  # the library names its arguments; here they are the calibration set's options
+        text = str(exc)
+        for lib, opt in (("labels: ", "calibration_labels: "), ("logits: ", "calibration_logits: "),
+                         ("domains: ", "calibration_domains: ")):
+            if text.startswith(lib):
+                raise ValueError(opt + text[len(lib):]) from None
+        raise
 
 
 def run(args) -> int:
