@@ -207,19 +207,7 @@ class PriorAdapted(Calibrator):
         if features is not None and column == "logits":
             sources["features"] = features if isinstance(features, Source) else ArraySource(features, name="features")
             extra = ("features",)
-        if "domains" in sources and column == "logits" and "domains" in self.base_.side_inputs:
-            pass  # the base reads the domains column too
-        from functools import partial
-
-        post = partial(batch_posteriors, calibrator=self.base_, input_kind=self.base_._input_kind(), n_classes=k)
-        common = dict(n_classes=k, posteriors=post, posterior_column=column, by_domain=domains is not None,
-                      n_boot=int(self.n_boot), random_state=int(self.random_state), extra_columns=extra)
-        if self.estimator == "em":
-            job = em_job(source_prior=self.source_prior_, smoothing=self.smoothing, tol=self.tol,
-                         max_iter=self.max_iter, confidence=self.confidence, **common)
-        else:
-            job = bbse_job(confusion=self.confusion_, confidence=self.confidence,
-                           **{k_: v for k_, v in common.items() if k_ != "n_classes"}, n_classes=k)
+        job = self.adapt_job(posterior_column=column, by_domain=domains is not None, extra_columns=extra)
         # about 32 MB of float64 posteriors per batch (not the sources' 64 MB default): a pass holds a
         # batch's posteriors and their (rows, 1 + n_boot) products, whatever the row count
         batch_rows = batch_rows or max(1024, 2 ** 22 // k)
@@ -232,6 +220,40 @@ class PriorAdapted(Calibrator):
             records = run_job(job, engine)
         self._set_priors(records, n_passes=engine.n_passes)
         return self
+
+    def adapt_job(self, *, posterior_column: str = "logits", by_domain: bool = False, extra_columns=()):
+        """The streamed job of :meth:`adapt` (a generator of :class:`confcal.passes.Pass` requests over
+        batches of ``posterior_column`` -- ``"logits"``, or ``"probs"`` already calibrated -- and, with
+        ``by_domain``, ``"domains"``), for any engine of :mod:`confcal.passes`; hand its result to
+        :meth:`set_priors`. :meth:`adapt_on` does both."""
+        from functools import partial
+
+        self._check_fitted()
+        self._check_hyperparameters()
+        k = self.n_classes_
+        post = partial(batch_posteriors, calibrator=self.base_, input_kind=self.base_._input_kind(), n_classes=k)
+        common = dict(n_classes=k, posteriors=post, posterior_column=posterior_column, by_domain=by_domain,
+                      n_boot=int(self.n_boot), random_state=int(self.random_state), extra_columns=tuple(extra_columns))
+        if self.estimator == "em":
+            return em_job(source_prior=self.source_prior_, smoothing=self.smoothing, tol=self.tol,
+                          max_iter=self.max_iter, confidence=self.confidence, **common)
+        return bbse_job(confusion=self.confusion_, confidence=self.confidence, **common)
+
+    def adapt_on(self, engine, *, by_domain: bool = False) -> "PriorAdapted":
+        """:meth:`adapt` on an engine of :mod:`confcal.passes` whose batches hold ``"logits"`` (and
+        ``"domains"`` with ``by_domain``), e.g. :class:`confcal.dask.DaskEngine` over a Parquet dataset:
+        the same passes, so the same priors as in one process up to the order of float64 sums."""
+        from confcal._threads import one_blas_thread
+        from confcal.passes import run_job
+
+        with one_blas_thread():
+            records = run_job(self.adapt_job(by_domain=by_domain), engine)
+        self.set_priors(records, n_passes=getattr(engine, "n_passes", 0) or 1)
+        return self
+
+    def set_priors(self, records: dict, *, n_passes: int) -> None:
+        """Keep the result of :meth:`adapt_job` (``{None or domain id: record}``) as ``priors_``."""
+        self._set_priors(records, n_passes=n_passes)
 
     def _set_priors(self, records: dict, *, n_passes: int) -> None:
         source_pred = self.confusion_.sum(axis=1)
