@@ -229,8 +229,8 @@ def check_source_prior(source_prior, n_classes: int) -> np.ndarray:
 def check_em_settings(smoothing, tol, max_iter):
     """``(smoothing, tol, max_iter)`` checked: finite ``smoothing >= 0``, ``tol > 0``, integer ``max_iter >= 1``."""
     if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float, np.number)) \
-            or not np.isfinite(smoothing) or smoothing < 0:
-        raise ValueError(f"smoothing: expected a finite pseudo-count >= 0, got {smoothing!r}")
+            or not np.isfinite(smoothing) or not 0 <= smoothing <= 1e12:
+        raise ValueError(f"smoothing: expected a pseudo-count in [0, 1e12] per class, got {smoothing!r}")
     if isinstance(tol, bool) or not isinstance(tol, (int, float, np.number)) or not np.isfinite(tol) or not tol > 0:
         raise ValueError(f"tol: expected a finite number > 0, got {tol!r}")
     if isinstance(max_iter, bool) or not isinstance(max_iter, (int, np.integer)) or max_iter < 1:

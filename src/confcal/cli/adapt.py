@@ -79,18 +79,21 @@ def adapted(args, cal):
         cal.set_params(input_kind=kind)
     x = load_array(args.calibration_logits, name="calibration_logits", csv_header=args.csv_header)
     y = load_array(args.calibration_labels, name="calibration_labels", csv_header=args.csv_header)
-    d = load_array(args.calibration_domains, name="calibration_domains", csv_header=args.csv_header) \
-        if args.calibration_domains else None
+    d = None
+    if args.calibration_domains:
+        if "domains" not in (*cal.side_inputs, *cal.optional_side_inputs):
+            raise ValueError(f"calibration_domains: the calibrator ({cal.method}) takes no domain ids; leave it out")
+        d = load_array(args.calibration_domains, name="calibration_domains", csv_header=args.csv_header)
     try:
         return PriorAdapted.from_fitted(cal, x, y, domains=d, estimator=args.method, smoothing=args.smoothing,
                                         tol=args.tol, max_iter=args.max_iter, source_prior=args.source_prior,
                                         n_boot=args.n_boot, confidence=args.confidence, random_state=args.seed)
-    except ValueError as exc:  # the library names its arguments; here they are the calibration set's options
+    except (ValueError, TypeError) as exc:  # the library names its arguments; here: the calibration set's options
         text = str(exc)
         for lib, opt in (("labels: ", "calibration_labels: "), ("logits: ", "calibration_logits: "),
                          ("domains: ", "calibration_domains: ")):
             if text.startswith(lib):
-                raise ValueError(opt + text[len(lib):]) from None
+                raise type(exc)(opt + text[len(lib):]) from None
         raise
 
 
