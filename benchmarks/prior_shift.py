@@ -2,8 +2,8 @@
 ``abstention`` package (Alexandari et al. 2020's code), on real classifier outputs.
 
 1. CIFAR-10 WideResNet-16-4 and CIFAR-100 DenseNet-BC-100 test outputs (``../shared/data/cifar``, softmax
-   probabilities; logits = their log): a seeded random half calibrates (TS, BCTS; the source prior is its
-   label frequencies), the other half is resampled (with replacement, per class) to ``--n-target`` rows
+   probabilities; logits = their log): a seeded random half calibrates (TS, BCTS; EM's source prior is its mean
+   calibrated probability, the package default), the other half is resampled (with replacement, per class) to ``--n-target`` rows
    whose class mix is drawn from Dirichlet(alpha * 1), alpha in {0.1, 1, 10}, ``--draws`` draws each.
    The truth ``pi`` of a draw is the label frequency of its resampled rows.
 2. Domains as they are: digits (``../shared/data/domains/digits``) and Office-Caltech10 GoogLeNet features: a
@@ -11,7 +11,8 @@
    the other half, applied to each other domain. Their class mixes differ (usps holds 1553 zeros and 708 eights)
    but so do their images: label shift is not the only shift there, and the table shows what EM does then.
 3. Memory: ``PriorAdapted.adapt`` of 100k and 1M unlabelled rows x 100 classes, read from a memory-mapped .npy
-   (float32), each in a fresh process; peak RSS (``ru_maxrss``) and wall time.
+   (float32), each in a fresh process; peak RSS (``VmHWM`` of ``/proc/self/status``: ``ru_maxrss`` would carry
+   the parent's RSS across ``exec``) and wall time. Written to ``benchmarks/results/prior_shift_memory.md``.
 
 Methods: ``none`` (TS probabilities), ``em`` (EM after TS), ``em-bcts`` (EM after BCTS), ``bbse`` (BBSE with TS's
 confusion matrix, reweighting TS), ``oracle`` / ``oracle-bcts`` (TS / BCTS reweighted by the true pi over the calibration set's label
@@ -112,7 +113,7 @@ def _ci(values, rng, n=2000):
 
 def _summary(rows, rng):
     """Mean of each metric per method over draws (methods with an error in a draw: n/a count)."""
-    lines = ["| method | NLL | ECE | accuracy | L1 ||pi_hat - pi|| | failed draws |", "|---|---|---|---|---|---|"]
+    lines = ["| method | NLL | ECE | accuracy | L1 of pi_hat - pi | failed draws |", "|---|---|---|---|---|---|"]
     for m in METHODS_SHOWN:
         got = [r[m] for r in rows if m in r and "error" not in r[m]]
         failed = sum(1 for r in rows if m in r and "error" in r[m])
@@ -218,11 +219,13 @@ from confcal.sources import open_source
 cal = np.load(sys.argv[2])
 ts = TemperatureScaling().fit(cal["z"], cal["y"])
 ad = PriorAdapted.from_fitted(ts, cal["z"], cal["y"], n_boot=0, tol=1e-6, max_iter=int(sys.argv[3]))
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def hwm(key):
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(key))
+before = hwm("VmRSS:")
 t0 = time.perf_counter()
 ad.adapt(open_source(sys.argv[1], name="logits"))
 rec = ad.priors_[None]
-print(json.dumps({"rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "rss_before_mb": before / 1024,
+print(json.dumps({"rss_mb": hwm("VmHWM:") / 1024, "rss_before_mb": before / 1024,
                   "seconds": time.perf_counter() - t0, "n_iter": rec["n_iter"], "passes": ad.adaptation_["n_passes"],
                   "converged": rec["converged"]}))
 """
@@ -253,7 +256,7 @@ def rss_section(args, log):
     ratio = res["big"]["rss_mb"] / res["small"]["rss_mb"]
     return [f"### Memory: PriorAdapted.adapt (EM after TS, n_boot=0, tol 1e-6, max_iter {args.rss_max_iter}) on a "
             "memory-mapped float32 .npy, 100 classes, one fresh process each", "",
-            "| rows | peak RSS (MB) | RSS after imports and the TS fit (MB) | seconds | EM iterations | passes | converged |",
+            "| rows | peak RSS (MB) | RSS before adapt (MB) | seconds | EM iterations | passes | converged |",
             "|---|---|---|---|---|---|---|",
             *[f"| {n:,} | {r['rss_mb']:.0f} | {r['rss_before_mb']:.0f} | {r['seconds']:.1f} | {r['n_iter']} | "
               f"{r['passes']} | {r['converged']} |" for n, r in ((100_000, res["small"]), (n_big, res["big"]))], "",
@@ -275,19 +278,25 @@ def main(argv=None):
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
 
-    t0 = time.perf_counter()
-    body = []
+    command = f"`python benchmarks/prior_shift.py {' '.join(argv if argv is not None else sys.argv[1:])}`"
     if not args.rss_only:
-        body += cifar_section(args, log) + domains_section(args, log)
+        t0 = time.perf_counter()
+        body = cifar_section(args, log) + domains_section(args, log)
+        head = ["# Label-shift (prior) adaptation", "",
+                f"{command} ({time.perf_counter() - t0:.0f} s, {os.cpu_count()} CPUs shared with other jobs; "
+                f"abstention {'installed' if EMImbalanceAdapter is not None else 'not installed: its rows are missing'}).",
+                "", __doc__.split("\n\n", 1)[1].split("Writes")[0].strip(), ""]
+        _write(args.output, head + body)
     if not args.no_rss:
-        body += rss_section(args, log)
-    head = ["# Label-shift (prior) adaptation", "",
-            f"`python benchmarks/prior_shift.py {' '.join(argv if argv is not None else sys.argv[1:])}` "
-            f"({time.perf_counter() - t0:.0f} s, {os.cpu_count()} CPUs shared with other jobs; "
-            f"abstention {'installed' if EMImbalanceAdapter is not None else 'not installed: its rows are missing'}).",
-            "", __doc__.split("\n\n", 1)[1].split("Writes")[0].strip(), ""]
-    text = "\n".join(head + body) + "\n"
-    with atomic_write(args.output, "w") as fh:
+        t0 = time.perf_counter()
+        body = rss_section(args, log)
+        _write(str(Path(args.output).with_name(Path(args.output).stem + "_memory.md")),
+               ["# Label-shift adaptation: memory", "", f"{command} ({time.perf_counter() - t0:.0f} s)", "", *body])
+
+
+def _write(path, lines):
+    text = "\n".join(lines) + "\n"
+    with atomic_write(path, "w") as fh:
         fh.write(text)
     print(text)
 

@@ -65,9 +65,15 @@ def _map_core(cal):
     raise ExportError(f"method {cal.method!r}: logit map {name!r} has no exported form")
 
 
+def _bcts_core(cal):
+    """BCTS ``z / T + b`` is vector scaling with every weight ``1 / T``."""
+    return AffineCore(np.full(cal.n_classes_, 1.0 / cal.temperature_), np.asarray(cal.bias_, dtype=np.float64),
+                      matrix=False)
+
+
 #: method -> core of one ungrouped fit (also the members of ``grouped``)
 CORES: dict[str, Callable[[Any], Any]] = {
-    "ts": _ts_core, "vs": _map_core, "ms": _map_core, "dirichlet": _map_core, "ets": _map_core, "pts": _map_core,
+    "bcts": _bcts_core, "ts": _ts_core, "vs": _map_core, "ms": _map_core, "dirichlet": _map_core, "ets": _map_core, "pts": _map_core,
     "lb": _map_core, "dpb": _map_core, "set-ts": _ts_core,
 }
 
