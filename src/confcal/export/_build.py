@@ -33,6 +33,9 @@ REFUSALS = {
                         "carry the whole reference set and an (n, n_ref) distance matrix"),
     **{m: _PB for m in ("pb", "pb-lower", "pb-upper", "pb-mlp", "ts+pb", "vs+pb", "ms+pb", "dirichlet+pb",
                         "ets+pb", "pts+pb")},
+    "prior-adapted": ("the per-domain reweighting by pi_t / pi_s (confcal adapt) is not in the graph yet; export "
+                      "the base calibrator (the manifest's 'base') and multiply its probabilities by the domain's "
+                      "pi_t / pi_s, then renormalise"),
 }
 _NOT_YET = "not exported yet (its map is a function of the logits: planned)"
 
