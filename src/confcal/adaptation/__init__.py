@@ -10,12 +10,11 @@ probabilities are reweighted by ``pi_t / pi_s``. Each EM iteration is one pass o
 Sits above :mod:`confcal.calibrators` and below :mod:`confcal.evaluation` and the CLI.
 """
 
-from confcal.adaptation.adapted import ESTIMATORS, PriorAdapted
+from confcal.adaptation.adapted import ESTIMATORS, PriorAdapted, adapted_from_dict
 from confcal.adaptation.estimate import (EMResult, LabelShiftTest, bbse_prior, bbse_weights, check_prior, em_prior,
                                          label_shift_test, reweight)
 from confcal.adaptation.jobs import POOLED, bbse_job, em_job, poisson_weights
-from confcal.adaptation.manifest import (ADAPTED_FORMAT, ADAPTED_VERSION, adapted_from_dict, is_adapted_manifest,
-                                         to_adapted_manifest)
+from confcal.adaptation.manifest import ADAPTED_FORMAT, ADAPTED_VERSION, is_adapted_manifest, to_adapted_manifest
 
 __all__ = ["PriorAdapted", "ESTIMATORS", "EMResult", "LabelShiftTest", "em_prior", "bbse_prior", "bbse_weights",
            "check_prior", "reweight", "label_shift_test", "em_job", "bbse_job", "poisson_weights", "POOLED",

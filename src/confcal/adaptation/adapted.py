@@ -14,15 +14,15 @@ from typing import Any
 
 import numpy as np
 
-from confcal.adaptation.estimate import check_em_settings, label_shift_test
+from confcal.adaptation.estimate import label_shift_test
+from confcal.adaptation.manifest import adapted_parts, to_adapted_manifest
+from confcal.adaptation.settings import ESTIMATORS, check_settings
 from confcal.adaptation.jobs import POOLED, batch_posteriors, bbse_job, em_job
 from confcal.calibrators import Calibrator
-from confcal.calibrators.registry import make_calibrator
+from confcal.calibrators.protocol.registry import make_calibrator
 
-__all__ = ["PriorAdapted", "ESTIMATORS"]
+__all__ = ["PriorAdapted", "ESTIMATORS", "adapted_from_dict"]
 
-#: the prior estimators
-ESTIMATORS = ("em", "bbse")
 
 
 def _now() -> str:
@@ -297,8 +297,6 @@ class PriorAdapted(Calibrator):
     def to_dict(self) -> dict[str, Any]:
         """The adapted manifest (format ``confcal.prior_adapted``): the base's manifest, the calibration
         set's label counts and confusion matrix, and the target priors with their intervals and tests."""
-        from confcal.adaptation.manifest import to_adapted_manifest
-
         return to_adapted_manifest(self)
 
     def _get_fitted(self):
@@ -353,19 +351,20 @@ def _clone(est):
     return type(est)(**est.get_params(deep=False))
 
 
-def check_settings(params: dict) -> None:
-    """The hyper-parameters of :class:`PriorAdapted` checked, one-line errors naming the parameter."""
-    if params["source_prior"] not in ("calibrated", "labels"):
-        raise ValueError(f"source_prior: expected 'calibrated' or 'labels', got {params['source_prior']!r}")
-    if params["estimator"] not in ESTIMATORS:
-        raise ValueError(f"estimator: expected one of {ESTIMATORS}, got {params['estimator']!r}")
-    check_em_settings(params["smoothing"], params["tol"], params["max_iter"])
-    nb = params["n_boot"]
-    if isinstance(nb, bool) or not isinstance(nb, (int, np.integer)) or not 0 <= nb <= 100_000:
-        raise ValueError(f"n_boot: expected an integer in [0, 100000], got {nb!r}")
-    c = params["confidence"]
-    if isinstance(c, bool) or not isinstance(c, (int, float, np.number)) or not 0 < c < 1:
-        raise ValueError(f"confidence: expected a number in (0, 1), got {c!r}")
-    rs = params["random_state"]
-    if isinstance(rs, bool) or not isinstance(rs, (int, np.integer)) or not 0 <= rs < 2 ** 32:
-        raise ValueError(f"random_state: expected an integer in [0, 2**32), got {rs!r}")
+def adapted_from_dict(manifest: dict, *, n_classes: int | None = None, source: str | None = None) -> PriorAdapted:
+    """Rebuild a :class:`PriorAdapted` from its manifest (:meth:`PriorAdapted.to_dict`).
+
+    Every field is checked (:func:`confcal.adaptation.manifest.check_adapted_manifest`), the base by its own
+    loader, which must agree on ``n_classes``. Raises ``ValueError`` on one line naming the file (``source``)
+    and the field."""
+    base, k, priors = adapted_parts(manifest, n_classes=n_classes, source=source)
+    ad = PriorAdapted(base=base.method, **manifest["hyperparameters"])
+    ad.base_ = base
+    ad.n_classes_ = k
+    ad._set_fitted(manifest["source"])
+    ad.priors_ = priors
+    ad.adaptation_ = manifest["adaptation"]
+    ad.fit_record_ = getattr(base, "fit_record_", None)
+    ad.fit_record_damage_ = getattr(base, "fit_record_damage_", {})
+    ad.manifest_source_ = source
+    return ad

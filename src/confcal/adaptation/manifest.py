@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ADAPTED_FORMAT", "ADAPTED_VERSION", "to_adapted_manifest", "adapted_from_dict", "is_adapted_manifest"]
+__all__ = ["ADAPTED_FORMAT", "ADAPTED_VERSION", "to_adapted_manifest", "adapted_parts", "check_adapted_manifest",
+           "is_adapted_manifest"]
 
 ADAPTED_FORMAT = "confcal.prior_adapted"
 ADAPTED_VERSION = 1
@@ -154,7 +155,7 @@ def check_adapted_manifest(manifest, *, where: str = "manifest") -> None:
     """Check every field of an adapted manifest but ``base`` and ``fit`` (their loader checks those).
 
     Raises ``ValueError`` on one line naming the field path, what was expected and what was found."""
-    from confcal.adaptation.adapted import check_settings
+    from confcal.adaptation.settings import check_settings
 
     c = _Check(where)
     c.dict_(manifest, "", _TOP)
@@ -222,13 +223,10 @@ def check_adapted_manifest(manifest, *, where: str = "manifest") -> None:
         c.fail("adaptation", "a record exactly when target priors are given", a)
 
 
-def adapted_from_dict(manifest: dict, *, n_classes: int | None = None, source: str | None = None):
-    """Rebuild a :class:`~confcal.adaptation.PriorAdapted` from :func:`to_adapted_manifest` output.
-
-    Every field is checked (:func:`check_adapted_manifest`), the base by
-    :func:`confcal.calibrators.calibrator_from_dict`, which must agree on ``n_classes``.
-    Raises ``ValueError`` on one line naming the file (``source``) and the field."""
-    from confcal.adaptation.adapted import PriorAdapted
+def adapted_parts(manifest: dict, *, n_classes: int | None = None, source: str | None = None):
+    """The checked pieces of an adapted manifest: ``(base calibrator, n_classes, priors, where)``, ``priors``
+    ``{None or domain id: record with numpy arrays}``. Every field is checked (:func:`check_adapted_manifest`),
+    the base by :func:`confcal.calibrators.calibrator_from_dict`, which must agree on ``n_classes``."""
     from confcal.calibrators import calibrator_from_dict
 
     where = f"manifest {source}" if source else "manifest"
@@ -242,19 +240,11 @@ def adapted_from_dict(manifest: dict, *, n_classes: int | None = None, source: s
         text = str(exc)
         rest = text.split(": ", 1)[1] if text.startswith("manifest") and ": " in text else text
         raise ValueError(f"{where}: base: {rest}") from None
-    ad = PriorAdapted(base=base.method, **manifest["hyperparameters"])
-    ad.base_ = base
-    ad.n_classes_ = k
-    ad._set_fitted(manifest["source"])
-    ad.priors_ = {}
+    priors = {}
     t = manifest["target"]
     for key, rec in [(None, t["pooled"])] + [(r["id"], r) for r in t["domains"]]:
         if rec is None:
             continue
-        ad.priors_[key] = {k_: (np.asarray(v, dtype=np.float64) if k_ in ("prior", "low", "high", "weights")
-                                and v is not None else v) for k_, v in rec.items() if k_ != "id"}
-    ad.adaptation_ = manifest["adaptation"]
-    ad.fit_record_ = getattr(base, "fit_record_", None)
-    ad.fit_record_damage_ = getattr(base, "fit_record_damage_", {})
-    ad.manifest_source_ = source
-    return ad
+        priors[key] = {k_: (np.asarray(v, dtype=np.float64) if k_ in ("prior", "low", "high", "weights")
+                            and v is not None else v) for k_, v in rec.items() if k_ != "id"}
+    return base, k, priors

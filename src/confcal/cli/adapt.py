@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from confcal.cli._common import SPEC_HELP, add_csv_header_arg, format_table, progress_of, source
+from confcal.cli._shared.common import SPEC_HELP, add_csv_header_arg, format_table, progress_of, source
 
 
 def register(sub):
