@@ -82,13 +82,16 @@ def _keys(batch: dict, n: int, by_domain: bool):
     return out
 
 
+def _rows(batch: dict) -> int:
+    return len(next(iter(batch.values())))
+
+
 def _em_map(batch, first, *, posteriors, ratios, n_boot, random_state, by_domain, n_classes, chunk=8192):
-    p_all = posteriors(batch, first)
-    n = p_all.shape[0]
+    n = _rows(batch)
     ones = np.ones((1 + n_boot, n_classes))
     out = {}
-    for lo in range(0, n, chunk):  # a chunk at a time: the (rows, 1 + n_boot) temporaries stay small
-        p = p_all[lo:lo + chunk]
+    for lo in range(0, n, chunk):  # a chunk at a time: the posteriors and (rows, 1 + n_boot) temporaries stay small
+        p = posteriors({k: v[lo:lo + chunk] for k, v in batch.items()}, first + lo)
         w = np.ones((p.shape[0], 1 + n_boot))
         if n_boot:
             w[:, 1:] = poisson_weights(random_state, first + lo, p.shape[0], n_boot)
@@ -186,10 +189,9 @@ def em_job(*, n_classes: int, source_prior, posteriors, posterior_column: str = 
 
 
 def _count_map(batch, first, *, posteriors, n_boot, random_state, by_domain, n_classes, chunk=8192):
-    p_all = posteriors(batch, first)
     out = {}
-    for lo in range(0, p_all.shape[0], chunk):
-        p = p_all[lo:lo + chunk]
+    for lo in range(0, _rows(batch), chunk):
+        p = posteriors({k: v[lo:lo + chunk] for k, v in batch.items()}, first + lo)
         hot = np.zeros_like(p)
         hot[np.arange(p.shape[0]), np.argmax(p, axis=1)] = 1.0
         w = np.ones((p.shape[0], 1 + n_boot))
