@@ -123,7 +123,7 @@ def run_apply(args) -> int:
 def _warn_if_drift(cal, frame, cols) -> None:
     """``apply``'s drift check on the rows the single-process apply checks (the same global rows,
     :func:`confcal.passes.spread_ranges`), said after the output is written, as there."""
-    from confcal.cli.drift import warn_if_drift
+    from confcal.cli._shared.drift_check import warn_if_drift
     from confcal.dask import spread_rows
 
     if "data_summary" not in (getattr(cal, "fit_record_", None) or {}):
