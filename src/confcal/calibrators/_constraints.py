@@ -885,6 +885,8 @@ FIT_RECORD = Fields({
         "reg_lambda": Real(ge=0),
         "reg_mu": Real(ge=0),
     }, rules=(_CVSearchRule(),))),
+    # --method auto: the cross-validation table and the choice (checked by selection_record)
+    "selection": Opt(AnyJSON()),
 })
 
 
@@ -915,6 +917,10 @@ def damaged_fit_fields(record, *, where: str = "manifest", n_classes=None) -> di
                 kind = record.get("input_kind")
                 check_data_summary(record[key], where=where, n_classes=n_classes,
                                    input_kind=kind if kind in ("logits", "probs", "scores") else None)
+            elif key == "selection":
+                from confcal.calibrators.selection_record import check_selection_record
+
+                check_selection_record(record[key], where=where)
         except ValueError as exc:
             out[key] = str(exc)
     return out

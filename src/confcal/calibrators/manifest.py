@@ -175,6 +175,12 @@ def _from_dict(manifest, *, n_classes, source):
     if cal.fit_record_ is not None:
         where = f"manifest {source}" if source else "manifest"
         bad = damaged_fit_fields(cal.fit_record_, where=where, n_classes=cal.n_classes_)
+        if isinstance(cal.fit_record_, dict) and "selection" in cal.fit_record_ and "selection" not in bad:
+            from confcal.calibrators.selection_record import selection_disagrees
+
+            why = selection_disagrees(cal.fit_record_["selection"], method, hyper)
+            if why:
+                bad["selection"] = f"{where}: {why}"
         if bad:  # the record describes the fit; the map above is checked and usable
             import warnings
 

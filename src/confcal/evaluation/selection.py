@@ -28,13 +28,14 @@ import numpy as np
 
 from confcal._validation import as_numpy, check_domains, check_box_labels, check_labels, check_logits
 from confcal.calibrators import METHODS
+from confcal.calibrators.selection_record import SELECTION_RULES, choose_from_table
 from confcal.evaluation.selection_candidates import REFERENCE, Candidate, candidates_for
 from confcal.metrics import detection_ece, ece
 
 __all__ = ["select_calibrator", "AutoCalibrator", "SELECTION_RULE", "input_kind_of"]
 
-#: the version of this protocol, recorded in the manifest
-SELECTION_RULE = "cv-nll-guard-ts/1"
+#: the version of this protocol, recorded in the manifest (the loader knows it)
+SELECTION_RULE = SELECTION_RULES[0]
 _EPS = 1e-12  # the clip of confcal.metrics.nll: a zero probability gives a large, finite loss
 #: below this many rows the search is not run: the reference is fitted (recorded with the reason)
 MIN_ROWS = 50
@@ -269,7 +270,7 @@ def select_calibrator(logits, labels, *, domains=None, input_kind: str | None = 
         table.append(_empty_row(label, method, "skipped", why))
     if reason_all is not None:
         table = [_empty_row(c.label, c.method, "skipped", reason_all) for c in cands] + table
-    chosen = choose(table, reference.label, bool(allow_accuracy_change))
+    chosen = choose_from_table(table, reference.label, bool(allow_accuracy_change))
     chosen_cand = next(c for c in cands if c.label == chosen)
     t0 = time.perf_counter()
     cal, _ = _fit_one(chosen_cand, x, y, side_all)
@@ -328,23 +329,6 @@ def _cross_validate(c: Candidate, kind, k, xs, ys, sides, fold, n_folds, decisio
         if kind == "classes":
             row["acc_change"] = _number(float(np.mean(dec == ys) - np.mean(decision0 == ys)))
     return row
-
-
-def choose(table: list[dict], reference: str, allow_accuracy_change: bool) -> str:
-    """The rule of step 5 on a finished table: the eligible row of lowest ``nll`` (first on ties), else
-    ``reference``. Eligible: status ``ok``; ``argmax_changed`` 0 or None unless ``allow_accuracy_change``;
-    ``diff_hi < 0`` unless it is the reference. The manifest loader re-runs it on the recorded table."""
-    best, best_nll = reference, None
-    for row in table:
-        if row.get("status") != "ok" or row.get("nll") is None:
-            continue
-        if not allow_accuracy_change and row.get("argmax_changed") not in (None, 0, 0.0):
-            continue
-        if row["label"] != reference and not (row.get("diff_hi") is not None and row["diff_hi"] < 0):
-            continue
-        if best_nll is None or row["nll"] < best_nll:
-            best, best_nll = row["label"], row["nll"]
-    return best
 
 
 class AutoCalibrator:
