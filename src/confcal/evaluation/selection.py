@@ -186,7 +186,8 @@ def select_calibrator(logits, labels, *, domains=None, input_kind: str | None = 
         then fitted on every row)
     n_boot, level : draws and level of the paired row bootstrap that measures the noise
     random_state : seed of the folds, the sample and the bootstrap
-    candidates : override the rule (a list of :class:`Candidate`; the first is the reference)
+    candidates : override the rule (a list of :class:`Candidate`; the first is the reference); each gets
+        ``input_kind`` unless its params set it
 
     Returns
     -------
@@ -236,6 +237,9 @@ def select_calibrator(logits, labels, *, domains=None, input_kind: str | None = 
         cands, skipped = list(candidates), []
         if not cands or not all(isinstance(c, Candidate) for c in cands):
             raise TypeError("candidates: expected a non-empty list of Candidate (the reference first)")
+        if input_kind is not None:  # the input's kind, unless a candidate says otherwise
+            cands = [Candidate(c.label, c.method, {"input_kind": input_kind, **c.params}, c.side, c.moves_argmax)
+                     for c in cands]
     labels_ = [c.label for c in cands]
     if len(set(labels_)) != len(labels_):
         raise ValueError(f"candidates: each label once, got {labels_}")
