@@ -69,4 +69,6 @@ def run_auto(args) -> int:
     rec = cal.fit_record_
     print(render_selection(rec["selection"]))
     print(f"fitted {cal.method} on {rec['n_samples']} samples, {cal.n_classes_} classes -> {args.output}")
+    if domains is not None and "domains" not in (*cal.side_inputs, *cal.optional_side_inputs):
+        print(f"note: {cal.method} does not use domain ids: apply it without --domains")
     return 0
