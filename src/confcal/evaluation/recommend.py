@@ -30,7 +30,7 @@ __all__ = ["recommend", "render_recommendation"]
 
 
 def recommend(result, *, reference: str = "ts", allow_accuracy_change: bool = False,
-              level: float = 0.95) -> dict[str, Any]:
+              level: float = 0.90) -> dict[str, Any]:
     """The recommendation of a comparison (see the module docstring).
 
     Parameters
@@ -38,7 +38,8 @@ def recommend(result, *, reference: str = "ts", allow_accuracy_change: bool = Fa
     result : :class:`~confcal.evaluation.compare.ComparisonResult` holding a row labelled ``reference``
     reference : the label of the guard's reference row (temperature scaling)
     allow_accuracy_change : let a method that changes test accuracy be chosen
-    level : two-sided level of the interval over the splits
+    level : two-sided level of the interval over the splits (0.90: its upper end is a one-sided 95% bound,
+        as in ``--method auto``)
 
     Returns
     -------

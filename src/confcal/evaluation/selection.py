@@ -9,7 +9,8 @@ Protocol (:func:`select_calibrator`):
 3. the score is the held-out NLL (a proper scoring rule, Gneiting & Raftery 2007), with the Brier
    score and the 15-bin ECE reported next to it;
 4. **noise** is the paired row bootstrap of the held-out NLL difference to the reference (temperature
-   scaling): ``n_boot`` draws of the rows with replacement, percentile interval at ``level``;
+   scaling): ``n_boot`` draws of the rows with replacement, percentile interval at ``level`` (default 0.90,
+   so its upper end is a one-sided 95% bound: the guard is a one-sided test of "better than TS");
 5. **guard**: a candidate is eligible when it fitted on every fold, when it moved no held-out
    arg-max (or the user allows accuracy changes), and — unless it is the reference — when the upper
    end of its interval is below 0 (better than TS beyond noise). The chosen method is the eligible
@@ -166,7 +167,7 @@ def _number(v: float | None, digits: int = 10):
 
 def select_calibrator(logits, labels, *, domains=None, input_kind: str | None = None,
                       allow_accuracy_change: bool = False, n_folds: int = 5, max_rows: int = 20_000,
-                      n_boot: int = 1000, level: float = 0.95, random_state: int = 0,
+                      n_boot: int = 1000, level: float = 0.90, random_state: int = 0,
                       candidates: list[Candidate] | None = None):
     """Choose a calibrator by cross-validated held-out NLL, guarded by temperature scaling; fit it.
 
@@ -184,7 +185,8 @@ def select_calibrator(logits, labels, *, domains=None, input_kind: str | None = 
     n_folds : folds of the cross-validation, ``>= 2``
     max_rows : the search runs on a seeded sample of at most this many rows (the chosen method is
         then fitted on every row)
-    n_boot, level : draws and level of the paired row bootstrap that measures the noise
+    n_boot, level : draws and two-sided level of the paired row bootstrap interval that measures the noise
+        (0.90: a candidate must beat TS at a one-sided 95% bound)
     random_state : seed of the folds, the sample and the bootstrap
     candidates : override the rule (a list of :class:`Candidate`; the first is the reference); each gets
         ``input_kind`` unless its params set it
@@ -346,7 +348,7 @@ class AutoCalibrator:
     method = "auto"
 
     def __init__(self, *, input_kind: str | None = None, allow_accuracy_change: bool = False, n_folds: int = 5,
-                 max_rows: int = 20_000, n_boot: int = 1000, level: float = 0.95, random_state: int = 0):
+                 max_rows: int = 20_000, n_boot: int = 1000, level: float = 0.90, random_state: int = 0):
         self.input_kind = input_kind
         self.allow_accuracy_change = allow_accuracy_change
         self.n_folds = n_folds

@@ -16,7 +16,7 @@ def render_selection(record: dict) -> str:
     noise = record["noise"]
     head = (f"auto: {record['n_folds']}-fold cross-validation on {record['n_rows']} rows ({record['input']}); "
             f"NLL difference to {record['reference']} with a {noise['level']:.0%} {noise['method']} interval "
-            f"({noise['n_boot']} draws)")
+            f"({noise['n_boot']} draws; a candidate must have its upper end below 0)")
     cols = ["", "method", "NLL", "Brier", "ECE", "Δacc", "ΔNLL vs ref [interval]", "fit s", "note"]
     rows = []
     for r in record["candidates"]:
