@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from confcal.calibrators import METHODS
-from confcal.calibrators.selection_record import choose_from_table
+from confcal.calibrators.protocol.selection_record import choose_from_table
 from confcal.evaluation.selection import select_calibrator
 from confcal.evaluation.selection_candidates import candidates_for
 

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from confcal.calibrators import METHODS, calibrator_from_dict
-from confcal.calibrators._constraints import COMMON_HYPER
+from confcal.calibrators.protocol.constraints import COMMON_HYPER
 from confcal.cli import main
 
 # small, fast fits: Adam methods get a few epochs, k-means few clusters
@@ -535,7 +535,7 @@ def test_auto_selection_record_tampered():
     """``--method auto`` manifests: every leaf of ``fit.selection`` (the cross-validation table and the
     choice), tampered, loads the same fitted map (the record never blocks apply) and either warns once
     naming ``fit.selection`` or still holds a record that its own rule and the manifest agree with."""
-    from confcal.calibrators.selection_record import check_selection_record, selection_disagrees
+    from confcal.calibrators.protocol.selection_record import check_selection_record, selection_disagrees
     from confcal.evaluation.selection import select_calibrator
     from confcal.evaluation.selection_candidates import Candidate
 

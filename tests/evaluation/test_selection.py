@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from confcal.calibrators import calibrator_from_dict
-from confcal.calibrators.selection_record import check_selection_record, choose_from_table
+from confcal.calibrators.protocol.selection_record import check_selection_record, choose_from_table
 from confcal.evaluation.selection import AutoCalibrator, paired_bootstrap, select_calibrator
 from confcal.evaluation.selection_candidates import Candidate, candidates_for
 

@@ -6,7 +6,7 @@ import json
 import warnings
 
 from confcal.catalog import method_names
-from confcal.cli._common import (
+from confcal.cli._shared.common import (
     SPEC_HELP,
     add_logits_args,
     metrics_rows,
@@ -16,8 +16,8 @@ from confcal.cli._common import (
     source,
     spread_rows,
 )
-from confcal.cli._boxfeatures import add_box_features_arg, read_box_features
-from confcal.cli._dask import add_engine_args, run_fit, wants_dask
+from confcal.cli._shared.boxfeatures import add_box_features_arg, read_box_features
+from confcal.cli._shared.dask import add_engine_args, run_fit, wants_dask
 
 
 def register(sub):
@@ -43,20 +43,20 @@ def register(sub):
                    help="version/tag of the calibration dataset, stored in the manifest's fit.provenance")
     add_box_features_arg(p, what="for det-platt-geo / det-beta-geo / det-hist-geo (recorded in the manifest)")
     add_engine_args(p, fit=True)
-    from confcal.cli.auto import add_auto_args
+    from confcal.cli._shared.auto_fit import add_auto_args
 
     add_auto_args(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from confcal.calibrators.registry import make_calibrator
-    from confcal.cli._provenance import provenance
+    from confcal.calibrators.protocol.registry import make_calibrator
+    from confcal.cli._shared.provenance import provenance
     from confcal.io import check_not_an_input, check_output_path, save_manifest
     from confcal.metrics.drift import data_summary
 
     if args.method == "auto":
-        from confcal.cli.auto import run_auto
+        from confcal.cli._shared.auto_fit import run_auto
 
         return run_auto(args)
     if args.allow_accuracy_change:
@@ -69,7 +69,7 @@ def run(args) -> int:
     check_output_path(args.output, suffixes=(".json",), name="--output")
     check_not_an_input(args.output, {"--logits": args.logits, "--labels": args.labels, "--domains": args.domains,
                                      "--features": args.features, "--category-ids": args.category_ids})
-    from confcal.calibrators.registry import METHODS
+    from confcal.calibrators.protocol.registry import METHODS
 
     geo = getattr(METHODS[args.method], "takes_box_features", False) if args.method in METHODS else False
     if getattr(args, "box_features", None):

@@ -10,9 +10,9 @@
 """
 
 from confcal.evaluation.compare import ComparisonResult, MethodResult, compare_methods
+from confcal.evaluation.document import evaluate_sources
 from confcal.evaluation.recommend import recommend
 from confcal.evaluation.selection import AutoCalibrator, select_calibrator
-from confcal.evaluation.streamed import evaluate_sources
 
 __all__ = ["compare_methods", "ComparisonResult", "MethodResult", "evaluate_sources", "select_calibrator",
            "AutoCalibrator", "recommend"]

@@ -1,7 +1,7 @@
 """The ``recommend`` view of a comparison: which method to use, and which ones move accuracy.
 
 Applied to a :class:`~confcal.evaluation.compare.ComparisonResult` (random calibration / test splits),
-with the rule of ``--method auto`` (:func:`confcal.calibrators.selection_record.choose_from_table`)
+with the rule of ``--method auto`` (:func:`confcal.calibrators.protocol.selection_record.choose_from_table`)
 on test NLL instead of cross-validated NLL:
 
 * the **noise** of a method's NLL difference to the reference (TS) is measured over the splits,
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from confcal.calibrators.selection_record import choose_from_table
+from confcal.calibrators.protocol.selection_record import choose_from_table
 
 __all__ = ["recommend", "render_recommendation"]
 

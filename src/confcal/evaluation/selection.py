@@ -29,7 +29,7 @@ import numpy as np
 
 from confcal._validation import as_numpy, check_domains, check_box_labels, check_labels, check_logits
 from confcal.calibrators import METHODS
-from confcal.calibrators.selection_record import SELECTION_RULES, choose_from_table
+from confcal.calibrators.protocol.selection_record import SELECTION_RULES, choose_from_table
 from confcal.evaluation.selection_candidates import REFERENCE, Candidate, candidates_for
 from confcal.metrics import detection_ece, ece
 
