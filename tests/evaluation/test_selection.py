@@ -251,3 +251,16 @@ def test_auto_calibrator_front():
     est.fit(z, y)
     assert est.chosen_ == est.selection_["chosen"] == est.to_dict()["fit"]["selection"]["chosen"]
     np.testing.assert_allclose(est.predict_proba(z).sum(axis=1), 1.0, rtol=1e-12)
+
+
+def test_one_logit_binary_head():
+    """A sigmoid head ``(n, 1)`` is read as the calibrators read it ([0, z]); the chosen map keeps the shape rule."""
+    rng = np.random.default_rng(11)
+    z = rng.normal(size=(600, 1)) * 3
+    y = (rng.random(600) < 1 / (1 + np.exp(-z[:, 0] / 2))).astype(np.int64)
+    cal = select_calibrator(z, y, candidates=FAST, allow_accuracy_change=True, n_boot=200)
+    p = cal.predict_proba(z)
+    assert p.shape == (600, 2) and cal.fit_record_["selection"]["input"] == "classes"
+    ts = select_calibrator(np.concatenate([np.zeros_like(z), z], axis=1), y, candidates=FAST[:1], n_boot=200)
+    if cal.method == "ts":
+        np.testing.assert_allclose(p, ts.predict_proba(np.concatenate([np.zeros_like(z), z], axis=1)), rtol=1e-9)

@@ -74,14 +74,19 @@ def _check_inputs(logits, labels, domains, input_kind):
         y = check_multihot(labels, s.shape[0], s.shape[1]).astype(np.int64)
         k = s.shape[1]
     else:
-        z = check_logits(logits, input_kind=input_kind or "logits")  # logits (the log of probabilities)
-        if z.shape[1] == 1:
-            z = np.concatenate([np.zeros_like(z), z], axis=1)  # a one-logit binary head: [0, z]
+        raw = as_numpy(logits, "logits")
+        if raw.ndim == 2 and raw.shape[1] == 1 and np.issubdtype(raw.dtype, np.number):
+            # a one-logit binary head, as the calibrators read it: [0, z], or [1 - p, p] for probabilities
+            v = raw.astype(np.float64)
+            raw2 = np.concatenate([1 - v, v] if input_kind == "probs" else [np.zeros_like(v), v], axis=1)
+            z = check_logits(raw2, input_kind=input_kind or "logits")
+        else:
+            z = check_logits(logits, input_kind=input_kind or "logits")  # logits (the log of probabilities)
         y = check_labels(labels, z.shape[0], z.shape[1])
         k = z.shape[1]
         # the candidates read the input as given (input_kind is their hyper-parameter); z decides the arg-max
         d = None if domains is None else check_domains(domains, z.shape[0])
-        return kind, np.asarray(as_numpy(logits, "logits")), z, y, k, d
+        return kind, np.asarray(raw), z, y, k, d
     d = None if domains is None else check_domains(domains, s.shape[0])
     return kind, s, s, y, k, d
 

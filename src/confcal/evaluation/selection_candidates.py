@@ -84,7 +84,8 @@ def candidates_for(kind: str, *, n_samples: int, n_classes: int, domains: bool =
 
     def add(c: Candidate, *, needs_torch=False, why_not: str | None = None):
         if why_not is None and c.moves_argmax and not allow_accuracy_change:
-            why_not = "may change accuracy (it can move the arg-max); allow with allow_accuracy_change"
+            why_not = ("may change accuracy (it can move the arg-max, or a label's 0.5 decision); allow with "
+                       "allow_accuracy_change")
         if why_not is None and needs_torch and not torch_ok:
             why_not = "needs PyTorch (pip install 'confcal[torch]')"
         if why_not is None:
