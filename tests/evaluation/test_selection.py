@@ -41,8 +41,9 @@ def _draw(rng, n, k, temperature, bias=None, scale=3.0):
 def test_ts_truth_picks_ts_or_an_equivalent_rate():
     """Known truth: labels from ``softmax(z / 2)``, so TS is the true model and vs / dirichlet can only
     over-fit. Over R = 20 seeded replications (n = 600, K = 3, accuracy changes allowed, so the
-    bias-capable maps are candidates), vs / dirichlet were chosen 0 times here (Clopper-Pearson 95%
-    interval of the rate [0, 0.17]); the assertion allows 2 of 20, failing only when the guard's
+    bias-capable maps are candidates; default level 0.90), vs / dirichlet were chosen 0 times here
+    (Clopper-Pearson 95% interval of the rate [0, 0.17]; benchmarks/auto_method_guard.py: 1 of 120,
+    [0.000, 0.046]); the assertion allows 2 of 20, failing only when the guard's
     false-choice rate is large (P(>= 3 of 20) < 0.08 at a true rate of 5%)."""
     wrong = 0
     for r in range(20):
