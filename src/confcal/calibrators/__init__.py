@@ -35,7 +35,7 @@ _LAZY = {
     "ClusterRegressionTemperatureScaling": "domain", "ClusterTemperatureScaling": "domain",
     "DomainEnsembleTemperatureScaling": "domain", "SetLevelTemperatureScaling": "domain",
     "GroupedTemperatureScaling": "temperature", "TemperatureScaling": "temperature",
-    "GroupedCalibrator": "grouping",
+    "GroupedCalibrator": "grouping", "group_key": "group_keys", "key_parts": "group_keys",
     "DirichletCalibration": "scaling", "MatrixScaling": "scaling", "VectorScaling": "scaling",
     "EnsembleTemperatureScaling": "ensemble", "ParameterizedTemperatureScaling": "parametric",
     "FeatureClipping": "feature_clipping",
@@ -85,5 +85,5 @@ __all__ = [
     "ScalingBinning", "MarginalScalingBinning", "BetaCalibration", "DetectionBetaCalibration", "PlattOneVsRest",
     "reuse_fits",
     "GeometryLogisticCalibration", "GeometryBetaCalibration", "GeometryHistogramBinning",
-    "MultilabelTemperatureScaling", "MultilabelPlattScaling",
+    "MultilabelTemperatureScaling", "MultilabelPlattScaling", "group_key", "key_parts",
 ]
