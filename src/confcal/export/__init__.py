@@ -193,6 +193,7 @@ def export_onnx(calibrator, path=None, *, dtype: str = "float32"):
     beyond the output (1M x 100 float32 logits: see ``benchmarks/results/export.md``).
     Raises :class:`ExportError`.
     """
+    from confcal.export._inputs import emit_one_logit, emit_rows_guard
     from confcal.export._onnx import Graph
 
     cal, sha = _calibrator(calibrator)
@@ -201,10 +202,15 @@ def export_onnx(calibrator, path=None, *, dtype: str = "float32"):
     g = Graph()
     index_name = _index_name(cal) if head.grouped else ("features" if head.n_features else None)
     rows = chunk_rows(2 if head.box else cal.n_classes_)
-    out = g.chunked(lambda sub, x, i: head.emit(sub, x, i, _DTYPES[dtype]), "logits", index_name, rows,
-                    _DTYPES[dtype])
+    x, side = "logits", index_name
+    if head.one_logit:  # (n, 1) one-logit input -> [0, z] (_inputs: the one input contract)
+        x = emit_one_logit(g, x, head.input_probs, _DTYPES[dtype])
+    if side is not None:  # another row count is refused, not broadcast
+        side = emit_rows_guard(g, "logits", side, head.n_features or None)
+    out = g.chunked(lambda sub, x, i: head.emit(sub, x, i, _DTYPES[dtype]), x, side, rows, _DTYPES[dtype])
     k = 2 if head.box else cal.n_classes_
-    inputs = [("logits", None, _DTYPES[dtype], ["n"] if head.box else ["n", k])]
+    width = "k (1 or 2)" if head.one_logit else k
+    inputs = [("logits", None, _DTYPES[dtype], ["n"] if head.box else ["n", width])]
     if head.grouped:
         inputs.append((index_name, None, np.int64, ["n"]))
     if head.n_features:

@@ -254,4 +254,7 @@ def build_head(cal, dtype=np.float64):
     head, table = BUILDERS[method](cal)
     if isinstance(head, _BoxHeads):
         head = head.heads[np.dtype(dtype)]
+    # a binary head of a method that takes a one-logit sigmoid model also takes (n, 1), as predict_proba does
+    head.one_logit = bool(not head.box and not head.n_features and head.n_classes == 2
+                          and getattr(cal, "one_logit_head", True) and not method.endswith("-multilabel"))
     return head, table
