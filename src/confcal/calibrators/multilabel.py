@@ -26,7 +26,9 @@ from scipy.special import expit, logit
 from confcal._validation import as_numpy
 from confcal.calibrators._constraints import T_BOUNDS, T_RULE, Array, Bool, Fields, Real
 from confcal.calibrators._logistic import fit_logistic
+from confcal.calibrators._temperature_bounds import temperatures_within_bounds
 from confcal.calibrators._tsfit import DEFAULT_T_BOUNDS
+from confcal.calibrators._tsfit import _result as _ts_result
 from confcal.calibrators.base import Calibrator, _sha256, register
 from confcal.metrics.multilabel import check_multihot, multilabel_metrics
 
@@ -148,6 +150,7 @@ class MultilabelTemperatureScaling(_PerLabelMaps):
     method = "ts-multilabel"
     hyper_constraints = dict(T_BOUNDS)
     hyper_rules = (T_RULE,)
+    hyper_parameter_rules = (temperatures_within_bounds("label_temperatures"),)  # as ts: each T_l on load
     fitted_constraints = Fields({"label_temperatures": Array(("n_classes",), Real(gt=0)),
                                  "nll": Array(("n_classes",), Real(max_abs=math.inf))})
 
@@ -164,7 +167,9 @@ class MultilabelTemperatureScaling(_PerLabelMaps):
 
     def _fit_label(self, z, y, w):
         res = fit_logistic(z, y, slope_bounds=(1.0 / self.t_max, 1.0 / self.t_min), fit_bias=False, sample_weight=w)
-        return {"temperature": 1.0 / res.slope, "nll": res.nll}
+        # as ts: a T_l that ends on t_min or t_max warns (CalibrationWarning), and sits exactly on the bound
+        fit = _ts_result(-math.log(res.slope), res.nll, res.n_iter, self.t_min, self.t_max, True, stacklevel=5)
+        return {"temperature": fit.temperature, "nll": res.nll}
 
     def _apply_label(self, z, m):
         return z / m["temperature"]

@@ -42,6 +42,7 @@ import numpy as np
 from confcal._numeric import softmax
 from confcal.calibrators._constraints import SEED, T_BOUNDS, T_RULE, TEMPERATURE, Array, Choice, Fields, GroupKey, \
     Int, Nullable, Real, Spec, check_hyperparameters, check_parameters
+from confcal.calibrators._temperature_bounds import temperatures_within_bounds
 from confcal.calibrators._tsfit import DEFAULT_T_BOUNDS, CalibrationWarning, fit_temperature
 from confcal.calibrators.base import METHODS, Calibrator, calibrator_from_dict, register
 
@@ -276,6 +277,7 @@ class SourceGatedTemperatureScaling(Calibrator):
                          "floor": Choice(*FLOORS), "max_pool_size": Nullable(Int(ge=2)), "random_state": SEED,
                          **T_BOUNDS}
     hyper_rules = (T_RULE,)
+    hyper_parameter_rules = (temperatures_within_bounds("source_temperature"),)  # as ts, on load
     fitted_constraints = Fields({
         "source_temperature": TEMPERATURE,
         "domains": Array(("n_domains",), GroupKey()),
