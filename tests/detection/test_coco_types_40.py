@@ -39,15 +39,15 @@ def test_every_detection_on_a_crowd_region(tmp_path, capsys, drop):
 
 
 @pytest.mark.parametrize("where, value, message", [
-    ("gt", True, "category_id True (bool); expected an integer"),
-    ("gt", "1", "category_id '1' (str); expected an integer"),
-    ("gt", 1.0, "category_id 1.0 (float); expected an integer"),
-    ("det", True, "category_id True (bool); expected an integer"),
-    ("det", "1", "category_id '1' (str); expected an integer"),
-    ("crowd", "1", "iscrowd '1'; expected the integer 0 or 1"),
-    ("crowd", 7, "iscrowd 7; expected the integer 0 or 1"),
-    ("crowd", True, "iscrowd True; expected the integer 0 or 1"),
-    ("cat", "1", "categories[0] has id '1' (str); expected an integer"),
+    ("gt", True, "category_id true (a boolean); expected an integer"),
+    ("gt", "1", 'category_id "1" (a string); expected an integer'),
+    ("gt", 1.0, "category_id 1.0 (a number); expected an integer"),
+    ("det", True, "category_id true (a boolean); expected an integer"),
+    ("det", "1", 'category_id "1" (a string); expected an integer'),
+    ("crowd", "1", 'iscrowd "1" (a string); expected the integer 0 or 1'),
+    ("crowd", 7, "iscrowd 7 (a number); expected the integer 0 or 1"),
+    ("crowd", True, "iscrowd true (a boolean); expected the integer 0 or 1"),
+    ("cat", "1", 'categories[0] has id "1" (a string); expected an integer'),
 ])
 def test_wrong_id_types_are_refused(tmp_path, capsys, where, value, message):
     gt, dets = json.loads(json.dumps(GT)), json.loads(json.dumps(DETS))

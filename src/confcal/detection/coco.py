@@ -41,16 +41,27 @@ def check_bbox(bbox, where: str) -> None:
                          "or 5+ [x, y, w, h, yaw, ...]")
 
 
+def _as_json(v) -> str:
+    """A value as the JSON file spells it, with its JSON kind: ``true (a boolean)``, ``"1" (a string)``."""
+    kind = ("a boolean" if isinstance(v, bool) else "null" if v is None else "a string" if isinstance(v, str)
+            else "a number" if isinstance(v, (int, float)) else f"a JSON {type(v).__name__}")
+    try:
+        text = json.dumps(v)
+    except (TypeError, ValueError):
+        text = repr(v)
+    return text if kind == "null" else f"{text[:40]} ({kind})"
+
+
 def check_category_id(v, where: str) -> None:
     """COCO's ``category_id`` is an integer: a bool (``true`` is not class 1), a string or a float is refused."""
     if isinstance(v, bool) or not isinstance(v, int):
-        raise ValueError(f"{where} has category_id {v!r} ({type(v).__name__}); expected an integer (COCO format)")
+        raise ValueError(f"{where} has category_id {_as_json(v)}; expected an integer (COCO format)")
 
 
 def check_iscrowd(v, where: str) -> None:
     """COCO's ``iscrowd`` flag is the integer 0 or 1 (a string "1" or a 7 is not read as a flag)."""
     if isinstance(v, bool) or not isinstance(v, int) or v not in (0, 1):
-        raise ValueError(f"{where} has iscrowd {v!r}; expected the integer 0 or 1 (COCO format)")
+        raise ValueError(f"{where} has iscrowd {_as_json(v)}; expected the integer 0 or 1 (COCO format)")
 
 
 def load_coco_gt(gt) -> dict:
@@ -97,8 +108,7 @@ def load_coco_gt(gt) -> dict:
             if not isinstance(c, dict) or "id" not in c:
                 raise ValueError(f"gt: categories[{i}] has no 'id'")
             if isinstance(c["id"], bool) or not isinstance(c["id"], int):
-                raise ValueError(f"gt: categories[{i}] has id {c['id']!r} ({type(c['id']).__name__}); expected an "
-                                 "integer (COCO format)")
+                raise ValueError(f"gt: categories[{i}] has id {_as_json(c['id'])}; expected an integer (COCO format)")
         cats = {c["id"] for c in g["categories"]}
     image_ids = {im["id"] for im in g["images"]}
     for part, ids in (("images", [im["id"] for im in g["images"]]),
