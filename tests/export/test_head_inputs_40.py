@@ -132,6 +132,16 @@ def test_both_formats_refuse_the_same_bad_tensors(head):
         assert f"ValueError: {what}:" in last and "expected" in last, (name, label, last)
 
 
+def test_onnx_rows_guard_survives_the_graph_optimizer():
+    """The features / index rows guard must not be optimised away (with one symbolic dim "n" for both
+    inputs, onnxruntime dropped it and a one-row features array failed inside the Loop's Concat)."""
+    cal = _geo()
+    sess = ort.InferenceSession(export_onnx(cal).SerializeToString(), providers=["CPUExecutionProvider"])
+    s = np.full(7, 0.5, dtype=np.float32)
+    with pytest.raises(Exception, match="features_rows_must_equal_logits_rows"):  # noqa: B017
+        sess.run(None, {"logits": s, "features": np.zeros((1, 2), dtype=np.float32)})
+
+
 def test_both_formats_take_the_good_inputs_and_agree_with_predict_proba(head):
     name, cal, sess, scripted = head
     x, side = _good(name, np.random.default_rng(9))

@@ -211,10 +211,12 @@ def export_onnx(calibrator, path=None, *, dtype: str = "float32"):
     k = 2 if head.box else cal.n_classes_
     width = "k (1 or 2)" if head.one_logit else k
     inputs = [("logits", None, _DTYPES[dtype], ["n"] if head.box else ["n", width])]
+    # the second input's rows get their own symbolic dim: with "n" the optimizer proves the rows guard a
+    # no-op and drops it, so a features array of another row count reached the Loop's Concat
     if head.grouped:
-        inputs.append((index_name, None, np.int64, ["n"]))
+        inputs.append((index_name, None, np.int64, ["n_index"]))
     if head.n_features:
-        inputs.append(("features", None, _DTYPES[dtype], ["n", head.n_features]))
+        inputs.append(("features", None, _DTYPES[dtype], ["n_features", head.n_features]))
     model = g.model(inputs, [("probs", out, _DTYPES[dtype], ["n", k])],
                     metadata=_metadata(cal, sha, table, index_name if head.grouped else None),
                     doc=f"confcal {cal.method} head: predict_proba of the manifest with sha256 {sha}")

@@ -109,12 +109,22 @@ def emit_one_logit(g: Graph, x: str, input_probs: bool, dt) -> str:
 
 
 def emit_rows_guard(g: Graph, x: str, side: str, n_cols: "int | None") -> str:
-    """``side`` reshaped to ``(n,)`` / ``(n, n_cols)`` with ``n`` the rows of ``x``: onnxruntime refuses
-    another row count (node ``<side>_rows_must_equal_logits_rows``) instead of broadcasting it."""
-    n = g.op("Shape", x, start=0, end=1)
-    shape = n if n_cols is None else g.op("Concat", n, g.const([n_cols], np.int64), axis=0)
-    g.nodes.append(_named(g, "Reshape", [side, shape], f"{side}_rows_must_equal_logits_rows"))
-    return g.nodes[-1].output[0]
+    """``side`` checked to have the rows of ``x``: onnxruntime refuses another row count (node
+    ``<side>_rows_must_equal_logits_rows``) instead of broadcasting it or reading past it.
+
+    The check adds two zero vectors of lengths ``n + 2`` and ``rows(side) + 2`` (never 1, so they broadcast
+    only when equal) and slices ``side`` to the resulting length: a data dependence the graph optimizer
+    cannot drop (a ``Reshape`` to ``(n, ...)`` was removed as a no-op at every optimization level)."""
+    from onnx import TensorProto, helper
+
+    i64 = np.int64
+    two = g.const([2], i64)
+    zeros = helper.make_tensor("zero", TensorProto.UINT8, [1], [0])
+    a = g.op("ConstantOfShape", g.op("Add", g.op("Shape", x, start=0, end=1), two), value=zeros)
+    b = g.op("ConstantOfShape", g.op("Add", g.op("Shape", side, start=0, end=1), two), value=zeros)
+    g.nodes.append(_named(g, "Add", [a, b], f"{side}_rows_must_equal_logits_rows"))
+    rows = g.op("Sub", g.op("Shape", g.nodes[-1].output[0]), two)
+    return g.op("Slice", side, g.const([0], i64), rows, g.const([0], i64))
 
 
 def _named(g: Graph, op_type: str, inputs, name: str):
