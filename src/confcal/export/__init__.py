@@ -206,7 +206,7 @@ def export_onnx(calibrator, path=None, *, dtype: str = "float32"):
     if head.one_logit:  # (n, 1) one-logit input -> [0, z] (_inputs: the one input contract)
         x = emit_one_logit(g, x, head.input_probs, _DTYPES[dtype])
     if side is not None:  # another row count is refused, not broadcast
-        side = emit_rows_guard(g, "logits", side, head.n_features or None)
+        side = emit_rows_guard(g, "logits", side)
     out = g.chunked(lambda sub, x, i: head.emit(sub, x, i, _DTYPES[dtype]), x, side, rows, _DTYPES[dtype])
     k = 2 if head.box else cal.n_classes_
     width = "k (1 or 2)" if head.one_logit else k

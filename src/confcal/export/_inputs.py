@@ -9,7 +9,7 @@ maps; a value outside ``[0, G)`` selects the pooled fit) or ``features`` ``(n, d
   naming the input, the expected and the actual dtype / shape (``int64`` logits, ``K + 2`` columns,
   one column that would broadcast, an index of another length or dtype).
 * ONNX: the graph's input signature fixes dtype, rank and width; the index and features rows are
-  reshaped to ``n`` by nodes named after the rule (:func:`emit_rows_guard`), so onnxruntime refuses
+  checked against ``n`` by a node named after the rule (:func:`emit_rows_guard`), so onnxruntime refuses
   another row count instead of broadcasting a length-1 index or reading past a short one.
 """
 
@@ -108,7 +108,7 @@ def emit_one_logit(g: Graph, x: str, input_probs: bool, dt) -> str:
     return g.nodes[-1].output[0]
 
 
-def emit_rows_guard(g: Graph, x: str, side: str, n_cols: "int | None") -> str:
+def emit_rows_guard(g: Graph, x: str, side: str) -> str:
     """``side`` checked to have the rows of ``x``: onnxruntime refuses another row count (node
     ``<side>_rows_must_equal_logits_rows``) instead of broadcasting it or reading past it.
 
