@@ -59,10 +59,11 @@ def run(args) -> int:
     from confcal.io import load_calibrator, load_manifest
 
     xs = source(args, "logits")
-    if xs.ndim == 1 or (xs.ndim == 2 and xs.shape[1] == 1):
-        # 1-D box scores, or a one-logit head ((n, 1): a binary sigmoid logit): in memory
-        return _audit.run_box_scores(args)
     manifest = load_manifest(args.calibrator) if args.calibrator else None
+    if xs.ndim == 1 or (xs.ndim == 2 and xs.shape[1] == 1 and not _audit.classifier_manifest(manifest)):
+        # 1-D box scores, or a one-logit head ((n, 1): a binary sigmoid logit) alone or with a box map: in
+        # memory; (n, 1) with a classifier's manifest is its two-class rows [0, z] (issue 40), read below
+        return _audit.run_box_scores(args)
     cal = load_calibrator(manifest, source=args.calibrator) if manifest else None  # loaded once: one warning
     if args.input_kind is None:  # default: the calibrator's (its manifest), else logits
         args.input_kind = cal.input_kind if cal is not None else "logits"
@@ -71,7 +72,7 @@ def run(args) -> int:
 
     refuse_category_ids(args, f"class vectors {xs.shape}")
     side = side_sources(args)
-    if cal is not None and cal.n_classes_ != xs.shape[1]:
+    if cal is not None and cal.n_classes_ != max(2, xs.shape[1]):  # (n, 1): a one-logit model
         cal = load_calibrator(manifest, n_classes=xs.shape[1], source=args.calibrator)  # raises, naming both
     # --domains without a calibrator that takes them: the per-domain table only
     taken = tuple(_audit.taken(cal, side)) if cal is not None else ()

@@ -86,6 +86,8 @@ def evaluate(data, *, logits: str = "logits", labels: str = "label", calibrator=
                                "domains": dspec, "features": fspec_cal, "geometry": gspec})
     head = engine.run(SpreadBlocks(("logits",), rows=1, n_blocks=1))["logits"]
     n_classes = int(head.shape[1]) if head.ndim == 2 else None
+    if n_classes == 1 and cal is not None and not getattr(cal, "takes_box_scores", False):
+        n_classes = 2  # a one-logit model with a classifier's map: its two-class rows [0, z], as in one process
     if cal is not None and n_classes is not None and n_classes >= 2 and cal.n_classes_ != n_classes:
         # as load_calibrator(n_classes=...) refuses in one process (T41): another class count is no map of these
         src = os.fspath(calibrator) if isinstance(calibrator, (str, os.PathLike)) else \

@@ -54,6 +54,7 @@ from scipy.special import expit
 
 from confcal._numeric import softmax
 from confcal._validation import as_numpy, check_box_labels, check_labels, check_logits
+from confcal.calibrators.protocol.group_keys import group_key
 from confcal.calibrators.protocol.constraints import NLL, T_BOUNDS, T_RULE, TEMPERATURE, Bool, Choice, Fields, GroupKey, \
     GroupsAgree, Int, ListOf, Nullable, Opt, Pairs, Real, group_keys_of, increasing_slopes, \
     temperature_within_bounds
@@ -144,7 +145,7 @@ def _check_category_ids(category_ids, n: int) -> np.ndarray:
 
 # ------------------------------------------------------------------ grouped base
 def _key_part(v):
-    return v.item() if hasattr(v, "item") else v
+    return group_key(v, where="domains")  # the one id-key rule (a part of a box map's tuple key)
 
 
 def _box_key_parts(hyper, params) -> int:

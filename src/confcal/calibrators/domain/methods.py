@@ -39,6 +39,7 @@ from confcal.calibrators.protocol.constraints import SEED, T_BOUNDS, T_RULE, TEM
     GroupKey, Int, Nullable, Opt, Pairs, Real, optional_value, without_missing
 from confcal.calibrators._fit.tsfit import DEFAULT_T_BOUNDS, CalibrationWarning, fit_temperature
 from confcal.calibrators.protocol.base import Calibrator, register
+from confcal.calibrators.protocol.temperature_bounds import temperatures_within_bounds
 from confcal.calibrators.grouping import fit_groups
 
 __all__ = [
@@ -152,6 +153,7 @@ class SetLevelTemperatureScaling(Calibrator):
     optional_side_inputs = ("domains", "features")
     hyper_constraints = {"domain_weighting": Choice(*DOMAIN_WEIGHTINGS), **T_BOUNDS}
     hyper_rules = (T_RULE,)
+    hyper_parameter_rules = (temperatures_within_bounds("temperature"),)  # as ts: T inside its [t_min, t_max]
     fitted_constraints = Fields({"temperature": TEMPERATURE, "at_bound": Opt(Bool()),
                                  "domain_counts": Opt(Pairs(GroupKey(), Int(ge=0)))})
 

@@ -44,6 +44,7 @@ from confcal.calibrators.protocol.constraints import SEED, T_BOUNDS, T_RULE, TEM
     Int, Nullable, Real, Spec, check_hyperparameters, check_parameters
 from confcal.calibrators._fit.tsfit import DEFAULT_T_BOUNDS, CalibrationWarning, fit_temperature
 from confcal.calibrators.protocol.base import METHODS, Calibrator, calibrator_from_dict, register
+from confcal.calibrators.protocol.temperature_bounds import temperatures_within_bounds
 
 __all__ = ["SourceGatedTemperatureScaling", "source_gate", "neighbour_counts", "pool_allocation",
            "BASE_METHODS"]
@@ -276,6 +277,7 @@ class SourceGatedTemperatureScaling(Calibrator):
                          "floor": Choice(*FLOORS), "max_pool_size": Nullable(Int(ge=2)), "random_state": SEED,
                          **T_BOUNDS}
     hyper_rules = (T_RULE,)
+    hyper_parameter_rules = (temperatures_within_bounds("source_temperature"),)  # as ts, on load
     fitted_constraints = Fields({
         "source_temperature": TEMPERATURE,
         "domains": Array(("n_domains",), GroupKey()),

@@ -14,6 +14,7 @@ from functools import partial
 import numpy as np
 
 from confcal._numeric import softmax
+from confcal.calibrators.protocol.group_keys import group_key
 from confcal.calibrators.protocol.constraints import NLL, N_ITER, T_BOUNDS, T_RULE, TEMPERATURE, Bool, Fields, Int, Opt, \
     optional_value, temperature_within_bounds, without_missing
 from confcal.calibrators._fit.tsfit import DEFAULT_T_BOUNDS, CalibrationWarning, fit_temperature
@@ -464,4 +465,4 @@ def run_local_ts_job(cal, make_job, sources: dict, progress) -> None:
 
 def _id_key(d):
     """Domain ids as plain Python values (JSON-ready, and numpy scalars hash like them)."""
-    return d.item() if hasattr(d, "item") else d
+    return group_key(d, where="domains")

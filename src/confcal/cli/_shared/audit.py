@@ -28,6 +28,20 @@ def taken(cal, side: dict) -> dict:
     return {k: v for k, v in side.items() if k in takes or k != "domains"}
 
 
+def classifier_manifest(manifest) -> bool:
+    """True when ``manifest`` is a fitted classifier map (not a box-score map): a one-logit model's
+    ``(n, 1)`` logits are then its two-class rows ``[0, z]``, as ``fit`` and ``apply`` read them."""
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("method"), str):
+        return False
+    from confcal.calibrators import METHODS
+
+    try:
+        cls = METHODS[manifest["method"]]
+    except (KeyError, ValueError, ImportError):
+        return False  # an unknown method: the loader's own error comes later
+    return not getattr(cls, "takes_box_scores", False) and not manifest["method"].endswith("-multilabel")
+
+
 def box_score_predictions(args, cal, side, *, note_outside: bool = True):
     """``(stages, labels)`` for 1-D box scores: ``{"uncalibrated": clipped scores, method: p(TP)}``;
     ``note_outside``: say on stderr how many scores lie outside [0, 1]."""
