@@ -124,7 +124,7 @@ def bin_intervals(table: dict, alpha: float = 0.05, *, fraction: str = "accuracy
     >>> probs = np.array([[0.9, 0.1], [0.25, 0.75], [0.55, 0.45], [0.3, 0.7]])
     >>> t = bin_intervals(reliability_table(probs, [0, 0, 0, 1], n_bins=5), alpha=0.1)
     >>> t["lower"].round(3).tolist(), t["upper"].round(3).tolist()
-    ([nan, nan, 0.1, 0.025, 0.1], [nan, nan, 1.0, 0.975, 1.0])
+    ([nan, nan, 0.05, 0.025, 0.05], [nan, nan, 1.0, 0.975, 1.0])
     """
     count = np.asarray(table["count"], dtype=np.float64)
     frac = np.asarray(table[fraction], dtype=np.float64)
