@@ -39,6 +39,9 @@ def register(sub):
     from confcal.cli._boxfeatures import add_category_ids_arg
 
     add_category_ids_arg(p)
+    from confcal.cli._gate import add_gate_args
+
+    add_gate_args(p)
     add_engine_args(p)
     p.set_defaults(func=run)
 
@@ -47,6 +50,9 @@ def run(args) -> int:
     from confcal.cli import _audit
 
     _audit.check_max_ece(args)
+    from confcal.cli._gate import gate_kwargs
+
+    gate_kwargs(args)  # refused before any data is read
     if wants_dask(args):
         return run_evaluate(args)
     from confcal.cli import _multilabel
@@ -79,4 +85,5 @@ def run(args) -> int:
                                    input_kind=args.input_kind, n_bins=args.n_bins, progress=progress_of(args))
     if cal is not None:
         warn_if_fitted_on(cal, digest)
-    return _audit.finish(evaluation_document(stats, engine="local", max_ece=args.max_ece, manifest=manifest), args)
+    return _audit.finish(evaluation_document(stats, engine="local", max_ece=args.max_ece, manifest=manifest,
+                                                   **gate_kwargs(args)), args)

@@ -328,14 +328,25 @@ class CalibrationTestAccumulator(_Mergeable):
         return self._add(s, y)
 
     def _add(self, s, y):
+        """Add validated scores (float64) and 0/1 outcomes (bool or numbers)."""
         t = 1.0 - 2.0 * s
         self.n += int(s.size)
         self.num += float(np.dot(y - s, t))
         self.den += float(np.dot(t * t, s * (1.0 - s)))
         if self.cumulative and s.size:
-            self._scores.append(np.array(s, dtype=np.float64))
-            self._outcomes.append(np.asarray(y, dtype=bool))
+            kept = np.array(s, dtype=np.float64), np.array(y, dtype=bool)
+            for a in kept:
+                a.flags.writeable = False  # shared, never written: copies of the accumulator share them
+            self._scores.append(kept[0])
+            self._outcomes.append(kept[1])
         return self
+
+    def __deepcopy__(self, memo):
+        # the kept arrays are read-only, so a copy shares them (an evaluate pass copies its accumulators)
+        new = CalibrationTestAccumulator.__new__(CalibrationTestAccumulator)
+        new.__dict__.update(self.__dict__)
+        new._scores, new._outcomes = list(self._scores), list(self._outcomes)
+        return new
 
     def _merge(self, o):
         if o.cumulative != self.cumulative:
@@ -355,6 +366,7 @@ class CalibrationTestAccumulator(_Mergeable):
             if len(self._scores) > 1:  # compact once: later calls and pickles carry one array
                 self._scores = [np.concatenate(self._scores)]
                 self._outcomes = [np.concatenate(self._outcomes)]
+                self._scores[0].flags.writeable = self._outcomes[0].flags.writeable = False
             _, c, sigma = _cumulative(self._scores[0], self._outcomes[0].astype(np.float64))
             out["kolmogorov_smirnov"] = _ks(c, sigma, self.n)
             out["kuiper"] = _kuiper(c, sigma, self.n)
