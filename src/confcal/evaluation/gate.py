@@ -94,3 +94,38 @@ def group_record(value: float, block: dict, limit: float, rule: str, test: str) 
     if block["tests"]:
         rec["p_value"] = block["tests"][test]["p_value"]
     return rec
+
+
+def array_checks(probs, labels, *, n_bins: int = 15, alpha: float = DEFAULT_ALPHA) -> dict:
+    """:func:`calibration_block` of in-memory predictions (the report's path): ``probs``
+    ``(n_samples, n_classes)`` (top-label confidence) or 1-D box scores (the score itself, 0/1 labels,
+    the D-ECE's bins), plus ``bins`` ``{"lower", "upper"}`` per reliability bin."""
+    import numpy as np
+
+    from confcal.metrics import BinnedAccumulator, CalibrationTestAccumulator
+
+    p = np.asarray(probs, dtype=np.float64)
+    bins, tests = BinnedAccumulator(n_bins), CalibrationTestAccumulator()
+    if p.ndim == 1:
+        bins.update_pairs(p, np.asarray(labels))
+        tests.update_pairs(p, np.asarray(labels))
+    else:
+        bins.update(p, labels)
+        tests.update(p, labels)
+    out = calibration_block(bins, tests, alpha)
+    lower, upper = bin_bounds(bins, alpha)
+    out["bins"] = {"lower": lower, "upper": upper}
+    return out
+
+
+def rule_sentence(rule: str, alpha: float, test: str | None = None) -> str:
+    """One sentence of what the rule decides and promises (the report's verdict box)."""
+    level = f"{1 - alpha:g}"
+    if rule == "point":
+        return ("fail when the plug-in estimate is above the limit (no allowance for sampling noise: at small n a "
+                "calibrated model can fail).")
+    if rule == "confident":
+        return (f"fail when the one-sided {level} lower bound of the binned calibration error (Clopper-Pearson per bin, "
+                f"Bonferroni over bins) is above the limit; a model within the limit fails with probability at most {alpha:g}.")
+    return (f"fail when the estimate is above the limit and the {test} test rejects perfect calibration at {alpha:g}; "
+            f"a perfectly calibrated model fails with probability at most {alpha:g}.")
