@@ -305,7 +305,8 @@ def _provenance_html(manifest: dict) -> list[str]:
 def build_multilabel_report(stages: dict, labels, *, manifest: dict | None = None, n_bins: int = 15,
                             n_draws: int = 200, max_ece: float | None = None, max_diagrams: int = 8,
                             title: str = "confcal calibration report (sigmoid head)",
-                            verdict_out: list | None = None, numbers_out: dict | None = None) -> str:
+                            verdict_out: list | None = None, numbers_out: dict | None = None,
+                            gate_rule: str | None = None, alpha: float | None = None, gate_test: str | None = None) -> str:
     """The report of a sigmoid head (multi-hot labels) as an HTML string.
 
     ``stages``: ``{name: (n_samples, n_labels) label probabilities}``; ``labels`` multi-hot
@@ -324,13 +325,19 @@ def build_multilabel_report(stages: dict, labels, *, manifest: dict | None = Non
     first = np.asarray(next(iter(stages.values())))
     y = check_multihot(labels, first.shape[0], first.shape[1])
     n, n_labels = y.shape
-    results = {k: multilabel_metrics(p, y, n_bins=n_bins) for k, p in stages.items()}
+    from confcal.evaluation.gate import check_gate
+    from confcal.evaluation.multilabel import multilabel_violations
+
+    gate_rule, alpha, gate_test = check_gate(gate_rule, alpha, gate_test)
+    results = {k: multilabel_metrics(p, y, n_bins=n_bins, checks=True, alpha=alpha) for k, p in stages.items()}
     last = list(results)[-1]
     verdict = []
     if max_ece is not None:
         m = results[last]
         groups = [(f"label {j}", r["ece"]) for j, r in enumerate(m["per_label"])] + [("mean", m["mean"]["ece"])]
-        verdict = [{"group": g, "metric": "ece", "value": v, "limit": float(max_ece), "pass": not v > max_ece}
+        bad = {g for g, _ in multilabel_violations(m, float(max_ece), gate_rule=gate_rule, gate_test=gate_test)}
+        verdict = [{"group": g, "metric": "ece", "value": v, "limit": float(max_ece), "pass": g not in bad,
+                    "rule": gate_rule, "alpha": alpha, "test": gate_test if gate_rule == "test" else None}
                    for g, v in groups]
     if verdict_out is not None:
         verdict_out.extend(verdict)
