@@ -122,3 +122,21 @@ def test_multilabel_labels_are_gated_by_the_rule(tmp_path, capsys):
     assert set(row["calibration"]["tests"]) == {"spiegelhalter", "kolmogorov_smirnov", "kuiper"}
     assert code == 0  # confident: no label's lower bound above 0.01
     assert _run(capsys, args + ["--gate-rule", "point"])[0] == 3  # the noise floor of 500 rows is above 0.01
+
+
+def test_cli_literals_are_the_gate_modules():
+    from confcal.cli import _gate
+    from confcal.evaluation import gate
+
+    assert (_gate.GATE_RULES, _gate.GATE_TESTS) == (gate.GATE_RULES, gate.GATE_TESTS)
+    assert (_gate.DEFAULT_RULE, _gate.DEFAULT_ALPHA, _gate.DEFAULT_TEST) == (
+        gate.DEFAULT_RULE, gate.DEFAULT_ALPHA, gate.DEFAULT_TEST)
+
+
+def test_importing_the_metrics_loads_no_scipy():
+    import subprocess
+    import sys
+
+    code = "import sys, confcal.metrics, confcal.cli; assert 'scipy' not in sys.modules, 'scipy'"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr

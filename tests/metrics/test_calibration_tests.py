@@ -75,6 +75,9 @@ def test_statistics_ignore_row_order_and_batching(s, data):
     a = CalibrationTestAccumulator().update_pairs(s[perm][:cut], y[perm][:cut])
     b = CalibrationTestAccumulator().update_pairs(s[perm][cut:], y[perm][cut:])
     two = pickle.loads(pickle.dumps(b)).merge(a).result()
+    ks, ku = _direct(list(s), list(y))  # the accumulator's sort-free path against the O(n^2) oracle
+    assert one["kolmogorov_smirnov"].statistic == pytest.approx(ks, rel=1e-9, abs=1e-12)
+    assert one["kuiper"].statistic == pytest.approx(ku, rel=1e-9, abs=1e-12)
     for k in one:
         assert two[k].statistic == pytest.approx(one[k].statistic, rel=1e-9, abs=1e-12)
         assert two[k].p_value == pytest.approx(one[k].p_value, rel=1e-9, abs=1e-12)

@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
-from confcal.evaluation.gate import DEFAULT_ALPHA, DEFAULT_RULE, DEFAULT_TEST, GATE_RULES, GATE_TESTS, check_gate
+# literals here, not imported: importing confcal.evaluation at parser build costs every command ~1.5 s
+# (tests/cli/test_gate_rules.py checks they equal confcal.evaluation.gate's)
+GATE_RULES = ("point", "confident", "test")
+GATE_TESTS = ("kuiper", "kolmogorov_smirnov", "spiegelhalter")
+DEFAULT_RULE, DEFAULT_ALPHA, DEFAULT_TEST = "confident", 0.05, "kuiper"
 
 
 def add_gate_args(p) -> None:
@@ -20,6 +24,8 @@ def add_gate_args(p) -> None:
 
 def gate_kwargs(args) -> dict:
     """``{"gate_rule", "alpha", "gate_test"}`` of the parsed arguments, validated (the errors name the option)."""
+    from confcal.evaluation.gate import check_gate
+
     try:
         rule, alpha, test = check_gate(getattr(args, "gate_rule", None), getattr(args, "alpha", None),
                                        getattr(args, "gate_test", None))

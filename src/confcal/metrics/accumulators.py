@@ -332,12 +332,13 @@ class SummaryAccumulator(_Mergeable):
             self.scores._add_validated(p, y, pred, binary=np.ndim(probs) == 1)
             self.bins.update_pairs(conf, correct)
             if self.tests is not None and not isinstance(self, BoxSummaryAccumulator):
-                self.tests._add(conf, correct)
+                self.tests._add(conf, correct, owned=True)  # this batch's temporaries
         if self.equal_mass is not None:
             self.equal_mass.update_pairs(conf, correct)
         return self
 
     def start_next_pass(self):
+        self.tests = None  # pass 1 only: later passes neither feed nor carry it (the pairs stay in pass 1's)
         if self.needs_another_pass:
             self.equal_mass = self.equal_mass.next_pass()
             self.pass_no += 1

@@ -181,6 +181,7 @@ def cumulative_differences(confidence, correct):
 
 
 def _cumulative(s: np.ndarray, y: np.ndarray):
+    """``(distinct scores, C at each, sigma)``, by one argsort (the public, small-data form)."""
     n = s.size
     order = np.argsort(s, kind="stable")
     ss = s[order]
@@ -188,6 +189,30 @@ def _cumulative(s: np.ndarray, y: np.ndarray):
     ends = np.flatnonzero(np.append(ss[1:] != ss[:-1], True))  # the last row of each run of equal scores
     sigma = math.sqrt(float(np.sum(s * (1.0 - s)))) / n
     return ss[ends], cs[ends] / n, sigma
+
+
+def _extremes(s: np.ndarray, y: np.ndarray):
+    """``(max C, min C, sigma)`` over the distinct scores, without an argsort (slow on millions of rows).
+
+    The scores of the positive and of the negative rows are sorted apart (value sorts of n rows in all);
+    ``C`` at a score ``u`` is ``(k1(u) - S1(k1(u)) - S0(k0(u))) / n``, ``k1``, ``k0`` the numbers of positive
+    and negative rows with score ``<= u`` (binary searches: a run of ties is counted whole, so no order
+    among tied rows is needed) and ``S1``, ``S0`` the prefix sums of their sorted scores. Every distinct
+    score is a score of one of the two sets, so evaluating at both sets' scores visits all of them."""
+    n = s.size
+    pos = np.asarray(y, dtype=bool)
+    s1, s0 = np.sort(s[pos]), np.sort(s[~pos])
+    cs1 = np.concatenate([[0.0], np.cumsum(s1)])
+    cs0 = np.concatenate([[0.0], np.cumsum(s0)])
+    hi, lo = -math.inf, math.inf
+    for u in (s1, s0):
+        if u.size:
+            k1 = np.searchsorted(s1, u, side="right")
+            k0 = np.searchsorted(s0, u, side="right")
+            c = (k1 - cs1[k1] - cs0[k0]) / n
+            hi, lo = max(hi, float(c.max())), min(lo, float(c.min()))
+    sigma = math.sqrt(float(np.sum(s * (1.0 - s)))) / n
+    return hi, lo, sigma
 
 
 def _scaled(name: str, spread: float, sigma: float, n: int, sf) -> TestResult:
@@ -198,12 +223,12 @@ def _scaled(name: str, spread: float, sigma: float, n: int, sf) -> TestResult:
     return TestResult(name, 0.0, 1.0, n) if spread == 0 else TestResult(name, math.inf, 0.0, n)
 
 
-def _ks(c, sigma, n) -> TestResult:
-    return _scaled("kolmogorov_smirnov", float(np.max(np.abs(c))), sigma, n, max_abs_sf)
+def _ks(hi, lo, sigma, n) -> TestResult:
+    return _scaled("kolmogorov_smirnov", max(abs(hi), abs(lo)), sigma, n, max_abs_sf)
 
 
-def _kuiper(c, sigma, n) -> TestResult:
-    spread = max(0.0, float(np.max(c))) - min(0.0, float(np.min(c)))  # C_0 = 0 belongs to the path
+def _kuiper(hi, lo, sigma, n) -> TestResult:
+    spread = max(0.0, hi) - min(0.0, lo)  # C_0 = 0 belongs to the path
     return _scaled("kuiper", spread, sigma, n, range_sf)
 
 
@@ -243,7 +268,7 @@ def kolmogorov_smirnov_test(confidence, correct) -> TestResult:
     (0.6623, 0.6623)
     """
     _, c, sigma = cumulative_differences(confidence, correct)
-    return _ks(c, sigma, int(np.size(confidence)))
+    return _ks(float(c.max()), float(c.min()), sigma, int(np.size(confidence)))
 
 
 def kuiper_test(confidence, correct) -> TestResult:
@@ -283,7 +308,7 @@ def kuiper_test(confidence, correct) -> TestResult:
     (0.9272, 0.9272)
     """
     _, c, sigma = cumulative_differences(confidence, correct)
-    return _kuiper(c, sigma, int(np.size(confidence)))
+    return _kuiper(float(c.max()), float(c.min()), sigma, int(np.size(confidence)))
 
 
 class CalibrationTestAccumulator(_Mergeable):
@@ -327,14 +352,16 @@ class CalibrationTestAccumulator(_Mergeable):
         s, y = _pairs(confidence, correct)
         return self._add(s, y)
 
-    def _add(self, s, y):
-        """Add validated scores (float64) and 0/1 outcomes (bool or numbers)."""
+    def _add(self, s, y, *, owned: bool = False):
+        """Add validated scores (float64) and 0/1 outcomes (bool or numbers); ``owned``: ``s`` and a bool
+        ``y`` are the caller's temporaries, kept without a copy."""
         t = 1.0 - 2.0 * s
         self.n += int(s.size)
         self.num += float(np.dot(y - s, t))
         self.den += float(np.dot(t * t, s * (1.0 - s)))
         if self.cumulative and s.size:
-            kept = np.array(s, dtype=np.float64), np.array(y, dtype=bool)
+            keep = np.asarray if owned else np.array
+            kept = keep(s, dtype=np.float64), keep(y, dtype=bool)
             for a in kept:
                 a.flags.writeable = False  # shared, never written: copies of the accumulator share them
             self._scores.append(kept[0])
@@ -367,9 +394,9 @@ class CalibrationTestAccumulator(_Mergeable):
                 self._scores = [np.concatenate(self._scores)]
                 self._outcomes = [np.concatenate(self._outcomes)]
                 self._scores[0].flags.writeable = self._outcomes[0].flags.writeable = False
-            _, c, sigma = _cumulative(self._scores[0], self._outcomes[0].astype(np.float64))
-            out["kolmogorov_smirnov"] = _ks(c, sigma, self.n)
-            out["kuiper"] = _kuiper(c, sigma, self.n)
+            hi, lo, sigma = _extremes(self._scores[0], self._outcomes[0])
+            out["kolmogorov_smirnov"] = _ks(hi, lo, sigma, self.n)
+            out["kuiper"] = _kuiper(hi, lo, sigma, self.n)
         return out
 
 
