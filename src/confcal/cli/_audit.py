@@ -94,10 +94,11 @@ def render(doc: dict) -> str:
     out.append(render_checks(doc))
     g = doc["geometry_d_ece"]
     if g:
-        rows = [{"stage": k, "geometry_d_ece": v} for k, v in g["stages"].items()]
+        rows = [{"stage": k, "geometry_d_ece": v, "lower": g["bounds"][k][0], "upper": g["bounds"][k][1]}
+                for k, v in g["stages"].items()]
         out.append(f"\ngeometry D-ECE (confidence x {', '.join(g['features'])}; {g['n_bins']} x "
                    f"{g['n_feature_bins']} equal-width bins per feature, over the data's range):\n"
-                   + format_table(rows, ["stage", "geometry_d_ece"]))
+                   + format_table(rows, ["stage", "geometry_d_ece", "lower", "upper"]))
     return "\n".join(out)
 
 

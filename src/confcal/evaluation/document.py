@@ -18,8 +18,9 @@ Keys (every key is always present; ``null`` where it does not apply):
   "parameters"}}`` (``{}`` without ``--domains``), ``parameters`` the fitted values of that domain's map
   from the manifest (``null`` when the map is shared or there is no calibrator);
 * ``n_outside``: box scores outside [0, 1] (the uncalibrated metrics clip them; 0 for class vectors);
-* ``geometry_d_ece``: ``{"features", "n_bins", "n_feature_bins", "stages": {stage: value}}`` (box
-  features given), else ``null``;
+* ``geometry_d_ece``: ``{"features", "n_bins", "n_feature_bins", "stages": {stage: value}, "bounds":
+  {stage: [lower, upper]}}`` (box features given; ``bounds`` simultaneous ``1 - alpha`` over the cells),
+  else ``null``;
 * ``calibration``: ``{stage: c}`` over all rows (and in each ``per_domain`` entry): ``c`` the checks of
   :func:`confcal.evaluation.gate.calibration_block` on the ECE's bins (the D-ECE's for box scores):
   ``alpha``, ``ece_lower`` / ``ece_upper`` (simultaneous ``1 - alpha`` bounds), ``ece_bias_corrected``,
@@ -73,6 +74,15 @@ def _reliability(acc, box: bool, alpha: float) -> list[dict]:
              frac: _finite_or_none(a), "lower": lb, "upper": ub}
             for lo, hi, c, mc, a, lb, ub in zip(t["bin_lo"], t["bin_hi"], t["count"], t["mean_confidence"],
                                                 t["accuracy"], lower, upper)]
+
+
+def _cell_bounds(cells, alpha: float) -> list[float]:
+    """Simultaneous ``1 - alpha`` ``[lower, upper]`` of the geometry D-ECE: its cells as the bins of
+    :func:`confcal.metrics.ece_bounds`."""
+    from confcal.metrics import ece_bounds
+
+    count, conf, hits = (np.asarray(a, dtype=np.float64).ravel() for a in cells)
+    return list(ece_bounds(count, conf, hits, alpha))
 
 
 def _calibration(acc, box: bool, alpha: float) -> dict:
@@ -129,7 +139,8 @@ def evaluation_document(stats, *, engine: str, max_ece: float | None = None, man
 
         doc["geometry_d_ece"] = {"features": list(stats.geometry_features), "n_bins": stats.geometry_bins[0],
                                  "n_feature_bins": stats.geometry_bins[1],
-                                 "stages": {w: geometry_ece_of_cells(*c) for w, c in stats.geometry.items()}}
+                                 "stages": {w: geometry_ece_of_cells(*c) for w, c in stats.geometry.items()},
+                                 "bounds": {w: _cell_bounds(c, alpha) for w, c in stats.geometry.items()}}
     if max_ece is not None:
         t = float(max_ece)
         if not (math.isfinite(t) and 0.0 <= t <= 1.0):
