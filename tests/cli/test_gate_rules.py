@@ -140,3 +140,21 @@ def test_importing_the_metrics_loads_no_scipy():
     code = "import sys, confcal.metrics, confcal.cli; assert 'scipy' not in sys.modules, 'scipy'"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("z, y", [
+    (np.array([[2.0, 0.0, -1.0]]), np.array([1])),  # one row
+    (np.zeros((50, 4)), np.arange(50) % 4),  # every confidence equal (1/4)
+    (np.array([[50.0, 0.0], [50.0, 0.0]]), np.array([0, 1])),  # confidence 1.0 and wrong: impossible if calibrated
+])
+def test_hostile_data_gives_a_defined_verdict(tmp_path, capsys, z, y):
+    np.save(tmp_path / "z.npy", z)
+    np.save(tmp_path / "y.npy", y)
+    for rule in ("point", "confident", "test"):
+        code, out, _ = _run(capsys, ["evaluate", "--logits", str(tmp_path / "z.npy"), "--labels",
+                                     str(tmp_path / "y.npy"), "--json", "--max-ece", "0.02", "--gate-rule", rule])
+        doc = json.loads(out)  # json.loads of the strict (allow_nan=False) document: no NaN anywhere
+        assert code in (0, 3) and doc["limits"]["verdict"] in ("pass", "fail")
+        for r in doc["limits"]["groups"].values():
+            assert 0 <= r["ece_lower"] <= r["value"] <= r["ece_upper"] <= 1
+            assert 0 <= r["p_value"] <= 1
