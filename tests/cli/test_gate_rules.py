@@ -125,7 +125,7 @@ def test_multilabel_labels_are_gated_by_the_rule(tmp_path, capsys):
 
 
 def test_cli_literals_are_the_gate_modules():
-    from confcal.cli import _gate
+    from confcal.cli._shared import gate as _gate
     from confcal.evaluation import gate
 
     assert (_gate.GATE_RULES, _gate.GATE_TESTS) == (gate.GATE_RULES, gate.GATE_TESTS)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from confcal.cli._common import add_logits_args, load_logits_labels, load_side
+from confcal.cli._shared.common import add_logits_args, load_logits_labels, load_side
 
 
 def register(sub):
@@ -24,17 +24,17 @@ def register(sub):
     p.add_argument("-o", "--output", required=True,
                    help="output .html; the numbers at full precision go beside it as the JSON side-file "
                         "(same stem, .numbers.json: report.html -> report.numbers.json)")
-    from confcal.cli._boxfeatures import add_box_features_arg
+    from confcal.cli._shared.boxfeatures import add_box_features_arg
 
     add_box_features_arg(p, what="for box scores: adds the gap heat map over cx, cy and the gap against the "
                                  "other features (default: the calibrator's box features)")
-    from confcal.cli._multilabel import add_multilabel_arg
+    from confcal.cli._shared.multilabel import add_multilabel_arg
 
     add_multilabel_arg(p)
-    from confcal.cli._boxfeatures import add_category_ids_arg
+    from confcal.cli._shared.boxfeatures import add_category_ids_arg
 
     add_category_ids_arg(p)
-    from confcal.cli._gate import add_gate_args
+    from confcal.cli._shared.gate import add_gate_args
 
     add_gate_args(p)
     p.set_defaults(func=run)
@@ -44,14 +44,14 @@ def run(args) -> int:
     import numpy as np
 
     from confcal._numeric import softmax
-    from confcal.cli import _audit
+    from confcal.cli._shared import audit as _audit
     from confcal.io import atomic_write, check_output_path, load_array, load_calibrator, load_manifest
     from confcal.report import build_report
 
     check_output_path(args.output, suffixes=(".html", ".htm"), name="--output")
     from pathlib import Path
 
-    from confcal.cli._outputs import command_inputs
+    from confcal.cli._shared.outputs import command_inputs
     from confcal.io import guard_outputs
 
     # the HTML rounds; this file does not. Not "<stem>.json": -o cal.html beside --calibrator cal.json is
@@ -60,13 +60,13 @@ def run(args) -> int:
     guard_outputs({"--output": args.output, "--output (its JSON side-file)": side_file}, command_inputs(args))
     if args.max_ece is not None and not 0.0 <= args.max_ece <= 1.0:  # also refuses nan, as evaluate does
         raise ValueError(f"--max-ece: expected a number in [0, 1], got {args.max_ece!r}")
-    from confcal.cli._gate import gate_kwargs
+    from confcal.cli._shared.gate import gate_kwargs
 
     gate = gate_kwargs(args)  # refused before any data is read
     if args.bootstrap < 1:
         raise ValueError(f"--bootstrap: expected a positive number of resamples, got {args.bootstrap}")
     queue = read_queue(args.queue) if args.queue else None
-    from confcal.cli import _multilabel
+    from confcal.cli._shared import multilabel as _multilabel
 
     inputs = _multilabel.multilabel_inputs(args, calibrator_path=args.calibrator)
     if inputs is not None:  # a sigmoid head: per-label metrics
@@ -82,7 +82,7 @@ def run(args) -> int:
         geo = _box_features(args, cal)
     else:
         x, y = load_logits_labels(args)
-        from confcal.cli._boxfeatures import refuse_category_ids
+        from confcal.cli._shared.boxfeatures import refuse_category_ids
 
         refuse_category_ids(args, f"class vectors {x.shape}")
         if cal.n_classes_ != x.shape[1]:
@@ -96,7 +96,7 @@ def run(args) -> int:
     import contextlib
     import json
 
-    from confcal.cli._provenance import file_sha256
+    from confcal.cli._shared.provenance import file_sha256
 
     numbers["calibrator_sha256"] = file_sha256(args.calibrator)
     with contextlib.ExitStack() as stack:  # both files or neither
@@ -107,7 +107,7 @@ def run(args) -> int:
           f"(numbers: {side_file})")
     failed = [v for v in verdict if not v["pass"]]
     if failed:  # the same exit status as `confcal evaluate --max-ece`
-        from confcal.cli._gate import verdict_line
+        from confcal.cli._shared.gate import verdict_line
 
         v0 = failed[0]
         lim = {"metric": v0["metric"], "max_ece": args.max_ece, "stage": list(stages)[-1], "rule": v0["rule"],
@@ -120,7 +120,7 @@ def run(args) -> int:
 
 def _box_features(args, cal):
     """``{name: values}`` of ``--box-features`` (default: the calibrator's), or None."""
-    from confcal.cli._boxfeatures import names_of, read_box_features
+    from confcal.cli._shared.boxfeatures import names_of, read_box_features
 
     names = names_of(args.box_features) if args.box_features else list(getattr(cal, "feature_names_", []) or [])
     if not names:
