@@ -344,9 +344,9 @@ class CalibrationTestAccumulator(_Mergeable):
         self._outcomes: list = []
 
     def update(self, probs, labels):
-        from confcal.metrics.accumulators import confidence_correct
+        from confcal.metrics.calibration import _confidence_correct  # not accumulators: it imports this module
 
-        return self.update_pairs(*confidence_correct(probs, labels))
+        return self.update_pairs(*_confidence_correct(probs, labels))
 
     def update_pairs(self, confidence, correct):
         s, y = _pairs(confidence, correct)
