@@ -31,13 +31,14 @@ __all__ = ["compare_methods", "split_indices", "fit_and_score", "ComparisonResul
 
 UNCALIBRATED = "uncalibrated"
 
-#: metric key -> (column title, unit). Rates are fractions; the text table shows them in %.
+#: metric key -> (column title, unit). Rates are fractions everywhere (the text table, the CSV and the
+#: JSON), as ``evaluate`` and ``report`` print them, so one ECE reads the same in every command.
 METRICS: dict[str, tuple[str, str]] = {
-    "error": ("error", "%"),
-    "acc_change": ("Δacc", "%"),
-    "smece": ("smECE", "%"),
-    "ece_em": ("emECE", "%"),
-    "ece_ew": ("ewECE", "%"),
+    "error": ("error", "fraction"),
+    "acc_change": ("Δacc", "fraction"),
+    "smece": ("smECE", "fraction"),
+    "ece_em": ("emECE", "fraction"),
+    "ece_ew": ("ewECE", "fraction"),
     "nll": ("NLL", "nats"),
     "brier": ("Brier", ""),
     "cal_nll": ("cal NLL", "nats"),
