@@ -59,15 +59,33 @@ sphinx_gallery_conf = {
     "within_subsection_order": "FileNameSortKey",
 }
 
-html_theme = "alabaster"
+# the PyData theme, as scikit-learn and MAPIE use (a maintained theme; pinned in the docs extra)
+html_theme = "pydata_sphinx_theme"
 html_title = f"confcal {release}"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["confcal.css"]  # wide tables wrap inside the page (the methods table at 1400 px)
+html_theme_options = {
+    "navbar_align": "left",
+    "show_toc_level": 2,
+    "header_links_before_dropdown": 6,
+    "secondary_sidebar_items": ["page-toc"],
+    "footer_start": ["copyright"],
+    "footer_end": ["sphinx-version", "theme-version"],
+}
+html_sidebars = {"index": [], "install": []}  # pages with no section navigation of their own
+
+
+#: class attributes that are the calibrators' internal validation tables (their reprs are constraint
+#: objects, not documentation): left off the API pages
+_INTERNAL_MEMBERS = {"hyper_constraints", "fitted_constraints", "hyper_rules", "hyper_parameter_rules"}
 
 
 def _skip_member(app, what, name, obj, skip, options):
     # scikit-learn adds set_{fit,score,...}_request methods for metadata routing; their docstrings
     # cite scikit-learn's own glossary, which this site does not have
     if name.startswith("set_") and name.endswith("_request"):
+        return True
+    if name in _INTERNAL_MEMBERS:
         return True
     return None
 

@@ -179,7 +179,8 @@ class BetaCalibration(OneVsRestCalibrator):
 
     Parameters
     ----------
-    multiclass : ``"ovr"`` (default: each map fitted one-vs-rest on ``1[y = k]``, then renormalised)
+    multiclass
+        ``"ovr"`` (default: each map fitted one-vs-rest on ``1[y = k]``, then renormalised)
         or ``"multinomial"`` (the ``K`` maps are the logits of one softmax, fitted jointly on the
         multiclass NLL, as netcal's multiclass ``BetaCalibration``; it minimises the NLL it is
         judged by: test NLL 0.2305 against one-vs-rest's 0.2372 on the WRN CIFAR-10 outputs,
@@ -187,8 +188,11 @@ class BetaCalibration(OneVsRestCalibrator):
 
     Attributes
     ----------
-    maps_ : list of ``{"a", "b", "c"}`` (one for two classes)
+    maps_
+        list of ``{"a", "b", "c"}`` (one for two classes)
 
+    Notes
+    -----
     Source: M. Kull, T. Silva Filho and P. Flach, "Beta calibration: a well-founded and
     easily implemented improvement on logistic calibration for binary classifiers",
     AISTATS 2017, eq. 4 (3-parameter family) with the sec. 3 monotonicity constraint.
@@ -260,13 +264,17 @@ class DetectionBetaCalibration(_BoxScoreMaps):
 
     Parameters
     ----------
-    per_class : one map per ``category_ids`` value (crossed with domains when given)
-    clip_scores : clip scores outside [0, 1] into it instead of raising
-    min_samples : groups with fewer boxes use the pooled map
+    per_class
+        One map per ``category_ids`` value (crossed with domains when given)
+    clip_scores
+        Clip scores outside [0, 1] into it instead of raising
+    min_samples
+        Groups with fewer boxes use the pooled map
 
     Attributes
     ----------
-    pooled_ : dict ``{"a", "b", "c"}`` of the pooled fit
+    pooled_ : dict
+        ``{"a", "b", "c"}`` of the pooled fit
     groups_ : dict
         ``{(category_id?, domain?): parameters}``, as in ``det-ts``
     group_counts_ : dict
@@ -274,6 +282,8 @@ class DetectionBetaCalibration(_BoxScoreMaps):
     fallback_groups_ : list
         Groups that use ``pooled_``.
 
+    Notes
+    -----
     Source: Kull, Silva Filho & Flach, AISTATS 2017 (eq. 4, a, b >= 0); for detectors as in
     Küppers et al., "Multivariate Confidence Calibration for Object Detection", CVPR-W 2020.
 
