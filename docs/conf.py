@@ -67,12 +67,14 @@ html_css_files = ["confcal.css"]  # wide tables wrap inside the page (the method
 html_theme_options = {
     "navbar_align": "left",
     "show_toc_level": 2,
-    "header_links_before_dropdown": 6,
+    "header_links_before_dropdown": 4,
     "secondary_sidebar_items": ["page-toc"],
     "footer_start": ["copyright"],
     "footer_end": ["sphinx-version", "theme-version"],
 }
-html_sidebars = {"index": [], "install": []}  # pages with no section navigation of their own
+# the guide pages are one level deep (the header lists them): no empty section-navigation column,
+# so the methods table has the page's width
+html_sidebars = {"index": [], "install": [], "guide/*": [], "contributing": []}
 
 
 #: class attributes that are the calibrators' internal validation tables (their reprs are constraint

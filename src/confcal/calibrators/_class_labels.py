@@ -20,7 +20,9 @@ __all__ = ["is_string_labels", "encode_class_labels", "labels_to_indices"]
 
 def is_string_labels(labels) -> bool:
     """True for a 1-D array-like of ``str`` (numpy ``U``/``S`` dtypes, or object arrays holding only str)."""
-    if hasattr(labels, "to_numpy") and not hasattr(labels, "open"):  # a pandas Series / Index
+    if hasattr(labels, "read") and hasattr(labels, "n_rows"):
+        return False  # a confcal Source: streamed as integer labels, never read whole here
+    if hasattr(labels, "to_numpy"):  # a pandas Series / Index
         labels = labels.to_numpy()
     if isinstance(labels, np.ndarray):
         arr = labels
