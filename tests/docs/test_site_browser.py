@@ -54,9 +54,11 @@ def test_api_page_title_and_body_fit(tmp_path, name):
     page = site / "api" / "generated" / f"{name}.html"
     html = page.read_text().replace("<head>", f'<head><base href="{page.parent.as_uri()}/">', 1)
     probe = ("<script>(function(){var h=document.querySelector('.bd-article h1');"
-             "var a=document.querySelector('.bd-article');var p=document.createElement('pre');p.id='probe';"
+             "var a=document.querySelector('.bd-article');var n=document.querySelector('.prev-next-area');"
+             "var p=document.createElement('pre');p.id='probe';"
              "p.textContent=JSON.stringify({h1:h.scrollWidth,room:h.clientWidth,body:a.scrollWidth,"
-             "article:a.clientWidth});document.body.appendChild(p)})();</script>")
+             "article:a.clientWidth,links:n.scrollWidth,link_room:n.clientWidth});"
+             "document.body.appendChild(p)})();</script>")
     (tmp_path / page.name).write_text(html.replace("</body>", probe + "</body>"))
     res = _browser(chromium(), "--window-size=1400,1600", "--dump-dom", (tmp_path / page.name).as_uri(),
                    tmp_path=tmp_path)
@@ -64,3 +66,4 @@ def test_api_page_title_and_body_fit(tmp_path, name):
     assert m, res.stderr[-500:]
     got = json.loads(m.group(1).replace("&quot;", '"'))
     assert got["h1"] <= got["room"] + 1 and got["body"] <= got["article"] + 1, got
+    assert got["links"] <= got["link_room"] + 1, got  # the previous / next page links
