@@ -132,8 +132,10 @@ def test_any_naming_is_the_sorted_encoding(perm, seed):
     z, y = _data(n=120, seed=seed)
     names = np.array([f"c{p}" for p in perm])  # class i is named c{perm[i]}: it maps to column rank(name)
     ranks = np.argsort(np.argsort(names))
-    cal = TemperatureScaling().fit(z, names[y])
-    ref = TemperatureScaling().fit(z, ranks[y])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a small draw may end T on a search bound: the same for both fits
+        cal = TemperatureScaling().fit(z, names[y])
+        ref = TemperatureScaling().fit(z, ranks[y])
     assert cal.classes_.tolist() == sorted(names.tolist())
     assert cal.temperature_ == pytest.approx(ref.temperature_, rel=1e-12)
 
