@@ -24,26 +24,13 @@ import numpy as np
 from confcal._numeric import softmax
 from confcal._validation import check_domains, check_features, check_labels, check_logits, renamed_seed
 from confcal.calibrators import METHODS
+from confcal.evaluation.compare_tables import METRICS
 from confcal.metrics import accuracy, brier_score, ece, nll, smooth_ece
 
 __all__ = ["compare_methods", "split_indices", "fit_and_score", "ComparisonResult", "MethodResult", "METRICS",
            "UNCALIBRATED"]
 
 UNCALIBRATED = "uncalibrated"
-
-#: metric key -> (column title, unit). Rates are fractions everywhere (the text table, the CSV and the
-#: JSON), as ``evaluate`` and ``report`` print them, so one ECE reads the same in every command.
-METRICS: dict[str, tuple[str, str]] = {
-    "error": ("error", "fraction"),
-    "acc_change": ("Δacc", "fraction"),
-    "smece": ("smECE", "fraction"),
-    "ece_em": ("emECE", "fraction"),
-    "ece_ew": ("ewECE", "fraction"),
-    "nll": ("NLL", "nats"),
-    "brier": ("Brier", ""),
-    "cal_nll": ("cal NLL", "nats"),
-    "fit_seconds": ("fit", "s"),
-}
 
 
 def _test_metrics(probs: np.ndarray, labels: np.ndarray) -> dict[str, float]:

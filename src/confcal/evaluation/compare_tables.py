@@ -7,8 +7,24 @@ from __future__ import annotations
 
 import csv
 import io
+from typing import TYPE_CHECKING
 
-from confcal.evaluation.compare import METRICS, ComparisonResult
+if TYPE_CHECKING:  # the renderings read a result; only its type lives in compare
+    from confcal.evaluation.compare import ComparisonResult
+
+#: metric key -> (column title, unit). Rates are fractions everywhere (the text table, the CSV and the
+#: JSON), as ``evaluate`` and ``report`` print them, so one ECE reads the same in every command.
+METRICS: dict[str, tuple[str, str]] = {
+    "error": ("error", "fraction"),
+    "acc_change": ("Δacc", "fraction"),
+    "smece": ("smECE", "fraction"),
+    "ece_em": ("emECE", "fraction"),
+    "ece_ew": ("ewECE", "fraction"),
+    "nll": ("NLL", "nats"),
+    "brier": ("Brier", ""),
+    "cal_nll": ("cal NLL", "nats"),
+    "fit_seconds": ("fit", "s"),
+}
 
 __all__ = ["format_cell", "render_text", "render_csv"]
 
