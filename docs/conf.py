@@ -77,6 +77,35 @@ html_theme_options = {
 html_sidebars = {"index": [], "install": [], "guide/*": [], "contributing": []}
 
 
+def _duplicate_alias(module: str, name: str) -> bool:
+    """True when ``module.name`` is a re-export that another page already documents as the alias of
+    the same class: a class defined in ``confcal.calibrators.temperature.ts`` is exported by its
+    family package (``confcal.calibrators.temperature``) and by ``confcal.calibrators``; the
+    shortest exporting package keeps the alias entry, the defining module the object itself, and
+    the pages of the other exporters are written with ``:no-index:`` (two aliases of one canonical
+    name are a "duplicate object description" under -W)."""
+    import importlib
+
+    try:
+        obj = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return False
+    canon = getattr(obj, "__module__", module)
+    if canon == module or not canon.startswith(module + "."):
+        return False
+    parts = canon.split(".")
+    exporters = []
+    for i in range(2, len(parts)):  # confcal.calibrators, confcal.calibrators.temperature, ...
+        pkg = importlib.import_module(".".join(parts[:i]))
+        if name in getattr(pkg, "__all__", ()):
+            exporters.append(pkg.__name__)
+    return bool(exporters) and module != exporters[0]
+
+
+autosummary_context = {"duplicate_alias": _duplicate_alias}
+# a function in the config cannot be pickled for incremental builds; make docs regenerates the API pages
+suppress_warnings = ["config.cache"]
+
 #: class attributes that are the calibrators' internal validation tables (their reprs are constraint
 #: objects, not documentation): left off the API pages
 _INTERNAL_MEMBERS = {"hyper_constraints", "fitted_constraints", "hyper_rules", "hyper_parameter_rules"}

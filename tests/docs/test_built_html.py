@@ -75,7 +75,8 @@ def test_api_pages_hide_internal_constraint_tables():
     # Fields({...})). Prose that names the tables (the protocol's docstring) is fine.
     entry = re.compile(r'id="[\w.]+\.(hyper_constraints|fitted_constraints|hyper_rules|hyper_parameter_rules)"'
                        r"|Real\(gt=|Fields\(\{")
-    shown = [p.name for p in pages if entry.search(p.read_text())]
+    # the pages of the constraint module itself document the spec classes: there they are the subject
+    shown = [p.name for p in pages if ".constraints." not in p.name and entry.search(p.read_text())]
     assert not shown, shown[:10]
 
 
