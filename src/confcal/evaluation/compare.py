@@ -33,7 +33,6 @@ __all__ = ["compare_methods", "split_indices", "fit_and_score", "ComparisonResul
 UNCALIBRATED = "uncalibrated"
 
 
-
 def _test_metrics(probs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
     return {
         "error": 1.0 - accuracy(probs, labels),

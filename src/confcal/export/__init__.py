@@ -181,17 +181,31 @@ def export_onnx(calibrator, path=None, *, dtype: str = "float32"):
 
     Parameters
     ----------
-    calibrator : a fitted calibrator, a manifest dict, or the path of a manifest file (its bytes'
+    calibrator : Calibrator, dict or path
+        A fitted calibrator, a manifest dict, or the path of a manifest file (its bytes'
         sha256 is recorded; for an object, the sha256 of the file ``save_manifest`` would write)
-    path : output ``.onnx`` file, written atomically
-    dtype : ``"float32"`` or ``"float64"``: the input and output dtype of the graph. Maps other
+    path : path, optional
+        Output ``.onnx`` file, written atomically
+    dtype : str
+        ``"float32"`` or ``"float64"``: the input and output dtype of the graph. Maps other
         than (grouped) temperature scaling compute in float64 inside either graph.
 
-    Inputs ``logits`` ``(n, K)`` (box scores ``(n,)``) and, for grouped maps, ``domain_index`` /
-    ``group_index`` int64 ``(n,)``; output ``probs``. The graph runs the head over blocks of
-    :func:`chunk_rows` rows (an ONNX ``Loop``), so its memory does not grow with the batch
-    beyond the output (1M x 100 float32 logits: see ``benchmarks/results/export.md``).
-    Raises :class:`ExportError`.
+    Returns
+    -------
+    onnx.ModelProto
+        Inputs ``logits`` ``(n, K)`` (box scores ``(n,)``) and, for grouped maps, ``domain_index`` /
+        ``group_index`` int64 ``(n,)``; output ``probs``.
+
+    Raises
+    ------
+    ExportError
+        For a method that cannot be exported (the message says why).
+
+    Notes
+    -----
+    The graph runs the head over blocks of ``chunk_rows(n_classes)`` rows (an ONNX ``Loop``), so
+    its memory does not grow with the batch beyond the output (1M x 100 float32 logits: see
+    ``benchmarks/results/export.md``).
     """
     from confcal.export._inputs import emit_one_logit, emit_rows_guard
     from confcal.export._onnx import Graph

@@ -215,13 +215,15 @@ class SourceGatedTemperatureScaling(Calibrator):
     source_domain : int or str
         The id (in ``domains=`` at fit time) of the source domain's rows;
         required (``None``, the default, raises at fit).
-    base : str, default ``"domain-ensemble"``
+    base : str
+        Default ``"domain-ensemble"``
         Method name of the base calibrator.
     base_params : dict or None
         Hyper-parameters of the base calibrator (``n_clusters``, ``domain_weighting``, ...).
     n_neighbors : int, default 20
         ``k``; at most the pool size (smaller pools use all rows).
-    floor : ``"loo-median"`` (default) or ``"none"``
+    floor
+        ``"loo-median"`` (default) or ``"none"``
         Subtract the median leave-one-out gate of the calibration rows (see
         the module docstring) or use the raw kNN probability.
     max_pool_size : int or None, default 2000
@@ -230,30 +232,43 @@ class SourceGatedTemperatureScaling(Calibrator):
         Seed of the pool subsample.
     t_min, t_max : float
         Search range of ``T_source`` (default ``[1e-2, 1e2]``).
-    input_kind : ``"logits"`` (default) or ``"probs"`` (probabilities; their log is used)
-
-    Side inputs: ``features`` ``(n_samples, n_features)`` at fit and predict
-    time; ``domains`` ``(n_samples,)`` at fit time (ignored at predict time).
+    input_kind
+        ``"logits"`` (default) or ``"probs"`` (probabilities; their log is used)
 
     Attributes
     ----------
     source_temperature_ : float
-    base_ : the fitted base calibrator
-    domains_ : list, domain ids with the source first
-    domain_sizes_ : ``(n_domains,)`` fit rows per domain
-    pool_ : float32 ``(n_pool, n_features)``, standardised reference pool
-    pool_domains_ : int ``(n_pool,)``, index into ``domains_``
-    pool_sizes_ : ``(n_domains,)`` pool rows per domain
-    scaler_mean_, scaler_scale_ : ``(n_features,)``
-    n_neighbors_ : int, the ``k`` used
-    neighbors_ : scikit-learn ``NearestNeighbors`` on ``pool_`` (rebuilt from the manifest on load)
-    gate_floor_ : float in ``[0, 1)``, ``f`` (0 with ``floor="none"``)
+    base_
+        The fitted base calibrator
+    domains_ : list
+        Domain ids with the source first
+    domain_sizes_
+        ``(n_domains,)`` fit rows per domain
+    pool_ : float32
+        ``(n_pool, n_features)``, standardised reference pool
+    pool_domains_ : int
+        ``(n_pool,)``, index into ``domains_``
+    pool_sizes_
+        ``(n_domains,)`` pool rows per domain
+    scaler_mean_, scaler_scale_
+        ``(n_features,)``
+    n_neighbors_ : int
+        The ``k`` used
+    neighbors_
+        scikit-learn ``NearestNeighbors`` on ``pool_`` (rebuilt from the manifest on load)
+    gate_floor_
+        float in ``[0, 1)``, ``f`` (0 with ``floor="none"``)
 
     Raises
     ------
     ValueError
         At fit: no ``domains``, ``source_domain`` not among them, no rows of
         another domain, unknown ``base``; at predict: features of another width.
+
+    Notes
+    -----
+    Side inputs: ``features`` ``(n_samples, n_features)`` at fit and predict
+    time; ``domains`` ``(n_samples,)`` at fit time (ignored at predict time).
 
     Examples
     --------
