@@ -73,8 +73,10 @@ def candidates_for(kind: str, *, n_samples: int, n_classes: int, domains: bool =
 
     Returns
     -------
-    (candidates, skipped) : list of :class:`Candidate` (the reference first), and a list of
-        ``(label, method, reason)`` for the ones not tried.
+    candidates : list of Candidate
+        The candidates to cross-validate, the reference first.
+    skipped : list of tuple
+        ``(label, method, reason)`` of the ones not tried.
     """
     if kind not in KINDS:
         raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
