@@ -43,7 +43,7 @@ def test_guide_tables_fit_the_page_at_1400px(tmp_path):
             measured[page.name] = measured.get(page.name, 0) + 1
             if t["table"] > t["room"] + 1:  # 1 px of rounding
                 wide.append(f"{page.name}: {t['table']} px in {t['room']} px ({t['head']!r})")
-    assert measured.get("methods.html") == 1 and sum(measured.values()) >= 4, measured
+    assert measured.get("methods.html", 0) >= 1 and sum(measured.values()) >= 4, measured  # + auto's candidate table
     assert not wide, wide
 
 
