@@ -7,7 +7,8 @@ Layers, bottom to top (a module may import its own layer or a lower one):
    ``_progress``, ``_tables``, ``_lazy``, ``_signals``, and ``catalog`` (method names and extras, no imports)
 1. ``ops``, ``metrics``, ``sources``: pure operators, metrics and accumulators, row sources
 2. ``calibrators``: estimators, maps, links, compositions
-3. ``detection``, ``active``, ``evaluation``: matching, the annotation queue, protocols
+3. ``detection``, ``active``, ``evaluation``, ``decisions``: matching, the annotation queue, protocols,
+   decisions with a guarantee (Learn-then-Test thresholds, conformal sets)
 4. ``plots``, ``report``, ``io``, ``demo``, ``export``, ``torch``: rendering, files, the embedded
    demo, ONNX / TorchScript export of a fitted calibrator
 5. ``dask``: the distributed engine
@@ -33,7 +34,7 @@ LAYERS = {
     "_numeric": 0, "_fastexp": 0, "_validation": 0, "_digest": 0, "_progress": 0, "_tables": 0, "_lazy": 0, "_signals": 0, "_threads": 0, "catalog": 0,
     "ops": 1, "metrics": 1, "sources": 1, "passes": 1,
     "calibrators": 2,
-    "detection": 3, "active": 3, "evaluation": 3,
+    "detection": 3, "active": 3, "evaluation": 3, "decisions": 3,
     "plots": 4, "report": 4, "report_geometry": 4, "io": 4, "demo": 4, "export": 4, "torch": 4,
     "dask": 5,
     "cli": 6, "__main__": 6,
