@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from fractions import Fraction
 
 import numpy as np
 
@@ -38,7 +39,8 @@ def conformal_quantile(scores, alpha: float) -> float:
     """The split-conformal threshold: the ``ceil((n + 1)(1 - alpha))``-th smallest of ``scores``
     (``+inf`` when that rank exceeds ``n``, including ``n == 0``)."""
     s = np.sort(np.asarray(scores, dtype=np.float64).ravel())
-    k = math.ceil((s.size + 1) * (1 - alpha) - 1e-12)
+    # exact rational arithmetic on alpha's float value: (n + 1)(1 - alpha) = 18.000000000000004 must give 19
+    k = math.ceil((s.size + 1) * (1 - Fraction(float(alpha))))
     return float(s[k - 1]) if 1 <= k <= s.size else math.inf
 
 
