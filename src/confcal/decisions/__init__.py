@@ -16,6 +16,8 @@ Fitting runs in one process on a calibration slice (a pass over ``n`` scores: O(
 
 from confcal.decisions.conformal import CONFORMAL_SCORES, ConformalSets, conformal_quantile, fit_conformal
 from confcal.decisions.fwer import fixed_sequence, holm
+from confcal.decisions.manifest import (calibrator_sha256, decision_manifest, load_decision_manifest,
+                                        scores_digest)
 from confcal.decisions.pvalues import binomial_pvalue, hoeffding_bentkus_pvalue
 from confcal.decisions.rule import ACCEPT, DECISION_NAMES, POOLED, REJECT, REVIEW, DecisionRule, fit_decisions
 from confcal.decisions.threeway import ThreeWayFit, three_way
@@ -24,4 +26,5 @@ from confcal.decisions.threshold import RISKS, ThresholdFit, ltt_threshold
 __all__ = ["ltt_threshold", "ThresholdFit", "RISKS", "three_way", "ThreeWayFit", "fit_decisions", "DecisionRule",
            "ACCEPT", "REVIEW", "REJECT", "DECISION_NAMES", "POOLED", "fit_conformal", "ConformalSets",
            "CONFORMAL_SCORES", "conformal_quantile", "binomial_pvalue", "hoeffding_bentkus_pvalue",
-           "fixed_sequence", "holm"]
+           "fixed_sequence", "holm", "decision_manifest", "load_decision_manifest", "calibrator_sha256",
+           "scores_digest"]
