@@ -70,8 +70,10 @@ class DecisionRule:
 
     def thresholds(self, group: str) -> tuple[float, float]:
         """``(lambda_lo, lambda_hi)`` applied to ``group`` (an unseen id: review, or pooled)."""
-        key = group if group in self.groups and group != POOLED else None
         pooled = self.groups.get(POOLED)
+        if group == POOLED:
+            return pooled.lambda_lo, pooled.lambda_hi
+        key = group if group in self.groups else None
         if key is None:
             if self.settings.get("pool_small") and pooled is not None:
                 return pooled.lambda_lo, pooled.lambda_hi
