@@ -19,7 +19,8 @@ def _rule_manifest(calibrator=None):
     g = np.where(np.arange(3000) < 2990, "drone", "tiny")
     y[-10:] = [1, 0] * 5
     rule = fit_decisions(s, y, g, alpha_accept=0.1, alpha_reject=0.1, delta=0.1)
-    m = decision_manifest(rule, data_sha256=scores_digest(s, y, g), n_samples=s.size, calibrator=calibrator)
+    m = decision_manifest(rule, data_sha256=scores_digest(s, y, g), n_samples=s.size, calibrator=calibrator,
+                          scale="raw" if calibrator is None else "calibrator", per="domain")
     return rule, m, s, g
 
 

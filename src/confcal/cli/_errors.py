@@ -37,7 +37,7 @@ def options_of(parser, args) -> dict:
 
     out = {}
     p = parser
-    for attr in ("command", "detections_command"):
+    for attr in ("command", "detections_command", "decide_command"):
         subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
         if not subs or getattr(args, attr, None) is None:
             break

@@ -35,12 +35,17 @@ from confcal.decisions.threeway import SideFit, ThreeWayFit
 from confcal.decisions.threshold import PROCEDURES, PVALUES, RISKS
 
 __all__ = ["DECISIONS_FORMAT", "DECISIONS_VERSION", "INPUT_KINDS", "decision_manifest", "load_decision_manifest",
-           "canonical_sha256", "calibrator_sha256", "scores_digest"]
+           "canonical_sha256", "calibrator_sha256", "scores_digest", "SCALES", "PER"]
 
 DECISIONS_FORMAT = "confcal.decisions"
 DECISIONS_VERSION = 1
 #: what the scores of a decision manifest are
 INPUT_KINDS = ("binary", "top_label", "multilabel", "sets")
+#: how the stored scores were made from the model's output: as given, softmax / sigmoid of logits, or the
+#: named calibrator's probabilities
+SCALES = ("raw", "probs", "softmax", "sigmoid", "calibrator")
+#: how the groups were formed: none, per domain (sensor), per predicted class, both, per label
+PER = ("none", "domain", "class", "domain+class", "label", "domain+label")
 _TOP = ("format", "format_version", "kind", "guarantee", "input", "groups", "conformal", "notes", "calibrator",
         "data", "fit", "sha256")
 
@@ -75,7 +80,7 @@ def _statement(rule: DecisionRule) -> str:
 
 
 def decision_manifest(rule, *, data_sha256: str, n_samples: int, input_kind: str = "binary",
-                      score: str = "score", calibrator=None) -> dict:
+                      score: str = "score", scale: str = "raw", per: str = "none", calibrator=None) -> dict:
     """The JSON-ready manifest of a fitted :class:`DecisionRule` or :class:`ConformalSets`.
 
     Parameters
@@ -88,11 +93,19 @@ def decision_manifest(rule, *, data_sha256: str, n_samples: int, input_kind: str
     input_kind : {"binary", "top_label", "multilabel", "sets"}
     score : str
         A few words on the score (e.g. ``"ts top-label confidence"``).
+    scale : {"raw", "probs", "softmax", "sigmoid", "calibrator"}
+        How the scores were made from the model output (applied again by ``confcal decide apply``).
+    per : {"none", "domain", "class", "domain+class", "label", "domain+label"}
+        How the groups were formed.
     calibrator : dict or Calibrator, optional
         The calibrator whose output the scores are (its digest is stored); None for raw scores.
     """
     if input_kind not in INPUT_KINDS:
         raise ValueError(f"input_kind: expected one of {list(INPUT_KINDS)}, got {input_kind!r}")
+    if scale not in SCALES:
+        raise ValueError(f"scale: expected one of {list(SCALES)}, got {scale!r}")
+    if per not in PER:
+        raise ValueError(f"per: expected one of {list(PER)}, got {per!r}")
     cal = None
     if calibrator is not None:
         d = calibrator if isinstance(calibrator, dict) else calibrator.to_dict()
@@ -100,7 +113,7 @@ def decision_manifest(rule, *, data_sha256: str, n_samples: int, input_kind: str
     from confcal import __version__
 
     body = {"format": DECISIONS_FORMAT, "format_version": DECISIONS_VERSION, "input": {"kind": input_kind,
-            "score": str(score)}, "calibrator": cal, "data": {"sha256": data_sha256, "n_samples": int(n_samples)},
+            "score": str(score), "scale": scale, "per": per}, "calibrator": cal, "data": {"sha256": data_sha256, "n_samples": int(n_samples)},
             "fit": {"library_version": __version__,
                     "utc_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}}
     if isinstance(rule, ConformalSets):
@@ -340,8 +353,12 @@ def _load(m, calibrator):
     kind = _choice(m.get("kind"), "kind", ("three_way", "conformal"))
     need = [k for k in _TOP if k not in (("conformal",) if kind == "three_way" else ("groups",))]
     _dict(m, "", need)
-    inp = _dict(m["input"], "input", ("kind", "score"))
+    inp = _dict(m["input"], "input", ("kind", "score", "scale", "per"))
     _choice(inp["kind"], "input.kind", INPUT_KINDS)
+    _choice(inp["scale"], "input.scale", SCALES)
+    _choice(inp["per"], "input.per", PER)
+    if (inp["scale"] == "calibrator") != (m["calibrator"] is not None):
+        _fail("input.scale", "'calibrator' exactly when a calibrator is named", inp["scale"])
     _str(inp["score"], "input.score")
     data = _dict(m["data"], "data", ("sha256", "n_samples"))
     _hex(data["sha256"], "data.sha256")

@@ -137,8 +137,12 @@ def _note(group: str, side: SideFit, n: int, word: str) -> str:
     what = {"fdr": "precision", "fpr": "false-positive rate", "miss": "miss rate", "for": "NPV"}[side.risk]
     target = f">= {1 - side.alpha:g}" if side.risk in ("fdr", "for") else f"<= {side.alpha:g}"
     unit = {"fdr": "accepted items", "for": "rejected items", "fpr": "negatives", "miss": "positives"}[side.risk]
-    return (f"group {group!r} (n={n}): {what} {target} at delta={side.delta:g} cannot be certified: it needs at "
-            f"least {side.n_min} {unit} with no error; {word}")
+    if not side.certifiable:  # too small: no threshold has enough items for any p-value <= delta
+        return (f"group {group!r} (n={n}): {what} {target} at delta={side.delta:g} cannot be certified: it needs "
+                f"at least {side.n_min} {unit} with no error; {word}")
+    return (f"group {group!r} (n={n}): {what} {target} at delta={side.delta:g} was not certified at any threshold "
+            f"(too many errors among the {unit} for this n; fixed-sequence testing stops at the first p-value above "
+            f"delta); {word}")
 
 
 def fit_decisions(scores, labels, groups=None, *, alpha_accept: float | None = 0.05,
