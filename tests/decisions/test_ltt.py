@@ -27,6 +27,7 @@ def _violation_rate(risk, procedure, pvalue, *, power, alpha, delta, n, seed):
 
 @pytest.mark.parametrize("risk,procedure,pvalue,power", [
     ("fdr", "fixed_sequence", "binomial", 1.0),
+    ("fdr", "fixed_sequence_single", "binomial", 1.0),
     ("fdr", "fixed_sequence", "binomial", 3.0),
     ("for", "fixed_sequence", "binomial", 1.0),
     ("fdr", "holm", "binomial", 1.0),
@@ -85,8 +86,46 @@ def test_fixed_sequence_matches_a_loop_oracle(seed, n, alpha):
     s = np.round(rng.random(n), 2)
     y = rng.random(n) < s
     grid = np.linspace(0, 1, 21)
-    fit = ltt_threshold(s, y, alpha=alpha, delta=0.2, grid=grid)
+    fit = ltt_threshold(s, y, alpha=alpha, delta=0.2, grid=grid, procedure="fixed_sequence_single")
     assert fit.threshold == _fst_by_loop(s, y, grid, alpha, 0.2)
+
+
+def _multi_start_by_loop(s, y, grid, alpha, delta):
+    """Slow oracle: J single sequences at delta / J from counts n_min * 2^j; the smallest certified cutoff."""
+    n = s.size
+    j = 1
+    while True:  # the J of the module docstring, by brute force
+        n0 = int(np.ceil(np.log(delta / j) / np.log1p(-alpha) - 1e-12))
+        need = max(1, sum(1 for i in range(64) if n0 * 2**i <= n))
+        if need <= j or j >= 20:
+            break
+        j = min(need, 20)
+    n0 = int(np.ceil(np.log(delta / j) / np.log1p(-alpha) - 1e-12))
+    best = None
+    for i in range(j):
+        started = False
+        for lam in grid[::-1]:
+            acc = s >= lam
+            m, k = int(acc.sum()), int((~y[acc]).sum())
+            if not started and m < n0 * 2**i:
+                continue
+            started = True
+            if stats.binom.cdf(k, m, alpha) > delta / j:
+                break
+            best = lam if best is None else min(best, lam)
+        if not started:
+            break
+    return best
+
+
+@given(seed=st.integers(0, 10_000), n=st.integers(5, 400), alpha=st.sampled_from([0.05, 0.1, 0.3]))
+def test_multi_start_fixed_sequence_matches_a_loop_oracle(seed, n, alpha):
+    rng = np.random.default_rng(seed)
+    s = np.round(rng.random(n), 2)
+    y = rng.random(n) < s**0.5
+    grid = np.linspace(0, 1, 51)
+    fit = ltt_threshold(s, y, alpha=alpha, delta=0.2, grid=grid)
+    assert fit.threshold == _multi_start_by_loop(s, y, grid, alpha, 0.2)
 
 
 def _holm_by_loop(p, delta):
@@ -126,7 +165,7 @@ def test_counts_reported_at_the_threshold_are_the_calibration_counts():
 
 
 def test_nothing_certified_with_too_few_items_and_n_min_says_how_many():
-    fit = ltt_threshold([0.9] * 20, [1] * 19 + [0], alpha=0.05, delta=0.05)
+    fit = ltt_threshold([0.9] * 20, [1] * 19 + [0], alpha=0.05, delta=0.05, procedure="fixed_sequence_single")
     assert fit.threshold is None
     assert fit.n_min == 59  # 0.95**59 = 0.0485 <= 0.05 < 0.95**58
     assert 0.95**59 <= 0.05 < 0.95**58

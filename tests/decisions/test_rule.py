@@ -32,7 +32,7 @@ def test_each_group_gets_its_own_rule_equal_to_a_fit_on_that_group_alone():
 
 def test_per_sensor_guarantee_holds_where_a_pooled_cutoff_fails():
     # 2,000 draws: the pooled cutoff over-admits on the over-scoring sensor (its true false discovery
-    # is above alpha in a third of the draws); per-sensor cutoffs hold
+    # is above alpha in 15% of the draws, delta = 10%); per-sensor cutoffs hold
     rng = np.random.default_rng(8)
     draws, bad_group, bad_pooled = 2000, 0, 0
     for _ in range(draws):
@@ -41,7 +41,7 @@ def test_per_sensor_guarantee_holds_where_a_pooled_cutoff_fails():
         bad_group += true_fdr(rule.thresholds("sat")[1], 3.0) > 0.1
         bad_pooled += true_fdr(rule.groups[POOLED].lambda_hi, 3.0) > 0.1
     assert bad_group / draws <= mc_upper(0.1, draws)
-    assert bad_pooled / draws > 0.25  # 33.5% with this seed: far above delta = 10%
+    assert bad_pooled / draws > mc_upper(0.1, draws)  # 15.1% with this seed: above delta beyond MC error
 
 
 def test_a_group_too_small_is_said_and_reviewed_unless_pooling_is_asked():

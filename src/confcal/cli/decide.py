@@ -71,7 +71,8 @@ def register(sub):
     f.add_argument("--delta", type=float, default=0.05,
                    help="failure probability of the guarantee, both sides jointly (default 0.05)")
     f.add_argument("--delta-split", type=float, default=0.5, help="share of delta spent on the accept side")
-    f.add_argument("--procedure", choices=["fixed_sequence", "holm"], default="fixed_sequence")
+    f.add_argument("--procedure", choices=["fixed_sequence", "fixed_sequence_single", "holm"],
+                   default="fixed_sequence", help="FWER procedure over the thresholds (default fixed_sequence)")
     f.add_argument("--pvalue", choices=["binomial", "hoeffding_bentkus"], default="binomial")
     f.add_argument("--simultaneous", action="store_true", help="delta / number of groups: all groups at once")
     f.add_argument("--pool-small", action="store_true",

@@ -23,9 +23,16 @@ certified lambda is chosen. Guarantee (LTT Theorem 1): ``P(R(lambda_hat) <= alph
 over the draw of an exchangeable (i.i.d.) calibration set.
 
 Fixed-sequence order: accept side from the highest grid point down, reject side from the lowest up.
-Testing starts at the first grid point whose count could certify at all (``n_min`` items with no
-error, for ``fdr`` / ``for`` whose count shrinks toward the end of the grid); before it, a p-value is
-at least ``(1 - alpha)^count > delta`` and a test there would only stop the sequence.
+For ``fdr`` / ``for`` the count (accepted / rejected items) shrinks toward the start of that order, and a
+single sequence started where the count first reaches ``n_min`` stops at the first error there: with 97%
+precision among the top 60 items, precision >= 0.95 cannot be certified on 60 items, and the sequence
+never reaches the 500 items that could. ``procedure="fixed_sequence"`` therefore runs ``J`` sequences
+(LTT Sec. 4: fixed-sequence testing with several starting points, Bonferroni over the starts), each at
+level ``delta / J``, started where the count first reaches ``n_min * 2^j`` (``j = 0 .. J - 1``, up to the
+largest count; ``n_min`` at level ``delta / J``); the certified set is their union. The starts depend on
+the scores only, never on the labels. ``"fixed_sequence_single"`` is the one sequence from ``n_min``;
+``fpr`` / ``miss`` (a fixed count) always use one sequence. Before the first start a p-value is at least
+``(1 - alpha)^count > delta``: a test there could only stop the sequence.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ __all__ = ["RISKS", "PROCEDURES", "PVALUES", "ThresholdFit", "ltt_threshold", "r
 
 #: risk name -> side ("accept": certifies S >= lambda, "reject": certifies S < lambda)
 RISKS = {"fdr": "accept", "fpr": "accept", "miss": "reject", "for": "reject"}
-PROCEDURES = ("fixed_sequence", "holm")
+PROCEDURES = ("fixed_sequence", "fixed_sequence_single", "holm")
 PVALUES = ("binomial", "hoeffding_bentkus")
 
 
@@ -117,15 +124,35 @@ def certify(risk: str, grid, n_below, pos_below, n: int, n_pos: int, *, alpha: f
     side = RISKS[risk]
     errors, count = risk_counts(risk, n_below, pos_below, n, n_pos)
     p = _pvalues(errors, count, alpha, pvalue)
-    n_min = min_count(alpha, delta / (grid.size if procedure == "holm" else 1))
     if procedure == "holm":
-        return p, holm(p, delta), n_min
+        return p, holm(p, delta), min_count(alpha, delta / grid.size)
     order = np.arange(grid.size)[::-1] if side == "accept" else np.arange(grid.size)
-    enough = count[order] >= n_min
-    start = int(np.argmax(enough)) if enough.any() else order.size
+    co, po = count[order], p[order]
+    single = procedure == "fixed_sequence_single" or risk in ("fpr", "miss")
+    j_starts = 1 if single else n_starts(alpha, delta, int(co.max(initial=0)))
+    n_min = min_count(alpha, delta / j_starts)
+    cert = np.zeros(grid.size, dtype=bool)
+    for j in range(j_starts):
+        enough = np.flatnonzero(co >= n_min * 2**j)
+        if enough.size == 0:
+            break
+        cert |= fixed_sequence(po, delta / j_starts, start=int(enough[0]))
     mask = np.zeros(grid.size, dtype=bool)
-    mask[order] = fixed_sequence(p[order], delta, start=start)
+    mask[order] = cert
     return p, mask, n_min
+
+
+def n_starts(alpha: float, delta: float, largest_count: int, cap: int = 20) -> int:
+    """Number ``J`` of fixed-sequence starts: ``n_min * 2^j <= largest_count`` for ``j < J``, where
+    ``n_min`` is :func:`min_count` at level ``delta / J`` (solved by iteration; at most ``cap``)."""
+    j = 1
+    while j < cap:
+        n0 = min_count(alpha, delta / j)
+        need = int(math.floor(math.log2(largest_count / n0))) + 1 if largest_count >= n0 else 1
+        if need <= j:
+            break
+        j = min(need, cap)
+    return j
 
 
 def ltt_threshold(scores, labels, *, risk: str = "fdr", alpha: float = 0.05, delta: float = 0.05,
@@ -146,8 +173,8 @@ def ltt_threshold(scores, labels, *, risk: str = "fdr", alpha: float = 0.05, del
     delta : float in (0, 1)
         Failure probability: ``P(R(lambda_hat) <= alpha) >= 1 - delta`` over the calibration draw
         (LTT, Theorem 1).
-    procedure : {"fixed_sequence", "holm"}
-        FWER procedure over the grid (:mod:`.fwer`).
+    procedure : {"fixed_sequence", "fixed_sequence_single", "holm"}
+        FWER procedure over the grid (:mod:`.fwer`; the starts: module docstring).
     pvalue : {"binomial", "hoeffding_bentkus"}
         Exact binomial tail (valid here: every risk is a proportion of a random count) or the
         general Hoeffding--Bentkus bound (:mod:`.pvalues`).
