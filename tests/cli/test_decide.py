@@ -139,3 +139,22 @@ def test_hostile_inputs(files, capsys):
     err = capsys.readouterr().err
     assert "sha256: the manifest was edited after the fit" in err and err.count("\n") == 1
     assert not (t / "o.npy").exists() and not (t / "bad.json").exists()
+
+
+def test_multilabel_one_rule_per_label(tmp_path):
+    rng = np.random.default_rng(41)
+    z = rng.normal(size=(6000, 3)) * 2
+    y = (rng.random(z.shape) < 1 / (1 + np.exp(-z))).astype(np.int64)
+    np.save(tmp_path / "z.npy", z)
+    np.save(tmp_path / "y.npy", y)
+    assert _run("decide", "fit", "--input", "multilabel", "--logits", tmp_path / "z.npy", "--labels", tmp_path / "y.npy",
+                "--alpha-accept", 0.1, "--alpha-reject", 0.1, "-o", tmp_path / "ml.json") == 0
+    m = json.loads((tmp_path / "ml.json").read_text())
+    assert set(m["groups"]) == {"*", "0", "1", "2"} and m["input"]["per"] == "label"
+    assert _run("decide", "apply", "--decisions", tmp_path / "ml.json", "--logits", tmp_path / "z.npy",
+                "-o", tmp_path / "d.npy") == 0
+    d = np.load(tmp_path / "d.npy")
+    assert d.shape == (6000, 3)
+    lo, hi = m["groups"]["1"]["lambda_lo"], m["groups"]["1"]["lambda_hi"]
+    p = 1 / (1 + np.exp(-z[:, 1]))
+    np.testing.assert_array_equal(d[:, 1], np.where(p >= hi, 1, np.where(p < lo, -1, 0)))

@@ -206,6 +206,7 @@ def _test_inputs(args, m, cal, labels=None):
     probs, scale = _probabilities(args, kind, cal, domains)
     if scale != m["input"]["scale"] and not (scale == "raw" and m["input"]["scale"] == "probs"):
         raise ValueError(f"--input-kind: the decisions were fitted on {m['input']['scale']} scores, these are {scale}")
+    args.decide_shape = probs.shape  # apply writes multilabel decisions as (n, L)
     if kind == "sets":
         return kind, probs, labels, (None if per == "none" else np.asarray(domains).astype(str))
     if labels is None:  # no labels at apply: the group needs the predicted class only
@@ -235,7 +236,7 @@ def apply(args) -> int:
         return 0
     d = obj.decide(s, groups)
     if kind == "multilabel":
-        d = d.reshape(-1, len(set(m["groups"]) - {"*"}) if m["input"]["per"] == "label" else -1)
+        d = d.reshape(args.decide_shape)
     if path.suffix.lower() == ".csv":
         import csv
 
@@ -245,8 +246,9 @@ def apply(args) -> int:
             w = csv.writer(fh, lineterminator="\n")
             w.writerow(["row", "group", "score", "decision"])
             g = groups if groups is not None else np.full(s.size, "*")
+            per_row = d.shape[1] if d.ndim == 2 else 1  # multilabel: one line per (item, label)
             for i, (gi, si, di) in enumerate(zip(g, s, d.ravel())):
-                w.writerow([i, csv_cell(str(gi)), repr(float(si)), DECISION_NAMES[int(di)]])
+                w.writerow([i // per_row, csv_cell(str(gi)), repr(float(si)), DECISION_NAMES[int(di)]])
     else:
         save_array(args.output, d, key="decisions")
     counts = {DECISION_NAMES[c]: int((d == c).sum()) for c in (1, 0, -1)}
