@@ -63,10 +63,11 @@ def test_evaluate_exits_3_when_a_sensor_breaks_its_guarantee(files, capsys):
     t = files
     assert _run("decide", "fit", "--logits", t / "s.npy", "--labels", t / "y.npy", "--alpha-accept", 0.1,
                 "--alpha-reject", "none", "-o", t / "pooled.json") == 0
-    # test on the over-scoring sensor only: the pooled cutoff over-admits there
-    d = np.load(t / "d.npy")
-    np.save(t / "s_sat.npy", np.load(t / "s.npy")[d == "sat"])
-    np.save(t / "y_sat.npy", np.load(t / "y.npy")[d == "sat"])
+    # test on a new sensor that over-scores far more (P(TP | s) = s^8): the pooled cutoff over-admits there
+    rng = np.random.default_rng(42)
+    s_new = rng.random(5000)
+    np.save(t / "s_sat.npy", s_new)
+    np.save(t / "y_sat.npy", (rng.random(5000) < s_new**8).astype(np.int64))
     capsys.readouterr()
     code = _run("decide", "evaluate", "--decisions", t / "pooled.json", "--logits", t / "s_sat.npy", "--labels",
                 t / "y_sat.npy")
