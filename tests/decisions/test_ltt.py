@@ -196,3 +196,16 @@ def test_bad_scores_and_labels_get_one_line_errors():
         ltt_threshold([0.1, 0.2], [0, 1, 1])
     with pytest.raises(ValueError, match=r"^scores: expected at least one score"):
         ltt_threshold([], [])
+
+
+def test_guarantee_holds_with_the_score_quantile_grid():
+    # scores outside [0, 1] (logits) get the grid of 1,001 score quantiles, which depends on the scores but
+    # not on the labels: 2,000 draws, the true risk curve in the logit scale is the same as in [0, 1]
+    rng = np.random.default_rng(9)
+    bad = 0
+    for _ in range(DRAWS):
+        s, y = draw(rng, 400)
+        fit = ltt_threshold(np.log(s / (1 - s)), y, alpha=0.1, delta=0.1)
+        if fit.threshold is not None and true_fdr(1 / (1 + np.exp(-fit.threshold))) > 0.1:
+            bad += 1
+    assert bad / DRAWS <= mc_upper(0.1, DRAWS), bad / DRAWS
