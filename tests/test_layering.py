@@ -35,7 +35,7 @@ LAYERS = {
     "ops": 1, "metrics": 1, "sources": 1, "passes": 1,
     "calibrators": 2,
     "detection": 3, "active": 3, "evaluation": 3, "decisions": 3,
-    "plots": 4, "report": 4, "report_geometry": 4, "io": 4, "demo": 4, "export": 4, "torch": 4,
+    "plots": 4, "report": 4, "report_geometry": 4, "report_decisions": 4, "io": 4, "demo": 4, "export": 4, "torch": 4,
     "dask": 5,
     "cli": 6, "__main__": 6,
 }

@@ -159,3 +159,27 @@ def test_multilabel_one_rule_per_label(tmp_path):
     lo, hi = m["groups"]["1"]["lambda_lo"], m["groups"]["1"]["lambda_hi"]
     p = 1 / (1 + np.exp(-z[:, 1]))
     np.testing.assert_array_equal(d[:, 1], np.where(p >= hi, 1, np.where(p < lo, -1, 0)))
+
+
+def test_report_shows_each_sensors_operating_point(files):
+    from confcal.calibrators import DetectionPlattScaling
+    from confcal.io import save_manifest
+
+    t = files
+    s, y, d = np.load(t / "s.npy"), np.load(t / "y.npy"), np.load(t / "d.npy")
+    save_manifest(DetectionPlattScaling().fit(s, y, domains=d), t / "det.json")
+    assert _run("decide", "fit", "--logits", t / "s.npy", "--labels", t / "y.npy", "--domains", t / "d.npy",
+                "--calibrator", t / "det.json", "--alpha-accept", 0.1, "--alpha-reject", 0.1, "--delta", 0.1,
+                "-o", t / "dec.json") == 0
+    assert _run("report", "--logits", t / "s.npy", "--labels", t / "y.npy", "--domains", t / "d.npy",
+                "--calibrator", t / "det.json", "--decisions", t / "dec.json", "--bootstrap", 5,
+                "-o", t / "r.html") == 0
+    page = (t / "r.html").read_text()
+    assert "<h2>Decisions</h2>" in page and page.index("<h2>Decisions</h2>") < page.index("</body>")
+    for sensor in ("drone", "sat"):
+        assert f"<tr><td>{sensor}</td><td>10000</td>" in page
+    # decisions on raw scores beside a report's calibrator
+    assert _run("decide", "fit", "--logits", t / "s.npy", "--labels", t / "y.npy", "-o", t / "raw.json") == 0
+    assert _run("report", "--logits", t / "s.npy", "--labels", t / "y.npy", "--calibrator", t / "det.json",
+                "--domains", t / "d.npy", "--decisions", t / "raw.json", "--bootstrap", 5, "-o", t / "r2.html") == 0
+    assert "<tr><td>*</td><td>20000</td>" in (t / "r2.html").read_text()

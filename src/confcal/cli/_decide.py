@@ -323,3 +323,30 @@ def _evaluate_table(doc, kind) -> str:
     rows = [[g, str(r["n"]), _ci(r["precision"]), _ci(r["npv"]), _ci(r["review"]), ",".join(r["failed"]) or "ok"]
             for g, r in doc["groups"].items()]
     return _table(["group", "n", "precision [CP]", "NPV [CP]", "review share [CP]", "verdict"], rows)
+
+
+def report_section(args, page: str) -> str:
+    """``confcal report --decisions``: ``page`` with the decisions' operating points on the report's items."""
+    from confcal.decisions.realised import realised_coverage, realised_decisions
+    from confcal.report_decisions import decisions_section, insert_section
+
+    from confcal.cli._common import read_json
+
+    saved = args.input_kind, args.calibrator
+    args.input_kind = None  # the decisions' own scale, not the report's
+    named = read_json(args.decisions, "--decisions")
+    if isinstance(named, dict) and named.get("calibrator") is None:
+        args.calibrator = None  # decisions on raw scores: the report's calibrator is not theirs
+    try:
+        m, obj, cal = _load_decisions(args)
+        labels = _array(args, "labels")
+        kind, s, y, groups = _test_inputs(args, m, cal, labels=labels)
+    finally:
+        args.input_kind, args.calibrator = saved
+    if kind == "sets":
+        from confcal._validation import check_labels
+
+        doc = realised_coverage(obj, s, check_labels(labels, s.shape[0], s.shape[1]), groups)
+    else:
+        doc = realised_decisions(obj, s, y, groups)
+    return insert_section(page, decisions_section(m, doc))
