@@ -15,6 +15,7 @@ demo: $(STAMP)
 	$(VENV)/bin/confcal demo
 
 test: $(STAMP)
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q
 
 clean:

@@ -72,7 +72,7 @@ def main():
     from sklearn.linear_model import LogisticRegression
 
     from confcal.calibrators import METHODS, fit_temperature
-    from confcal.calibrators._logistic import fit_logistic
+    from confcal.calibrators._fit.logistic import fit_logistic
 
     warnings.simplefilter("ignore")
     n = args.n

@@ -152,7 +152,7 @@ def _numbers(v) -> list[float]:
 
 def max_rel_diff(a: dict, b: dict) -> float:
     """Largest ``|a - b| / max(|a|, |b|)`` over the numbers of two manifests' raw parameters (every
-    ``vs`` fit returns its biases in one gauge, mean 0: ``confcal.calibrators._linear_job.vs_gauge``)."""
+    ``vs`` fit returns its biases in one gauge, mean 0: ``confcal.calibrators._fit.jobs.linear_job.vs_gauge``)."""
     x, y = _numbers(a), _numbers(b)
     if len(x) != len(y):
         return float("inf")

@@ -37,7 +37,7 @@ import numpy as np
 
 from confcal._numeric import softmax
 from confcal._validation import check_logits
-from confcal.calibrators._odir import reuse_fits
+from confcal.calibrators._fit.odir import reuse_fits
 from confcal.evaluation.compare import fit_and_score, split_indices
 from confcal.metrics import accuracy, ece, nll, smooth_ece
 

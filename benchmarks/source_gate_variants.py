@@ -43,7 +43,7 @@ import numpy as np
 import domain_generalization as bench
 from confcal._numeric import softmax
 from confcal.calibrators import SourceGatedTemperatureScaling, fit_temperature
-from confcal.calibrators.source_gated import neighbour_counts, source_gate
+from confcal.calibrators.domain.source_gated import neighbour_counts, source_gate
 from confcal.evaluation.domain import DomainData, _oracle_split, all_splits
 from confcal.io import atomic_write
 from confcal.metrics.bootstrap import bootstrap_ece

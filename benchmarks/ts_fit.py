@@ -2,7 +2,7 @@
 
 All contenders fit the same float32 logits (N = 1,000,000, K = 100 by default) in one run:
 
-* ``TemperatureScaling().fit`` -- what users call: the streamed job of ``confcal.calibrators._ts_job``
+* ``TemperatureScaling().fit`` -- what users call: the streamed job of ``confcal.calibrators._fit.jobs.ts_job``
   on a ``LocalEngine`` (validation, data digest, fit record metrics before/after, all numpy);
 * ``fit_temperature`` -- the bare in-memory Newton search (no validation, no record);
 * scikit-learn's ``_TemperatureScaling`` (float64, as it needs), scipy's ``minimize_scalar`` on

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from confcal._fastexp import EXP2_MAX_ULP, exp2_block, exp2_f32
-from confcal.calibrators.temperature import scaled_softmax_rows
+from confcal.calibrators.temperature.ts import scaled_softmax_rows
 
 F32 = np.float32
 

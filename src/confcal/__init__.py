@@ -5,7 +5,7 @@ functions), ``confcal.calibrators`` (estimators), ``confcal.io`` and
 ``confcal.cli`` (files and the command line).
 """
 
-__version__ = "0.1.0"
+from confcal._version import __version__
 
 
 def load_calibrator(manifest, *, n_classes=None):

@@ -19,7 +19,7 @@ a block without them pays nothing more. Accuracy against float64 ``exp2`` of the
 input: at most :data:`EXP2_MAX_ULP` float32 ulp over the whole float32 range (tested).
 
 Softmax callers fold ``log2(e)`` into their ``1 / T`` factor (``exp(x) = 2 ** (x log2 e)``), one
-rounding like the ``x / T`` it replaces (:func:`confcal.calibrators.temperature.scaled_softmax_rows`).
+rounding like the ``x / T`` it replaces (:func:`confcal.calibrators.temperature.ts.scaled_softmax_rows`).
 """
 
 from __future__ import annotations

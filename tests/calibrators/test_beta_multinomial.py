@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from scipy.optimize import minimize
 
 from confcal.calibrators import METHODS, calibrator_from_dict
-from confcal.calibrators.beta import multinomial_beta_objective
+from confcal.calibrators._fit.beta import multinomial_beta_objective
 from confcal.metrics import nll
 from tests.calibrators._oracles import log_softmax, simulate
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from confcal.calibrators import METHODS
-from confcal.calibrators._binning_job import histogram_fit_job
-from confcal.calibrators.registry import fit_job_of
+from confcal.calibrators._fit.jobs.binning_job import histogram_fit_job
+from confcal.calibrators.protocol.registry import fit_job_of
 from confcal.passes import LocalEngine, run_job
 from confcal.sources import open_source
 from tests.conftest import require_shared_data

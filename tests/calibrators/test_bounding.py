@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from scipy.optimize import minimize
 
 from confcal.calibrators import METHODS, calibrator_from_dict
-from confcal.calibrators.bounding import ProbabilityBounding, tie_rate
+from confcal.calibrators.bounding.pb import ProbabilityBounding, tie_rate
 from confcal.metrics import accuracy, nll
 from confcal.ops import bcsoftmax
 from tests.calibrators._oracles import bcsoftmax_bisect, log_softmax, mean_nll, simulate

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from confcal.calibrators import METHODS
-from confcal.calibrators.registry import MissingExtraError, Preset
+from confcal.calibrators.protocol.registry import MissingExtraError, Preset
 from confcal.catalog import CATALOG, TORCH_EXTRA_HINT, method_names
 from tests.cli.test_startup import NO_TORCH
 
@@ -70,7 +70,7 @@ print(json.dumps({"before": before, "after": after, "n": len(names), "torch": "t
 """
     r = _in_fresh_interpreter(code, block_torch=False)
     assert r["n"] == len(CATALOG)
-    assert "confcal.calibrators.binning" not in r["before"] and "confcal.calibrators.binning" in r["after"]
+    assert "confcal.calibrators.binning.methods" not in r["before"] and "confcal.calibrators.binning.methods" in r["after"]
     assert not any(m.endswith((".scaling", ".bounding", ".ensemble", ".parametric")) for m in r["after"])
     assert not r["torch"] and not r["sklearn"]
 
@@ -107,7 +107,7 @@ print(json.dumps(msgs))
 
 def test_unknown_names_are_key_errors_and_iteration_lists_user_presets():
     from confcal.calibrators import TemperatureScaling
-    from confcal.calibrators.registry import register_preset
+    from confcal.calibrators.protocol.registry import register_preset
 
     with pytest.raises(KeyError):
         METHODS["no-such-method"]

@@ -25,7 +25,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from confcal._numeric import softmax
 from confcal.calibrators import METHODS, CalibrationWarning, NotFittedError, calibrator_from_dict
-from confcal.calibrators.base import Preset, make_calibrator
+from confcal.calibrators.protocol.base import Preset, make_calibrator
 from confcal.metrics import nll
 from tests.conftest import require_shared_data
 

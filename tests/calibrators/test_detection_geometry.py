@@ -15,7 +15,7 @@ from scipy.optimize import minimize
 from scipy.special import expit, log_expit, logit
 
 from confcal.calibrators import METHODS, CalibrationWarning, calibrator_from_dict
-from confcal.calibrators._geofit import REG_GRID, fit_penalised_logistic, penalised_nll, stratified_folds
+from confcal.calibrators._fit.geofit import REG_GRID, fit_penalised_logistic, penalised_nll, stratified_folds
 
 
 def _synthetic(n, seed, shift=True):

@@ -28,7 +28,7 @@ from confcal.calibrators import (
     TemperatureScaling,
     calibrator_from_dict,
 )
-from confcal.calibrators.domain import DEFAULT_RIDGE_ALPHAS, domain_sample_weight
+from confcal.calibrators.domain.methods import DEFAULT_RIDGE_ALPHAS, domain_sample_weight
 
 CLUSTER_CLASSES = [ClusterTemperatureScaling, ClusterRegressionTemperatureScaling,
                    DomainEnsembleTemperatureScaling]

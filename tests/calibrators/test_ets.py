@@ -56,7 +56,7 @@ def test_ets_outputs_distributions_and_round_trips(seed, k):
 
 
 # ------------------------------------------------------------ issue 26: the profiled solver
-from confcal.calibrators.ensemble import _ETSProfile, mixture_weights  # noqa: E402
+from confcal.calibrators.temperature.ensemble import _ETSProfile, mixture_weights  # noqa: E402
 
 
 def _ets_nll(z, y, log_t, w, r=None):
@@ -103,7 +103,7 @@ def test_profile_derivative_matches_finite_differences():
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_profiled_fit_is_not_worse_than_lbfgs_on_softmax_weights(seed):
     """The oracle is the previous solver: L-BFGS on (log T, softmax logits of w) from the same start."""
-    from confcal.calibrators import _npfit
+    from confcal.calibrators._fit import npfit as _npfit
 
     z, y = simulate(500, 8, seed=seed, scale=4.0, temperature=2.0)
     cal = METHODS["ets"]().fit(z, y)
@@ -134,7 +134,7 @@ def test_wrn_cifar100_reaches_the_interior_optimum(shared_data):
 @given(st.integers(0, 10_000), st.integers(2, 7), st.floats(0.5, 8.0))
 def test_numpy_fit_and_predict_equal_the_torch_map_path(seed, k, scale):
     """The numpy ``_fit`` / ``_predict_proba`` against the MapCalibrator (torch module) path they bypass."""
-    from confcal.calibrators._compose import MapCalibrator
+    from confcal.calibrators._fit.compose import MapCalibrator
 
     z, y = simulate(120, k, seed=seed, scale=scale, temperature=2.0)
     cal = METHODS["ets"]().fit(z, y)

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from confcal.calibrators import METHODS
-from confcal.calibrators.base import calibrator_from_dict
+from confcal.calibrators.protocol.base import calibrator_from_dict
 
 
 def _data(scale):
@@ -72,7 +72,7 @@ def test_extreme_rows_are_a_value_error_naming_the_logits_scale(method, why):
 
 
 def test_a_non_finite_fitted_parameter_is_refused_and_the_estimator_left_unfitted(monkeypatch):
-    from confcal.calibrators.scaling import VectorScaling
+    from confcal.calibrators.linear.scaling import VectorScaling
 
     original = VectorScaling._get_fitted
     monkeypatch.setattr(VectorScaling, "_get_fitted", lambda self: {**original(self), "nll": float("nan")})
@@ -101,7 +101,7 @@ def _leaves(v):
 
 @given(_nested)
 def test_first_non_finite_agrees_with_a_flat_scan(value):
-    from confcal.calibrators.base import _first_non_finite
+    from confcal.calibrators.protocol.base import _first_non_finite
 
     oracle = any(isinstance(x, float) and not np.isfinite(x) for x in _leaves(value))
     found = _first_non_finite(value)

@@ -1,5 +1,5 @@
 """T14 (issue 21): every field of a manifest's fit record is checked on load against its constraint
-table (:data:`confcal.calibrators._constraints.FIT_RECORD`: type, range, finiteness, allowed keys).
+table (:data:`confcal.calibrators.protocol.constraints.FIT_RECORD`: type, range, finiteness, allowed keys).
 
 A damaged field is named in ONE warning (field path, expected, found, file) and never blocks ``apply``
 (the fitted map is checked apart and used as is); ``drift``, which reads ``fit.data_summary`` and
@@ -436,7 +436,7 @@ def test_summary_metrics_equal_the_four_public_metrics(n, k):
     """The fit record's shared-pass summary (float64, up to 32,768 rows) and the whole-array
     path above it give the values of accuracy / ece / nll / brier_score, ties and a zero
     label probability included."""
-    from confcal.calibrators.manifest import summary_metrics
+    from confcal.calibrators.protocol.manifest import summary_metrics
     from confcal.metrics import accuracy, brier_score, ece, nll
 
     rng = np.random.default_rng(n + k)
@@ -454,7 +454,7 @@ def test_summary_metrics_equal_the_four_public_metrics(n, k):
 
 
 def test_summary_metrics_refuses_invalid_probabilities_with_the_argument_named():
-    from confcal.calibrators.manifest import summary_metrics
+    from confcal.calibrators.protocol.manifest import summary_metrics
 
     p = np.full((4, 2), 0.5)
     p[2, 0] = np.nan

@@ -15,9 +15,9 @@ import pytest
 
 from confcal.calibrators import GroupedTemperatureScaling, fit_temperature
 from confcal._digest import DataDigest, data_sha256
-from confcal.calibrators._ts_job import temperature_job
-from confcal.calibrators._tsfit import DEFAULT_T_BOUNDS, CalibrationWarning
-from confcal.calibrators.base import summary_metrics
+from confcal.calibrators._fit.jobs.ts_job import temperature_job
+from confcal.calibrators._fit.tsfit import DEFAULT_T_BOUNDS, CalibrationWarning
+from confcal.calibrators.protocol.base import summary_metrics
 from confcal.passes import LocalEngine, run_job
 from confcal.sources import open_source
 from tests.conftest import REPO, require_shared_data

@@ -15,7 +15,7 @@ from scipy.special import expit
 
 from confcal import load_calibrator
 from confcal.calibrators import METHODS, CalibrationWarning, GroupedTemperatureScaling
-from confcal.calibrators.detection import DetectionTemperatureScaling
+from confcal.calibrators.detection.box import DetectionTemperatureScaling
 from confcal.calibrators.grouping import GroupedCalibrator, fit_groups
 
 

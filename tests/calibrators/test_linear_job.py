@@ -12,8 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from confcal.calibrators import METHODS  # noqa: E402
-from confcal.calibrators._linear_job import _block_stats, _design, _objective, linear_fit_job  # noqa: E402
-from confcal.calibrators.registry import FULL_DATA_JOBS, fit_job_of  # noqa: E402
+from confcal.calibrators._fit.jobs.linear_job import _block_stats, _design, _objective, linear_fit_job  # noqa: E402
+from confcal.calibrators.protocol.registry import FULL_DATA_JOBS, fit_job_of  # noqa: E402
 from confcal.passes import LocalEngine, run_job  # noqa: E402
 from confcal.sources import open_source  # noqa: E402
 from tests.conftest import require_shared_data  # noqa: E402
@@ -36,9 +36,9 @@ def _engine(x, y, batch_rows=997):
 def _torch_objective(method, params, theta, x, y):
     """The in-memory objective (mean NLL + ODIR penalty, or VS's ridge written out here) of the
     estimator's own torch modules at ``theta``: returns (value, gradient, Hessian) by autograd."""
-    from confcal.calibrators._compose import Composite
-    from confcal.calibrators._links import SoftmaxLink
-    from confcal.calibrators._maps import build_map
+    from confcal.calibrators._fit.compose import Composite
+    from confcal.calibrators._fit.links import SoftmaxLink
+    from confcal.calibrators._fit.maps import build_map
 
     cal = METHODS[method](**params)
     k = x.shape[1]
@@ -95,7 +95,7 @@ def test_sums_equal_torch_autograd_of_the_in_memory_objective(method):
 
 
 def test_sums_merge_exactly_over_any_batch_boundaries():
-    from confcal.calibrators._linear_job import _linear_batch, _merge_linear
+    from confcal.calibrators._fit.jobs.linear_job import _linear_batch, _merge_linear
 
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(1000, 5)), rng.integers(0, 5, 1000)
@@ -136,7 +136,7 @@ def test_vs_full_data_fit_equals_the_converged_in_memory_fit(cifar10):
     assert a["parameters"]["map_config"] == b["parameters"]["map_config"]
     for key in ("metrics_before", "metrics_after"):
         assert a["fit"][key] == pytest.approx(b["fit"][key], rel=1e-6)
-    from confcal.calibrators.base import calibrator_from_dict
+    from confcal.calibrators.protocol.base import calibrator_from_dict
 
     back = calibrator_from_dict(a)
     np.testing.assert_allclose(back.predict_proba(x), job.predict_proba(x), rtol=0, atol=0)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from scipy.optimize import minimize
 from scipy.special import expit
 
-from confcal.calibrators._logistic import (
+from confcal.calibrators._fit.logistic import (
     binary_batch_stats,
     binary_counts,
     fit_logistic,

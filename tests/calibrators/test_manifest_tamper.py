@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from confcal.calibrators import METHODS, calibrator_from_dict
-from confcal.calibrators._constraints import COMMON_HYPER
+from confcal.calibrators.protocol.constraints import COMMON_HYPER
 from confcal.cli import main
 
 # small, fast fits: Adam methods get a few epochs, k-means few clusters

@@ -1,4 +1,4 @@
-"""The closed-form objectives of :mod:`confcal.calibrators._npfit` against independent oracles:
+"""The closed-form objectives of :mod:`confcal.calibrators._fit.npfit` against independent oracles:
 central finite differences of their own values (gradients, Hessians, Hessian-vector products),
 torch autograd of the torch maps (values and gradients), and scipy's solvers (optima)."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 
-from confcal.calibrators import _npfit
+from confcal.calibrators._fit import npfit as _npfit
 from tests.calibrators._oracles import log_softmax, simulate
 
 
@@ -86,7 +86,7 @@ def test_ets_gradient_matches_finite_differences(case):
 
 def test_objectives_equal_torch_autograd_of_the_maps():
     torch = pytest.importorskip("torch")
-    from confcal.calibrators._maps import ETSMap, MatrixScalingMap, VectorScalingMap
+    from confcal.calibrators._fit.maps import ETSMap, MatrixScalingMap, VectorScalingMap
 
     d = _rows(n=80, k=5, weighted=True)
     zt, yt, rt = torch.from_numpy(d.x), torch.from_numpy(d.y), torch.from_numpy(d.r)
@@ -287,7 +287,7 @@ def test_fixed_odir_fit_goes_on_with_lbfgs_when_the_newton_budget_is_spent(monke
     Newton-CG then L-BFGS; both end at the optimum of the same objective (oracle: scipy's trust-region
     Newton-CG to a tight tolerance), as the unbudgeted Newton-CG does."""
     from confcal.calibrators import scaling
-    from confcal.calibrators.registry import METHODS
+    from confcal.calibrators.protocol.registry import METHODS
 
     d = _rows(n=400, k=5, seed=3)
     ref = minimize(lambda x: _npfit.affine_objective(x, d, 1e-2, 1e-2)[:2], np.r_[np.eye(5).ravel(), np.zeros(5)],
@@ -308,7 +308,7 @@ def test_fixed_odir_fit_of_large_logits_falls_back_to_lbfgs(method):
     curvature overflow the float32 products of the HVP; the fit goes on by L-BFGS instead of refusing
     the logits. Oracle: scipy's L-BFGS-B on the same objective (the map's inputs: the logits, or their
     log-softmax for Dirichlet), from the identity, to a tight tolerance."""
-    from confcal.calibrators.registry import METHODS
+    from confcal.calibrators.protocol.registry import METHODS
 
     rng = np.random.default_rng(0)
     z = rng.normal(size=(200, 4)) * 3

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from confcal.calibrators import METHODS, calibrator_from_dict
-from confcal.calibrators._compose import Composite, Prepared, fit_composite
-from confcal.calibrators._links import SoftmaxLink
-from confcal.calibrators._maps import MatrixScalingMap
-from confcal.calibrators._odir import PATIENCE, ODIR_GRID, fold_indices, select_odir, start_at_temperature
+from confcal.calibrators._fit.compose import Composite, Prepared, fit_composite
+from confcal.calibrators._fit.links import SoftmaxLink
+from confcal.calibrators._fit.maps import MatrixScalingMap
+from confcal.calibrators._fit.odir import PATIENCE, ODIR_GRID, fold_indices, select_odir, start_at_temperature
 from confcal.metrics import nll
 from tests.calibrators._oracles import log_softmax
 from tests.conftest import require_shared_data
@@ -96,7 +96,7 @@ def test_cv_picks_the_grid_point_with_the_lowest_heldout_nll(on_log_probs):
 def test_refinement_is_the_minimum_of_a_quadratic_held_out_nll(centre):
     """Held-out NLL exactly quadratic in log10 lambda: the vertex is its minimum, whichever side of the
     best grid point it lies on; an edge or unscored neighbour gets no refinement."""
-    from confcal.calibrators._odir import _vertex
+    from confcal.calibrators._fit.odir import _vertex
 
     pairs = [(10.0 ** e, 10.0 ** e) for e in (3, 2, 1, 0, -1, -2, -3)]
     scores = [(np.log10(lam) - centre) ** 2 + 1.0 for lam, _ in pairs]
@@ -299,7 +299,7 @@ def test_a_malformed_reg_grid_is_named_before_any_data(grid, said):
 def test_preset_base_params_and_numpy_fold_counts():
     """ms+pb's base_params are checked as ms's (the preset's base was not filled in: KeyError None);
     cv may be a numpy integer."""
-    from confcal.calibrators.registry import make_calibrator
+    from confcal.calibrators.protocol.registry import make_calibrator
 
     cal = make_calibrator("ms+pb", {"base_params": {"reg": "cv", "cv": 3, "reg_grid": [1.0, 10.0]}})
     assert cal.base == "ms"
@@ -375,7 +375,7 @@ def test_a_choice_at_the_grid_edge_is_said():
     NLL may fall further past it); an interior choice is silent."""
     import warnings
 
-    from confcal.calibrators._tsfit import CalibrationWarning
+    from confcal.calibrators._fit.tsfit import CalibrationWarning
 
     z, y = _data()
     zt, yt = torch.as_tensor(z), torch.as_tensor(y)

@@ -1,4 +1,4 @@
-"""Issue 26: the K Platt fits of ``platt-ovr`` solved together (:mod:`confcal.calibrators._platt_batch`)
+"""Issue 26: the K Platt fits of ``platt-ovr`` solved together (:mod:`confcal.calibrators._fit.jobs.platt_batch`)
 against independent oracles -- the one-class exact Newton (:func:`fit_constrained_logistic`) and
 scikit-learn's ``LogisticRegression`` on the soft targets written as two weighted rows --, hypothesis
 invariants (a permutation of the classes or the rows), and the ``score_space`` choice of ``platt-ovr``
@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from confcal.calibrators import METHODS, calibrator_from_dict
-from confcal.calibrators._constrained_logistic import fit_constrained_logistic, platt_targets
-from confcal.calibrators._platt_batch import fit_platt_batch
-from confcal.calibrators.platt import _class_scores, _renormalised_nll, apply_platt_columns
+from confcal.calibrators._fit.constrained_logistic import fit_constrained_logistic, platt_targets
+from confcal.calibrators._fit.jobs.platt_batch import fit_platt_batch
+from confcal.calibrators.logistic.platt import _class_scores, _renormalised_nll, apply_platt_columns
 
 #: parameters agree to this between two exact solvers of the same convex problem (gradient below 1e-11)
 PARAM_ATOL = 1e-6
@@ -181,9 +181,9 @@ def test_wrn_cifar100_nll_is_within_0002_of_sklearn(shared_data):
 
 
 # ------------------------------------------------------------------ beta: the batched active sets
-from confcal.calibrators._platt_batch import fit_logistic_batch  # noqa: E402
-from confcal.calibrators._reduce import log_odds  # noqa: E402
-from confcal.calibrators.beta import fit_beta, fit_beta_batch  # noqa: E402
+from confcal.calibrators._fit.jobs.platt_batch import fit_logistic_batch  # noqa: E402
+from confcal.calibrators._fit.jobs.reduce import log_odds  # noqa: E402
+from confcal.calibrators.logistic.beta import fit_beta, fit_beta_batch  # noqa: E402
 
 
 def test_logistic_batch_equals_one_class_newton_with_two_features():
@@ -280,7 +280,7 @@ def test_batch_meets_the_gradient_tolerance_with_rounding_level_steps():
 
 
 def test_blocked_evaluation_does_not_change_the_solution(monkeypatch):
-    import confcal.calibrators._platt_batch as pb
+    import confcal.calibrators._fit.jobs.platt_batch as pb
 
     z, y, t = _problem(n=2000, k=9, seed=14)
     s = _class_scores(z, "log-odds")
@@ -293,7 +293,7 @@ def test_blocked_evaluation_does_not_change_the_solution(monkeypatch):
 
 def test_log_odds_from_log_softmax_equals_log_odds():
     from confcal._numeric import log_softmax
-    from confcal.calibrators._reduce import LOGIT_CLIP, log_odds_from_log_softmax
+    from confcal.calibrators._fit.jobs.reduce import LOGIT_CLIP, log_odds_from_log_softmax
 
     rng = np.random.default_rng(15)
     z = rng.normal(size=(400, 7)) * rng.choice([0.1, 1.0, 5.0, 20.0, 80.0], size=(400, 1))
@@ -308,7 +308,7 @@ def test_log_odds_from_log_softmax_equals_log_odds():
 
 def test_fit_record_is_the_one_computed_afresh_and_no_memo_is_kept():
     from confcal._numeric import softmax
-    from confcal.calibrators.manifest import summary_metrics
+    from confcal.calibrators.protocol.manifest import summary_metrics
 
     z, y, _ = _problem(n=900, k=6, seed=16, scale=2.5)
     cal = METHODS["platt-ovr"]().fit(z, y)

@@ -10,8 +10,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from confcal.calibrators import METHODS, TemperatureScaling
-from confcal.calibrators._stream import predict_into
-from confcal.calibrators.temperature import scaled_softmax_rows
+from confcal.calibrators.protocol.stream import predict_into
+from confcal.calibrators.temperature.ts import scaled_softmax_rows
 from confcal.sources import open_source
 
 #: float32 softmax of float32 logits against the float64 oracle: a few float32 ulps per entry
@@ -154,7 +154,7 @@ def test_scaled_softmax_is_the_softmax_of_z_over_t(n, k, t, seed):
 
 # ------------------------------------------------------------------ the ODIR memo
 def _counting(monkeypatch):
-    from confcal.calibrators import _odir
+    from confcal.calibrators._fit import odir as _odir
 
     calls = []
     real = _odir.select_odir
@@ -204,7 +204,7 @@ def test_map_predict_in_blocks_equals_one_pass(monkeypatch, name, six_class):
     """Row blocks bound the temporaries of the torch map's predict (about 3 input-sized float64
     arrays before); every step is row-wise, so blocks of 256 rows give the one-pass values."""
     pytest.importorskip("torch")
-    from confcal.calibrators._compose import MapCalibrator
+    from confcal.calibrators._fit.compose import MapCalibrator
 
     x, y, _ = six_class
     kw = {"reg": "fixed", "reg_lambda": 1e-2, "reg_mu": 1e-2} if name != "vs" else {}

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from scipy.optimize import minimize
 
 from confcal.calibrators import METHODS, calibrator_from_dict
-from confcal.calibrators._maps import MatrixScalingMap, VectorScalingMap
+from confcal.calibrators._fit.maps import MatrixScalingMap, VectorScalingMap
 from confcal.metrics import nll
 from tests.calibrators._oracles import log_softmax, simulate
 

@@ -17,7 +17,7 @@ from confcal.calibrators import (
     TemperatureScaling,
     calibrator_from_dict,
 )
-from confcal.calibrators.source_gated import (
+from confcal.calibrators.domain.source_gated import (
     BASE_METHODS,
     neighbour_counts,
     pool_allocation,

@@ -18,8 +18,8 @@ from scipy.special import expit
 
 from confcal._numeric import softmax
 from confcal.calibrators import METHODS, calibrator_from_dict
-from confcal.calibrators._reduce import log_odds, spread_top_label, top_label_log_odds
-from confcal.calibrators._univariate import (
+from confcal.calibrators._fit.jobs.reduce import log_odds, spread_top_label, top_label_log_odds
+from confcal.calibrators._fit.univariate import (
     apply_bbq,
     apply_histogram,
     bbq_bin_range,
@@ -29,7 +29,7 @@ from confcal.calibrators._univariate import (
     fit_histogram,
     random_halves,
 )
-from confcal.calibrators.beta import beta_features, fit_beta
+from confcal.calibrators.logistic.beta import beta_features, fit_beta
 
 OVR = ["isotonic", "histogram-binning", "bbq", "scaling-binning-marginal", "beta", "platt-ovr"]
 TOP = ["isotonic-top", "histogram-binning-top", "bbq-top", "scaling-binning"]

@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 
 from confcal._numeric import softmax
 from confcal.calibrators import TemperatureScaling, fit_temperature
-from confcal.calibrators._stream import predict_into
+from confcal.calibrators.protocol.stream import predict_into
 from confcal._digest import DataDigest, data_sha256
-from confcal.calibrators._ts_job import temperature_job
-from confcal.calibrators._ts_batch import TSPassStats, ts_batch_stats
-from confcal.calibrators._tsfit import DEFAULT_T_BOUNDS, _Stats
-from confcal.calibrators.base import summary_metrics
+from confcal.calibrators._fit.jobs.ts_job import temperature_job
+from confcal.calibrators._fit.jobs.ts_batch import TSPassStats, ts_batch_stats
+from confcal.calibrators._fit.tsfit import DEFAULT_T_BOUNDS, _Stats
+from confcal.calibrators.protocol.base import summary_metrics
 from confcal.passes import LocalEngine, run_job
 from confcal.sources import open_source
 from tests.conftest import require_shared_data
@@ -132,7 +132,7 @@ def test_bad_rows_in_the_warm_start_blocks_are_named_by_the_first_pass():
     """Above _WARM_START_ROWS the fit starts from spread-out row blocks, which it tests with one
     row max instead of check_logits: a bad row there (the first and last rows are in them)
     still gets the first pass's message, with its index in the whole data."""
-    from confcal.calibrators._tsfit import _WARM_START_ROWS
+    from confcal.calibrators._fit.tsfit import _WARM_START_ROWS
 
     n = _WARM_START_ROWS + 1000
     rng = np.random.default_rng(0)
@@ -230,7 +230,7 @@ def test_near_metrics_refuse_a_far_temperature():
 def test_streamed_fit_takes_after_metrics_from_its_newton_passes(monkeypatch):
     """The fit needs no pass at the final T (same passes as fit_temperature, plus none), and the
     fallback pass (when the expansion is refused) gives the same record."""
-    from confcal.calibrators import _ts_batch
+    from confcal.calibrators._fit.jobs import ts_batch as _ts_batch
 
     x, y = cifar(n=4000)
     core = fit_temperature(x, y)
@@ -276,8 +276,8 @@ def test_row_kernels_equal_numpy_reductions(seed, n, k, f64):
     """The pass's row kernels (max by columns, sums and dot products by BLAS matrix-vector
     products, the top-label test without a row-wise argmax) against numpy's own reductions, on
     rows with ties, -inf (masked classes) and NaN."""
-    from confcal.calibrators._ts_batch import _rowdot_metric, _top_is_label
-    from confcal.calibrators._tsfit import _rowdot, _rowmax, _rowsum
+    from confcal.calibrators._fit.jobs.ts_batch import _rowdot_metric, _top_is_label
+    from confcal.calibrators._fit.tsfit import _rowdot, _rowmax, _rowsum
 
     rng = np.random.default_rng(seed)
     a = rng.integers(-3, 3, size=(n, k)).astype(np.float64 if f64 else np.float32)  # integers: many ties

@@ -1,4 +1,4 @@
-"""``reg="auto"`` matrix scaling / Dirichlet (:mod:`confcal.calibrators._tsridge`) against an independent
+"""``reg="auto"`` matrix scaling / Dirichlet (:mod:`confcal.calibrators._fit.tsridge`) against an independent
 oracle: the same objective written directly in the TS map's coordinates (``W = (I + D) / T``) and solved
 by scipy's L-BFGS-B to a tight tolerance, with ``T`` from scipy's scalar minimiser; plus hypothesis
 properties of the fit (scale and class-permutation equivariance, zero weights = dropped rows)."""
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from scipy.optimize import minimize, minimize_scalar
 
 from confcal.calibrators import METHODS
-from confcal.calibrators._npfit import AffineProblem, Rows
+from confcal.calibrators._fit.npfit import AffineProblem, Rows
 from tests.calibrators._oracles import log_softmax, simulate
 
 #: parameters of the Newton-CG fit vs the tight scipy oracle (both solve a strictly convex problem)

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
 from confcal.calibrators import METHODS, CalibrationWarning
-from confcal.calibrators._links import box_probs
+from confcal.calibrators._fit.links import box_probs
 from confcal.ops import bcsoftmax, ubsoftmax
 from tests.calibrators.test_common import BOX, GEO, ML, data, make
 

@@ -167,7 +167,7 @@ def test_boolean_param_spellings(tmp_path, value, expected):
 
 
 def test_parse_params_reads_bool_spellings_only_for_boolean_hyperparameters():
-    from confcal.cli._common import parse_params
+    from confcal.cli._shared.common import parse_params
 
     items = ["clip_scores=True", "per_class=0", "bias=false", "min_samples=1"]
     assert parse_params(items, "det-ts") == {"clip_scores": True, "per_class": False, "bias": False,

@@ -175,7 +175,7 @@ def test_library_argument_names_become_options(tmp_path, capsys):
     """Tester apply-det-2d (``scores:``) and fit-sample-rows-0 (``sample_rows:``): the one error path
     speaks in options."""
     from confcal.cli import build_parser
-    from confcal.cli._errors import one_line, options_of
+    from confcal.cli._shared.errors import one_line, options_of
 
     parser = build_parser()
     args = parser.parse_args(["fit", "--logits", "a.npy", "--labels", "b.npy", "--method", "ts", "-o", "c.json"])
@@ -197,7 +197,7 @@ def test_tester_raw_messages_name_their_options(tmp_path, capsys):
     """Tester dm-iou-*, rank-count-no-threshold, rank-quota-too-much, rank-bald-mc-nan, dm-bbox-nan,
     dm-gt-list: the library's argument names come out as the options."""
     from confcal.cli import build_parser
-    from confcal.cli._errors import one_line, options_of
+    from confcal.cli._shared.errors import one_line, options_of
 
     parser = build_parser()
     match = parser.parse_args(["detections", "match", "--gt", "g.json", "--detections", "d.json", "-o", "m.npz"])

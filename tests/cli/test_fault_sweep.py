@@ -2,8 +2,8 @@
 
 The cases are generated from the argparse parser (:func:`confcal.cli.build_parser`), so a new
 subcommand or flag joins the sweep by itself: an input option (a dest in
-:data:`confcal.cli._outputs.INPUT_DESTS`) gets the file faults of its kind, a numeric option the
-numeric faults (its cap from :data:`confcal.cli._caps.CAPS`), an output option the output faults,
+:data:`confcal.cli._shared.outputs.INPUT_DESTS`) gets the file faults of its kind, a numeric option the
+numeric faults (its cap from :data:`confcal.cli._shared.caps.CAPS`), an output option the output faults,
 and any other value option the text faults. A new subcommand fails :func:`test_every_command_has_a_baseline`
 until it is given a working baseline command line here.
 
@@ -35,8 +35,8 @@ import numpy as np
 import pytest
 
 from confcal.cli import build_parser, main
-from confcal.cli._caps import CAPS
-from confcal.cli._outputs import INPUT_DESTS, OUTPUT_DESTS
+from confcal.cli._shared.caps import CAPS
+from confcal.cli._shared.outputs import INPUT_DESTS, OUTPUT_DESTS
 
 N = 120  # rows of the baseline arrays
 K = 3  # classes
@@ -449,7 +449,7 @@ def test_fault(cmd, option, dest, kind, fault, data, tmp_path, capsys):
     msg = errors[0]
     assert any(n and n in msg for n in named), f"the message names none of {sorted(named)}: {msg}"
     assert not [p for p in out.rglob("*") if p.is_file()], f"partial output left: {list(out.rglob('*'))}"
-    from confcal.cli._errors import FALLBACK
+    from confcal.cli._shared.errors import FALLBACK
 
     # refused, naming the option in the message itself, or only through the error path's fallback
     OUTCOMES[f"{kind}: refused" + (" (named by the fallback)" if FALLBACK in msg else "")] += 1

@@ -47,7 +47,7 @@ def _fit(tmp_path, method):
 def test_apply_refuses_nan_rows_from_the_calibrator(tmp_path, capsys, monkeypatch):
     """The check sits in the writer, so it holds whatever the calibrator returns."""
     _fit(tmp_path, "ts")
-    import confcal.calibrators._stream as stream
+    import confcal.calibrators.protocol.stream as stream
 
     real = stream.iter_predict
 

@@ -10,7 +10,7 @@ from confcal.cli import main
 
 
 def test_x_pb_fallback_is_said(monkeypatch, tmp_path, capsys):
-    import confcal.calibrators.bounding as bounding
+    import confcal.calibrators.bounding.pb as bounding
     real, calls = bounding._nll_now, {"n": 0}
 
     def worse_after_base(*a, **k):  # the first call is X alone; make every bounded fit look worse

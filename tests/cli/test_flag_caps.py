@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from confcal.cli import main
-from confcal.cli._caps import CAPS
+from confcal.cli._shared.caps import CAPS
 
 
 @pytest.fixture

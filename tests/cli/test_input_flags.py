@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from confcal.cli import build_parser, main
-from confcal.cli._outputs import INPUT_DESTS
+from confcal.cli._shared.outputs import INPUT_DESTS
 
 #: input options whose values are array specs (PATH or PATH:KEY of .npy/.npz/.csv/.parquet/...)
 ARRAY_DESTS = set(INPUT_DESTS) - {"calibrator", "gt", "detections", "domain_map", "queue", "verify"} | {"domain"}

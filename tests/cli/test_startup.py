@@ -29,7 +29,7 @@ RUN_FORBIDDEN = {"torch", "sklearn", "scipy.stats", "matplotlib", "numba", "pyco
 #: no thread pool (the data digest's is for large fits)
 APPLY_TS_FORBIDDEN = RUN_FORBIDDEN | {"scipy", "pyarrow", "tqdm", "confcal.evaluation", "confcal.report",
                                       "confcal.plots", "confcal.dask", "concurrent.futures", "confcal.export",
-                                      "confcal.calibrators.scaling", "confcal.calibrators.binning"}
+                                      "confcal.calibrators.linear.scaling", "confcal.calibrators.binning.methods"}
 
 _RUNNER = """
 import json, sys
@@ -94,7 +94,7 @@ def test_help_lists_every_method_and_exits_0(argv):
 
 def test_parser_choices_equal_the_library_values():
     from confcal import active
-    from confcal.cli import _choices
+    from confcal.cli._shared import choices as _choices
     from confcal.detection import geometry, matching
     from confcal.metrics import drift
     from confcal.sources import csv

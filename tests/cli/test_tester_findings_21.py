@@ -867,7 +867,7 @@ def test_p3_5_a_key_given_twice_in_a_manifest_is_refused_or_in_the_fit_record_na
 def test_p3_5_other_json_inputs_refuse_a_key_given_twice(tmp_path):
     """P3-5, the same rule for the other JSON inputs: COCO ground truth / detections and the CLI's JSON
     options (--domain-map, ...) refuse a key given twice, naming it and the file."""
-    from confcal.cli._common import read_json
+    from confcal.cli._shared.common import read_json
     from confcal.detection.coco import load_coco_gt
 
     (tmp_path / "m.json").write_text('{"1": "day", "1": "night"}')
@@ -908,7 +908,7 @@ def test_p3_6_fit_on_logits_near_the_float64_limit_prints_no_raw_numpy_warning(t
 def test_json_inputs_with_a_utf8_byte_order_mark_are_read_as_bom_csvs_are(files, tmp_path, capsys):
     """Tester pass 3, noticed: a manifest saved with a UTF-8 BOM was refused (JSONDecodeError: Unexpected UTF-8
     BOM) while BOM CSVs are read; the manifest, COCO and JSON-option readers decode utf-8-sig now."""
-    from confcal.cli._common import read_json
+    from confcal.cli._shared.common import read_json
     from confcal.detection.coco import load_coco_gt
 
     d, _, _ = files

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from confcal.calibrators._tsfit import fit_temperature
+from confcal.calibrators._fit.tsfit import fit_temperature
 from confcal.metrics import calibration_summary
 
 pa = pytest.importorskip("pyarrow")

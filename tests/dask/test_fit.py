@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from confcal.calibrators import METHODS
-from confcal.calibrators._tsfit import fit_temperature
+from confcal.calibrators._fit.tsfit import fit_temperature
 from confcal.dask import fit, read_parquet
 from tests.dask.test_apply import kill_one_worker
 
@@ -133,7 +133,7 @@ def test_fit_records_the_exact_drift_summary(dask_client, cifar_dataset):
 def test_warm_start_then_exact_newton(dask_client, cifar_dataset, monkeypatch, as_dask_frame):
     """The fit starts from a subsample's T (the first rows of 8 spread partitions: no full pass, for
     a Parquet dataset or a Dask DataFrame) and still lands on the single-process T."""
-    from confcal.calibrators import _ts_job
+    from confcal.calibrators._fit.jobs import ts_job as _ts_job
 
     folder, logits, labels, _ = cifar_dataset
     monkeypatch.setattr(_ts_job, "_WARM_START_ROWS", 700)

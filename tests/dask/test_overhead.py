@@ -28,7 +28,7 @@ def test_importing_confcal_dask_imports_no_torch_or_method_module():
                  "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'sklearn') "
                  "or m.startswith('confcal.calibrators.'))))")
     assert not [m for m in got if m.split(".")[0] in ("torch", "sklearn")], got
-    assert "confcal.calibrators.scaling" not in got and "confcal.calibrators.temperature" not in got, got
+    assert "confcal.calibrators.linear.scaling" not in got and "confcal.calibrators.temperature.ts" not in got, got
 
 
 def test_full_data_methods_and_the_docstring_line_come_from_the_registry_on_first_use():

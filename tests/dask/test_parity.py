@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from confcal.calibrators import METHODS
-from confcal.calibrators.registry import fit_job_of
+from confcal.calibrators.protocol.registry import fit_job_of
 from confcal.dask import FULL_DATA_METHODS, fit, full_data_conditions, read_parquet
 from confcal.metrics.drift import data_summary
 from tests.dask.test_cli_dask import confcal

@@ -36,7 +36,7 @@ def test_previous_manifest_predicts_identically(case):
 def test_box_score_calibrators_are_ordinary_calibrators(method):
     """Only the protocol hooks: the public fit / predict_proba are the base class's."""
     from confcal.calibrators import METHODS
-    from confcal.calibrators.base import Calibrator
+    from confcal.calibrators.protocol.base import Calibrator
 
     cls = METHODS[method]
     for klass in cls.__mro__[:cls.__mro__.index(Calibrator)]:

@@ -23,7 +23,7 @@ from confcal.calibrators import (
     calibrator_from_dict,
     fit_temperature,
 )
-from confcal.calibrators.detection import fit_logistic, score_logit
+from confcal.calibrators.detection.box import fit_logistic, score_logit
 from confcal.detection import match_detections
 from tests.detection._data import paths
 

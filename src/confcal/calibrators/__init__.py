@@ -1,4 +1,4 @@
-"""Stateful calibrators: ``fit`` / ``predict_proba`` / ``to_dict`` (see :mod:`.base`).
+"""Stateful calibrators: ``fit`` / ``predict_proba`` / ``to_dict`` (see :mod:`confcal.calibrators.protocol.base`).
 
 ``METHODS`` knows every method by its CLI name; a method's module is imported on first lookup
 (so does each class name below, on first access).
@@ -23,33 +23,37 @@ logits-level tool.
 
 import importlib
 
+from confcal.calibrators import _exports
+
+_exports.install()  # the flat module paths of earlier releases (confcal.calibrators.scaling, ...) keep importing
+
 # Lazy: importing the package loads the registry only; each name below loads its module on
 # first use, so `load_calibrator` of a TS manifest never imports torch or scikit-learn's isotonic.
-from confcal.calibrators.registry import METHODS, MissingExtraError, register  # noqa: E402
+from confcal.calibrators.protocol.registry import METHODS, MissingExtraError, register  # noqa: E402
 
 #: public name -> the module defining it
 _LAZY = {
-    "CalibrationWarning": "_tsfit", "fit_temperature": "_tsfit",
-    "Calibrator": "base", "NotFittedError": "base", "calibrator_from_dict": "manifest",
-    "DetectionPlattScaling": "detection", "DetectionTemperatureScaling": "detection",
-    "ClusterRegressionTemperatureScaling": "domain", "ClusterTemperatureScaling": "domain",
-    "DomainEnsembleTemperatureScaling": "domain", "SetLevelTemperatureScaling": "domain",
-    "GroupedTemperatureScaling": "temperature", "TemperatureScaling": "temperature",
+    "CalibrationWarning": "_fit.tsfit", "fit_temperature": "_fit.tsfit",
+    "Calibrator": "protocol.base", "NotFittedError": "protocol.base", "calibrator_from_dict": "protocol.manifest",
+    "DetectionPlattScaling": "detection.box", "DetectionTemperatureScaling": "detection.box",
+    "ClusterRegressionTemperatureScaling": "domain.methods", "ClusterTemperatureScaling": "domain.methods",
+    "DomainEnsembleTemperatureScaling": "domain.methods", "SetLevelTemperatureScaling": "domain.methods",
+    "GroupedTemperatureScaling": "temperature.ts", "TemperatureScaling": "temperature.ts",
     "GroupedCalibrator": "grouping",
-    "DirichletCalibration": "scaling", "MatrixScaling": "scaling", "VectorScaling": "scaling",
-    "EnsembleTemperatureScaling": "ensemble", "ParameterizedTemperatureScaling": "parametric",
-    "FeatureClipping": "feature_clipping",
-    "DualProbabilityBounding": "bounding", "LogitBounding": "bounding", "ProbabilityBounding": "bounding",
-    "BBQ": "binning", "HistogramBinning": "binning", "IsotonicCalibration": "binning",
-    "MarginalScalingBinning": "binning", "ScalingBinning": "binning", "TopLabelBBQ": "binning",
-    "TopLabelHistogramBinning": "binning", "TopLabelIsotonicCalibration": "binning",
-    "BetaCalibration": "beta", "DetectionBetaCalibration": "beta", "PlattOneVsRest": "platt",
-    "SourceGatedTemperatureScaling": "source_gated", "reuse_fits": "_odir",
-    "GeometryLogisticCalibration": "detection_geometry", "GeometryBetaCalibration": "detection_geometry",
-    "GeometryHistogramBinning": "detection_geometry",
-    "MultilabelTemperatureScaling": "multilabel", "MultilabelPlattScaling": "multilabel",
+    "DirichletCalibration": "linear.scaling", "MatrixScaling": "linear.scaling", "VectorScaling": "linear.scaling",
+    "EnsembleTemperatureScaling": "temperature.ensemble", "ParameterizedTemperatureScaling": "temperature.parametric",
+    "FeatureClipping": "bounding.feature_clipping",
+    "DualProbabilityBounding": "bounding.pb", "LogitBounding": "bounding.pb", "ProbabilityBounding": "bounding.pb",
+    "BBQ": "binning.methods", "HistogramBinning": "binning.methods", "IsotonicCalibration": "binning.methods",
+    "MarginalScalingBinning": "binning.methods", "ScalingBinning": "binning.methods", "TopLabelBBQ": "binning.methods",
+    "TopLabelHistogramBinning": "binning.methods", "TopLabelIsotonicCalibration": "binning.methods",
+    "BetaCalibration": "logistic.beta", "DetectionBetaCalibration": "detection.beta", "PlattOneVsRest": "logistic.platt",
+    "SourceGatedTemperatureScaling": "domain.source_gated", "reuse_fits": "_fit.odir",
+    "GeometryLogisticCalibration": "detection.geometry", "GeometryBetaCalibration": "detection.geometry",
+    "GeometryHistogramBinning": "detection.geometry",
+    "MultilabelTemperatureScaling": "multilabel.heads", "MultilabelPlattScaling": "multilabel.heads",
 }
-_TORCH_MODULES = {"scaling", "ensemble", "parametric", "bounding", "_odir"}
+_TORCH_MODULES = {"linear.scaling", "temperature.ensemble", "temperature.parametric", "bounding.pb", "_fit.odir"}
 
 
 def __getattr__(name):

@@ -28,10 +28,10 @@ from typing import Any, Callable, Hashable
 
 import numpy as np
 
-from confcal.calibrators._constraints import Choice, Fields, GroupKey, GroupsAgree, Int, ListOf, Nullable, Opt, Pairs, \
+from confcal.calibrators.protocol.constraints import Choice, Fields, GroupKey, GroupsAgree, Int, ListOf, Nullable, Opt, Pairs, \
     Text, group_keys_of
-from confcal.calibrators._tsfit import CalibrationWarning
-from confcal.calibrators.base import METHODS, Calibrator, register
+from confcal.calibrators._fit.tsfit import CalibrationWarning
+from confcal.calibrators.protocol.base import METHODS, Calibrator, register
 
 __all__ = ["GroupFits", "fit_groups", "group_rows", "route_groups", "GroupedCalibrator", "grouped_fields", "base_rules"]
 
@@ -249,7 +249,7 @@ class GroupedCalibrator(Calibrator):
         Groups with fewer calibration rows (total ``sample_weight``, when given) use the
         pooled fit; groups whose rows all have weight 0 are left out, as if absent.
     input_kind : {"logits", "probs"}, default "logits"
-        What ``fit`` and ``predict_proba`` receive (see :class:`~confcal.calibrators.base.Calibrator`).
+        What ``fit`` and ``predict_proba`` receive (see :class:`~confcal.calibrators.protocol.base.Calibrator`).
 
     Attributes
     ----------

@@ -10,7 +10,7 @@ import signal
 import sys
 import warnings
 
-from confcal import __version__
+from confcal._version import __version__
 from confcal._signals import Terminated  # noqa: F401  (SIGTERM / SIGHUP as an exception; its old home)
 
 #: subcommand modules, in the order ``confcal --help`` lists them
@@ -80,13 +80,13 @@ def _main(argv=None) -> int:
     if not args.debug:
         warnings.showwarning = _one_line_warning
     try:
-        from confcal.cli._outputs import guard_command_outputs
+        from confcal.cli._shared.outputs import guard_command_outputs
 
         from confcal.sources import csv_header_default
 
         guard_command_outputs(args)  # one output-path guard for every command, before any work
         # one CSV header rule for every file the command reads (--csv-header), not per call site
-        from confcal.cli._notes import held
+        from confcal.cli._shared.notes import held
 
         with csv_header_default(getattr(args, "csv_header", None) or "first"), held():
             return int(args.func(args) or 0)
@@ -103,7 +103,7 @@ def _main(argv=None) -> int:
         # ImportError: a method whose optional extra is missing (the message names the extra)
         if args.debug:
             raise
-        from confcal.cli._errors import one_line, options_of
+        from confcal.cli._shared.errors import one_line, options_of
 
         # the one error path: the option (and file) named in the CLI's words, on one line
         print(f"confcal: error: {one_line(exc, args, options_of(parser, args))}", file=sys.stderr)
@@ -112,7 +112,7 @@ def _main(argv=None) -> int:
         _signals.raise_if_interrupted()
         if args.debug:
             raise
-        from confcal.cli._errors import is_input_error, one_line, options_of
+        from confcal.cli._shared.errors import is_input_error, one_line, options_of
 
         if is_input_error(exc):  # a damaged file (corrupt ONNX, zip, zlib stream): the input's fault
             print(f"confcal: error: {one_line(exc, args, options_of(parser, args))}", file=sys.stderr)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import warnings
 
-from confcal.cli._common import add_logits_args, load_side, progress_of, side_sources, source, spread_rows
-from confcal.cli._dask import add_engine_args, run_apply, wants_dask
+from confcal.cli._shared.common import add_logits_args, load_side, progress_of, side_sources, source, spread_rows
+from confcal.cli._shared.dask import add_engine_args, run_apply, wants_dask
 
 
 def register(sub):
@@ -23,7 +23,7 @@ def register(sub):
     p.add_argument("--keep-columns", metavar="COLS",
                    help="comma-separated columns (or keys) of the --logits file copied into a .parquet/.csv "
                         "output before the probabilities, e.g. image_id,box_id")
-    from confcal.cli._boxfeatures import add_category_ids_arg
+    from confcal.cli._shared.boxfeatures import add_category_ids_arg
 
     add_category_ids_arg(p)
     add_engine_args(p)
@@ -64,7 +64,7 @@ def run(args) -> int:
         if getattr(args, "category_ids", None):
             side["category_ids"] = load_array(args.category_ids, name="category_ids", csv_header=args.csv_header)
         if getattr(cal, "takes_box_features", False) and "features" not in side:
-            from confcal.cli._boxfeatures import read_box_features
+            from confcal.cli._shared.boxfeatures import read_box_features
 
             side["features"] = read_box_features(args.logits, cal.feature_names_, option="--logits", fitted=True)
         probs = cal.predict_proba(scores, **side)
@@ -76,7 +76,7 @@ def run(args) -> int:
         print(f"wrote {probs.shape[0]} x {probs.shape[1]} calibrated probabilities ({cal.method}) -> {args.output}")
         return 0
     xs = source(args, "logits")
-    from confcal.cli._boxfeatures import refuse_category_ids
+    from confcal.cli._shared.boxfeatures import refuse_category_ids
 
     refuse_category_ids(args, f"class vectors {xs.shape}")
     if xs.ndim == 2 and xs.shape[1] > 1 and cal.n_classes_ != xs.shape[1]:
@@ -89,7 +89,7 @@ def run(args) -> int:
             if keep[col].ndim != 1 or keep[col].n_rows != xs.n_rows:
                 raise ValueError(f"--keep-columns: {col!r} of {path} has shape {keep[col].shape}, expected "
                                  f"({xs.n_rows},)")
-    from confcal.calibrators._stream import iter_predict
+    from confcal.calibrators.protocol.stream import iter_predict
 
     side = side_sources(args)
     # the drift warning is said after the output is written: bad input (e.g. probabilities passed

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from confcal.cli._common import SPEC_HELP, add_logits_args
-from confcal.cli._notes import note
+from confcal.cli._shared.common import SPEC_HELP, add_logits_args
+from confcal.cli._shared.notes import note
 
 #: calibration rows per split when --cal-size is not given (half the rows when there are not more)
 DEFAULT_CAL_SIZE = 5000
@@ -43,11 +43,11 @@ def register(sub):
                      help="print JSON (summary and per-split values; rates as fractions) instead of a table")
     out.add_argument("--csv", metavar="PATH", help="also write the summary as CSV to PATH (atomically)")
     p.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
-    from confcal.cli._boxfeatures import add_box_features_arg
+    from confcal.cli._shared.boxfeatures import add_box_features_arg
 
     add_box_features_arg(p, what="for 1-D box scores: given to det-platt-geo / det-beta-geo / det-hist-geo and "
                                  "used for the geometry D-ECE column")
-    from confcal.cli._multilabel import add_multilabel_arg
+    from confcal.cli._shared.multilabel import add_multilabel_arg
 
     add_multilabel_arg(p)
     p.set_defaults(func=run)
@@ -72,7 +72,7 @@ def run(args) -> int:
                  "test_labels": load_array(args.test_labels, name="test_labels")}
     if args.jobs < 1:
         raise ValueError(f"--jobs: expected an integer >= 1, got {args.jobs}")
-    from confcal.cli import _multilabel
+    from confcal.cli._shared import multilabel as _multilabel
 
     cal_size_default = args.cal_size is None
     if cal_size_default:
@@ -120,7 +120,7 @@ def _run_boxes(args, scores, methods) -> int:
     import json
     import sys
 
-    from confcal.cli._boxfeatures import names_of, read_box_features
+    from confcal.cli._shared.boxfeatures import names_of, read_box_features
     from confcal.evaluation.compare_boxes import compare_box_methods, format_box_comparison
     from confcal.io import load_array
 

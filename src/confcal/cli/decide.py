@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import sys
 
-from confcal.cli._common import add_csv_header_arg
+from confcal.cli._shared.common import add_csv_header_arg
 
 __all__ = ["register", "EXIT_RISK_EXCEEDED"]
 
@@ -112,7 +112,7 @@ def register(sub):
 
 def _run(action):
     def run(args) -> int:
-        from confcal.cli import _decide
+        from confcal.cli._shared import decide as _decide
 
         return getattr(_decide, action)(args)
 

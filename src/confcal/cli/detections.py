@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import math
 
-from confcal.cli._choices import BOX_FORMATS, CROWD_RULES
-from confcal.cli._common import format_table
+from confcal.cli._shared.choices import BOX_FORMATS, CROWD_RULES
+from confcal.cli._shared.common import format_table
 
 
 def register(sub):
@@ -71,7 +71,7 @@ def parse_image_size(text):
 def load_domain_map(path):
     if path is None:
         return None
-    from confcal.cli._common import read_json
+    from confcal.cli._shared.common import read_json
 
     d = read_json(path, "--domain-map")
     if not isinstance(d, dict):

@@ -17,8 +17,8 @@ from __future__ import annotations
 import itertools
 import warnings
 
-from confcal.cli._common import parse_params
-from confcal.cli._notes import note
+from confcal.cli._shared.common import parse_params
+from confcal.cli._shared.notes import note
 
 
 def register(sub):
@@ -57,7 +57,7 @@ def register(sub):
     p.add_argument("--seeds", type=int, nargs="+", metavar="SEED",
                    help="run the protocol once per seed (overrides --seed); the tables are per seed")
     p.add_argument("--csv", metavar="PATH", help="also write one row per (split, method) as CSV (atomically)")
-    from confcal.cli._common import add_csv_header_arg
+    from confcal.cli._shared.common import add_csv_header_arg
 
     add_csv_header_arg(p)  # for --domain files given as headed CSV (their --keys are columns)
     p.set_defaults(func=run)

@@ -6,8 +6,8 @@ import json
 import sys
 import warnings
 
-from confcal.cli._choices import DEFAULT_ALPHA
-from confcal.cli._common import format_table
+from confcal.cli._shared.choices import DEFAULT_ALPHA
+from confcal.cli._shared.common import format_table
 
 #: exit status of ``drift --fail-on-drift`` when drift is flagged
 EXIT_DRIFT = 3
@@ -27,7 +27,7 @@ def register(sub):
     p.add_argument("--input-kind", choices=["logits", "probs"],
                    help="'probs' if the file holds probabilities (default: what the calibrator was fitted on)")
     p.add_argument("--domains", metavar="SPEC", help="domain/sensor ids of the new data (n_samples,)")
-    from confcal.cli._common import add_csv_header_arg
+    from confcal.cli._shared.common import add_csv_header_arg
 
     add_csv_header_arg(p)
     p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
@@ -57,7 +57,7 @@ def warn_if_drift(cal, logits, *, input_kind: str = "logits", domains=None) -> N
     fit = getattr(cal, "fit_record_", None) or {}
     if "data_summary" not in fit or set(NEEDS) & set(getattr(cal, "fit_record_damage_", None) or {}):
         return  # no summary, or a damaged one: the load warning said so (and that the check is skipped)
-    from confcal.calibrators._constraints import check_data_summary
+    from confcal.calibrators.protocol.constraints import check_data_summary
 
     def said(exc):
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"

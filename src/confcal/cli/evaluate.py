@@ -9,9 +9,9 @@ engines (same keys, same values up to summation order).
 from __future__ import annotations
 
 
-from confcal.cli._common import add_logits_args, progress_of, side_sources, source
-from confcal.cli._boxfeatures import add_box_features_arg
-from confcal.cli._dask import add_engine_args, run_evaluate, wants_dask
+from confcal.cli._shared.common import add_logits_args, progress_of, side_sources, source
+from confcal.cli._shared.boxfeatures import add_box_features_arg
+from confcal.cli._shared.dask import add_engine_args, run_evaluate, wants_dask
 
 __all__ = ["register", "run"]
 
@@ -33,10 +33,10 @@ def register(sub):
                         "predictions without one) exceeds X overall or in any domain")
     add_box_features_arg(p, what="for box scores: also print the geometry D-ECE over confidence x these features "
                                    "(default: the calibrator's box features)")
-    from confcal.cli._multilabel import add_multilabel_arg
+    from confcal.cli._shared.multilabel import add_multilabel_arg
 
     add_multilabel_arg(p)
-    from confcal.cli._boxfeatures import add_category_ids_arg
+    from confcal.cli._shared.boxfeatures import add_category_ids_arg
 
     add_category_ids_arg(p)
     add_engine_args(p)
@@ -44,12 +44,12 @@ def register(sub):
 
 
 def run(args) -> int:
-    from confcal.cli import _audit
+    from confcal.cli._shared import audit as _audit
 
     _audit.check_max_ece(args)
     if wants_dask(args):
         return run_evaluate(args)
-    from confcal.cli import _multilabel
+    from confcal.cli._shared import multilabel as _multilabel
 
     inputs = _multilabel.multilabel_inputs(args, calibrator_path=args.calibrator)
     if inputs is not None:  # a sigmoid head: per-label metrics
@@ -67,7 +67,7 @@ def run(args) -> int:
     if args.input_kind is None:  # default: the calibrator's (its manifest), else logits
         args.input_kind = cal.input_kind if cal is not None else "logits"
     ys = source(args, "labels")
-    from confcal.cli._boxfeatures import refuse_category_ids
+    from confcal.cli._shared.boxfeatures import refuse_category_ids
 
     refuse_category_ids(args, f"class vectors {xs.shape}")
     side = side_sources(args)

@@ -6,7 +6,7 @@ import json
 import warnings
 
 from confcal.catalog import method_names
-from confcal.cli._common import (
+from confcal.cli._shared.common import (
     SPEC_HELP,
     add_logits_args,
     metrics_rows,
@@ -16,8 +16,8 @@ from confcal.cli._common import (
     source,
     spread_rows,
 )
-from confcal.cli._boxfeatures import add_box_features_arg, read_box_features
-from confcal.cli._dask import add_engine_args, run_fit, wants_dask
+from confcal.cli._shared.boxfeatures import add_box_features_arg, read_box_features
+from confcal.cli._shared.dask import add_engine_args, run_fit, wants_dask
 
 
 def register(sub):
@@ -46,8 +46,8 @@ def register(sub):
 
 
 def run(args) -> int:
-    from confcal.calibrators.registry import make_calibrator
-    from confcal.cli._provenance import provenance
+    from confcal.calibrators.protocol.registry import make_calibrator
+    from confcal.cli._shared.provenance import provenance
     from confcal.io import check_not_an_input, check_output_path, save_manifest
     from confcal.metrics.drift import data_summary
 
@@ -59,7 +59,7 @@ def run(args) -> int:
     check_output_path(args.output, suffixes=(".json",), name="--output")
     check_not_an_input(args.output, {"--logits": args.logits, "--labels": args.labels, "--domains": args.domains,
                                      "--features": args.features, "--category-ids": args.category_ids})
-    from confcal.calibrators.registry import METHODS
+    from confcal.calibrators.protocol.registry import METHODS
 
     geo = getattr(METHODS[args.method], "takes_box_features", False) if args.method in METHODS else False
     if getattr(args, "box_features", None):

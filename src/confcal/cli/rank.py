@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import math
 
-from confcal.cli._choices import AGGREGATIONS, TIE_TOLERANCE, UNCERTAINTIES
+from confcal.cli._shared.choices import AGGREGATIONS, TIE_TOLERANCE, UNCERTAINTIES
 from confcal.cli.detections import load_domain_map
 
 COLUMNS = ["rank", "image_id", "file_name", "domain", "priority", "total_uncertainty", "n_boxes", "top_score",
@@ -54,7 +54,7 @@ def register(sub):
     p.add_argument("--domain-map", help="JSON file {image_id: domain}")
     p.add_argument("--mc-scores", metavar="SPEC",
                    help="with --by bald: Monte-Carlo box scores (n_samples_mc, n_boxes), file order")
-    from confcal.cli._common import add_csv_header_arg
+    from confcal.cli._shared.common import add_csv_header_arg
 
     add_csv_header_arg(p)  # for --mc-scores
     p.add_argument("-o", "--output", required=True, help="queue CSV")
@@ -190,7 +190,7 @@ def run(args) -> int:
     import numpy as np
 
     from confcal.active import rank_tiles, uncertainty
-    from confcal.cli._provenance import file_sha256
+    from confcal.cli._shared.provenance import file_sha256
     from confcal.io import atomic_write, check_output_path, load_array, load_calibrator
 
     for name in ("threshold", "tie_tolerance"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from confcal.cli._common import add_logits_args, load_logits_labels, load_side
+from confcal.cli._shared.common import add_logits_args, load_logits_labels, load_side
 
 
 def register(sub):
@@ -26,14 +26,14 @@ def register(sub):
     p.add_argument("-o", "--output", required=True,
                    help="output .html; the numbers at full precision go beside it as the JSON side-file "
                         "(same stem, .numbers.json: report.html -> report.numbers.json)")
-    from confcal.cli._boxfeatures import add_box_features_arg
+    from confcal.cli._shared.boxfeatures import add_box_features_arg
 
     add_box_features_arg(p, what="for box scores: adds the gap heat map over cx, cy and the gap against the "
                                  "other features (default: the calibrator's box features)")
-    from confcal.cli._multilabel import add_multilabel_arg
+    from confcal.cli._shared.multilabel import add_multilabel_arg
 
     add_multilabel_arg(p)
-    from confcal.cli._boxfeatures import add_category_ids_arg
+    from confcal.cli._shared.boxfeatures import add_category_ids_arg
 
     add_category_ids_arg(p)
     p.set_defaults(func=run)
@@ -43,14 +43,14 @@ def run(args) -> int:
     import numpy as np
 
     from confcal._numeric import softmax
-    from confcal.cli import _audit
+    from confcal.cli._shared import audit as _audit
     from confcal.io import atomic_write, check_output_path, load_array, load_calibrator, load_manifest
     from confcal.report import build_report
 
     check_output_path(args.output, suffixes=(".html", ".htm"), name="--output")
     from pathlib import Path
 
-    from confcal.cli._outputs import command_inputs
+    from confcal.cli._shared.outputs import command_inputs
     from confcal.io import guard_outputs
 
     # the HTML rounds; this file does not. Not "<stem>.json": -o cal.html beside --calibrator cal.json is
@@ -62,7 +62,7 @@ def run(args) -> int:
     if args.bootstrap < 1:
         raise ValueError(f"--bootstrap: expected a positive number of resamples, got {args.bootstrap}")
     queue = read_queue(args.queue) if args.queue else None
-    from confcal.cli import _multilabel
+    from confcal.cli._shared import multilabel as _multilabel
 
     inputs = _multilabel.multilabel_inputs(args, calibrator_path=args.calibrator)
     if inputs is not None:  # a sigmoid head: per-label metrics
@@ -78,7 +78,7 @@ def run(args) -> int:
         geo = _box_features(args, cal)
     else:
         x, y = load_logits_labels(args)
-        from confcal.cli._boxfeatures import refuse_category_ids
+        from confcal.cli._shared.boxfeatures import refuse_category_ids
 
         refuse_category_ids(args, f"class vectors {x.shape}")
         if cal.n_classes_ != x.shape[1]:
@@ -89,14 +89,14 @@ def run(args) -> int:
     text = build_report(stages, np.asarray(y), domains=side.get("domains"), manifest=manifest,
                         queue_csv=queue, n_bins=args.n_bins, n_draws=args.bootstrap, max_ece=args.max_ece,
                         box_features=geo, verdict_out=verdict, numbers_out=numbers)
-    if args.decisions:  # the operating points of a decision manifest (confcal.cli._decide)
-        from confcal.cli._decide import report_section
+    if args.decisions:  # the operating points of a decision manifest (confcal.cli._shared.decide)
+        from confcal.cli._shared.decide import report_section
 
         text = report_section(args, text)
     import contextlib
     import json
 
-    from confcal.cli._provenance import file_sha256
+    from confcal.cli._shared.provenance import file_sha256
 
     numbers["calibrator_sha256"] = file_sha256(args.calibrator)
     with contextlib.ExitStack() as stack:  # both files or neither
@@ -115,7 +115,7 @@ def run(args) -> int:
 
 def _box_features(args, cal):
     """``{name: values}`` of ``--box-features`` (default: the calibrator's), or None."""
-    from confcal.cli._boxfeatures import names_of, read_box_features
+    from confcal.cli._shared.boxfeatures import names_of, read_box_features
 
     names = names_of(args.box_features) if args.box_features else list(getattr(cal, "feature_names_", []) or [])
     if not names:

@@ -13,7 +13,7 @@ single-process path runs too, so distributed results equal single-process ones t
   overall and per domain, both ECE binnings, D-ECE), the job of
   :func:`confcal.evaluation.streamed.evaluate_job`;
 * :func:`fit` -- methods that declare a full-data job (a class's ``fit_job``, or the registry's
-  :data:`~confcal.calibrators.registry.FULL_DATA_JOBS`) run it on every row, with
+  :data:`~confcal.calibrators.protocol.registry.FULL_DATA_JOBS`) run it on every row, with
   the drift summary's rows in the first of them; every other method is fitted on a seeded in-memory
   sample of ``sample_rows`` rows (then applied distributed). Which is which (generated from
   the method registry when this docstring is first read):

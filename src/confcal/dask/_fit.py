@@ -20,8 +20,8 @@ _PLAIN_INPUTS = ({"logits", "labels"}, {"logits", "labels", "domains"})
 
 
 def _has_job(name: str, params: dict) -> bool:
-    from confcal.calibrators.base import make_calibrator
-    from confcal.calibrators.registry import fit_job_of
+    from confcal.calibrators.protocol.base import make_calibrator
+    from confcal.calibrators.protocol.registry import fit_job_of
 
     try:
         cal = make_calibrator(name, params)
@@ -34,7 +34,7 @@ def full_data_methods() -> dict:
     """``{method: True when its distributed fit reads every row, False when a sample}`` for every
     registered method with its default hyper-parameters and plain inputs (logits and labels; the
     ``grouped-ts`` family with domains), from the registry (a class's ``fit_job``, or
-    :data:`confcal.calibrators.registry.FULL_DATA_JOBS`)."""
+    :data:`confcal.calibrators.protocol.registry.FULL_DATA_JOBS`)."""
     from confcal.calibrators import METHODS
 
     return {name: _has_job(name, {}) for name in sorted(METHODS)}
@@ -43,7 +43,7 @@ def full_data_methods() -> dict:
 def full_data_conditions() -> dict:
     """``{method: {hyper-parameter: value}}`` for the methods that fit on a sample with their defaults
     but on every row with these values (``ms`` / ``dirichlet`` with ``reg="fixed"``), from the registry."""
-    from confcal.calibrators.registry import FULL_DATA_JOBS
+    from confcal.calibrators.protocol.registry import FULL_DATA_JOBS
 
     return {name: dict(cond) for name, (_, cond) in sorted(FULL_DATA_JOBS.items())
             if cond and not _has_job(name, {}) and _has_job(name, cond)}
@@ -83,7 +83,7 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
     Methods with a streamed fit (``full_data_methods()``: ``ts``, ``grouped-ts``, ``det-ts``,
     ``det-platt``, ``vs``; ``ms`` and ``dirichlet`` with ``reg="fixed"``,
     ``full_data_conditions()``) make full-data passes on the cluster, the job of the registry
-    (:func:`confcal.calibrators.registry.fit_job_of`), so the parameters equal the single-process
+    (:func:`confcal.calibrators.protocol.registry.fit_job_of`), so the parameters equal the single-process
     fit on the same rows to its accuracy. Every other method is fitted in this process on a
     seeded uniform sample of ``sample_rows`` rows (all rows when there are fewer).
 
@@ -124,7 +124,7 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
     ValueError
         Unknown method or columns, invalid values in any partition.
     """
-    from confcal.calibrators.base import make_calibrator
+    from confcal.calibrators.protocol.base import make_calibrator
 
     if isinstance(sample_rows, bool) or not isinstance(sample_rows, int) or sample_rows < 1:
         # refused whichever way the method fits (a full-data method would ignore it)
@@ -139,7 +139,7 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
              "features": resolve_columns(data, features, name="features") if features else None,
              "category_ids": resolve_columns(data, category_ids, name="category_ids") if category_ids else None}
     specs = {k: s for k, s in specs.items() if s is not None}
-    from confcal.calibrators.registry import fit_job_of
+    from confcal.calibrators.protocol.registry import fit_job_of
 
     job = fit_job_of(cal, set(specs))
     engine = DaskEngine(data, specs)

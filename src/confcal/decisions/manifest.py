@@ -110,7 +110,7 @@ def decision_manifest(rule, *, data_sha256: str, n_samples: int, input_kind: str
     if calibrator is not None:
         d = calibrator if isinstance(calibrator, dict) else calibrator.to_dict()
         cal = {"sha256": canonical_sha256(d), "method": str(d.get("method"))}
-    from confcal import __version__
+    from confcal._version import __version__
 
     body = {"format": DECISIONS_FORMAT, "format_version": DECISIONS_VERSION, "input": {"kind": input_kind,
             "score": str(score), "scale": scale, "per": per}, "calibrator": cal, "data": {"sha256": data_sha256, "n_samples": int(n_samples)},

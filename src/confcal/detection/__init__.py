@@ -8,7 +8,7 @@
 * Detection metrics on those pairs (D-ECE, reliability per domain, precision
   above a threshold) live in :mod:`confcal.metrics.detection` and are re-exported here.
 * The box-score calibrators ``det-ts`` and ``det-platt`` live in
-  :mod:`confcal.calibrators.detection` (registered in ``confcal.calibrators.METHODS``).
+  :mod:`confcal.calibrators.detection.box` (registered in ``confcal.calibrators.METHODS``).
 """
 
 from confcal.detection.coco import load_coco_detections, load_coco_gt

@@ -8,6 +8,6 @@
 """
 
 from confcal.evaluation.compare import ComparisonResult, MethodResult, compare_methods
-from confcal.evaluation.streamed import evaluate_sources
+from confcal.evaluation.document import evaluate_sources
 
 __all__ = ["compare_methods", "ComparisonResult", "MethodResult", "evaluate_sources"]

@@ -24,6 +24,7 @@ import numpy as np
 from confcal._numeric import softmax
 from confcal._validation import check_domains, check_features, check_labels, check_logits, renamed_seed
 from confcal.calibrators import METHODS
+from confcal.evaluation.compare_tables import METRICS
 from confcal.metrics import accuracy, brier_score, ece, nll, smooth_ece
 
 __all__ = ["compare_methods", "split_indices", "fit_and_score", "ComparisonResult", "MethodResult", "METRICS",
@@ -31,18 +32,6 @@ __all__ = ["compare_methods", "split_indices", "fit_and_score", "ComparisonResul
 
 UNCALIBRATED = "uncalibrated"
 
-#: metric key -> (column title, unit). Rates are fractions; the text table shows them in %.
-METRICS: dict[str, tuple[str, str]] = {
-    "error": ("error", "%"),
-    "acc_change": ("Δacc", "%"),
-    "smece": ("smECE", "%"),
-    "ece_em": ("emECE", "%"),
-    "ece_ew": ("ewECE", "%"),
-    "nll": ("NLL", "nats"),
-    "brier": ("Brier", ""),
-    "cal_nll": ("cal NLL", "nats"),
-    "fit_seconds": ("fit", "s"),
-}
 
 
 def _test_metrics(probs: np.ndarray, labels: np.ndarray) -> dict[str, float]:

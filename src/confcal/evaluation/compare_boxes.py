@@ -18,7 +18,7 @@ import numpy as np
 
 from confcal._validation import check_features, renamed_seed
 from confcal.calibrators import METHODS
-from confcal.calibrators.base import make_calibrator
+from confcal.calibrators.protocol.base import make_calibrator
 from confcal.metrics.detection import binary_brier, binary_nll, check_pairs, detection_ece
 from confcal.metrics.detection_geometry import geometry_ece
 

@@ -7,8 +7,23 @@ from __future__ import annotations
 
 import csv
 import io
+from typing import TYPE_CHECKING
 
-from confcal.evaluation.compare import METRICS, ComparisonResult
+if TYPE_CHECKING:  # the renderings read a result; only its type lives in compare
+    from confcal.evaluation.compare import ComparisonResult
+
+#: metric key -> (column title, unit). Rates are fractions; the text table shows them in %.
+METRICS: dict[str, tuple[str, str]] = {
+    "error": ("error", "%"),
+    "acc_change": ("Δacc", "%"),
+    "smece": ("smECE", "%"),
+    "ece_em": ("emECE", "%"),
+    "ece_ew": ("ewECE", "%"),
+    "nll": ("NLL", "nats"),
+    "brier": ("Brier", ""),
+    "cal_nll": ("cal NLL", "nats"),
+    "fit_seconds": ("fit", "s"),
+}
 
 __all__ = ["format_cell", "render_text", "render_csv"]
 

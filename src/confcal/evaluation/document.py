@@ -32,7 +32,9 @@ import math
 
 import numpy as np
 
-__all__ = ["evaluation_document", "ALL"]
+from confcal.evaluation.streamed import OVERALL, evaluate_stats
+
+__all__ = ["evaluation_document", "evaluate_sources", "ALL"]
 
 #: the group of all rows in ``limits.exceeded`` and the text table (as :mod:`confcal.evaluation.audit`)
 ALL = "(all)"
@@ -72,7 +74,6 @@ def evaluation_document(stats, *, engine: str, max_ece: float | None = None, man
     Raises ``ValueError`` unless ``max_ece`` is None or a number in [0, 1].
     """
     from confcal.evaluation.audit import domain_parameters
-    from confcal.evaluation.streamed import OVERALL
 
     box, names = stats.box, stats.names
     first, last = stats.first, stats.last
@@ -113,3 +114,63 @@ def evaluation_document(stats, *, engine: str, max_ece: float | None = None, man
         doc["limits"] = {"max_ece": t, "metric": metric, "stage": stage, "exceeded": exceeded,
                          "verdict": "fail" if exceeded else "pass"}
     return doc
+
+
+def evaluate_sources(logits, labels, *, cal=None, side=None, input_kind: str = "logits", n_bins: int = 15,
+                     batch_rows: int | None = None, progress=False):
+    """Summary metrics of ``softmax(logits)`` and, with ``cal``, of its calibrated probabilities.
+
+    Two passes over the rows in batches (the second for the exact equal-mass bins; a third
+    only when its edge windows miss, see :class:`confcal.metrics.EqualMassAccumulator`); memory is one batch
+    plus the accumulators, whatever the number of rows. The values equal
+    :func:`confcal.metrics.calibration_summary` on the whole arrays up to summation order.
+    This is :func:`evaluate_job` on a :class:`confcal.passes.LocalEngine`.
+
+    Parameters
+    ----------
+    logits : float ``(n_samples, n_classes)`` array, :class:`confcal.sources.Source` or spec
+        (``"test.parquet:logit_*"``); probabilities when ``input_kind="probs"``
+    labels : int ``(n_samples,)`` in ``[0, n_classes)``, array, source or spec
+    cal : optional fitted calibrator, or a manifest (dict or path) for :func:`confcal.load_calibrator`
+    side : optional ``{"domains": ..., "features": ...}`` sources the calibrator needs, aligned by row
+    input_kind : ``"logits"`` or ``"probs"``
+    n_bins : bins of the ECE / MCE (equal-width and equal-mass)
+    batch_rows : rows per batch (default: about 16 MB of input per batch, since each batch
+        becomes two float64 probability arrays plus the metric temporaries)
+    progress : tqdm bars on stderr (``None``: when stderr is a terminal)
+
+    Returns
+    -------
+    metrics : dict
+        ``{"uncalibrated": summary, cal.method: summary}``, each summary as
+        :func:`confcal.metrics.calibration_summary` (accuracy, ece, ece_equal_mass, mce, nll, brier)
+    digest : str
+        sha256 of the logits, labels and side inputs as read (the fit record's ``data_sha256``
+        when these are the calibration arrays)
+
+    Raises
+    ------
+    ValueError
+        Invalid logits, labels or side inputs (the message names the argument and the first
+        bad row in the whole data), probabilities passed as logits, or a calibrator fitted on
+        another number of classes.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from confcal.calibrators import TemperatureScaling
+    >>> from confcal.metrics import calibration_summary
+    >>> rng = np.random.default_rng(0)
+    >>> y = rng.integers(0, 3, size=400)
+    >>> z = 4 * (rng.normal(size=(400, 3)) + np.eye(3)[y])
+    >>> cal = TemperatureScaling().fit(z, y)
+    >>> metrics, digest = evaluate_sources(z, y, cal=cal, batch_rows=64)
+    >>> sorted(metrics), len(digest)
+    (['ts', 'uncalibrated'], 64)
+    >>> ref = calibration_summary(cal.predict_proba(z), y)
+    >>> all(np.isclose(metrics["ts"][key], ref[key], rtol=1e-12) for key in ref)
+    True
+    """
+    stats, digest = evaluate_stats(logits, labels, cal=cal, side=side, input_kind=input_kind, n_bins=n_bins,
+                                   batch_rows=batch_rows, progress=progress)
+    return evaluation_document(stats, engine="local")["metrics"], digest

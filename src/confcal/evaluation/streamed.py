@@ -2,7 +2,7 @@
 
 The protocol behind ``confcal evaluate``, declared once as a job of :mod:`confcal.passes`
 (:func:`evaluate_job`) and run by any engine: the rows in batches of a source in this
-process (:func:`evaluate_sources`), or the partitions of a Dask cluster
+process (:func:`confcal.evaluation.document.evaluate_sources`), or the partitions of a Dask cluster
 (:func:`confcal.dask.evaluate`). Every metric is a mergeable accumulator, overall and per
 domain; the equal-mass ECE needs its bin edges first, so the data is read twice (three times
 when the edge windows of :class:`confcal.metrics.EqualMassAccumulator` miss), exact, not
@@ -25,7 +25,7 @@ import numpy as np
 from confcal._digest import digest_part, merge_parts, part_hexdigest
 from confcal.passes import LocalEngine, Pass, run_job
 
-__all__ = ["evaluate_sources", "evaluate_stats", "evaluate_job", "EvaluationStats", "ShippedCalibrator", "OVERALL"]
+__all__ = ["evaluate_stats", "evaluate_job", "EvaluationStats", "ShippedCalibrator", "OVERALL"]
 
 #: key of the all-rows group
 OVERALL = "__all__"
@@ -127,7 +127,7 @@ def _probabilities(ctx: _Context, batch: dict, first: int, wanted, stats: dict):
         y = check_labels(batch["labels"], x.shape[0], ctx.k, first_row=first)
         probs = {}
         if "uncalibrated" in wanted:
-            from confcal.calibrators.temperature import scaled_softmax_rows
+            from confcal.calibrators.temperature.ts import scaled_softmax_rows
 
             probs["uncalibrated"] = scaled_softmax_rows(x, 1.0)[0]
         if ctx.cal is not None and "calibrated" in wanted:
@@ -344,73 +344,11 @@ def evaluate_job(*, n_classes: int | None, cal=None, input_kind: str = "logits",
                            data_sha256=part_hexdigest(first.get("digest"), 2) if ctx.digest else None)
 
 
-def evaluate_sources(logits, labels, *, cal=None, side=None, input_kind: str = "logits", n_bins: int = 15,
-                     batch_rows: int | None = None, progress=False):
-    """Summary metrics of ``softmax(logits)`` and, with ``cal``, of its calibrated probabilities.
-
-    Two passes over the rows in batches (the second for the exact equal-mass bins; a third
-    only when its edge windows miss, see :class:`confcal.metrics.EqualMassAccumulator`); memory is one batch
-    plus the accumulators, whatever the number of rows. The values equal
-    :func:`confcal.metrics.calibration_summary` on the whole arrays up to summation order.
-    This is :func:`evaluate_job` on a :class:`confcal.passes.LocalEngine`.
-
-    Parameters
-    ----------
-    logits : float ``(n_samples, n_classes)`` array, :class:`confcal.sources.Source` or spec
-        (``"test.parquet:logit_*"``); probabilities when ``input_kind="probs"``
-    labels : int ``(n_samples,)`` in ``[0, n_classes)``, array, source or spec
-    cal : optional fitted calibrator, or a manifest (dict or path) for :func:`confcal.load_calibrator`
-    side : optional ``{"domains": ..., "features": ...}`` sources the calibrator needs, aligned by row
-    input_kind : ``"logits"`` or ``"probs"``
-    n_bins : bins of the ECE / MCE (equal-width and equal-mass)
-    batch_rows : rows per batch (default: about 16 MB of input per batch, since each batch
-        becomes two float64 probability arrays plus the metric temporaries)
-    progress : tqdm bars on stderr (``None``: when stderr is a terminal)
-
-    Returns
-    -------
-    metrics : dict
-        ``{"uncalibrated": summary, cal.method: summary}``, each summary as
-        :func:`confcal.metrics.calibration_summary` (accuracy, ece, ece_equal_mass, mce, nll, brier)
-    digest : str
-        sha256 of the logits, labels and side inputs as read (the fit record's ``data_sha256``
-        when these are the calibration arrays)
-
-    Raises
-    ------
-    ValueError
-        Invalid logits, labels or side inputs (the message names the argument and the first
-        bad row in the whole data), probabilities passed as logits, or a calibrator fitted on
-        another number of classes.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from confcal.calibrators import TemperatureScaling
-    >>> from confcal.metrics import calibration_summary
-    >>> rng = np.random.default_rng(0)
-    >>> y = rng.integers(0, 3, size=400)
-    >>> z = 4 * (rng.normal(size=(400, 3)) + np.eye(3)[y])
-    >>> cal = TemperatureScaling().fit(z, y)
-    >>> metrics, digest = evaluate_sources(z, y, cal=cal, batch_rows=64)
-    >>> sorted(metrics), len(digest)
-    (['ts', 'uncalibrated'], 64)
-    >>> ref = calibration_summary(cal.predict_proba(z), y)
-    >>> all(np.isclose(metrics["ts"][key], ref[key], rtol=1e-12) for key in ref)
-    True
-    """
-    from confcal.evaluation.document import evaluation_document
-
-    stats, digest = evaluate_stats(logits, labels, cal=cal, side=side, input_kind=input_kind, n_bins=n_bins,
-                                   batch_rows=batch_rows, progress=progress)
-    return evaluation_document(stats, engine="local")["metrics"], digest
-
-
 def evaluate_stats(logits, labels, *, cal=None, side=None, taken=None, per_domain: bool = False,
                    input_kind: str = "logits", n_bins: int = 15, batch_rows: int | None = None, progress=False):
     """:func:`evaluate_job` on a :class:`confcal.passes.LocalEngine`: ``(EvaluationStats, digest)``.
 
-    As :func:`evaluate_sources` (same arguments and errors); ``taken``: the names of ``side`` handed
+    As :func:`confcal.evaluation.document.evaluate_sources` (same arguments and errors); ``taken``: the names of ``side`` handed
     to the calibrator (default all; ``domains`` may be given for ``per_domain`` metrics only).
     """
     from confcal.io import load_calibrator

@@ -103,7 +103,7 @@ def _check_dtype(dtype) -> str:
 
 
 def _metadata(cal, sha: str, table, index_name) -> dict[str, str]:
-    from confcal import __version__
+    from confcal._version import __version__
 
     meta = {"confcal.method": cal.method, "confcal.n_classes": str(cal.n_classes_),
             "confcal.manifest_sha256": sha, "confcal.library_version": __version__,

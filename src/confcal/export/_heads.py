@@ -57,7 +57,7 @@ def _emit_resolve(g: Graph, index: str, n_groups: int) -> str:
 
 def _mask(z: Tensor):
     """``-inf`` logits (masked classes) replaced by the row's smallest finite logit, and the mask
-    (the rule of :func:`confcal.calibrators._maps.mask_neg_inf`)."""
+    (the rule of :func:`confcal.calibrators._fit.maps.mask_neg_inf`)."""
     mask = torch.isneginf(z)
     low = torch.where(mask, torch.full_like(z, math.inf), z).amin(dim=1, keepdim=True)
     return torch.where(mask, low.expand_as(z), z), mask
@@ -123,7 +123,7 @@ class GroupedTemperatureCore(nn.Module):
 
 class _MapCore(nn.Module):
     """``softmax(remask(map(mask(pre(z)))))``: the ``Composite`` of a logit map and softmax link
-    (:mod:`confcal.calibrators._compose`); ``pre`` is ``log_softmax`` for Dirichlet calibration."""
+    (:mod:`confcal.calibrators._fit.compose`); ``pre`` is ``log_softmax`` for Dirichlet calibration."""
 
     def __init__(self, on_log_probs: bool = False):
         super().__init__()
@@ -205,7 +205,7 @@ class ETSCore(_MapCore):
 class PTSCore(_MapCore):
     """Parameterized temperature scaling ``z / T(z)``, ``T = softplus(MLP(top-k z)) + t_floor``
     (Tomani et al. 2022; eq. 48 of Atarashi et al.); the top-``k`` of a row shorter than ``k``
-    repeats its minimum, as :func:`confcal.calibrators._maps.top_k_logits`."""
+    repeats its minimum, as :func:`confcal.calibrators._fit.maps.top_k_logits`."""
 
     def __init__(self, state: dict, top_k: int, n_classes: int, t_floor: float):
         super().__init__(False)
@@ -440,7 +440,7 @@ class Head(nn.Module):
 
 
 # --------------------------------------------------------------------------- one-vs-rest maps
-#: ``log(1/eps)`` of float64: the clip of log-odds scores (:data:`confcal.calibrators._reduce.LOGIT_CLIP`)
+#: ``log(1/eps)`` of float64: the clip of log-odds scores (:data:`confcal.calibrators._fit.jobs.reduce.LOGIT_CLIP`)
 LOGIT_CLIP = float(np.log(1.0 / np.finfo(np.float64).eps))
 _LOG_HALF = -math.log(2.0)
 #: ``x + x * _UP`` is the next float64 above a positive normal ``x`` (the added amount lies in
@@ -609,7 +609,7 @@ class LogisticMap(nn.Module):
 
 def _log_odds(z: Tensor) -> Tensor:
     """``log(p / (1 - p))`` of ``p = softmax(z)``, clipped to ``+-LOGIT_CLIP``; ``1 - p`` of the one
-    entry above 1/2 from the other logits (no cancellation), as :func:`confcal.calibrators._reduce.log_odds`."""
+    entry above 1/2 from the other logits (no cancellation), as :func:`confcal.calibrators._fit.jobs.reduce.log_odds`."""
     logp = torch.log_softmax(z, dim=1)
     lse = torch.logsumexp(z, dim=1, keepdim=True)
     top = torch.argmax(z, dim=1, keepdim=True)
@@ -640,7 +640,7 @@ def _emit_log_odds(g: Graph, z: str) -> str:
 
 
 class OneVsRestCore(nn.Module):
-    """One-vs-rest maps renormalised (:class:`confcal.calibrators._reduce.OneVsRestCalibrator`):
+    """One-vs-rest maps renormalised (:class:`confcal.calibrators._fit.jobs.reduce.OneVsRestCalibrator`):
     scores (``softmax(z)``, ``softmax(z / T)``, the log-odds or the clipped log-softmax), one map per
     class (one on class 1 for two classes, class 0 its complement), clipped to [0, 1], divided by the row sum (all-zero
     rows: 1/K), and a tie with the arg-max of ``softmax(z)`` broken toward it by one ulp."""

@@ -17,7 +17,7 @@ __all__ = ["TopLabelCore"]
 
 def _top_label_log_odds(z: Tensor, top: Tensor) -> Tensor:
     """``z_top - logsumexp(other logits)`` clipped to ``+-LOGIT_CLIP`` ``(n, 1)``
-    (:func:`confcal.calibrators._reduce.top_label_log_odds`)."""
+    (:func:`confcal.calibrators._fit.jobs.reduce.top_label_log_odds`)."""
     zt = z.gather(1, top)
     lo = zt - torch.logsumexp(z.scatter(1, top, -math.inf), dim=1, keepdim=True)
     return lo.clamp(-36.04365338911715, 36.04365338911715)
@@ -51,7 +51,7 @@ def _emit_is_col(g: Graph, z: str, col: str) -> str:
 
 
 class TopLabelCore(nn.Module):
-    """Top-label maps (:class:`confcal.calibrators._reduce.TopLabelCalibrator`, scaling-binning):
+    """Top-label maps (:class:`confcal.calibrators._fit.jobs.reduce.TopLabelCalibrator`, scaling-binning):
     the confidence score of the arg-max ``t`` of ``softmax(z)`` (``p_t``, ``softmax(z / T)_t`` or its
     log-odds) goes through one map to ``c'``; :func:`spread_top_label`'s water-filling shares
     ``1 - c'`` over the other classes in proportion, capped at ``c'``, with ``c'`` raised to ``1/K``

@@ -1,0 +1,65 @@
+"""Lazy re-exports for the family packages and the old flat module paths.
+
+A family package (``confcal.calibrators.temperature``) names its public classes without importing
+their modules, so ``load_calibrator`` of a TS manifest never imports torch. The calibrators of
+releases before the family layout lived in flat modules (``confcal.calibrators.scaling``); those
+paths are served by :class:`MovedModules` as the module at its new place.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+
+#: old flat module -> its module in the family layout (public modules only; private ones moved freely)
+MOVED = {
+    "confcal.calibrators.base": "confcal.calibrators.protocol.base",
+    "confcal.calibrators.registry": "confcal.calibrators.protocol.registry",
+    "confcal.calibrators.manifest": "confcal.calibrators.protocol.manifest",
+    "confcal.calibrators.ensemble": "confcal.calibrators.temperature.ensemble",
+    "confcal.calibrators.parametric": "confcal.calibrators.temperature.parametric",
+    "confcal.calibrators.scaling": "confcal.calibrators.linear.scaling",
+    "confcal.calibrators.beta": "confcal.calibrators.logistic.beta",
+    "confcal.calibrators.platt": "confcal.calibrators.logistic.platt",
+    "confcal.calibrators.feature_clipping": "confcal.calibrators.bounding.feature_clipping",
+    "confcal.calibrators.source_gated": "confcal.calibrators.domain.source_gated",
+    "confcal.calibrators.detection_geometry": "confcal.calibrators.detection.geometry",
+}
+
+
+def lazy_exports(package: str, names: dict[str, str]):
+    """``(__getattr__, __dir__, __all__)`` for ``package`` whose ``names`` map to submodule names."""
+    def __getattr__(name):
+        module = names.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f"{package}.{module}"), name)
+        setattr(sys.modules[package], name, value)
+        return value
+
+    def __dir__():
+        return sorted([*vars(sys.modules[package]), *names])
+
+    return __getattr__, __dir__, sorted(names)
+
+
+class MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves each old flat path in :data:`MOVED` as the module at its new path (the same object)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in MOVED:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec):
+        return importlib.import_module(MOVED[spec.name])
+
+    def exec_module(self, module):
+        pass  # already executed at its new path
+
+
+def install() -> None:
+    if not any(isinstance(f, MovedModules) for f in sys.meta_path):
+        sys.meta_path.append(MovedModules())

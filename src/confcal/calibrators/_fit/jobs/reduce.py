@@ -1,0 +1,355 @@
+"""Multiclass calibration from a 1-D map: one-vs-rest (renormalised) and top-label (arg-max kept).
+
+* **One-vs-rest** (Zadrozny & Elkan, KDD 2002): one map per class ``k`` on the score of
+  class ``k`` against ``1[y = k]``; the ``K`` outputs are divided by their row sum
+  (rows whose outputs are all 0 get ``1/K``, scikit-learn's ``CalibratedClassifierCV``
+  rule). With two classes a single map on class 1 is fitted and class 0 gets its
+  complement (the binary rule). A tie between the original arg-max and another class
+  (common after binning) is broken toward the original by one ulp. The arg-max can still
+  change, so the fit record carries ``accuracy_change`` and ``argmax_changed`` on the
+  calibration set, and ``confcal compare`` a ``Δacc`` column.
+* **Top-label** (Kumar et al. 2019, sec. 3; Gupta & Ramdas 2022): one map on the
+  confidence ``c = max_k p_k`` against "the arg-max is right". The new confidence ``c'``
+  replaces ``c`` and the other classes share ``1 - c'`` in proportion to their
+  probabilities, each capped at ``c'`` (water-filling; see :func:`spread_top_label`), so
+  no class overtakes the arg-max; ``c'`` below ``1/K`` is raised to it, and a tie with the
+  arg-max is broken toward it by one ulp. Accuracy is unchanged exactly.
+
+Scores handed to the maps: probabilities ``p`` (``space = "prob"``) or their log-odds
+``log(p / (1 - p))`` computed from the logits without cancellation (``space = "logit"``),
+clipped to ``+-log(1/eps)`` (``eps`` = float64 machine epsilon, about 36.04) so that
+masked classes (``-inf`` logits, zero probabilities) stay finite.
+"""
+
+from __future__ import annotations
+
+import abc
+
+from typing import Any, ClassVar
+
+import numpy as np
+from scipy.special import logsumexp
+
+from confcal._numeric import log_softmax, softmax
+from confcal.calibrators.protocol.base import Calibrator
+
+__all__ = ["OneVsRestCalibrator", "TopLabelCalibrator", "log_odds", "log_odds_from_log_softmax", "top_label_log_odds",
+           "spread_top_label", "predicted_class", "break_ties_toward", "LOGIT_CLIP"]
+
+LOGIT_CLIP = float(np.log(1.0 / np.finfo(np.float64).eps))
+
+
+def _log1m_softmax(z: np.ndarray, logp: np.ndarray) -> np.ndarray:
+    """``log(1 - p)`` for every entry, from the logits: ``log1p(-p)`` where ``p <= 1/2`` and
+    ``logsumexp`` of the other logits minus the row's ``logsumexp`` for the (single) larger entry."""
+    with np.errstate(divide="ignore"):
+        out = np.log1p(-np.exp(logp))
+    big = logp > -np.log(2.0)
+    if big.any():
+        rows, cols = np.nonzero(big)
+        zz = z[rows].copy()
+        lse_all = logsumexp(zz, axis=1)
+        zz[np.arange(rows.size), cols] = -np.inf
+        with np.errstate(divide="ignore"):
+            out[rows, cols] = logsumexp(zz, axis=1) - lse_all
+    return out
+
+
+def log_odds(logits: np.ndarray) -> np.ndarray:
+    """``log(p / (1 - p))`` of ``p = softmax(logits)``, float64 ``(n, K)``, clipped to ``+-LOGIT_CLIP``."""
+    z = np.asarray(logits, dtype=np.float64)
+    logp = log_softmax(z)
+    with np.errstate(invalid="ignore"):
+        lo = logp - _log1m_softmax(z, logp)
+    return np.clip(np.nan_to_num(lo, nan=-LOGIT_CLIP), -LOGIT_CLIP, LOGIT_CLIP)
+
+
+def log_odds_from_log_softmax(logp: np.ndarray, p: np.ndarray | None = None) -> np.ndarray:
+    """:func:`log_odds` from ``logp = log_softmax(logits)`` (and optionally ``p = exp(logp)``), float64
+    ``(n, K)``, clipped to ``+-LOGIT_CLIP``; equal to :func:`log_odds` to a few float64 ulps.
+
+    ``log(1 - p)`` is ``log(1 - p)`` where ``p <= 1/2`` (``1 - p`` in ``[1/2, 1]`` rounds with an absolute
+    error below 2**-54, so the log-odds are off by less than that) and, for the (single) larger entry
+    of a row, the log of the sum of the row's other probabilities (a sum of positive terms, no
+    cancellation; a term that underflows is below 1e-300 of a sum that matters only above ``e**-37``:
+    below, the log-odds are clipped). Two exponential/log passes over the array instead of the
+    ``logsumexp`` of every such row's other logits.
+    """
+    logp = np.asarray(logp, dtype=np.float64)
+    if p is None:
+        p = np.exp(logp)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lo = logp - np.log(1.0 - p)
+    rows = np.flatnonzero(np.max(logp, axis=1) > -np.log(2.0))
+    if rows.size:
+        cols = np.argmax(logp[rows], axis=1)
+        others = p[rows]
+        others[np.arange(rows.size), cols] = 0.0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lo[rows, cols] = logp[rows, cols] - np.log(others.sum(axis=1))
+    bad = np.isnan(lo)
+    if bad.any():
+        lo[bad] = -LOGIT_CLIP
+    return np.clip(lo, -LOGIT_CLIP, LOGIT_CLIP, out=lo)
+
+
+def top_label_log_odds(logits: np.ndarray, top: np.ndarray) -> np.ndarray:
+    """``log(c / (1 - c))`` of the confidence ``c = p[top]``, float64 ``(n,)``, clipped to ``+-LOGIT_CLIP``."""
+    z = np.asarray(logits, dtype=np.float64)
+    rows = np.arange(z.shape[0])
+    zt = z[rows, top]
+    others = z.copy()
+    others[rows, top] = -np.inf
+    with np.errstate(divide="ignore"):
+        lo = zt - logsumexp(others, axis=1)
+    return np.clip(lo, -LOGIT_CLIP, LOGIT_CLIP)
+
+
+def spread_top_label(p: np.ndarray, top: np.ndarray, conf: np.ndarray) -> np.ndarray:
+    """Rows with confidence ``conf`` on class ``top`` and ``1 - conf`` shared by the other classes,
+    the arg-max kept. float64 ``(n, K)``.
+
+    The others get ``min(s * p_j, conf)`` with the one scale ``s`` per row that makes the row sum
+    to 1 (proportional sharing, capped at ``conf`` so no class overtakes the arg-max:
+    water-filling, exact via a sort). When the capped others cannot absorb ``1 - conf``
+    proportionally (they are capped or 0), the remainder is shared equally by the zero
+    entries. ``conf`` is first raised to ``1/K`` (below it no row can keep its arg-max). A tie
+    with the arg-max is broken toward it by one ulp.
+    """
+    p = np.asarray(p, dtype=np.float64)
+    n, k = p.shape
+    rows = np.arange(n)
+    c = np.clip(np.asarray(conf, dtype=np.float64), 1.0 / k, 1.0)
+    others = p.copy()
+    others[rows, top] = -1.0
+    order = np.argsort(-others, axis=1, kind="stable")[:, : k - 1]  # the K-1 others, largest first
+    o = np.take_along_axis(p, order, axis=1)
+    tail = np.concatenate([np.cumsum(o[:, ::-1], axis=1)[:, ::-1], np.zeros((n, 1))], axis=1)  # sum o[m:]
+    m = np.arange(k)[None, :]
+    left = 1.0 - c[:, None] * (1.0 + m)  # mass left for the uncapped entries when m are capped
+    with np.errstate(invalid="ignore", divide="ignore"):
+        scale = np.where(tail > 0, left / np.where(tail > 0, tail, 1.0), np.inf)
+        head = np.concatenate([o, np.zeros((n, 1))], axis=1)  # o[m]: the largest uncapped entry
+        ok = (tail <= 0) | (head * scale <= c[:, None])
+    ok[:, -1] = True
+    ok &= left >= -1e-12
+    ok[:, -1] = True
+    m_star = np.argmax(ok, axis=1)
+    s = scale[rows, m_star]
+    q_sorted = np.where(np.isfinite(s)[:, None], np.minimum(o * np.where(np.isfinite(s), s, 0.0)[:, None],
+                                                             c[:, None]), 0.0)
+    capped = np.arange(k - 1)[None, :] < m_star[:, None]
+    q_sorted[capped] = np.broadcast_to(c[:, None], capped.shape)[capped]
+    no_tail = ~np.isfinite(s)  # only zeros remain uncapped: share the rest equally among them
+    if no_tail.any():
+        n_zero = (k - 1) - m_star[no_tail]
+        fill = np.maximum(left[rows[no_tail], m_star[no_tail]], 0.0) / np.maximum(n_zero, 1)
+        zero_slots = ~capped[no_tail]
+        block = q_sorted[no_tail]
+        block[zero_slots] = np.broadcast_to(fill[:, None], zero_slots.shape)[zero_slots]
+        q_sorted[no_tail] = block
+    q = np.empty_like(p)
+    np.put_along_axis(q, order, q_sorted, axis=1)
+    q[rows, top] = c
+    rival = q.copy()
+    rival[rows, top] = -np.inf
+    rival_max = rival.max(axis=1)
+    tied = q[rows, top] <= rival_max
+    if tied.any():  # a tie at the cap (or rounding): the original arg-max wins by one ulp
+        q[rows[tied], top[tied]] = np.nextafter(rival_max[tied], np.inf)
+    return q
+
+
+def predicted_class(probs: np.ndarray) -> np.ndarray:
+    """The arg-max that is kept: of the uncalibrated probabilities ``softmax(logits)``, lowest index on
+    ties (the rule of :func:`confcal.metrics.accuracy`; logits that differ by less than rounding
+    give equal probabilities, so this can differ from the arg-max of the logits themselves)."""
+    return np.argmax(probs, axis=1)
+
+
+def break_ties_toward(q: np.ndarray, top: np.ndarray) -> np.ndarray:
+    """Where class ``top`` ties with the row maximum of ``q`` (binned maps give many ties), raise it
+    by one ulp so the arg-max stays the original one; rows without such a tie are unchanged."""
+    rows = np.arange(q.shape[0])
+    best = q.max(axis=1)
+    tied = (q[rows, top] == best) & (np.sum(q == best[:, None], axis=1) > 1)
+    if tied.any():
+        q[rows[tied], top[tied]] = np.nextafter(best[tied], np.inf)
+    return q
+
+
+def _accuracy_report(cal: Calibrator, logits, side) -> None:
+    rec = cal.fit_record_
+    before = rec["metrics_before"]["accuracy"]
+    after = rec["metrics_after"]["accuracy"]
+    rec["accuracy_change"] = float(after - before)
+    x = np.asarray(logits)  # validated, (n, K)
+    memo = (cal.__dict__.get("_fit_memo") or {}).get("report")
+    if memo is not None and (memo[0] is x or (memo[0].shape == x.shape and np.array_equal(memo[0], x))):
+        # the fit record's own predictions of these logits (the same rows, the same fitted maps)
+        q, p = memo[1], memo[2]
+    else:
+        q = cal._predict_proba(x, **cal._check_side(side, x.shape[0]))
+        p = softmax(x)
+    rec["argmax_changed"] = float(np.mean(np.argmax(q, axis=1) != predicted_class(p)))
+
+
+def _fit_softmax(cal: Calibrator, logits) -> np.ndarray:
+    """``softmax(logits)``, taken from the running fit's memo when ``logits`` is the array being fitted
+    (:attr:`_ReportingCalibrator._fit_memo`) and computed otherwise."""
+    memo = cal.__dict__.get("_fit_memo")
+    if memo is not None and memo.get("x") is logits and "softmax" in memo:
+        return memo["softmax"]
+    return softmax(logits)
+
+
+def _named(check, params, prefix: str):
+    """``check(params)`` with errors naming the map's path (``maps[3].edges: ...``)."""
+    try:
+        return check(params)
+    except ValueError as exc:
+        head = prefix.split("[")[0].rstrip(".")  # a plain field name first, as the manifest loader expects
+        raise ValueError(f"{head}: parameters.{prefix}" + str(exc).replace("<map>", prefix)) from None
+
+
+class _MapMixin:
+    """What a concrete method supplies: the score space and the 1-D fit/apply pair."""
+
+    space: ClassVar[str] = "prob"  # "prob" or "logit"
+
+    @abc.abstractmethod
+    def _fit_map(self, scores: np.ndarray, targets: np.ndarray, sample_weight) -> dict[str, Any]:
+        """One 1-D map fitted on ``(scores, 0/1 targets)``, as JSON-ready parameters."""
+
+    @abc.abstractmethod
+    def _apply_map(self, params: dict[str, Any], scores: np.ndarray) -> np.ndarray:
+        """The map of ``params`` applied to 1-D ``scores``."""
+
+    def _check_map(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Validate one map's parameters from a manifest (subclasses tighten this)."""
+        if not isinstance(params, dict):
+            raise TypeError(f"expected a dict of map parameters, got {type(params).__name__}")
+        return params
+
+
+class _ReportingCalibrator(Calibrator):
+    """Adds ``accuracy_change`` (after - before) and ``argmax_changed`` (fraction of rows whose
+    arg-max moved) to the fit record.
+
+    During :meth:`fit` (and only then) ``_fit_memo`` is a dict of values computed once per fit and read
+    again by the fit record: ``"report"``, the fitted logits with their calibrated and uncalibrated
+    probabilities (:meth:`_fit_metrics`), and what a method's ``_fit`` leaves there for its own
+    predictions of the fitted array (``"x"``: that array, ``"softmax"``: its softmax; read by identity
+    of the array, so a slice or copy is computed afresh). It is removed when the fit returns or raises,
+    so a fitted calibrator (and a sub-calibrator fitted through ``_fit`` directly) holds no data."""
+
+    def fit(self, logits, labels, *, sample_weight=None, progress=False, **side):
+        from confcal.calibrators.protocol.base import _materialise
+
+        # sources (the CLI streams its inputs) are read whole once, for the fit and the report
+        logits, labels = _materialise(logits, "logits"), _materialise(labels, "labels")
+        side = {k: _materialise(v, k) for k, v in side.items()}
+        self._fit_memo = {}
+        try:
+            super().fit(logits, labels, sample_weight=sample_weight, progress=progress, **side)
+            _accuracy_report(self, self._validate_logits(logits), side)
+        finally:
+            self.__dict__.pop("_fit_memo", None)
+        return self
+
+    def _fit_metrics(self, logits, probs, labels) -> tuple[dict, dict]:
+        from confcal.calibrators.protocol.manifest import summary_metrics
+
+        p = _fit_softmax(self, logits)
+        memo = self.__dict__.get("_fit_memo")
+        if memo is not None:
+            memo["report"] = (logits, probs, p)
+        return summary_metrics(p, labels), summary_metrics(probs, labels)
+
+
+class OneVsRestCalibrator(_MapMixin, _ReportingCalibrator):
+    """Base of the one-vs-rest methods (see the module docstring)."""
+
+    keeps_argmax: ClassVar[bool] = False
+
+    def _scores(self, logits: np.ndarray) -> np.ndarray:
+        return softmax(logits) if self.space == "prob" else log_odds(logits)
+
+    def _fit(self, logits, labels, sample_weight=None, **side):
+        s = self._scores(logits)
+        k = logits.shape[1]
+        if k == 2:
+            self.maps_ = [self._fit_map(s[:, 1], (labels == 1).astype(np.float64), sample_weight)]
+        else:
+            self.maps_ = [self._fit_map(s[:, j], (labels == j).astype(np.float64), sample_weight)
+                          for j in range(k)]
+
+    #: rows per block of predict_proba: every row's output depends on that row only, so a long
+    #: batch runs in blocks of ~2**21 values (16 MiB per float64 intermediate) and its memory is
+    #: the output plus one block's intermediates (1M x 100 logits: ~6 GB of intermediates at once before)
+    _block_elements: ClassVar[int] = 2 ** 21
+
+    def _predict_proba(self, logits, **side):
+        rows = max(1024, self._block_elements // max(1, logits.shape[1]))
+        if logits.shape[0] <= rows:
+            return self._predict_block(logits)
+        out = np.empty(logits.shape, dtype=np.float64)
+        for start in range(0, logits.shape[0], rows):
+            out[start:start + rows] = self._predict_block(logits[start:start + rows])
+        return out
+
+    def _map_columns(self, scores: np.ndarray) -> np.ndarray:
+        """The ``K`` maps applied to their columns of ``scores`` ``(n, K)``, clipped to ``[0, 1]``
+        (methods whose maps vectorise over the classes override this)."""
+        return np.column_stack([np.clip(self._apply_map(m, scores[:, j]), 0.0, 1.0)
+                                for j, m in enumerate(self.maps_)])
+
+    def _predict_block(self, logits):
+        s = self._scores(logits)
+        if len(self.maps_) == 1:
+            p1 = np.clip(self._apply_map(self.maps_[0], s[:, 1]), 0.0, 1.0)
+            return np.stack([1.0 - p1, p1], axis=1)
+        q = self._map_columns(s)
+        total = q.sum(axis=1, keepdims=True)
+        zero = total[:, 0] <= 0.0
+        q[zero] = 1.0
+        total[zero] = q.shape[1]
+        q /= total
+        return break_ties_toward(q, predicted_class(_fit_softmax(self, logits)))
+
+    def _get_fitted(self):
+        return {"maps": self.maps_}
+
+    def _set_fitted(self, params):
+        maps = params["maps"]
+        if not isinstance(maps, list) or not maps:
+            raise ValueError("maps: expected a non-empty list of per-class maps")
+        self.maps_ = [_named(self._check_map, m, f"maps[{j}].") for j, m in enumerate(maps)]
+
+
+class TopLabelCalibrator(_MapMixin, _ReportingCalibrator):
+    """Base of the top-label (``-top``) methods (see the module docstring)."""
+
+    keeps_argmax: ClassVar[bool] = True
+
+    def _top(self, logits):
+        p = softmax(logits)
+        top = predicted_class(p)
+        if self.space == "prob":
+            return p, top, p[np.arange(logits.shape[0]), top]
+        return p, top, top_label_log_odds(logits, top)
+
+    def _fit(self, logits, labels, sample_weight=None, **side):
+        _, top, s = self._top(logits)
+        self.map_ = self._fit_map(s, (labels == top).astype(np.float64), sample_weight)
+
+    def _predict_proba(self, logits, **side):
+        p, top, s = self._top(logits)
+        conf = self._apply_map(self.map_, s)
+        return spread_top_label(p, top, conf)
+
+    def _get_fitted(self):
+        return {"map": self.map_}
+
+    def _set_fitted(self, params):
+        self.map_ = _named(self._check_map, params["map"], "map.")
