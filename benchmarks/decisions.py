@@ -202,13 +202,19 @@ class _Lookup:
                     classifier_tags=ClassifierTags())
 
 
-def mapie_threshold(s_cal, y_cal, alpha, delta):
+#: a finer grid for MAPIE than its default (100 points in [0, 0.99]), reaching the confidences near 1 that an
+#: over-confident network needs (Bonferroni-Holm then divides by 1,000)
+FINE_GRID = np.unique(np.concatenate([np.linspace(0, 1, 901)[:-1], 1 - np.logspace(-6, -2, 100)]))
+
+
+def mapie_threshold(s_cal, y_cal, alpha, delta, grid=None):
     """MAPIE's best threshold for precision >= 1 - alpha (None when nothing is certified)."""
     from mapie.risk_control import BinaryClassificationController
 
     x = np.clip(s_cal, 0, 1)[:, None]
+    kw = {} if grid is None else {"list_predict_params": grid}
     c = BinaryClassificationController(predict_function=lambda a: np.hstack([1 - a, a]), risk="precision",
-                                       target_level=1 - alpha, confidence_level=1 - delta)
+                                       target_level=1 - alpha, confidence_level=1 - delta, **kw)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         c.calibrate(x, y_cal.astype(int))
@@ -227,16 +233,24 @@ def peers_binary(name, s, y, g, splits, alpha, delta, seed):
             c, t = cal & m, ~cal & m
             ours = ltt_threshold(s[c], y[c], alpha=alpha, delta=delta).threshold
             theirs = mapie_threshold(s[c], y[c], alpha, delta)
-            for who, thr, sc in (("confcal", ours, s), ("MAPIE", theirs, np.clip(s, 0, 1))):
+            fine = mapie_threshold(s[c], y[c], alpha, delta, grid=FINE_GRID)
+            clipped = np.clip(s, 0, 1)
+            for who, thr, sc in (("confcal", ours, s), ("MAPIE (default grid)", theirs, clipped),
+                                 ("MAPIE (1,000-point grid)", fine, clipped)):
                 # MAPIE predicts positive when P(positive) >= threshold
-                acc = t & (sc >= thr) if thr is not None and np.isfinite(thr) else np.zeros_like(t)
+                ok = thr is not None and np.isfinite(thr)
+                acc = t & (sc >= thr) if ok else np.zeros_like(t)
+                acc_all = m & (sc >= thr) if ok else np.zeros_like(m)
                 fdr = (acc & ~y).sum() / acc.sum() if acc.any() else 0.0
-                r = out.setdefault((grp, who), {"viol": 0, "acc": []})
+                fdr_all = (acc_all & ~y).sum() / acc_all.sum() if acc_all.any() else 0.0
+                r = out.setdefault((grp, who), {"viol": 0, "pool": 0, "acc": []})
                 r["viol"] += fdr > alpha
+                r["pool"] += fdr_all > alpha
                 r["acc"].append(acc.sum() / t.sum())
     rows = []
     for (grp, who), r in sorted(out.items()):
-        rows.append(f"| {name} | {grp} | {who} | {ci(r['viol'], splits)} | {np.mean(r['acc']):.3f} |")
+        rows.append(f"| {name} | {grp} | {who} | {ci(r['viol'], splits)} | {ci(r['pool'], splits)} | "
+                    f"{np.mean(r['acc']):.3f} |")
     return rows
 
 
@@ -343,8 +357,11 @@ def main(argv=None) -> int:
 
         lines += ["", f"## 4. Peers: MAPIE {mapie.__version__} on the same splits ({peer_splits} splits)", "",
                   "Accept-only rule, precision >= 0.95 at confidence 0.9: share of splits whose test-half precision "
-                  "is below 0.95 (95% CP interval) and mean accepted (auto-decided) share.", "",
-                  "| data | group | tool | viol (test half) | accepted |", "|---|---|---|---|---|"]
+                  "is below 0.95 (95% CP interval), the same against the whole group as the population, and mean "
+                  "accepted (auto-decided) share. MAPIE sees the scores clipped to [0, 1] (KITTI scores reach "
+                  "1.235); its default grid is 100 thresholds in [0, 0.99], the second row gives it 1,000 reaching "
+                  "1 - 1e-6.", "",
+                  "| data | group | tool | viol (test half) | viol (pool) | accepted |", "|---|---|---|---|---|---|"]
         lines += peers_binary("CIFAR-100", cifar_s, cifar_c, None, peer_splits, a, d, 5)
         lines += peers_binary("KITTI", kitti_s, kitti_y, None, peer_splits, a, d, 6)
         lines += peers_binary("digits", dig_s, dig_c, dg, peer_splits, a, d, 7)
