@@ -18,19 +18,7 @@ _UNIT_GRID = np.unique(np.concatenate([np.linspace(0.0, 1.0, 1001), 1.0 - np.log
 def check_scores_labels(scores, labels, *, name: str = "scores") -> tuple[np.ndarray, np.ndarray]:
     """``scores`` as finite float64 ``(n,)`` and ``labels`` as bool ``(n,)`` (1 = positive: a true
     positive box, a correct top label, a present label); one-line ``ValueError`` otherwise."""
-    s = np.asarray(scores)
-    if s.ndim == 2 and s.shape[1] == 1:
-        s = s[:, 0]
-    if s.ndim != 1:
-        raise ValueError(f"{name}: expected a 1-D array (n_samples,) of scores, got shape {s.shape}")
-    if s.dtype.kind not in "fiub":
-        raise ValueError(f"{name}: expected numeric scores, got dtype {s.dtype}")
-    s = s.astype(np.float64, copy=False)
-    if s.size == 0:
-        raise ValueError(f"{name}: expected at least one score, got an empty array")
-    bad = ~np.isfinite(s)
-    if bad.any():
-        raise ValueError(f"{name}: expected finite scores, got {s[bad][0]} at row {int(np.argmax(bad))}")
+    s = check_scores(scores, name=name)
     y = np.asarray(labels)
     if y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]
@@ -44,6 +32,24 @@ def check_scores_labels(scores, labels, *, name: str = "scores") -> tuple[np.nda
     if not ok.all():
         raise ValueError(f"labels: expected 0/1 labels (1 = positive), got {y[~ok][0]} at row {int(np.argmin(ok))}")
     return s, y.astype(bool)
+
+
+def check_scores(scores, *, name: str = "scores") -> np.ndarray:
+    """``scores`` as finite float64 ``(n,)``, ``n >= 1``; one-line ``ValueError`` otherwise."""
+    s = np.asarray(scores)
+    if s.ndim == 2 and s.shape[1] == 1:
+        s = s[:, 0]
+    if s.ndim != 1:
+        raise ValueError(f"{name}: expected a 1-D array (n_samples,) of scores, got shape {s.shape}")
+    if s.dtype.kind not in "fiub":
+        raise ValueError(f"{name}: expected numeric scores, got dtype {s.dtype}")
+    s = s.astype(np.float64, copy=False)
+    if s.size == 0:
+        raise ValueError(f"{name}: expected at least one score, got an empty array")
+    bad = ~np.isfinite(s)
+    if bad.any():
+        raise ValueError(f"{name}: expected finite scores, got {s[bad][0]} at row {int(np.argmax(bad))}")
+    return s
 
 
 def default_grid(scores: np.ndarray) -> np.ndarray:

@@ -20,7 +20,7 @@ import dataclasses
 
 import numpy as np
 
-from confcal.decisions._counts import below_counts, check_grid, check_scores_labels, default_grid
+from confcal.decisions._counts import below_counts, check_grid, check_scores, check_scores_labels, default_grid
 from confcal.decisions.threeway import SideFit, ThreeWayFit, check_three_way_args, three_way_counts
 
 __all__ = ["ACCEPT", "REVIEW", "REJECT", "DECISION_NAMES", "DecisionRule", "fit_decisions", "POOLED"]
@@ -93,8 +93,7 @@ class DecisionRule:
         groups : array_like, shape (n_samples,), optional
             Group ids; required when the rule was fitted per group.
         """
-        s = np.asarray(scores)
-        s, _ = check_scores_labels(s, np.zeros(s.shape[:1], dtype=bool) if s.ndim else s)
+        s = check_scores(scores)
         lo, hi = self._per_item(s.size, groups)
         out = np.zeros(s.size, dtype=np.int8)
         out[s >= hi] = ACCEPT
@@ -104,7 +103,7 @@ class DecisionRule:
     def review_priority(self, scores, groups=None) -> np.ndarray:
         """Distance of each item to the middle of its group's review band, in score units; NaN outside
         the band. Smaller = more uncertain (the annotation queue reviews those first)."""
-        s, _ = check_scores_labels(np.asarray(scores), np.zeros(np.asarray(scores).shape[:1], dtype=bool))
+        s = check_scores(scores)
         lo, hi = self._per_item(s.size, groups)
         lo_f = np.where(np.isfinite(lo), lo, np.minimum(s.min(), 0.0))
         hi_f = np.where(np.isfinite(hi), hi, np.maximum(s.max(), 1.0))
