@@ -82,6 +82,8 @@ def test_hostile_groups_get_one_line_errors():
         fit_decisions(s, y, ["a", "b"])
     with pytest.raises(ValueError, match=r"^groups: expected finite ids, got a NaN or inf at row 1"):
         fit_decisions(s, y, [0.0, np.nan, 1.0, 1.0])
+    with pytest.raises(ValueError, match=r"^groups: expected a non-empty id for every item, got '' at row 2"):
+        fit_decisions(s, y, ["a", "b", "", "a"])
     with pytest.raises(ValueError, match=r"^scores: expected finite scores, got nan at row 2"):
         fit_decisions([0.2, 0.8, np.nan, 0.3], y)
     with pytest.raises(ValueError, match=r"^delta: expected a number in \(0, 1\), got 0"):

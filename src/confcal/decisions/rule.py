@@ -41,7 +41,11 @@ def check_groups(groups, n: int, name: str = "groups") -> np.ndarray:
             raise ValueError(f"{name}: expected finite ids, got a NaN or inf at row {int(np.argmin(np.isfinite(g)))}")
         if np.all(g == np.round(g)):
             g = g.astype(np.int64)
-    return g.astype(str)
+    g = g.astype(str)
+    empty = np.char.str_len(g) == 0
+    if empty.any():  # an id of no group: a missing domain column, or a join that left holes
+        raise ValueError(f"{name}: expected a non-empty id for every item, got '' at row {int(np.argmax(empty))}")
+    return g
 
 
 @dataclasses.dataclass
