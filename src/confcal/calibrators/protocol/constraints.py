@@ -863,6 +863,8 @@ FIT_RECORD = Fields({
     "library_version": Text(),
     "utc_time": _IsoTime(),
     "sample_weight": Opt(Bool()),
+    # string class labels of the fit, sorted (classes_; column j is classes[j]); absent for integer labels
+    "classes": Opt(_NonEmpty(Text())),
     "n_left_out": Opt(Int(ge=0, le=2 ** 53)),
     "n_passes": Opt(Int(ge=1, le=10 ** 6)),
     "accuracy_change": Opt(Real(ge=-1, le=1)),
@@ -915,6 +917,12 @@ def damaged_fit_fields(record, *, where: str = "manifest", n_classes=None) -> di
                 kind = record.get("input_kind")
                 check_data_summary(record[key], where=where, n_classes=n_classes,
                                    input_kind=kind if kind in ("logits", "probs", "scores") else None)
+            if key == "classes":
+                names = record[key]
+                if n_classes is not None and len(names) != n_classes:
+                    ctx.fail(_join("fit", key), f"{n_classes} class labels (one per column)", got=f"{len(names)}")
+                if any(a >= b for a, b in zip(names, names[1:])):
+                    ctx.fail(_join("fit", key), "distinct labels in sorted order", names[:6])
         except ValueError as exc:
             out[key] = str(exc)
     return out

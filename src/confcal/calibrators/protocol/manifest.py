@@ -141,7 +141,7 @@ def _from_dict(manifest, *, n_classes, source):
     if method not in METHODS:
         raise ValueError(f"manifest: method: unknown {method!r}; known: {sorted(METHODS)}")
     k = manifest["n_classes"]
-    if n_classes is not None and int(n_classes) != k:
+    if n_classes is not None and int(n_classes) != k and not (int(n_classes) == 1 and k == 2):  # (n, 1): one logit
         raise ValueError(f"manifest: calibrator was fitted on n_classes={k}, but the logits have "
                          f"{n_classes} classes")
     cls = METHODS[method]
