@@ -17,6 +17,8 @@ def register(sub):
     p.set_defaults(input_kind=None)  # default: what the calibrator was fitted on (its manifest)
     p.add_argument("--calibrator", required=True, help="manifest written by 'confcal fit'")
     p.add_argument("--queue", help="queue CSV written by 'confcal rank' (its head is shown)")
+    p.add_argument("--decisions", help="decision manifest of 'confcal decide fit': each group's operating point "
+                                       "and its realised precision / NPV / review share on these items")
     p.add_argument("--n-bins", type=int, default=15, help="bins (default 15)")
     p.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples for the intervals (default 200)")
     p.add_argument("--max-ece", type=float, metavar="X", help="the page opens with pass/fail per group against X (calibrated ECE; D-ECE for box "
@@ -93,6 +95,10 @@ def run(args) -> int:
     text = build_report(stages, np.asarray(y), domains=side.get("domains"), manifest=manifest,
                         queue_csv=queue, n_bins=args.n_bins, n_draws=args.bootstrap, max_ece=args.max_ece,
                         box_features=geo, verdict_out=verdict, numbers_out=numbers, **gate)
+    if args.decisions:  # the operating points of a decision manifest (confcal.cli._shared.decide)
+        from confcal.cli._shared.decide import report_section
+
+        text = report_section(args, text)
     import contextlib
     import json
 

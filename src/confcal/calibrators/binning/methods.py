@@ -92,7 +92,7 @@ def _check_positive_int(value, name: str, lo: int = 1) -> int:
     return int(value)
 
 
-# constraint tables of the manifests (calibrators/_constraints.py); _set_fitted checks the rest
+# constraint tables of the manifests (calibrators/protocol/constraints.py); _set_fitted checks the rest
 # (lengths, monotone edges)
 _PROB = Real(ge=0, le=1)
 _ISO_MAP = Fields({"x": ListOf(Real()), "y": ListOf(_PROB)})
