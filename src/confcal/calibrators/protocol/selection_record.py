@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 
 from confcal.calibrators.protocol.constraints import (AnyJSON, Bool, Choice, Fields, Int, ListOf, Nullable, Real, Text,
-                                                       _Ctx, _join, _NonEmpty)
+                                                       _Ctx, _join)
+from confcal.calibrators.protocol.fit_record import _NonEmpty
 
 __all__ = ["SELECTION_RULES", "SELECTION_RECORD", "choose_from_table", "check_selection_record",
            "selection_disagrees", "selection_damage"]
