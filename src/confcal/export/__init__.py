@@ -95,15 +95,29 @@ def _table_dict(table) -> dict:
 
 
 def group_index(table, ids) -> np.ndarray:
-    """int64 ``(n,)`` head index of each id (``-1``: unseen, so the pooled fit).
+    """The head index of each id, as an exported grouped head reads it.
 
     Parameters
     ----------
-    table : :func:`index_table`'s dict, or an exported head's ``confcal.index_table`` metadata
-        (the JSON text or its decoded list of ``[key, index]`` pairs)
-    ids : ``(n,)`` ids (str, int, numpy scalars), or ``(n, c)`` / a sequence of tuples for a
-        head keyed by ``c`` columns (in the order of the metadata's ``confcal.index_columns``)
+    table : dict, str or list
+        :func:`index_table`'s dict, or an exported head's ``confcal.index_table`` metadata (the JSON text
+        or its decoded list of ``[key, index]`` pairs).
+    ids : array-like
+        ``(n,)`` ids (str, int, numpy scalars), or ``(n, c)`` / a sequence of tuples for a head keyed by
+        ``c`` columns (in the order of the metadata's ``confcal.index_columns``).
 
+    Returns
+    -------
+    numpy.ndarray
+        int64 ``(n,)``: the head index of each id, ``-1`` for an unseen id (the pooled fit).
+
+    Raises
+    ------
+    ValueError
+        When ``ids`` is a scalar, or an id is not a valid group key.
+
+    Notes
+    -----
     Both the table's keys and the ids go through :func:`confcal.calibrators.group_key`, the rule the
     calibrator itself uses at ``predict_proba`` / ``apply --domains``: ``"kitti"``, ``np.str_("kitti")``
     and ``("kitti",)`` are one key, ``np.int64(3)`` and ``3`` are one key.
