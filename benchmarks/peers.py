@@ -234,6 +234,31 @@ def netcal_fit(cls_name, **kw):
     return run
 
 
+def netcal_binning_fit(cls_name, **kw):
+    """netcal's binning methods (``netcal.binning``) on the softmax probabilities, one-vs-rest over the
+    classes (its multiclass default, ``independent_probabilities=False``: the K outputs renormalised)."""
+    def run(z, y):
+        import netcal.binning as nb
+
+        cal = getattr(nb, cls_name)(**kw)
+        cal.fit(_softmax(z), y)
+        return lambda zt: np.asarray(cal.transform(_softmax(zt)), dtype=np.float64)
+    return run
+
+
+def probmetrics_beta_ovr():
+    """probmetrics' ``beta`` (betacal's ``BetaCalibration``, parameters "abm") is binary only: for K > 2 it
+    goes through probmetrics' own ``MulticlassOneVsRestCalibrator``, which is confcal's one-vs-rest beta."""
+    def run(z, y):
+        from probmetrics.calibrators import get_calibrator
+        from probmetrics.calibrators.base import MulticlassOneVsRestCalibrator
+
+        cal = MulticlassOneVsRestCalibrator(get_calibrator("beta"))
+        cal.fit(_softmax(z), y)
+        return lambda zt: cal.predict_proba(_softmax(zt))
+    return run
+
+
 def dircal_fixed(odir_lambda):
     """probmetrics' ``dircal`` at ODIR's ``lambda = mu = odir_lambda`` (dirichletcal's penalty is not
     divided by ``K (K-1)`` and ``K``: the division happens here, once ``K`` is known)."""
@@ -290,7 +315,17 @@ FITS = {
     # maps as the logits of one softmax on the multiclass NLL (``independent_probabilities`` only acts on
     # 2 classes), so it is compared with confcal's multiclass="multinomial", and confcal's default
     # one-vs-rest beta has no peer. netcal took 155 s on 2,000 x 10 (loaded machine): CIFAR-10 files only
-    "beta": [("confcal (one-vs-rest)", confcal_fit("beta"))],
+    "beta": [("confcal (one-vs-rest)", confcal_fit("beta")),
+             ("probmetrics beta (one-vs-rest)", probmetrics_beta_ovr())],
+    # issue 39: netcal's isotonic and histogram binning (one-vs-rest, renormalised, as confcal's). netcal's
+    # histogram binning uses equal-width bins (``equal_intervals=True``, 10 bins by default), confcal's
+    # equal-mass bins (15 by default; confcal has no equal-width option): each at its default
+    "isotonic": [("confcal", confcal_fit("isotonic")), ("netcal", netcal_binning_fit("IsotonicRegression")),
+                 ("probmetrics isotonic", probmetrics_fit("isotonic"))],
+    "histogram-binning": [("confcal (equal-mass, 15 bins)", confcal_fit("histogram-binning")),
+                          ("netcal (equal-width, 10 bins)", netcal_binning_fit("HistogramBinning", bins=10)),
+                          ("netcal (equal-mass, 15 bins)",
+                           netcal_binning_fit("HistogramBinning", bins=15, equal_intervals=False))],
     "beta (multinomial)": [("confcal", confcal_fit("beta", multiclass="multinomial")),
                            ("netcal (CIFAR-10 only)", netcal_fit("BetaCalibration", independent_probabilities=True))],
     # the PB family has no peer: the TS fit of the same run is the reference beside it
