@@ -440,7 +440,9 @@ def bench_fits(names, reps, methods, log):
 PREDICT_REPS = 5
 
 
-def bench_ts_large(n, log):
+def bench_ts_large(n, log, fit=True):
+    """TS on ``n`` x 100 synthetic float32 logits: the fits (``fit``; the peers' take minutes) and the
+    ``predict_proba`` rows."""
     import torch
 
     rng = np.random.default_rng(1)
@@ -458,7 +460,7 @@ def bench_ts_large(n, log):
             ("torch-uncertainty", lambda: torchunc_fit("TemperatureScaler")(z, y))]
     # scikit-learn's temperature fit is left out at this size: 19 s on 5,000 x 100 already, and
     # its float64 copies of 1M x 100 would pass the machine's per-process memory budget
-    for peer, fn in fits:
+    for peer, fn in (fits if fit else ()):
         try:
             dt, _ = _timed(fn)
         except Exception as exc:
@@ -471,8 +473,20 @@ def bench_ts_large(n, log):
     cal = TemperatureScaling().fit(z, y)
     t = float(cal.temperature_)
     zt = torch.as_tensor(z)
+    import confcal.calibrators.temperature.ts as ts_mod
+
+    def numpy_path(dtype):
+        # the core install's path (torch not imported): the torch path's size threshold out of reach
+        keep, ts_mod.TORCH_MIN_ELEMENTS = ts_mod.TORCH_MIN_ELEMENTS, 1 << 62
+        try:
+            return cal.predict_proba(z, dtype=dtype)
+        finally:
+            ts_mod.TORCH_MIN_ELEMENTS = keep
+
     preds = [("confcal (float32 out)", lambda: cal.predict_proba(z)),
              ("confcal (float64 out)", lambda: cal.predict_proba(z, dtype=np.float64)),
+             ("confcal numpy path, float32 out (core install: torch not imported)", lambda: numpy_path(np.float32)),
+             ("confcal numpy path, float64 out (core install)", lambda: numpy_path(np.float64)),
              *_peer_predicts(z, y, zt),
              ("torch softmax(z / T), float32", lambda: torch.softmax(zt / t, 1)),
              ("numpy softmax(z / T), float32", lambda: _softmax(z / np.float32(t)))]
@@ -850,7 +864,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="one CIFAR file, one rep, small sizes (smoke run)")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--parts", default="fits,ts,metrics,startup")
+    ap.add_argument("--parts", default="fits,ts,metrics,startup",
+                    help="comma-separated: fits (the CIFAR fit rows, see --methods), ts (TS fit and predict_proba "
+                         "on 1M x 100), ts-predict (only the predict_proba rows of ts), metrics, startup")
     ap.add_argument("--methods", default=",".join(FITS), help="fit rows, comma-separated: " + ", ".join(FITS))
     ap.add_argument("--data", default=",".join(FILES))
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "peers.md")
@@ -897,8 +913,8 @@ def main(argv=None):
         rows += bench_startup(log)
     if "metrics" in parts:
         rows += bench_metrics(n_ece, 10_000, n_large, log)
-    if "ts" in parts:
-        rows += bench_ts_large(n_ts, log)
+    if "ts" in parts or "ts-predict" in parts:  # ts-predict: the predict_proba rows without the 1M-row fits
+        rows += bench_ts_large(n_ts, log, fit="ts" in parts)
     if "fits" in parts:
         rows += bench_fits(names, reps, a.methods.split(","), log)
     write(rows)
