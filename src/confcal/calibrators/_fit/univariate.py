@@ -114,12 +114,11 @@ def fit_histogram(scores, targets, *, n_bins: int, sample_weight=None, fitted: b
     (weighted) fraction of positives in it. Every bin is non-empty by construction of
     :func:`equal_mass_edges`.
 
-    Without weights the bins are read off one sort of the scores (the edges of
-    :func:`equal_mass_edges` lie strictly between two calibration scores, so a bin is a run of the
-    sorted scores, and its count and positives are differences of cumulative counts): no second
-    search of every score, and the sort need not be stable (with unit weights the cumulative count
-    at a rank does not depend on the order of tied scores). The values are the same ratios of the
-    same integer counts as with :func:`bin_index` and ``bincount``: equal, not just close.
+    Without weights the edges come from one sort of the score values (no argsort: with unit weights
+    the cumulative count at a rank is the rank, whatever the order of tied scores), the counts from
+    the sorted scores (the edges lie strictly between two calibration scores) and the positives from
+    one ``bincount`` in row order: the same sums as :func:`bin_index` and ``_bin_sums``, so the
+    values are equal to the weighted path's with unit weights, not just close.
 
     ``fitted=True`` returns ``(params, map of each calibration score)``, the latter equal to
     :func:`apply_histogram` of ``params`` on ``scores`` (each score's bin is known from the fit)."""
@@ -134,26 +133,19 @@ def fit_histogram(scores, targets, *, n_bins: int, sample_weight=None, fitted: b
         params = {"edges": edges.tolist(), "values": values.tolist()}
         return (params, values[idx]) if fitted else params
     n = s.size
-    order = np.argsort(s)  # not stable: see above
-    s_sorted = s[order]
+    s_sorted = np.sort(s)  # values only: numpy's SIMD sort, 2-4x faster here than an argsort
     # the ranks of equal_mass_edges with unit weights: its cumulative weights are 1, 2, ..., n
     ranks = np.minimum(np.searchsorted(np.arange(1.0, n + 1.0), np.arange(1, n_bins) * float(n) / n_bins,
                                        side="left"), n - 1)
     q = np.unique(s_sorted[ranks])
     q = q[q < s_sorted[-1]]
     edges = edges_between(q, s_sorted[np.searchsorted(s_sorted, q, side="right")])
-    upto = np.searchsorted(s_sorted, edges, side="right")  # scores <= each edge: the bins below it
-    cum_pos = np.concatenate([[0.0], np.cumsum(y[order])])
-    bounds = np.concatenate([[0], upto, [n]])
-    count = np.diff(bounds).astype(np.float64)
-    pos = np.diff(cum_pos[bounds])
+    idx = bin_index(edges, s)  # a search in <= n_bins - 1 edges per score
+    count = np.diff(np.concatenate([[0], np.searchsorted(s_sorted, edges, side="right"), [n]])).astype(np.float64)
+    pos = np.bincount(idx, weights=y, minlength=edges.size + 1)  # as _bin_sums with unit weights
     values = pos / count
     params = {"edges": edges.tolist(), "values": values.tolist()}
-    if not fitted:
-        return params
-    at = np.empty(n)
-    at[order] = np.repeat(values, np.diff(bounds))
-    return params, at
+    return (params, values[idx]) if fitted else params
 
 
 def apply_histogram(params: dict, scores) -> np.ndarray:
