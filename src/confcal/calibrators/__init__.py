@@ -39,7 +39,7 @@ _LAZY = {
     "ClusterRegressionTemperatureScaling": "domain.methods", "ClusterTemperatureScaling": "domain.methods",
     "DomainEnsembleTemperatureScaling": "domain.methods", "SetLevelTemperatureScaling": "domain.methods",
     "GroupedTemperatureScaling": "temperature.ts", "TemperatureScaling": "temperature.ts",
-    "GroupedCalibrator": "grouping",
+    "GroupedCalibrator": "grouping", "group_key": "protocol.group_keys", "key_parts": "protocol.group_keys",
     "DirichletCalibration": "linear.scaling", "MatrixScaling": "linear.scaling", "VectorScaling": "linear.scaling",
     "EnsembleTemperatureScaling": "temperature.ensemble", "ParameterizedTemperatureScaling": "temperature.parametric",
     "FeatureClipping": "bounding.feature_clipping",
@@ -89,5 +89,5 @@ __all__ = [
     "ScalingBinning", "MarginalScalingBinning", "BetaCalibration", "DetectionBetaCalibration", "PlattOneVsRest",
     "reuse_fits",
     "GeometryLogisticCalibration", "GeometryBetaCalibration", "GeometryHistogramBinning",
-    "MultilabelTemperatureScaling", "MultilabelPlattScaling",
+    "MultilabelTemperatureScaling", "MultilabelPlattScaling", "group_key", "key_parts",
 ]

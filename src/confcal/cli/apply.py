@@ -35,7 +35,7 @@ def run(args) -> int:
         return run_apply(args)
     import numpy as np
 
-    from confcal.cli.drift import warn_if_drift
+    from confcal.cli._shared.drift_check import warn_if_drift
     from confcal.passes import spread_ranges, take_ranges
     from confcal.io import (
         OUTPUT_SUFFIXES,

@@ -16,7 +16,8 @@ def register(sub):
         "compare", help="compare calibrators over random calibration/test splits",
         description="For each split, fit every method on the calibration part and score it on the test "
                     "part: error rate, smooth ECE, equal-mass and equal-width ECE (15 bins), NLL and "
-                    "Brier score, as mean ± standard error over splits (rates in %). A method that "
+                    "Brier score, as mean ± standard error over splits (rates as fractions, as evaluate and "
+                    "report print them). A method that "
                     "fails is reported in the table; the others still run. With --test-logits/"
                     "--test-labels the whole --logits set calibrates and the test set is fixed.")
     add_logits_args(p, labels=True, side=False)

@@ -15,6 +15,7 @@ from functools import partial
 import numpy as np
 
 from confcal._numeric import softmax
+from confcal.calibrators.protocol.group_keys import group_key
 from confcal.calibrators.protocol.constraints import NLL, N_ITER, T_BOUNDS, T_RULE, TEMPERATURE, Bool, Fields, Int, Opt, \
     optional_value, temperature_within_bounds, without_missing
 from confcal.calibrators._fit.tsfit import DEFAULT_T_BOUNDS, CalibrationWarning, fit_temperature
@@ -192,16 +193,23 @@ class TemperatureScaling(Calibrator):
 
     Parameters
     ----------
-    t_min, t_max : search range of ``T`` (default ``[1e-2, 1e2]``). If the optimum
+    t_min, t_max
+        Search range of ``T`` (default ``[1e-2, 1e2]``). If the optimum
         lies on a bound, the bound is used and a :class:`CalibrationWarning` is issued.
 
     Attributes
     ----------
-    temperature_ : float, the fitted ``T``
-    nll_ : float, mean calibration-set NLL (nats) at ``temperature_``
-    n_iter_ : int, Newton iterations (one pass over the logits each)
-    at_bound_ : bool, whether ``T`` ended on ``t_min`` or ``t_max``
+    temperature_ : float
+        The fitted ``T``
+    nll_ : float
+        Mean calibration-set NLL (nats) at ``temperature_``
+    n_iter_ : int
+        Newton iterations (one pass over the logits each)
+    at_bound_ : bool
+        Whether ``T`` ended on ``t_min`` or ``t_max``
 
+    Notes
+    -----
     ``nll_``, ``n_iter_`` and ``at_bound_`` are None on a calibrator loaded from a manifest that does not
     record them (they are optional; see :mod:`confcal.calibrators.protocol.constraints`).
 
@@ -523,4 +531,4 @@ def run_local_ts_job(cal, make_job, sources: dict, progress) -> None:
 
 def _id_key(d):
     """Domain ids as plain Python values (JSON-ready, and numpy scalars hash like them)."""
-    return d.item() if hasattr(d, "item") else d
+    return group_key(d, where="domains")
