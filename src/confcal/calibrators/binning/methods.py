@@ -222,6 +222,11 @@ class _Histogram:
         return fit_histogram(scores, targets, n_bins=_check_positive_int(self.n_bins, "n_bins"),
                              sample_weight=sample_weight)
 
+    def _fit_map_fitted(self, scores, targets, sample_weight):
+        """The map and its values at ``scores`` (see :meth:`OneVsRestCalibrator._fit`)."""
+        return fit_histogram(scores, targets, n_bins=_check_positive_int(self.n_bins, "n_bins"),
+                             sample_weight=sample_weight, fitted=True)
+
     def _apply_map(self, params, scores):
         return apply_histogram(params, scores)
 
