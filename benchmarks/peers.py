@@ -234,6 +234,31 @@ def netcal_fit(cls_name, **kw):
     return run
 
 
+def netcal_binning_fit(cls_name, **kw):
+    """netcal's binning methods (``netcal.binning``) on the softmax probabilities, one-vs-rest over the
+    classes (its multiclass default, ``independent_probabilities=False``: the K outputs renormalised)."""
+    def run(z, y):
+        import netcal.binning as nb
+
+        cal = getattr(nb, cls_name)(**kw)
+        cal.fit(_softmax(z), y)
+        return lambda zt: np.asarray(cal.transform(_softmax(zt)), dtype=np.float64)
+    return run
+
+
+def probmetrics_beta_ovr():
+    """probmetrics' ``beta`` (betacal's ``BetaCalibration``, parameters "abm") is binary only: for K > 2 it
+    goes through probmetrics' own ``MulticlassOneVsRestCalibrator``, which is confcal's one-vs-rest beta."""
+    def run(z, y):
+        from probmetrics.calibrators import get_calibrator
+        from probmetrics.calibrators.base import MulticlassOneVsRestCalibrator
+
+        cal = MulticlassOneVsRestCalibrator(get_calibrator("beta"))
+        cal.fit(_softmax(z), y)
+        return lambda zt: cal.predict_proba(_softmax(zt))
+    return run
+
+
 def dircal_fixed(odir_lambda):
     """probmetrics' ``dircal`` at ODIR's ``lambda = mu = odir_lambda`` (dirichletcal's penalty is not
     divided by ``K (K-1)`` and ``K``: the division happens here, once ``K`` is known)."""
@@ -290,7 +315,17 @@ FITS = {
     # maps as the logits of one softmax on the multiclass NLL (``independent_probabilities`` only acts on
     # 2 classes), so it is compared with confcal's multiclass="multinomial", and confcal's default
     # one-vs-rest beta has no peer. netcal took 155 s on 2,000 x 10 (loaded machine): CIFAR-10 files only
-    "beta": [("confcal (one-vs-rest)", confcal_fit("beta"))],
+    "beta": [("confcal (one-vs-rest)", confcal_fit("beta")),
+             ("probmetrics beta (one-vs-rest)", probmetrics_beta_ovr())],
+    # issue 39: netcal's isotonic and histogram binning (one-vs-rest, renormalised, as confcal's). netcal's
+    # histogram binning uses equal-width bins (``equal_intervals=True``, 10 bins by default), confcal's
+    # equal-mass bins (15 by default; confcal has no equal-width option): each at its default. netcal's own
+    # equal-mass option (``equal_intervals=False``) is no peer: netcal 1.4 refuses it at transform ("currently
+    # not implemented") and its fit fails on DenseNet-100 ("The smallest edge difference is numerically 0")
+    "isotonic": [("confcal", confcal_fit("isotonic")), ("netcal", netcal_binning_fit("IsotonicRegression")),
+                 ("probmetrics isotonic", probmetrics_fit("isotonic"))],
+    "histogram-binning": [("confcal (equal-mass, 15 bins)", confcal_fit("histogram-binning")),
+                          ("netcal (equal-width, 10 bins)", netcal_binning_fit("HistogramBinning", bins=10))],
     "beta (multinomial)": [("confcal", confcal_fit("beta", multiclass="multinomial")),
                            ("netcal (CIFAR-10 only)", netcal_fit("BetaCalibration", independent_probabilities=True))],
     # the PB family has no peer: the TS fit of the same run is the reference beside it
@@ -405,7 +440,9 @@ def bench_fits(names, reps, methods, log):
 PREDICT_REPS = 5
 
 
-def bench_ts_large(n, log):
+def bench_ts_large(n, log, fit=True):
+    """TS on ``n`` x 100 synthetic float32 logits: the fits (``fit``; the peers' take minutes) and the
+    ``predict_proba`` rows."""
     import torch
 
     rng = np.random.default_rng(1)
@@ -423,7 +460,7 @@ def bench_ts_large(n, log):
             ("torch-uncertainty", lambda: torchunc_fit("TemperatureScaler")(z, y))]
     # scikit-learn's temperature fit is left out at this size: 19 s on 5,000 x 100 already, and
     # its float64 copies of 1M x 100 would pass the machine's per-process memory budget
-    for peer, fn in fits:
+    for peer, fn in (fits if fit else ()):
         try:
             dt, _ = _timed(fn)
         except Exception as exc:
@@ -436,8 +473,20 @@ def bench_ts_large(n, log):
     cal = TemperatureScaling().fit(z, y)
     t = float(cal.temperature_)
     zt = torch.as_tensor(z)
+    import confcal.calibrators.temperature.ts as ts_mod
+
+    def numpy_path(dtype):
+        # the core install's path (torch not imported): the torch path's size threshold out of reach
+        keep, ts_mod.TORCH_MIN_ELEMENTS = ts_mod.TORCH_MIN_ELEMENTS, 1 << 62
+        try:
+            return cal.predict_proba(z, dtype=dtype)
+        finally:
+            ts_mod.TORCH_MIN_ELEMENTS = keep
+
     preds = [("confcal (float32 out)", lambda: cal.predict_proba(z)),
              ("confcal (float64 out)", lambda: cal.predict_proba(z, dtype=np.float64)),
+             ("confcal numpy path, float32 out (core install: torch not imported)", lambda: numpy_path(np.float32)),
+             ("confcal numpy path, float64 out (core install)", lambda: numpy_path(np.float64)),
              *_peer_predicts(z, y, zt),
              ("torch softmax(z / T), float32", lambda: torch.softmax(zt / t, 1)),
              ("numpy softmax(z / T), float32", lambda: _softmax(z / np.float32(t)))]
@@ -815,7 +864,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="one CIFAR file, one rep, small sizes (smoke run)")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--parts", default="fits,ts,metrics,startup")
+    ap.add_argument("--parts", default="fits,ts,metrics,startup",
+                    help="comma-separated: fits (the CIFAR fit rows, see --methods), ts (TS fit and predict_proba "
+                         "on 1M x 100), ts-predict (only the predict_proba rows of ts), metrics, startup")
     ap.add_argument("--methods", default=",".join(FITS), help="fit rows, comma-separated: " + ", ".join(FITS))
     ap.add_argument("--data", default=",".join(FILES))
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "peers.md")
@@ -862,8 +913,8 @@ def main(argv=None):
         rows += bench_startup(log)
     if "metrics" in parts:
         rows += bench_metrics(n_ece, 10_000, n_large, log)
-    if "ts" in parts:
-        rows += bench_ts_large(n_ts, log)
+    if "ts" in parts or "ts-predict" in parts:  # ts-predict: the predict_proba rows without the 1M-row fits
+        rows += bench_ts_large(n_ts, log, fit="ts" in parts)
     if "fits" in parts:
         rows += bench_fits(names, reps, a.methods.split(","), log)
     write(rows)

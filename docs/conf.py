@@ -59,15 +59,64 @@ sphinx_gallery_conf = {
     "within_subsection_order": "FileNameSortKey",
 }
 
-html_theme = "alabaster"
+# the PyData theme, as scikit-learn and MAPIE use (a maintained theme; pinned in the docs extra)
+html_theme = "pydata_sphinx_theme"
 html_title = f"confcal {release}"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["confcal.css"]  # wide tables wrap inside the page (the methods table at 1400 px)
+html_theme_options = {
+    "navbar_align": "left",
+    "show_toc_level": 2,
+    "header_links_before_dropdown": 4,
+    "secondary_sidebar_items": ["page-toc"],
+    "footer_start": ["copyright"],
+    "footer_end": ["sphinx-version", "theme-version"],
+}
+# the guide pages are one level deep (the header lists them): no empty section-navigation column,
+# so the methods table has the page's width
+html_sidebars = {"index": [], "install": [], "guide/*": [], "contributing": []}
+
+
+def _duplicate_alias(module: str, name: str) -> bool:
+    """True when ``module.name`` is a re-export that another page already documents as the alias of
+    the same class: a class defined in ``confcal.calibrators.temperature.ts`` is exported by its
+    family package (``confcal.calibrators.temperature``) and by ``confcal.calibrators``; the
+    shortest exporting package keeps the alias entry, the defining module the object itself, and
+    the pages of the other exporters are written with ``:no-index:`` (two aliases of one canonical
+    name are a "duplicate object description" under -W)."""
+    import importlib
+
+    try:
+        obj = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return False
+    canon = getattr(obj, "__module__", module)
+    if canon == module or not canon.startswith(module + "."):
+        return False
+    parts = canon.split(".")
+    exporters = []
+    for i in range(2, len(parts)):  # confcal.calibrators, confcal.calibrators.temperature, ...
+        pkg = importlib.import_module(".".join(parts[:i]))
+        if name in getattr(pkg, "__all__", ()):
+            exporters.append(pkg.__name__)
+    return bool(exporters) and module != exporters[0]
+
+
+autosummary_context = {"duplicate_alias": _duplicate_alias}
+# a function in the config cannot be pickled for incremental builds; make docs regenerates the API pages
+suppress_warnings = ["config.cache"]
+
+#: class attributes that are the calibrators' internal validation tables (their reprs are constraint
+#: objects, not documentation): left off the API pages
+_INTERNAL_MEMBERS = {"hyper_constraints", "fitted_constraints", "hyper_rules", "hyper_parameter_rules"}
 
 
 def _skip_member(app, what, name, obj, skip, options):
     # scikit-learn adds set_{fit,score,...}_request methods for metadata routing; their docstrings
     # cite scikit-learn's own glossary, which this site does not have
     if name.startswith("set_") and name.endswith("_request"):
+        return True
+    if name in _INTERNAL_MEMBERS:
         return True
     return None
 

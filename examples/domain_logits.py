@@ -26,6 +26,9 @@ files and draws nothing, so the documentation build does not run it.
 
 from __future__ import annotations
 
+# the gallery's thumbnail: this script draws nothing (docs/_static/domain_logits_thumb.py draws it)
+# sphinx_gallery_thumbnail_path = '_static/domain_logits_thumb.png'
+
 import argparse
 import json
 import sys

@@ -51,8 +51,8 @@ def test_seed_workflow(tmp_path, capsys):
     assert set(groups) == {"(all)", "kitti", "rareplanes"}
     assert groups["(all)"]["d_ece"] < 0.03  # held-out D-ECE after per-sensor Platt (raw: ~0.04)
     worst = max(g["d_ece"] for g in groups.values())
-    assert main(ev + ["--max-ece", str(round(worst + 0.005, 3))]) == 0
-    assert main(ev + ["--max-ece", str(round(worst - 0.005, 3))]) == 3
+    assert main(ev + ["--max-ece", str(round(worst + 0.005, 3)), "--gate-rule", "point"]) == 0
+    assert main(ev + ["--max-ece", str(round(worst - 0.005, 3)), "--gate-rule", "point"]) == 3
     # one queue over both sensors, linked to the calibrator
     assert main(["rank", "--detections", str(k_det), "--gt", str(k_gt), "--domain-name", "kitti",
                  "--detections", str(r_det), "--gt", str(r_gt), "--domain-name", "rareplanes",

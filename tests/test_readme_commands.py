@@ -118,7 +118,9 @@ def test_readme_blocks_run_in_order(tmp_path):
         ran += 1
     assert ran >= 4
     for name in ("val.npz", "test.npy", "cal.json", "probs.npy", "head.onnx"):
-        assert (work / name).is_file(), f"the README's blocks did not write {name}"
+        assert (work / "work" / name).is_file(), f"the README's blocks did not write work/{name}"
+    # everything the walkthrough writes goes to work/ (ignored by git), none of it into the clone's root
+    assert sorted(p.name for p in work.iterdir()) == ["examples", "work"], sorted(p.name for p in work.iterdir())
 
 
 GUIDE_RUN = [(p, b) for p in sorted((REPO / "docs" / "guide").glob("*.md")) for b in blocks(p) if b["marker"] == "run"]

@@ -80,7 +80,10 @@ def test_json_side_file_holds_the_numbers_at_full_precision(files, capsys):
     assert row["d_ece_interval"][0] <= row["d_ece_interval"][1]
     html = (files / "r.html").read_text()
     assert f"{row['d_ece']:.4f}" in html and repr(row["d_ece"]) not in html.split("title=")[0]
-    assert [v["pass"] for v in numbers["verdict"]] == [v["value"] <= 0.08 for v in numbers["verdict"]]
+    # the default rule (confident): a group fails when its lower bound is above the limit
+    assert all(v["rule"] == "confident" for v in numbers["verdict"])
+    assert [v["pass"] for v in numbers["verdict"]] == [v["ece_lower"] <= 0.08 for v in numbers["verdict"]]
+    assert all(v["ece_lower"] <= v["value"] <= v["ece_upper"] for v in numbers["verdict"])
 
 
 def test_json_side_file_never_replaces_an_input(files, capsys):

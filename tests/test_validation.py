@@ -57,8 +57,12 @@ def test_wrong_rank(shape):
 def test_empty_and_single_class():
     with pytest.raises(ValueError, match="at least 1 sample"):
         check_logits(np.zeros((0, 3)))
+    # (n, 1) is a one-logit binary model (issue 40): the two-class rows [0, z] / [1 - p, p]
+    z = np.array([[-2.0], [0.5]])
+    np.testing.assert_array_equal(check_logits(z), [[0.0, -2.0], [0.0, 0.5]])
+    np.testing.assert_allclose(np.exp(check_logits(np.array([[0.25]]), input_kind="probs")), [[0.75, 0.25]])
     with pytest.raises(ValueError, match="n_classes >= 2"):
-        check_logits(np.zeros((4, 1)))
+        check_logits(np.zeros((4, 0)))
 
 
 def test_non_numeric():

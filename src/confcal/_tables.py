@@ -17,7 +17,7 @@ def format_table(rows: list[dict], columns: list[str], *, floatfmt: str = ".4f")
         return str(v)
 
     cells = [[fmt(r.get(c, "")) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]  # no rows: the header
     lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths))]
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]

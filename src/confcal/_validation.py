@@ -12,6 +12,7 @@ __all__ = [
     "renamed_seed",
     "as_numpy",
     "check_logits",
+    "one_logit_rows",
     "check_probs",
     "check_labels",
     "check_domains",
@@ -62,6 +63,18 @@ def _looks_like_probs(x: np.ndarray) -> bool:
     return bool(np.all(np.abs(x.sum(axis=1, dtype=np.float64) - 1.0) <= tol))
 
 
+def one_logit_rows(x: np.ndarray, input_kind: str = "logits") -> np.ndarray:
+    """A one-logit binary model's ``(n, 1)`` (or ``(n,)``) output as the two-class rows that
+    ``predict_proba`` and every metric read: logits ``[0, z]`` (``softmax([0, z])[:, 1] = sigmoid(z)``),
+    probabilities ``[1 - p, p]``; float16 and integers are widened first, as :func:`check_logits` does."""
+    z = np.asarray(x).reshape(-1)
+    if not np.issubdtype(z.dtype, np.floating) or z.dtype == np.float16:
+        z = z.astype(np.float32 if z.dtype == np.float16 else np.float64)
+    if input_kind == "probs":
+        return np.stack([1 - z, z], axis=1)
+    return np.stack([np.zeros_like(z), z], axis=1)
+
+
 def check_logits(logits, *, name: str = "logits", input_kind: str = "logits",
                  copy: bool = False, first_row: int = 0, whole: bool = True) -> np.ndarray:
     """Validate logits of shape ``(n_samples, n_classes)`` and return a float array.
@@ -93,6 +106,8 @@ def check_logits(logits, *, name: str = "logits", input_kind: str = "logits",
         raise ValueError(f"{name}: expected shape (n_samples, n_classes), got shape {x.shape}")
     if x.shape[0] == 0:
         raise ValueError(f"{name}: expected at least 1 sample, got shape {x.shape}")
+    if x.shape[1] == 1:  # a one-logit binary model (sigmoid head): the two-class rows of predict_proba
+        x = one_logit_rows(x, input_kind)
     if x.shape[1] < 2:
         raise ValueError(f"{name}: expected n_classes >= 2, got shape {x.shape}")
     if not np.issubdtype(x.dtype, np.floating) or x.dtype == np.float16:
@@ -152,8 +167,8 @@ def check_probs(probs, *, name: str = "probs", keep_dtype: bool = False) -> np.n
         raise TypeError(f"{name}: expected a float array, got dtype {p.dtype}")
     if p.dtype != np.float32 or p.ndim == 1:  # 1 - p of a 1-D input is formed in float64, as always
         p = p.astype(np.float64, copy=False)  # validation only reads it
-    if p.ndim == 1:
-        p = np.stack([1.0 - p, p], axis=1)
+    if p.ndim == 1 or (p.ndim == 2 and p.shape[1] == 1):  # a sigmoid model's positive-class probability
+        p = np.stack([1.0 - p.reshape(-1), p.reshape(-1)], axis=1)
     if p.ndim != 2:
         raise ValueError(f"{name}: expected shape (n_samples, n_classes) or (n_samples,), got {p.shape}")
     if p.shape[0] == 0:

@@ -286,15 +286,23 @@ def build_queue(tile_ids, priority, *, domains=None, quota=None, secondary=None,
 
     Parameters
     ----------
-    tile_ids, priority : ``(n_tiles,)``
-    domains : ``(n_tiles,)`` domain/sensor id per tile (needed with ``quota``)
-    quota : see :func:`quota_order`; None = pure priority order
-    secondary, tie_tolerance : ``(n_tiles,)`` secondary key and relative band width that break
+    tile_ids, priority
+        ``(n_tiles,)``
+    domains
+        ``(n_tiles,)`` domain/sensor id per tile (needed with ``quota``)
+    quota
+        See :func:`quota_order`; None = pure priority order
+    secondary, tie_tolerance
+        ``(n_tiles,)`` secondary key and relative band width that break
         near-ties of ``priority`` (see :func:`tie_broken_order`); quotas then act on that order
-    **columns : further ``(n_tiles,)`` arrays carried along (e.g. ``n_boxes``, ``top_score``)
+    **columns
+        Further ``(n_tiles,)`` arrays carried along (e.g. ``n_boxes``, ``top_score``)
 
-    Returns a dict of arrays in queue order: ``rank`` (1-based), ``image_id``,
-    ``domain`` (if given), ``priority`` and the extra columns.
+    Returns
+    -------
+    dict of ndarray
+        Arrays in queue order: ``rank`` (1-based), ``image_id``, ``domain`` (if given), ``priority``
+        and the extra columns.
     """
     t = _ids(tile_ids, "tile_ids")
     p = as_numpy(priority, "priority").astype(np.float64)

@@ -48,13 +48,42 @@ def digits_logits(random_state: int = 0, *, seed: int | None = None) -> DemoData
     return DemoData(logits[:half], y[held][:half], logits[half:], y[held][half:])
 
 
+#: the fit record's provenance command of a manifest the demo wrote (it may replace its own files)
+DEMO_COMMAND = "confcal demo"
+
+
+def _demo_wrote(path: Path) -> bool:
+    import json
+
+    try:
+        m = json.loads(path.read_text(encoding="utf-8-sig"))
+        return str(m["fit"]["provenance"]["command"]).startswith(DEMO_COMMAND)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def check_demo_folder(output_dir, *, plot: bool = True, force: bool = False) -> None:
+    """Refuse (``ValueError`` naming ``--output-dir``) to replace a ``calibrator.json`` or
+    ``reliability.png`` in ``output_dir`` that an earlier demo did not write, unless ``force``."""
+    out = Path(output_dir)
+    manifest, png = out / "calibrator.json", out / "reliability.png"
+    own = manifest.is_file() and _demo_wrote(manifest)
+    taken = [p for p in ((manifest,) + ((png,) if plot else ())) if p.exists() and not own]
+    if taken and not force:
+        raise ValueError(f"--output-dir: {str(output_dir)!r} already holds {taken[0].name}, which the demo did not "
+                         "write; choose another folder or pass --force to replace it")
+
+
 def run_demo(output_dir="confcal-demo", *, random_state: int = 0, plot: bool = True, echo=print,
-             seed: int | None = None) -> dict:
+             seed: int | None = None, force: bool = False) -> dict:
     """Fit temperature scaling on the digits calibration half and report on the test half.
 
     Prints a before/after metric table and the reliability tables, writes the
     manifest and a reliability-diagram PNG to ``output_dir``; returns the numbers.
+    A ``calibrator.json`` / ``reliability.png`` already there is replaced only when an earlier demo
+    wrote it (its fit record says so) or with ``force`` (:func:`check_demo_folder`, ``ValueError``).
     """
+    check_demo_folder(output_dir, plot=plot, force=force)
     from confcal._tables import format_table, metrics_rows
     from confcal.io import save_manifest
 
@@ -80,6 +109,8 @@ def run_demo(output_dir="confcal-demo", *, random_state: int = 0, plot: bool = T
 
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    ts.fit_record_["provenance"] = {"inputs": {}, "command": f"{DEMO_COMMAND} (scikit-learn digits, seed "
+                                                             f"{int(random_state if seed is None else seed)})"}
     save_manifest(ts, out / "calibrator.json")
     echo("")
     echo(f"wrote {out / 'calibrator.json'}")

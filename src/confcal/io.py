@@ -50,15 +50,24 @@ def check_not_an_input(output, inputs: dict) -> None:
 
 
 def _local_path(spec) -> str | None:
-    """The real local path behind an input spec or output (a glob: its fixed folder part); None for
-    a URL (``s3://...``), which is not ours to compare."""
+    """The real local path behind an input spec (a glob that names no existing path, as the Dask
+    engine reads: its fixed folder part); None for a URL (``s3://...``), which is not ours to compare."""
     text = str(spec)
     if "://" in text:
         return None
     path = str(split_spec(text)[0])
-    if any(ch in path for ch in "*?["):
+    if any(ch in path for ch in "*?[") and not os.path.exists(path):
         path = os.path.dirname(path.split("*")[0].split("?")[0].split("[")[0]) or "."
     return os.path.realpath(path)
+
+
+def _output_path(output) -> str | None:
+    """The real local path of an output exactly as typed: never a glob, never split at ':' (a
+    folder named ``run[1]`` or ``exp*`` is a folder); None for a URL."""
+    text = os.fspath(output) if isinstance(output, os.PathLike) else str(output)
+    if "://" in text:
+        return None
+    return os.path.realpath(text)
 
 
 def is_parquet_dataset(folder) -> bool:
@@ -93,7 +102,7 @@ def guard_outputs(outputs: dict, inputs: dict, *, dataset_folders: tuple[str, ..
     for opt, output in outputs.items():
         if output is None:
             continue
-        out = _local_path(output)
+        out = _output_path(output)
         if out is None:
             continue
         if out in seen:

@@ -87,13 +87,21 @@ class LocalEngine:
 
     Parameters
     ----------
-    sources : ``{name: Source or None}`` (None: an absent optional column, never in a batch)
-    batch_rows : rows per batch (default: about ``batch_bytes`` of all sources per batch)
-    batch_bytes : default 64 MB
-    progress : tqdm bar per pass on stderr (``None``: when stderr is a terminal)
-    reference : the name whose row count the alignment message quotes
+    sources
+        ``{name: Source or None}`` (None: an absent optional column, never in a batch)
+    batch_rows
+        Rows per batch (default: about ``batch_bytes`` of all sources per batch)
+    batch_bytes
+        Default 64 MB
+    progress
+        Tqdm bar per pass on stderr (``None``: when stderr is a terminal)
+    reference
+        The name whose row count the alignment message quotes
 
-    Raises ``ValueError`` when the sources have different numbers of rows.
+    Raises
+    ------
+    ValueError
+        When the sources have different numbers of rows.
     """
 
     sources: dict

@@ -66,6 +66,10 @@ def reliability_svg(stages: dict, title: str) -> str:
             top.bar(lo, acc, width=w, align="edge", color="#4c72b0", edgecolor="black", lw=0.5)
             top.bar(lo, np.abs(conf - acc) * (cnt > 0), bottom=np.minimum(conf, acc), width=w, align="edge",
                     color="#dd8452", alpha=0.5)
+            if rel and "lower" in rel[0]:  # the per-bin Clopper-Pearson interval of the accuracy, as a band
+                from confcal.report_checks import draw_bands
+
+                draw_bands(top, rel)
             top.plot([0, 1], [0, 1], "k--", lw=1)
             top.set_xlim(0, 1)
             top.set_ylim(0, 1)
@@ -121,19 +125,34 @@ def _table(rows: list[dict], cols: list[str]) -> str:
     return f"<div class=scroll><table><tr>{head}</tr>{body}</table></div>"
 
 
-def report_verdict(audits: dict, max_ece: float | None) -> list[dict]:
+def report_verdict(audits: dict, max_ece: float | None, *, checks: dict | None = None, gate_rule: str | None = None,
+                   gate_test: str | None = None) -> list[dict]:
     """Pass / fail of each group (pooled, then each domain) of the last stage against ``max_ece``,
-    by the rule ``confcal evaluate`` gates with (:func:`confcal.evaluation.audit.ece_violations`):
-    ``[{"group", "metric", "value", "limit", "pass"}]``; empty without a limit."""
+    by the rule ``confcal evaluate`` gates with (:mod:`confcal.evaluation.gate`):
+    ``[{"group", "metric", "value", "limit", "pass", "rule", "ece_lower", "ece_upper", "p_value"}]``;
+    empty without a limit. ``checks``: ``{group: calibration block}`` of the last stage (without it,
+    the point rule: :func:`confcal.evaluation.audit.ece_violations`)."""
     if max_ece is None:
         return []
     from confcal.evaluation.audit import ece_violations
 
     a = list(audits.values())[-1]
     key = gate_metric(a)
-    bad = {g for g, _ in ece_violations(a, max_ece)}
-    return [{"group": g, "metric": key, "value": m[key], "limit": float(max_ece), "pass": g not in bad}
-            for g, m in a["groups"].items()]
+    if checks is None:
+        bad = {g for g, _ in ece_violations(a, max_ece)}
+        return [{"group": g, "metric": key, "value": m[key], "limit": float(max_ece), "pass": g not in bad,
+                 "rule": "point"} for g, m in a["groups"].items()]
+    from confcal.evaluation.gate import check_gate, group_record
+
+    ece_violations(a, max_ece)  # the limit's range check
+    rule, _, test = check_gate(gate_rule, checks[next(iter(checks))]["alpha"], gate_test)
+    out = []
+    for g, m in a["groups"].items():
+        r = group_record(m[key], checks[g], float(max_ece), rule, test)
+        out.append({"group": g, "metric": key, "value": m[key], "limit": float(max_ece), "pass": not r["fail"],
+                    "rule": rule, "alpha": checks[g]["alpha"], "test": test if rule == "test" else None,
+                    "ece_lower": r["ece_lower"], "ece_upper": r["ece_upper"], "p_value": r.get("p_value")})
+    return out
 
 
 def _verdict_html(verdict: list[dict], stage: str) -> str:
@@ -141,17 +160,47 @@ def _verdict_html(verdict: list[dict], stage: str) -> str:
         return "<p class='verdict none'>No limit given (--max-ece): no verdict</p>"
     failed = [v for v in verdict if not v["pass"]]
     name = verdict[0]["metric"].upper().replace("_", "-")
+    from confcal.evaluation.gate import rule_sentence
+
+    v0 = verdict[0]
     head = (f"<p class='verdict {'fail' if failed else 'pass'}'>{'FAIL' if failed else 'PASS'}: "
-            f"{len(failed)} of {len(verdict)} groups above {name} &le; {verdict[0]['limit']:g} ({html.escape(stage)})</p>")
+            f"{len(failed)} of {len(verdict)} groups above {name} &le; {v0['limit']:g} ({html.escape(stage)})</p>"
+            f"<p>Decided by <b>--gate-rule {html.escape(v0['rule'])}</b>: "
+            + html.escape(rule_sentence(v0["rule"], v0.get("alpha", 0.05), v0.get("test"))) + "</p>")
+    cols = ["group", name, "limit", "verdict"]
     rows = [{"group": v["group"], name: v["value"], "limit": v["limit"], "verdict": "pass" if v["pass"] else "FAIL"}
             for v in verdict]
-    return head + _table(rows, ["group", name, "limit", "verdict"])
+    if "ece_lower" in v0:
+        level = f"{1 - v0['alpha']:g}"
+        cols[2:2] = [f"{level} interval (simultaneous over bins)"] + (["p-value"] if v0["rule"] == "test" else [])
+        for r, v in zip(rows, verdict):
+            r[cols[2]] = f"[{v['ece_lower']:.4f}, {v['ece_upper']:.4f}]"
+            if v0["rule"] == "test":
+                r["p-value"] = f"{v['p_value']:.3g}"
+    return head + _table(rows, cols)
+
+
+#: most bins a report draws and tabulates: its diagrams and per-bin tables grow with the bins (600 rows
+#: at 100,000 bins took 505 s, 6.5 GB and wrote 145 MB), and no figure resolves more
+REPORT_MAX_BINS = 500
+
+
+def check_report_bins(n_bins, n_rows: int) -> int:
+    """``n_bins`` when a report of ``n_rows`` rows can use it: at most :data:`REPORT_MAX_BINS` and at most
+    one bin per row (more bins than rows only adds empty ones). Raises ``ValueError`` naming the limit."""
+    limit = max(1, min(REPORT_MAX_BINS, int(n_rows)))
+    if isinstance(n_bins, bool) or not isinstance(n_bins, (int, np.integer)) or not 1 <= n_bins <= limit:
+        why = f"{n_rows} rows" if limit < REPORT_MAX_BINS else f"a report draws at most {REPORT_MAX_BINS}"
+        raise ValueError(f"n_bins: expected an integer in [1, {limit}] ({why}; one bin per row at most), "
+                         f"got {n_bins!r}")
+    return int(n_bins)
 
 
 def build_report(stages: dict, labels, *, domains=None, manifest: dict | None = None, queue_csv=None,
                  queue_head: int = 20, n_bins: int = 15, n_draws: int = 200, max_ece: float | None = None,
                  title: str = "confcal calibration report", box_features: dict | None = None,
-                 verdict_out: list | None = None, numbers_out: dict | None = None) -> str:
+                 verdict_out: list | None = None, numbers_out: dict | None = None, gate_rule: str | None = None,
+                 alpha: float | None = None, gate_test: str | None = None) -> str:
     """The report as an HTML string.
 
     Parameters
@@ -165,6 +214,8 @@ def build_report(stages: dict, labels, *, domains=None, manifest: dict | None = 
         rows are shown)
     n_draws : bootstrap resamples for the 95% intervals of ECE/D-ECE and Brier
     max_ece : optional limit; the page opens with pass / fail per group (:func:`report_verdict`)
+    gate_rule, alpha, gate_test : the gate rule of that verdict, the level of the intervals and tests
+        (:mod:`confcal.evaluation.gate`; None: its defaults)
     verdict_out : optional list, extended with that verdict
     numbers_out : optional dict, filled with the page's numbers at full precision (the HTML rounds them):
         ``verdict``, ``metrics`` (one row per stage and group, with the bootstrap intervals as
@@ -177,8 +228,13 @@ def build_report(stages: dict, labels, *, domains=None, manifest: dict | None = 
     str, a complete HTML document.
     """
     labels = np.asarray(labels)
+    n_bins = check_report_bins(n_bins, labels.shape[0])  # before any work: the bins scale the page
     audits = {k: calibration_audit(p, labels, domains=domains, n_bins=n_bins) for k, p in stages.items()}
-    verdict = report_verdict(audits, max_ece)
+    from confcal.report_checks import stage_checks
+
+    checks = stage_checks(stages, labels, audits, domains=domains, n_bins=n_bins, alpha=alpha)
+    verdict = report_verdict(audits, max_ece, checks=checks[list(audits)[-1]], gate_rule=gate_rule,
+                             gate_test=gate_test)
     if verdict_out is not None:  # the CLI's exit status reads the same verdict the page shows
         verdict_out.extend(verdict)
     first = next(iter(audits.values()))
@@ -197,7 +253,8 @@ def build_report(stages: dict, labels, *, domains=None, manifest: dict | None = 
             m = a["groups"][g]
             lo, hi = bootstrap_interval(e_fn, p[idx], labels[idx], n_draws=n_draws)
             blo, bhi = bootstrap_interval(brier, p[idx], labels[idx], n_draws=n_draws, seed=1)
-            flag = max_ece is not None and stage == list(audits)[-1] and m[key] > max_ece
+            flag = max_ece is not None and stage == list(audits)[-1] and any(
+                v["group"] == g and not v["pass"] for v in verdict)
             rows.append({"stage": stage, "domain": g, "n": m["n"], acc: m[acc],
                          key: f"{m[key]:.4f} [{lo:.4f}, {hi:.4f}]" + (" (above limit)" if flag else ""),
                          "nll": m["nll"], "brier": f"{m['brier']:.4f} [{blo:.4f}, {bhi:.4f}]"})
@@ -206,7 +263,9 @@ def build_report(stages: dict, labels, *, domains=None, manifest: dict | None = 
                           "brier": float(m["brier"]), "brier_interval": [float(blo), float(bhi)]})
     if numbers_out is not None:
         numbers_out.update({"metric": key, "max_ece": max_ece, "n_bins": int(n_bins), "n_draws": int(n_draws),
-                            "verdict": verdict, "metrics": exact})
+                            "verdict": verdict, "metrics": exact, "calibration": checks})
+    from confcal.report_checks import checks_html, with_bands
+
     parts = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
              f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>",
              f"<p>{labels.shape[0]} {'boxes (box scores)' if binary else 'samples'}; {n_bins} equal-width bins; "
@@ -214,9 +273,10 @@ def build_report(stages: dict, labels, *, domains=None, manifest: dict | None = 
              + (f"Limit {key} &le; {max_ece:g}." if max_ece is not None else "") + "</p>",
              "<h2>Verdict</h2>", _verdict_html(verdict, list(audits)[-1]),
              "<h2>Metrics</h2>", _table(rows, ["stage", "domain", "n", acc, key, "nll", "brier"]),
+             checks_html(checks, key, _table),
              "<h2>Reliability diagrams and confidence histograms</h2>"]
     for g in groups:
-        svg = reliability_svg({s: a["groups"][g] for s, a in audits.items()},
+        svg = reliability_svg({s: with_bands(a["groups"][g], checks[s][g]) for s, a in audits.items()},
                               "all samples" if g == ALL else f"domain {g}")
         parts.append(f"<figure>{svg}<figcaption>{html.escape('all samples' if g == ALL else 'domain ' + g)}"
                      "</figcaption></figure>")
@@ -262,7 +322,8 @@ def _provenance_html(manifest: dict) -> list[str]:
 def build_multilabel_report(stages: dict, labels, *, manifest: dict | None = None, n_bins: int = 15,
                             n_draws: int = 200, max_ece: float | None = None, max_diagrams: int = 8,
                             title: str = "confcal calibration report (sigmoid head)",
-                            verdict_out: list | None = None, numbers_out: dict | None = None) -> str:
+                            verdict_out: list | None = None, numbers_out: dict | None = None,
+                            gate_rule: str | None = None, alpha: float | None = None, gate_test: str | None = None) -> str:
     """The report of a sigmoid head (multi-hot labels) as an HTML string.
 
     ``stages``: ``{name: (n_samples, n_labels) label probabilities}``; ``labels`` multi-hot
@@ -281,13 +342,20 @@ def build_multilabel_report(stages: dict, labels, *, manifest: dict | None = Non
     first = np.asarray(next(iter(stages.values())))
     y = check_multihot(labels, first.shape[0], first.shape[1])
     n, n_labels = y.shape
-    results = {k: multilabel_metrics(p, y, n_bins=n_bins) for k, p in stages.items()}
+    n_bins = check_report_bins(n_bins, n)
+    from confcal.evaluation.gate import check_gate
+    from confcal.evaluation.multilabel import multilabel_violations
+
+    gate_rule, alpha, gate_test = check_gate(gate_rule, alpha, gate_test)
+    results = {k: multilabel_metrics(p, y, n_bins=n_bins, checks=True, alpha=alpha) for k, p in stages.items()}
     last = list(results)[-1]
     verdict = []
     if max_ece is not None:
         m = results[last]
         groups = [(f"label {j}", r["ece"]) for j, r in enumerate(m["per_label"])] + [("mean", m["mean"]["ece"])]
-        verdict = [{"group": g, "metric": "ece", "value": v, "limit": float(max_ece), "pass": not v > max_ece}
+        bad = {g for g, _ in multilabel_violations(m, float(max_ece), gate_rule=gate_rule, gate_test=gate_test)}
+        verdict = [{"group": g, "metric": "ece", "value": v, "limit": float(max_ece), "pass": g not in bad,
+                    "rule": gate_rule, "alpha": alpha, "test": gate_test if gate_rule == "test" else None}
                    for g, v in groups]
     if verdict_out is not None:
         verdict_out.extend(verdict)

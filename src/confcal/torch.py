@@ -18,13 +18,18 @@ class CalibratedModel(nn.Module):
 
     Parameters
     ----------
-    model : ``nn.Module`` whose output is what the calibrator was fitted on: logits ``(n, K)``
+    model
+        ``nn.Module`` whose output is what the calibrator was fitted on: logits ``(n, K)``
         (probabilities when the calibrator has ``input_kind="probs"``; box scores ``(n,)`` for
         ``det-ts`` / ``det-platt``)
-    calibrator : a fitted calibrator, its manifest (dict or path), or a head from
+    calibrator
+        A fitted calibrator, its manifest (dict or path), or a head from
         :func:`confcal.export.to_torch`
-    dtype : the box maps' score dtype (see :func:`confcal.export.to_torch`)
+    dtype
+        The box maps' score dtype (see :func:`confcal.export.to_torch`)
 
+    Notes
+    -----
     ``index`` is the int64 ``(n,)`` group index of grouped calibrators
     (:func:`confcal.export.group_index`; unseen ids use the pooled fit). The output is the
     calibrated probabilities ``(n, K)`` in the model output's dtype, equal to

@@ -1,5 +1,5 @@
 """T14 (issue 21): every field of a manifest's fit record is checked on load against its constraint
-table (:data:`confcal.calibrators.protocol.constraints.FIT_RECORD`: type, range, finiteness, allowed keys).
+table (:data:`confcal.calibrators.protocol.fit_record.FIT_RECORD`: type, range, finiteness, allowed keys).
 
 A damaged field is named in ONE warning (field path, expected, found, file) and never blocks ``apply``
 (the fitted map is checked apart and used as is); ``drift``, which reads ``fit.data_summary`` and

@@ -83,7 +83,7 @@ def test_drift_quantile_range_follows_the_fit_input_kind(tmp_path, capsys):
     input kind; above 1 is refused, test above); a box-score fit's are the detector's scores: raw logit
     scores (``input_kind="logits"``, det-platt's default) may be any finite value, and a summary of
     scores in [-4, 6] loads and drift runs on it; box probabilities (``"probs"``) must lie in [0, 1]."""
-    from confcal.calibrators.protocol.constraints import check_data_summary, summary_holds_probabilities
+    from confcal.calibrators.protocol.fit_record import check_data_summary, summary_holds_probabilities
     from confcal.cli.drift import EXIT_DRIFT
 
     rng = np.random.default_rng(3)

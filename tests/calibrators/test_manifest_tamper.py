@@ -518,3 +518,52 @@ def test_any_json_value_at_any_path_is_refused_in_one_line_or_sound(method, pick
                                                                    "features"), exc
         return
     assert np.all(np.isfinite(p)) and np.allclose(p.sum(axis=1), 1.0)
+
+
+def _all_leaves(obj, path=()):
+    """Paths of every leaf (numbers, strings, booleans, nulls); inside lists only the first item."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _all_leaves(v, path + (k,))
+    elif isinstance(obj, list) and obj:
+        yield from _all_leaves(obj[0], path + (0,))
+    else:
+        yield path
+
+
+def test_auto_selection_record_tampered():
+    """``--method auto`` manifests: every leaf of ``fit.selection`` (the cross-validation table and the
+    choice), tampered, loads the same fitted map (the record never blocks apply) and either warns once
+    naming ``fit.selection`` or still holds a record that its own rule and the manifest agree with."""
+    from confcal.calibrators.protocol.selection_record import check_selection_record, selection_disagrees
+    from confcal.evaluation.selection import select_calibrator
+    from confcal.evaluation.selection_candidates import Candidate
+
+    data = _data(n=300)
+    cands = [Candidate("ts", "ts"), Candidate("vs", "vs", moves_argmax=True)]
+    cal = select_calibrator(data["z"], data["y"], allow_accuracy_change=True, candidates=cands, n_boot=100)
+    manifest = json.loads(json.dumps(cal.to_dict()))
+    want = cal.predict_proba(data["z"])
+    paths = [("fit", "selection") + p for p in _all_leaves(manifest["fit"]["selection"])]
+    assert len(paths) > 20
+    for path in paths:
+        for how in TAMPERS + ("text",):
+            if how == "text":
+                bad = copy.deepcopy(manifest)
+                parent = bad
+                for key in path[:-1]:
+                    parent = parent[key]
+                parent[path[-1]] = "tampered"
+            else:
+                bad = _tamper(manifest, path, how)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                back = calibrator_from_dict(bad)
+            np.testing.assert_allclose(back.predict_proba(data["z"]), want, rtol=1e-12, atol=0)
+            said = [str(w.message) for w in caught if "fit.selection" in str(w.message)]
+            if said:
+                assert len(said) == 1 and "\n" not in said[0]
+                continue
+            record = bad["fit"]["selection"]
+            check_selection_record(record)  # loaded silently: the record must still be sound
+            assert selection_disagrees(record, bad["method"], bad["hyperparameters"]) is None, (how, path)

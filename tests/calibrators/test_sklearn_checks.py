@@ -32,8 +32,8 @@ _BOX = "takes 1-D box scores (n_boxes,) in [0, 1]; scikit-learn passes 2-D featu
 # not follow: ``X`` as features (labels out of range for the logits' width: classifiers_train,
 # sample_weights_shape, ...), the expected message patterns (fit2d_1feature, fit2d_predict1d,
 # empty_data_messages, all_zero_sample_weights_error, regression_target, requires_y_none, sparse
-# inputs), ``n_features_in_``, string class labels (classifiers_classes; a calibrator's labels are
-# class indices of the logits' columns), complex and object dtypes (refused, naming the dtype) and
+# inputs), ``n_features_in_``, string class labels (classifiers_classes: strings are mapped through
+# classes_ in sorted order since issue 44, but the check's X is not logits), complex and object dtypes (refused, naming the dtype) and
 # ``fit(X, y)`` argument names. Listing ~28 expected failures per method for ~40 methods (about
 # 2,500 checks) would cost minutes of ``make test`` and protect nothing the API checks and
 # ``test_common.py`` do not. Two legacy failures are real gaps, left open and reported: a

@@ -529,3 +529,55 @@ def test_equal_mass_edges_lie_between_calibration_scores_and_keep_the_bins(score
     on_edge = np.isin(s, edges)
     for v in s[on_edge]:  # only where the quantile and the next score are adjacent floats
         assert np.nextafter(v, 2.0) in s
+
+
+# ---------------------------------------------------------------- issue 39: the fits without scikit-learn's wrapper
+@pytest.mark.parametrize("case", range(40))
+def test_fit_isotonic_equals_sklearn_thresholds_with_ties_near_ties_and_weights(case):
+    """confcal's own steps (zero weights dropped, sort, near-ties within 1e-15 merged, PAVA, trim)
+    against scikit-learn's IsotonicRegression: the same thresholds exactly, values within 4 ulp of 1."""
+    from sklearn.isotonic import IsotonicRegression
+
+    from confcal.calibrators._fit.univariate import fit_isotonic
+
+    rng = np.random.default_rng(100 + case)
+    n = int(rng.integers(1, 300))
+    s = rng.random(n)
+    if case % 3 == 0:
+        s = np.round(s, 2)  # exact ties
+    if case % 4 == 0:  # a run of near-ties spreading past the resolution (split by the sequential rule)
+        s[: n // 2] = 0.5 + rng.integers(0, 5, n // 2) * 4e-16
+    y = (rng.random(n) < s).astype(float) if case % 5 else rng.random(n)  # 0/1 and real targets
+    w = None if case % 2 else rng.random(n) * (rng.random(n) > 0.2)
+    if w is not None and w.sum() == 0:
+        w[0] = 1.0
+    iso = IsotonicRegression(y_min=0, y_max=1, out_of_bounds="clip").fit(s, y, sample_weight=w)
+    got = fit_isotonic(s, y, sample_weight=w)
+    np.testing.assert_array_equal(got["x"], iso.X_thresholds_)
+    np.testing.assert_allclose(got["y"], iso.y_thresholds_, rtol=0, atol=8.9e-16)
+
+
+@pytest.mark.parametrize("n, bins", [(1, 5), (6, 3), (400, 15), (1000, 7), (57, 57)])
+def test_fit_histogram_unweighted_path_equals_the_weighted_path_and_its_fitted_values_the_map(n, bins):
+    """Without weights the bins come from one sort (no bincount): the same edges and values, bit for
+    bit, as the general path with unit weights; fitted=True gives apply_histogram at the scores."""
+    rng = np.random.default_rng(n)
+    s = np.round(rng.random(n), 2)  # ties
+    y = (rng.random(n) < s).astype(float)
+    fast, at = fit_histogram(s, y, n_bins=bins, fitted=True)
+    general, at_w = fit_histogram(s, y, n_bins=bins, sample_weight=np.ones(n), fitted=True)
+    assert fast == general
+    np.testing.assert_array_equal(at, apply_histogram(fast, s))
+    np.testing.assert_array_equal(at_w, apply_histogram(general, s))
+
+
+def test_histogram_binning_fit_record_from_the_fit_equals_a_fresh_prediction():
+    """The fit record's predictions of the fitted array come from the fit's own bin values
+    (no second search): its metrics equal those of predict_proba on the same logits."""
+    from confcal.calibrators.protocol.manifest import summary_metrics
+
+    x, y = make(700, 6, seed=9)
+    cal = METHODS["histogram-binning"](n_bins=9).fit(x, y)
+    after = summary_metrics(cal.predict_proba(x), y)
+    assert cal.fit_record_["metrics_after"] == after
+    assert cal.fit_record_["argmax_changed"] == float(np.mean(cal.predict(x) != softmax(x).argmax(1)))

@@ -61,12 +61,14 @@ def test_table_output(data, capsys):
     assert run(*base_args(d), "--methods", "ts,test-half") == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0].split()[:3] == ["method", "error", "(%)"]
+    # rates are fractions, as evaluate and report print them (issue 44: one unit for ECE)
+    assert lines[0].split()[:6] == ["method", "error", "Δacc", "smECE", "emECE", "ewECE"]
+    assert "%" not in lines[0] and "rates as fractions" in out
     assert [ln.split()[0] for ln in lines[2:5]] == ["uncalibrated", "ts", "test-half"]
     assert "3 random splits, seed 0; 120 calibration / 180 test samples, 4 classes" in out
     expected = compare_methods(z, y, ["ts", "test-half"], n_splits=3, cal_size=120)
-    smece = expected["test-half"].mean("smece") * 100
-    assert f"{smece:.2f} ±" in lines[4]
+    smece = expected["test-half"].mean("smece")
+    assert f"{smece:.4f} ±" in lines[4]
 
 
 def test_json_matches_library(data, capsys):

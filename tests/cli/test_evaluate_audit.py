@@ -81,10 +81,12 @@ def test_box_scores_per_domain_json_and_gate(tmp_path, rareplanes, capsys):
     # the gate: the largest calibrated D-ECE over groups decides
     worst = max(v["d_ece"] for v in after.values())
     assert json.loads(capsys.readouterr().out or "null") is None
-    assert main(args + ["--max-ece", f"{worst + 1e-6}"]) == 0
+    assert main(args + ["--max-ece", f"{worst + 1e-6}", "--gate-rule", "point"]) == 0
     capsys.readouterr()
-    assert main(args + ["--max-ece", f"{worst - 1e-6}"]) == 3
+    assert main(args + ["--max-ece", f"{worst - 1e-6}", "--gate-rule", "point"]) == 3
     assert "above --max-ece" in capsys.readouterr().err
+    # the default rule (confident) fails only when the lower bound is above the limit: not here
+    assert main(args + ["--max-ece", f"{worst - 1e-6}"]) == 0
     assert main(args + ["--max-ece", "nan"]) == 2
 
 
@@ -105,7 +107,7 @@ def test_class_vectors_per_domain_and_gate(tmp_path, capsys):
     p = softmax(x * 3)
     assert a["groups"]["a"]["ece"] == pytest.approx(ece(p[:100], y[:100]), abs=1e-15)
     assert a["groups"]["b"]["n"] == 200 and "d_ece" not in a["groups"]["b"]
-    assert main(args + ["--max-ece", "0.0"]) == 3
+    assert main(args + ["--max-ece", "0.0", "--gate-rule", "point"]) == 3
 
 
 def test_audit_library():

@@ -54,6 +54,9 @@ def test_fit_apply_evaluate_with_box_features(tmp_path, capsys, method):
     assert g["stages"][method] == pytest.approx(geometry_ece(ref[:, 1], y, r[:, None], 5, 5), rel=1e-12)
     assert g["stages"]["uncalibrated"] == pytest.approx(geometry_ece(np.clip(s, 0, 1), y, r[:, None], 5, 5),
                                                         rel=1e-12)
+    # issue 42: simultaneous 95% bounds over the cells, holding the value
+    for stage, (lo, hi) in g["bounds"].items():
+        assert 0 <= lo <= g["stages"][stage] <= hi <= 1
 
 
 def test_input_without_the_fitted_features_is_refused_naming_them(tmp_path, capsys):

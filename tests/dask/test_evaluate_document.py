@@ -55,7 +55,7 @@ def test_evaluate_json_is_one_document_on_both_engines(case, limit, data, dask_c
     code, _, err = _cli("fit", "--method", method, "--logits", f"{npz}:{x}", "--labels", f"{npz}:{y}",
                         *fit_domains, *extra, "-o", man, capsys=capsys)
     assert code == 0, err
-    gate = ["--max-ece", limit] if limit else []
+    gate = ["--max-ece", limit, "--gate-rule", "point"] if limit else []
     docs, codes = {}, {}
     for where, src, more in (("local", npz, []),
                              ("dask", pq, ["--engine", "dask", "--scheduler", dask_client.scheduler.address])):
@@ -67,14 +67,17 @@ def test_evaluate_json_is_one_document_on_both_engines(case, limit, data, dask_c
     same_document(docs["local"], docs["dask"])
     doc = docs["local"]
     # the documented key set (confcal.evaluation.document)
-    assert set(doc) == {"n_samples", "kind", "n_classes", "n_bins", "metrics", "reliability", "per_domain",
-                        "n_outside", "geometry_d_ece", "limits", "engine"}
+    assert set(doc) == {"n_samples", "kind", "n_classes", "n_bins", "metrics", "reliability", "calibration",
+                        "per_domain", "n_outside", "geometry_d_ece", "limits", "engine"}
     assert list(doc["metrics"]) == ["uncalibrated", method] and len(doc["per_domain"]) >= 2
     want = {"precision", "d_ece", "nll", "brier"} if case == "box" else {
         "accuracy", "ece", "ece_equal_mass", "mce", "nll", "brier"}
     for g in doc["per_domain"].values():
-        assert set(g) == {"n_samples", "metrics", "reliability", "parameters"}
+        assert set(g) == {"n_samples", "metrics", "reliability", "calibration", "parameters"}
         assert all(set(m) == want for m in g["metrics"].values())
     assert (doc["limits"] is None) == (limit is None)
     if limit:
         assert doc["limits"]["verdict"] == "fail" and "(all)" in doc["limits"]["exceeded"]
+        assert doc["limits"]["rule"] == "point"
+        for r in doc["limits"]["groups"].values():  # the interval the verdict shows holds the estimate
+            assert r["ece_lower"] <= r["value"] <= r["ece_upper"]

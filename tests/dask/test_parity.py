@@ -130,9 +130,11 @@ def test_box_scores_evaluate_gate_and_drift_agree_across_engines(dask_client, ki
     d_ece = None
     for limit, status in (("0.01", 3), ("0.5", 0)):
         r_local = confcal("evaluate", "--logits", f"{npz}:score", "--labels", f"{npz}:correct", "--domains",
-                          f"{npz}:domain", "--calibrator", local_man, "--max-ece", limit, "--json")
+                          f"{npz}:domain", "--calibrator", local_man, "--max-ece", limit, "--json",
+                          "--gate-rule", "point")
         r_dask = confcal("evaluate", "--logits", f"{folder}:score", "--labels", f"{folder}:correct", "--domains",
-                         f"{folder}:domain", "--calibrator", local_man, "--max-ece", limit, "--json", *sched)
+                         f"{folder}:domain", "--calibrator", local_man, "--max-ece", limit, "--json", *sched,
+                         "--gate-rule", "point")
         assert (r_local.returncode, r_dask.returncode) == (status, status), (r_local.stderr, r_dask.stderr)
         local, dist = json.loads(r_local.stdout), json.loads(r_dask.stdout)
         for stage in ("uncalibrated", "det-platt"):

@@ -238,11 +238,13 @@ def test_engine_parity(method, kind, matrix_data, dask_client, tmp_path, capsys,
     gate = "d_ece" if "d_ece" in after else "ece"
     # half the calibrated value: exit 3 on both (a value 0 up to rounding: 1e-9, exit 0 on both)
     limit = f"{max(0.5 * after[gate], 1e-9):.6g}"
-    runs = {}
-    for where, args, more in (("local", ev_l, []), ("dask", ev_d, sched)):
-        runs[where] = _cli("evaluate", *args, "--calibrator", man_l, "--max-ece", limit, "--json", *more,
-                           capsys=capsys)
-    _same_evaluation(method, kind, runs["local"], runs["dask"])
+    # every gate rule (issue 42): the same verdict, intervals and test p-values on both engines
+    for rule in ("point", "confident", "test"):
+        runs = {}
+        for where, args, more in (("local", ev_l, []), ("dask", ev_d, sched)):
+            runs[where] = _cli("evaluate", *args, "--calibrator", man_l, "--max-ece", limit, "--json",
+                               "--gate-rule", rule, *more, capsys=capsys)
+        _same_evaluation(method, kind, runs["local"], runs["dask"])
 
     # apply with the dask-fitted manifest on both engines
     out_l, out_d = tmp_path / "probs.npy", tmp_path / "probs.parquet"

@@ -84,12 +84,25 @@ def make_data(seed=0, n=400, k=5, scale=3.0):
     return logits, labels
 
 
+def _uncertainty_oracle(probs, labels):
+    """The issue-42 columns from their public functions on the top-label pairs."""
+    from confcal.metrics import bias_corrected_ece, ece_bounds, kuiper_test
+    from confcal.metrics._binning import bin_sums
+
+    conf = probs.max(axis=1)
+    correct = probs.argmax(axis=1) == labels
+    c, s, h, _ = bin_sums(conf, correct, 15, "equal_width")
+    return {"ece_bc": bias_corrected_ece(c, s, h), "ece_lower": ece_bounds(c, s, h, 0.05)[0],
+            "kuiper_reject": float(kuiper_test(conf, correct).p_value <= 0.05)}
+
+
 def direct_metrics(probs, labels):
     return {
         "error": 1.0 - accuracy(probs, labels),
         "smece": smooth_ece(probs, labels),
         "ece_em": ece(probs, labels, 15, "equal_mass"),
         "ece_ew": ece(probs, labels, 15, "equal_width"),
+        **_uncertainty_oracle(probs, labels),
         "nll": nll(probs, labels),
         "brier": brier_score(probs, labels),
     }
@@ -231,8 +244,8 @@ def test_format_cell():
     assert format_cell(0.12345, 0.0011, percent=True, digits=2) == "12.35 ± 0.11"
     assert format_cell(1.5, None) == "1.5000"
     assert format_cell(None, None) == "–"
-    assert set(METRICS) == {"error", "acc_change", "smece", "ece_em", "ece_ew", "nll", "brier", "cal_nll",
-                            "fit_seconds"}
+    assert set(METRICS) == {"error", "acc_change", "smece", "ece_em", "ece_ew", "ece_bc", "ece_lower",
+                            "kuiper_reject", "nll", "brier", "cal_nll", "fit_seconds"}
 
 
 # ------------------------------------------------------------------ invariants

@@ -40,7 +40,7 @@ _LAZY = {
     "DomainEnsembleTemperatureScaling": "domain.methods", "SetLevelTemperatureScaling": "domain.methods",
     "GroupedTemperatureScaling": "temperature.ts", "TemperatureScaling": "temperature.ts",
     "BiasCorrectedTemperatureScaling": "temperature.bcts",
-    "GroupedCalibrator": "grouping",
+    "GroupedCalibrator": "grouping", "group_key": "protocol.group_keys", "key_parts": "protocol.group_keys",
     "DirichletCalibration": "linear.scaling", "MatrixScaling": "linear.scaling", "VectorScaling": "linear.scaling",
     "EnsembleTemperatureScaling": "temperature.ensemble", "ParameterizedTemperatureScaling": "temperature.parametric",
     "FeatureClipping": "bounding.feature_clipping",
@@ -90,6 +90,6 @@ __all__ = [
     "ScalingBinning", "MarginalScalingBinning", "BetaCalibration", "DetectionBetaCalibration", "PlattOneVsRest",
     "reuse_fits",
     "GeometryLogisticCalibration", "GeometryBetaCalibration", "GeometryHistogramBinning",
-    "MultilabelTemperatureScaling", "MultilabelPlattScaling",
+    "MultilabelTemperatureScaling", "MultilabelPlattScaling", "group_key", "key_parts",
     "BiasCorrectedTemperatureScaling",
 ]

@@ -32,13 +32,14 @@ from confcal.calibrators.protocol.constraints import Choice, Fields, GroupKey, G
     Text, group_keys_of
 from confcal.calibrators._fit.tsfit import CalibrationWarning
 from confcal.calibrators.protocol.base import METHODS, Calibrator, register
+from confcal.calibrators.protocol.group_keys import group_key
 
 __all__ = ["GroupFits", "fit_groups", "group_rows", "route_groups", "GroupedCalibrator", "grouped_fields", "base_rules"]
 
 
 def _plain(v):
-    """A numpy scalar as the plain Python value (JSON-ready; hashes like it)."""
-    return v.item() if hasattr(v, "item") else v
+    """A group id as its key (:func:`confcal.calibrators.group_key`: JSON-ready, hashes like it)."""
+    return group_key(v)
 
 
 def _sorted(keys) -> list:
@@ -322,7 +323,7 @@ class GroupedCalibrator(Calibrator):
         cols = [side[name] for name in self._by()]
         if len(cols) == 1:
             return [_plain(v) for v in cols[0]]
-        return [tuple(_plain(c[i]) for c in cols) for i in range(len(cols[0]))]
+        return [group_key(tuple(c[i] for c in cols)) for i in range(len(cols[0]))]
 
     _what = "group"
 
@@ -370,7 +371,7 @@ class GroupedCalibrator(Calibrator):
 
     @staticmethod
     def _dec(key):
-        return tuple(key) if isinstance(key, list) else key
+        return group_key(key, where="groups")
 
     def _get_fitted(self):
         return {"pooled": self.pooled_._get_fitted(),

@@ -16,12 +16,17 @@ def register(sub):
         "compare", help="compare calibrators over random calibration/test splits",
         description="For each split, fit every method on the calibration part and score it on the test "
                     "part: error rate, smooth ECE, equal-mass and equal-width ECE (15 bins), NLL and "
-                    "Brier score, as mean ± standard error over splits (rates in %). A method that "
+                    "Brier score, as mean ± standard error over splits (rates as fractions, as evaluate and "
+                    "report print them). A method that "
                     "fails is reported in the table; the others still run. With --test-logits/"
                     "--test-labels the whole --logits set calibrates and the test set is fixed.")
     add_logits_args(p, labels=True, side=False)
-    p.add_argument("--methods", required=True, metavar="NAMES",
-                   help="comma-separated method names, e.g. ts,pb,ts+pb (see 'confcal fit --help')")
+    p.add_argument("--methods", metavar="NAMES",
+                   help="comma-separated method names, e.g. ts,pb,ts+pb (see 'confcal fit --help'); required "
+                        "unless --recommend")
+    from confcal.cli._shared.recommend import add_recommend_args
+
+    add_recommend_args(p)
     p.add_argument("--splits", type=int, default=10, help="number of random splits (default 10)")
     p.add_argument("--cal-size", type=int, default=None,
                    help=f"calibration samples per split; the rest is the test set (default {DEFAULT_CAL_SIZE}, "
@@ -63,9 +68,12 @@ def run(args) -> int:
         check_output_path(args.csv, name="--csv")
     if (args.test_logits is None) != (args.test_labels is None):
         raise ValueError("--test-logits, --test-labels: give both for a fixed test set, or neither")
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if not methods:
+    methods = [m.strip() for m in (args.methods or "").split(",") if m.strip()]
+    if not methods and args.methods is not None:
         raise ValueError(f"--methods: expected comma-separated method names, got {args.methods!r}")
+    if not methods and not args.recommend:
+        raise ValueError("--methods: expected comma-separated method names (or --recommend to compare the "
+                         "candidates of --method auto)")
     fixed = {}
     if args.test_logits is not None:
         fixed = {"test_logits": load_array(args.test_logits, name="test_logits"),
@@ -79,8 +87,14 @@ def run(args) -> int:
         args.cal_size = DEFAULT_CAL_SIZE
     inputs = _multilabel.multilabel_inputs(args)
     if inputs is not None:  # a sigmoid head: per-label metrics
+        if args.recommend:
+            raise ValueError("--recommend: for class vectors (n_samples, n_classes); for a multi-label head use "
+                             "'confcal fit --method auto', which prints its cross-validation table")
         return _multilabel.run_compare(args, inputs, methods)
     scores = load_array(args.logits, name="logits")
+    from confcal.cli._shared.recommend import default_methods, print_recommendation
+
+    methods = default_methods(args, scores, methods)
     if scores.ndim == 1:
         return _run_boxes(args, scores, methods)
     if cal_size_default and not fixed and scores.shape[0] < 2:
@@ -101,6 +115,9 @@ def run(args) -> int:
         scores, load_array(args.labels, name="labels"), methods,
         n_splits=args.splits, cal_size=args.cal_size, random_state=args.seed, input_kind=args.input_kind or "logits",
         jobs=args.jobs, progress=args.progress, **fixed, **side)
+    if args.recommend and not args.csv:
+        print_recommendation(args, result)
+        return 0
     if args.json:
         print(result.to_json(indent=2))
         return 0
@@ -109,7 +126,10 @@ def run(args) -> int:
 
         with atomic_write(args.csv, "w") as fh:
             fh.write(neutralise_csv(result.to_csv()))  # method names are typed by the user
-    print(result.to_text())
+    if args.recommend:
+        print_recommendation(args, result)
+    else:
+        print(result.to_text())
     if args.csv:
         print(f"summary -> {args.csv}")
     return 0

@@ -11,11 +11,13 @@ def register(sub):
     p.add_argument("--output-dir", default="confcal-demo", help="where to write the manifest and PNG")
     p.add_argument("--seed", type=int, default=0, help="split seed (default 0)")
     p.add_argument("--no-plot", action="store_true", help="skip the reliability diagram")
+    p.add_argument("--force", action="store_true",
+                   help="replace a calibrator.json / reliability.png in --output-dir that no earlier demo wrote")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from confcal.demo import run_demo
 
-    run_demo(args.output_dir, random_state=args.seed, plot=not args.no_plot)
+    run_demo(args.output_dir, random_state=args.seed, plot=not args.no_plot, force=args.force)
     return 0

@@ -181,7 +181,10 @@ def run_match(args) -> int:
                          "precision": float(res.correct[idx].mean()), "mean_score": float(res.score[idx].mean()),
                          "d_ece15": detection_ece(conf[idx], res.correct[idx], 15)})
         rows.sort(key=lambda r: (r["domain"] != ALL, str(r["domain"])))
-        print(format_table(rows, ["domain", "boxes", "precision", "mean_score", "d_ece15"]))
+        if rows:
+            print(format_table(rows, ["domain", "boxes", "precision", "mean_score", "d_ece15"]))
+        else:  # every detection lies on a crowd region: the arrays are written, there is nothing to summarise
+            print("no detection outside crowd regions: no precision / D-ECE summary (all are flagged ignore)")
         if np.any((res.score < 0) | (res.score > 1)):
             print("note: some scores lie outside [0, 1] (not probabilities); D-ECE used clipped scores; "
                   "calibrate with det-platt")

@@ -21,8 +21,10 @@ def register(sub):
                        description="Accuracy, ECE, NLL and Brier score of the logits (or of 1-D box scores "
                                    "with 0/1 labels: then also D-ECE, and Brier is the binary mean (p - y)^2), "
                                    "and after a calibrator if one is given; overall and per --domains, with the "
-                                   "reliability table. With --max-ece the exit status is 3 when the calibrated "
-                                   "ECE (D-ECE for box scores) of any domain or of all samples exceeds the limit.")
+                                   "reliability table (each bin with its Clopper-Pearson interval), bounds of the "
+                                   "ECE, debiased estimates and calibration tests. With --max-ece the exit status "
+                                   "is 3 when the calibrated ECE (D-ECE for box scores) of any domain or of all "
+                                   "samples fails --gate-rule against the limit.")
     add_logits_args(p, labels=True)
     p.set_defaults(input_kind=None)  # default: the calibrator's (its manifest), else logits
     p.add_argument("--calibrator", help="manifest written by 'confcal fit'")
@@ -30,7 +32,7 @@ def register(sub):
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--max-ece", type=float, metavar="X",
                    help="CI gate: exit 3 if the ECE (D-ECE for box scores) after the calibrator (or of the raw "
-                        "predictions without one) exceeds X overall or in any domain")
+                        "predictions without one) fails --gate-rule against X overall or in any domain")
     add_box_features_arg(p, what="for box scores: also print the geometry D-ECE over confidence x these features "
                                    "(default: the calibrator's box features)")
     from confcal.cli._shared.multilabel import add_multilabel_arg
@@ -39,6 +41,9 @@ def register(sub):
     from confcal.cli._shared.boxfeatures import add_category_ids_arg
 
     add_category_ids_arg(p)
+    from confcal.cli._shared.gate import add_gate_args
+
+    add_gate_args(p)
     add_engine_args(p)
     p.set_defaults(func=run)
 
@@ -47,6 +52,9 @@ def run(args) -> int:
     from confcal.cli._shared import audit as _audit
 
     _audit.check_max_ece(args)
+    from confcal.cli._shared.gate import gate_kwargs
+
+    gate_kwargs(args)  # refused before any data is read
     if wants_dask(args):
         return run_evaluate(args)
     from confcal.cli._shared import multilabel as _multilabel
@@ -59,10 +67,11 @@ def run(args) -> int:
     from confcal.io import load_calibrator, load_manifest
 
     xs = source(args, "logits")
-    if xs.ndim == 1 or (xs.ndim == 2 and xs.shape[1] == 1):
-        # 1-D box scores, or a one-logit head ((n, 1): a binary sigmoid logit): in memory
-        return _audit.run_box_scores(args)
     manifest = load_manifest(args.calibrator) if args.calibrator else None
+    if xs.ndim == 1 or (xs.ndim == 2 and xs.shape[1] == 1 and not _audit.classifier_manifest(manifest)):
+        # 1-D box scores, or a one-logit head ((n, 1): a binary sigmoid logit) alone or with a box map: in
+        # memory; (n, 1) with a classifier's manifest is its two-class rows [0, z] (issue 40), read below
+        return _audit.run_box_scores(args)
     cal = load_calibrator(manifest, source=args.calibrator) if manifest else None  # loaded once: one warning
     if args.input_kind is None:  # default: the calibrator's (its manifest), else logits
         args.input_kind = cal.input_kind if cal is not None else "logits"
@@ -71,7 +80,7 @@ def run(args) -> int:
 
     refuse_category_ids(args, f"class vectors {xs.shape}")
     side = side_sources(args)
-    if cal is not None and cal.n_classes_ != xs.shape[1]:
+    if cal is not None and cal.n_classes_ != max(2, xs.shape[1]):  # (n, 1): a one-logit model
         cal = load_calibrator(manifest, n_classes=xs.shape[1], source=args.calibrator)  # raises, naming both
     # --domains without a calibrator that takes them: the per-domain table only
     taken = tuple(_audit.taken(cal, side)) if cal is not None else ()
@@ -79,4 +88,5 @@ def run(args) -> int:
                                    input_kind=args.input_kind, n_bins=args.n_bins, progress=progress_of(args))
     if cal is not None:
         warn_if_fitted_on(cal, digest)
-    return _audit.finish(evaluation_document(stats, engine="local", max_ece=args.max_ece, manifest=manifest), args)
+    return _audit.finish(evaluation_document(stats, engine="local", max_ece=args.max_ece, manifest=manifest,
+                                                   **gate_kwargs(args)), args)

@@ -31,9 +31,9 @@ def run(args) -> int:
     try:
         from confcal import export
     except ModuleNotFoundError as exc:  # the optional extras
-        extra = "torch" if (exc.name or "").startswith("torch") else "export"
+        # the export extra brings torch too (the heads are torch modules that write their ONNX graph)
         raise MissingExtraError(f"export needs {exc.name}, which is not installed: "
-                                f"pip install 'confcal[{extra}]'") from None
+                                "pip install 'confcal[export]' (with a CPU build of torch installed first)") from None
     if args.verify:
         export.verify_manifest(args.verify, args.calibrator)
         print(f"{args.verify}: made from {args.calibrator} (sha256 and map checked on probe rows)")

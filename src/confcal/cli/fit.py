@@ -26,8 +26,9 @@ def register(sub):
                                    "and print calibration-set metrics before/after.")
     add_logits_args(p, labels=True, repeatable=True)
     # names from the light catalogue: listing them imports no calibrator
-    p.add_argument("--method", required=True, choices=method_names(), metavar="METHOD",
-                   help="one of: " + ", ".join(method_names()))
+    p.add_argument("--method", required=True, choices=["auto", *method_names()], metavar="METHOD",
+                   help="'auto' (cross-validated choice, guarded by ts: see 'Choosing a method') or one of: "
+                        + ", ".join(method_names()))
     p.add_argument("--param", action="append", metavar="KEY=VALUE",
                    help="hyper-parameter of the method (repeatable), e.g. --param t_max=1000")
     p.add_argument("--category-ids", metavar="SPEC", action="append",
@@ -42,6 +43,9 @@ def register(sub):
                    help="version/tag of the calibration dataset, stored in the manifest's fit.provenance")
     add_box_features_arg(p, what="for det-platt-geo / det-beta-geo / det-hist-geo (recorded in the manifest)")
     add_engine_args(p, fit=True)
+    from confcal.cli._shared.auto_fit import add_auto_args
+
+    add_auto_args(p)
     p.set_defaults(func=run)
 
 
@@ -51,6 +55,12 @@ def run(args) -> int:
     from confcal.io import check_not_an_input, check_output_path, save_manifest
     from confcal.metrics.drift import data_summary
 
+    if args.method == "auto":
+        from confcal.cli._shared.auto_fit import run_auto
+
+        return run_auto(args)
+    if args.allow_accuracy_change:
+        raise ValueError("--allow-accuracy-change: only with --method auto")
     params = parse_params(args.param, args.method)
     if args.per_class:
         params["per_class"] = True

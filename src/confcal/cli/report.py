@@ -17,6 +17,8 @@ def register(sub):
     p.set_defaults(input_kind=None)  # default: what the calibrator was fitted on (its manifest)
     p.add_argument("--calibrator", required=True, help="manifest written by 'confcal fit'")
     p.add_argument("--queue", help="queue CSV written by 'confcal rank' (its head is shown)")
+    p.add_argument("--decisions", help="decision manifest of 'confcal decide fit': each group's operating point "
+                                       "and its realised precision / NPV / review share on these items")
     p.add_argument("--n-bins", type=int, default=15, help="bins (default 15)")
     p.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples for the intervals (default 200)")
     p.add_argument("--max-ece", type=float, metavar="X", help="the page opens with pass/fail per group against X (calibrated ECE; D-ECE for box "
@@ -34,6 +36,9 @@ def register(sub):
     from confcal.cli._shared.boxfeatures import add_category_ids_arg
 
     add_category_ids_arg(p)
+    from confcal.cli._shared.gate import add_gate_args
+
+    add_gate_args(p)
     p.set_defaults(func=run)
 
 
@@ -57,6 +62,9 @@ def run(args) -> int:
     guard_outputs({"--output": args.output, "--output (its JSON side-file)": side_file}, command_inputs(args))
     if args.max_ece is not None and not 0.0 <= args.max_ece <= 1.0:  # also refuses nan, as evaluate does
         raise ValueError(f"--max-ece: expected a number in [0, 1], got {args.max_ece!r}")
+    from confcal.cli._shared.gate import gate_kwargs
+
+    gate = gate_kwargs(args)  # refused before any data is read
     if args.bootstrap < 1:
         raise ValueError(f"--bootstrap: expected a positive number of resamples, got {args.bootstrap}")
     queue = read_queue(args.queue) if args.queue else None
@@ -86,7 +94,11 @@ def run(args) -> int:
     verdict, numbers = [], {}
     text = build_report(stages, np.asarray(y), domains=side.get("domains"), manifest=manifest,
                         queue_csv=queue, n_bins=args.n_bins, n_draws=args.bootstrap, max_ece=args.max_ece,
-                        box_features=geo, verdict_out=verdict, numbers_out=numbers)
+                        box_features=geo, verdict_out=verdict, numbers_out=numbers, **gate)
+    if args.decisions:  # the operating points of a decision manifest (confcal.cli._shared.decide)
+        from confcal.cli._shared.decide import report_section
+
+        text = report_section(args, text)
     import contextlib
     import json
 
@@ -101,8 +113,13 @@ def run(args) -> int:
           f"(numbers: {side_file})")
     failed = [v for v in verdict if not v["pass"]]
     if failed:  # the same exit status as `confcal evaluate --max-ece`
-        print(f"confcal: {failed[0]['metric']} above --max-ece {args.max_ece:g}: "
-              + ", ".join(f"{v['group']} {v['value']:.4f}" for v in failed), file=sys.stderr)
+        from confcal.cli._shared.gate import verdict_line
+
+        v0 = failed[0]
+        lim = {"metric": v0["metric"], "max_ece": args.max_ece, "stage": list(stages)[-1], "rule": v0["rule"],
+               "alpha": v0["alpha"], "test": v0["test"], "groups": {v["group"]: v for v in verdict},
+               "exceeded": {v["group"]: v["value"] for v in failed}}
+        print(verdict_line(lim), file=sys.stderr)  # the line of `confcal evaluate`
         return _audit.EXIT_ECE_EXCEEDED
     return 0
 

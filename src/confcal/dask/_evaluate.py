@@ -29,7 +29,8 @@ def _taken(cal, dspec, fspec):
 
 def evaluate(data, *, logits: str = "logits", labels: str = "label", calibrator=None,
              domains: str | None = None, features: str | None = None, input_kind: str | None = None,
-             n_bins: int = 15, geometry: str | None = None, max_ece: float | None = None) -> dict:
+             n_bins: int = 15, geometry: str | None = None, max_ece: float | None = None,
+             gate_rule: str | None = None, alpha: float | None = None, gate_test: str | None = None) -> dict:
     """Calibration metrics of a Dask DataFrame, overall and per domain, before and after a calibrator.
 
     The job of the single-process path (:func:`confcal.evaluation.streamed.evaluate_job`: the same
@@ -58,6 +59,9 @@ def evaluate(data, *, logits: str = "logits", labels: str = "label", calibrator=
         Box-feature columns (``"cx,cy,w,h"``) of the geometry D-ECE (5 x 5 bins per feature), one more pass.
     max_ece : float in [0, 1], optional
         The ``limits`` verdict (ECE, D-ECE for box scores, of the last stage overall and per domain).
+    gate_rule, alpha, gate_test : optional
+        The gate rule of the verdict and the level of the document's intervals and tests
+        (:mod:`confcal.evaluation.gate`; None: its defaults).
 
     Returns
     -------
@@ -86,6 +90,8 @@ def evaluate(data, *, logits: str = "logits", labels: str = "label", calibrator=
                                "domains": dspec, "features": fspec_cal, "geometry": gspec})
     head = engine.run(SpreadBlocks(("logits",), rows=1, n_blocks=1))["logits"]
     n_classes = int(head.shape[1]) if head.ndim == 2 else None
+    if n_classes == 1 and cal is not None and not getattr(cal, "takes_box_scores", False):
+        n_classes = 2  # a one-logit model with a classifier's map: its two-class rows [0, z], as in one process
     if cal is not None and n_classes is not None and n_classes >= 2 and cal.n_classes_ != n_classes:
         # as load_calibrator(n_classes=...) refuses in one process (T41): another class count is no map of these
         src = os.fspath(calibrator) if isinstance(calibrator, (str, os.PathLike)) else \
@@ -103,5 +109,6 @@ def evaluate(data, *, logits: str = "logits", labels: str = "label", calibrator=
                                  digest=bool(record.get("data_sha256"))), engine)
     if cal is not None:
         warn_if_fitted_on(cal, stats.data_sha256)
-    return evaluation_document(stats, engine="dask", max_ece=max_ece,
+    return evaluation_document(stats, engine="dask", max_ece=max_ece, gate_rule=gate_rule, alpha=alpha,
+                               gate_test=gate_test,
                                manifest=json.loads(shipped.text) if shipped is not None else None)

@@ -41,6 +41,29 @@ def check_bbox(bbox, where: str) -> None:
                          "or 5+ [x, y, w, h, yaw, ...]")
 
 
+def _as_json(v) -> str:
+    """A value as the JSON file spells it, with its JSON kind: ``true (a boolean)``, ``"1" (a string)``."""
+    kind = ("a boolean" if isinstance(v, bool) else "null" if v is None else "a string" if isinstance(v, str)
+            else "a number" if isinstance(v, (int, float)) else f"a JSON {type(v).__name__}")
+    try:
+        text = json.dumps(v)
+    except (TypeError, ValueError):
+        text = repr(v)
+    return text if kind == "null" else f"{text[:40]} ({kind})"
+
+
+def check_category_id(v, where: str) -> None:
+    """COCO's ``category_id`` is an integer: a bool (``true`` is not class 1), a string or a float is refused."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"{where} has category_id {_as_json(v)}; expected an integer (COCO format)")
+
+
+def check_iscrowd(v, where: str) -> None:
+    """COCO's ``iscrowd`` flag is the integer 0 or 1 (a string "1" or a 7 is not read as a flag)."""
+    if isinstance(v, bool) or not isinstance(v, int) or v not in (0, 1):
+        raise ValueError(f"{where} has iscrowd {_as_json(v)}; expected the integer 0 or 1 (COCO format)")
+
+
 def load_coco_gt(gt) -> dict:
     """Read COCO ground truth (path or dict) and check its structure.
 
@@ -84,6 +107,8 @@ def load_coco_gt(gt) -> dict:
         for i, c in enumerate(g["categories"]):
             if not isinstance(c, dict) or "id" not in c:
                 raise ValueError(f"gt: categories[{i}] has no 'id'")
+            if isinstance(c["id"], bool) or not isinstance(c["id"], int):
+                raise ValueError(f"gt: categories[{i}] has id {_as_json(c['id'])}; expected an integer (COCO format)")
         cats = {c["id"] for c in g["categories"]}
     image_ids = {im["id"] for im in g["images"]}
     for part, ids in (("images", [im["id"] for im in g["images"]]),
@@ -103,6 +128,9 @@ def load_coco_gt(gt) -> dict:
             if key not in a:
                 raise ValueError(f"gt: annotations[{i}] has no {key!r}")
         check_bbox(a["bbox"], f"gt: annotations[{i}]")
+        check_category_id(a["category_id"], f"gt: annotations[{i}]")
+        if "iscrowd" in a:
+            check_iscrowd(a["iscrowd"], f"gt: annotations[{i}]")
         if a["image_id"] not in image_ids:
             raise ValueError(f"gt: annotations[{i}] has image_id {a['image_id']!r}, which is not in gt images")
         if cats is not None and a["category_id"] not in cats:
@@ -150,6 +178,7 @@ def load_coco_detections(detections) -> list[dict]:
             if key not in r:
                 raise ValueError(f"detections: record {i} has no {key!r}")
         check_bbox(r["bbox"], f"detections: record {i}")
+        check_category_id(r["category_id"], f"detections: record {i}")
         s = r["score"]
         if not _is_number(s) or not math.isfinite(s):
             raise ValueError(f"detections: record {i} has score {s!r}; expected a finite number")

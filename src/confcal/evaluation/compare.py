@@ -33,16 +33,29 @@ __all__ = ["compare_methods", "split_indices", "fit_and_score", "ComparisonResul
 UNCALIBRATED = "uncalibrated"
 
 
-
 def _test_metrics(probs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
     return {
         "error": 1.0 - accuracy(probs, labels),
         "smece": smooth_ece(probs, labels),
         "ece_em": ece(probs, labels, n_bins=15, binning="equal_mass"),
         "ece_ew": ece(probs, labels, n_bins=15, binning="equal_width"),
+        **uncertainty_metrics(probs, labels),
         "nll": nll(probs, labels),
         "brier": brier_score(probs, labels),
     }
+
+
+def uncertainty_metrics(probs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """Per split (issue 42): the bias-corrected equal-width ECE (Kumar et al. 2019), the one-sided 95% lower
+    bound of the binned error (:func:`confcal.metrics.ece_bounds`), and whether the Kuiper test rejects
+    perfect calibration at 0.05 (1.0 / 0.0: its mean over splits is the rejection rate)."""
+    from confcal.metrics import BinnedAccumulator, CalibrationTestAccumulator, bias_corrected_ece, ece_bounds
+
+    bins = BinnedAccumulator(15).update(probs, labels)
+    kuiper = CalibrationTestAccumulator().update(probs, labels).result()["kuiper"]
+    return {"ece_bc": bias_corrected_ece(bins.count, bins.conf_sum, bins.corr_sum),
+            "ece_lower": ece_bounds(bins.count, bins.conf_sum, bins.corr_sum, 0.05)[0],
+            "kuiper_reject": float(kuiper.rejects(0.05))}
 
 
 @dataclass
@@ -312,7 +325,9 @@ def compare_methods(logits, labels, methods: Iterable, *, n_splits: int = 10, ca
     :class:`ComparisonResult` with per-split values and mean / standard error over splits of
     ``error`` (1 - accuracy), ``acc_change`` (test accuracy minus the uncalibrated one: non-zero
     only for methods that can move the arg-max), ``smece`` (:func:`confcal.metrics.smooth_ece`), ``ece_em`` and
-    ``ece_ew`` (15 equal-mass / equal-width bins), ``nll`` (nats), ``brier`` on the test part,
+    ``ece_ew`` (15 equal-mass / equal-width bins), ``ece_bc`` (bias-corrected ``ece_ew``), ``ece_lower``
+    (its one-sided 95% lower bound), ``kuiper_reject`` (1 when the Kuiper test rejects perfect calibration
+    at 0.05: the mean over splits is a rejection rate), ``nll`` (nats), ``brier`` on the test part,
     ``cal_nll`` (fitted calibration-set NLL) and ``fit_seconds``; for X+PB methods,
     ``MethodResult.fallback`` says on which splits the bounds were dropped.
 

@@ -33,11 +33,19 @@ def compare_box_methods(scores, labels, methods, *, features=None, feature_names
 
     Parameters
     ----------
-    scores : float ``(n_boxes,)`` raw box scores; labels : 0/1 ``(n_boxes,)``
-    methods : names in :data:`confcal.calibrators.METHODS` (``det-*``; geometry methods need ``features``)
-    features : float ``(n_boxes, d)`` box geometry, optional; feature_names : comma-separated names
-    n_splits, cal_size (default half the boxes), random_state : the splits (``seed``: its old name,
-        ``FutureWarning``)
+    scores : ndarray
+        Float ``(n_boxes,)`` raw box scores
+    labels : ndarray
+        0/1 ``(n_boxes,)``
+    methods : list of str
+        Names in :data:`confcal.calibrators.METHODS` (``det-*``; geometry methods need ``features``)
+    features : ndarray, optional
+        Float ``(n_boxes, d)`` box geometry
+    feature_names : str, optional
+        Comma-separated names of the ``features`` columns
+    n_splits, cal_size, random_state : int
+        The splits: their number, the calibration boxes per split (default half the boxes) and the
+        seed (``seed`` is its old name, with a ``FutureWarning``)
 
     Returns
     -------

@@ -1,6 +1,6 @@
 """Renderings of a :class:`~confcal.evaluation.compare.ComparisonResult`: the fixed-width
-text table of ``confcal compare`` and the summary CSV (rates in % in the text, as
-fractions in the CSV). The protocol itself lives in :mod:`confcal.evaluation.compare`.
+text table of ``confcal compare`` and the summary CSV (rates as fractions in both, as ``evaluate``
+and ``report`` print them). The protocol itself lives in :mod:`confcal.evaluation.compare`.
 """
 
 from __future__ import annotations
@@ -12,13 +12,17 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the renderings read a result; only its type lives in compare
     from confcal.evaluation.compare import ComparisonResult
 
-#: metric key -> (column title, unit). Rates are fractions; the text table shows them in %.
+#: metric key -> (column title, unit). Rates are fractions everywhere (the text table, the CSV and the
+#: JSON), as ``evaluate`` and ``report`` print them, so one ECE reads the same in every command.
 METRICS: dict[str, tuple[str, str]] = {
-    "error": ("error", "%"),
-    "acc_change": ("Δacc", "%"),
-    "smece": ("smECE", "%"),
-    "ece_em": ("emECE", "%"),
-    "ece_ew": ("ewECE", "%"),
+    "error": ("error", "fraction"),
+    "acc_change": ("Δacc", "fraction"),
+    "smece": ("smECE", "fraction"),
+    "ece_em": ("emECE", "fraction"),
+    "ece_ew": ("ewECE", "fraction"),
+    "ece_bc": ("bcECE", "fraction"),
+    "ece_lower": ("ECE lo95", "fraction"),
+    "kuiper_reject": ("Kuiper rej", "fraction"),
     "nll": ("NLL", "nats"),
     "brier": ("Brier", ""),
     "cal_nll": ("cal NLL", "nats"),
@@ -42,8 +46,9 @@ def _line(cells, widths):
 
 
 def render_text(result: ComparisonResult) -> str:
-    """A fixed-width table: mean ± standard error, rates in %; failed methods marked ``[k/n]`` with a note."""
-    head = ["method"] + [f"{METRICS[m][0]}" + (f" ({METRICS[m][1]})" if METRICS[m][1] else "")
+    """A fixed-width table: mean ± standard error, rates as fractions; failed methods marked ``[k/n]`` with a note."""
+    # rates are fractions like every other column without a unit: only nats and seconds are named
+    head = ["method"] + [f"{METRICS[m][0]}" + (f" ({METRICS[m][1]})" if METRICS[m][1] not in ("", "fraction") else "")
                          for m in result.metrics]
     body = []
     notes = []
@@ -51,8 +56,7 @@ def render_text(result: ComparisonResult) -> str:
         cells = [row.label]
         for m in result.metrics:
             unit = METRICS[m][1]
-            cells.append(format_cell(row.mean(m), row.se(m), percent=unit == "%",
-                                     digits=2 if unit in ("%", "s") else 4))
+            cells.append(format_cell(row.mean(m), row.se(m), digits=2 if unit == "s" else 4))
         if row.n_ok < len(row.errors):
             cells[0] += f" [{row.n_ok}/{len(row.errors)}]"
             notes.append(f"{row.label}: {row.error}")
@@ -63,7 +67,7 @@ def render_text(result: ComparisonResult) -> str:
     split_desc = ("fixed calibration/test sets" if result.fixed_sets else
                   f"{result.n_splits} random splits, seed {result.seed}")
     lines.append(f"({split_desc}; {result.cal_size} calibration / {result.test_size} test samples, "
-                 f"{result.n_classes} classes; mean ± standard error; ECEs with 15 bins)")
+                 f"{result.n_classes} classes; mean ± standard error; rates as fractions; ECEs with 15 bins)")
     lines += [f"! {n}" for n in notes]
     return "\n".join(lines)
 

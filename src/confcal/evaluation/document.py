@@ -18,11 +18,19 @@ Keys (every key is always present; ``null`` where it does not apply):
   "parameters"}}`` (``{}`` without ``--domains``), ``parameters`` the fitted values of that domain's map
   from the manifest (``null`` when the map is shared or there is no calibrator);
 * ``n_outside``: box scores outside [0, 1] (the uncalibrated metrics clip them; 0 for class vectors);
-* ``geometry_d_ece``: ``{"features", "n_bins", "n_feature_bins", "stages": {stage: value}}`` (box
-  features given), else ``null``;
+* ``geometry_d_ece``: ``{"features", "n_bins", "n_feature_bins", "stages": {stage: value}, "bounds":
+  {stage: [lower, upper]}}`` (box features given; ``bounds`` simultaneous ``1 - alpha`` over the cells),
+  else ``null``;
+* ``calibration``: ``{stage: c}`` over all rows (and in each ``per_domain`` entry): ``c`` the checks of
+  :func:`confcal.evaluation.gate.calibration_block` on the ECE's bins (the D-ECE's for box scores):
+  ``alpha``, ``ece_lower`` / ``ece_upper`` (simultaneous ``1 - alpha`` bounds), ``ece_bias_corrected``,
+  ``l2_ce_debiased``, ``tests`` (Spiegelhalter, Kolmogorov-Smirnov, Kuiper: ``statistic``, ``p_value``,
+  ``n``); each reliability bin also has ``lower`` / ``upper``, its Clopper-Pearson ``1 - alpha`` interval;
 * ``limits``: with a ``--max-ece`` limit ``{"max_ece", "metric"`` (``ece``, or ``d_ece`` for box
-  scores), ``"stage"`` (the last stage), ``"exceeded": {group: value}`` (``"(all)"`` and domains above
-  the limit), ``"verdict": "pass" | "fail"}``, else ``null``;
+  scores), ``"stage"`` (the last stage), ``"rule"`` / ``"alpha"`` / ``"test"`` (the gate rule of
+  :mod:`confcal.evaluation.gate`, ``test`` null unless the rule is ``test``), ``"groups": {group:
+  {"value", "ece_lower", "ece_upper", "p_value", "fail"}}``, ``"exceeded": {group: value}`` (``"(all)"``
+  and domains the rule fails), ``"verdict": "pass" | "fail"}``, else ``null``;
 * ``engine``: ``{"name": "local" | "dask", "n_passes"}``: the facts of the run, not of the data.
 """
 
@@ -57,23 +65,50 @@ def _finite_or_none(v) -> float | None:
     return float(v) if np.isfinite(v) else None
 
 
-def _reliability(acc, box: bool) -> list[dict]:
-    t = (acc.d_bins if box else acc.bins).reliability_table()
+def _reliability(acc, box: bool, alpha: float) -> list[dict]:
+    from confcal.evaluation.gate import bin_bounds
+
+    bins = acc.d_bins if box else acc.bins
+    t = bins.reliability_table()
+    lower, upper = bin_bounds(bins, alpha)  # Clopper-Pearson, 1 - alpha, per bin
     frac = "precision" if box else "accuracy"
     return [{"bin_lo": float(lo), "bin_hi": float(hi), "count": int(c), "mean_confidence": _finite_or_none(mc),
-             frac: _finite_or_none(a)}
-            for lo, hi, c, mc, a in zip(t["bin_lo"], t["bin_hi"], t["count"], t["mean_confidence"], t["accuracy"])]
+             frac: _finite_or_none(a), "lower": lb, "upper": ub}
+            for lo, hi, c, mc, a, lb, ub in zip(t["bin_lo"], t["bin_hi"], t["count"], t["mean_confidence"],
+                                                t["accuracy"], lower, upper)]
 
 
-def evaluation_document(stats, *, engine: str, max_ece: float | None = None, manifest: dict | None = None) -> dict:
+def _cell_bounds(cells, alpha: float) -> list[float]:
+    """Simultaneous ``1 - alpha`` ``[lower, upper]`` of the geometry D-ECE: its cells as the bins of
+    :func:`confcal.metrics.ece_bounds`."""
+    from confcal.metrics import ece_bounds
+
+    count, conf, hits = (np.asarray(a, dtype=np.float64).ravel() for a in cells)
+    return list(ece_bounds(count, conf, hits, alpha))
+
+
+def _calibration(acc, box: bool, alpha: float) -> dict:
+    from confcal.evaluation.gate import calibration_block
+
+    return calibration_block(acc.d_bins if box else acc.bins, getattr(acc, "tests", None), alpha)
+
+
+def evaluation_document(stats, *, engine: str, max_ece: float | None = None, manifest: dict | None = None,
+                        gate_rule: str | None = None, alpha: float | None = None, gate_test: str | None = None) -> dict:
     """The ``evaluate`` document (module docstring) of an :class:`~confcal.evaluation.streamed.EvaluationStats`.
 
     ``engine``: ``"local"`` or ``"dask"``; ``max_ece``: the limit of ``limits`` (None: ``limits`` is
-    null); ``manifest``: the calibrator's manifest, for each domain's fitted parameters.
+    null); ``manifest``: the calibrator's manifest, for each domain's fitted parameters; ``gate_rule``,
+    ``alpha``, ``gate_test``: the gate (:mod:`confcal.evaluation.gate`; None: its defaults), ``alpha``
+    also the level of every interval and test in the document.
 
-    Raises ``ValueError`` unless ``max_ece`` is None or a number in [0, 1].
+    Raises ``ValueError`` unless ``max_ece`` is None or a number in [0, 1], or on an unknown gate rule
+    or test, or ``alpha`` outside (0, 1).
     """
     from confcal.evaluation.audit import domain_parameters
+    from confcal.evaluation.gate import check_gate, group_record
+
+    gate_rule, alpha, gate_test = check_gate(gate_rule, alpha, gate_test)
 
     box, names = stats.box, stats.names
     first, last = stats.first, stats.last
@@ -82,15 +117,19 @@ def evaluation_document(stats, *, engine: str, max_ece: float | None = None, man
         return {names[w]: _metrics(first[(g, w)], last[(g, w)], box) for w in names}
 
     def reliability(g):
-        return {names[w]: _reliability(first[(g, w)], box) for w in names}
+        return {names[w]: _reliability(first[(g, w)], box, alpha) for w in names}
+
+    def calibration(g):
+        return {names[w]: _calibration(first[(g, w)], box, alpha) for w in names}
 
     params = (manifest or {}).get("parameters") if manifest else None
     groups = sorted({g for g, _ in first if g != OVERALL}, key=str)
     doc = {"n_samples": int(stats.n_samples), "kind": "binary" if box else "multiclass",
            "n_classes": 2 if box else int(stats.n_classes), "n_bins": int(stats.n_bins),
-           "metrics": metrics(OVERALL), "reliability": reliability(OVERALL),
+           "metrics": metrics(OVERALL), "reliability": reliability(OVERALL), "calibration": calibration(OVERALL),
            "per_domain": {str(g): {"n_samples": int(first[(g, next(iter(names)))].scores.n),
                                    "metrics": metrics(g), "reliability": reliability(g),
+                                   "calibration": calibration(g),
                                    "parameters": domain_parameters(params, g) if params else None}
                           for g in groups},
            "n_outside": int(stats.n_outside),
@@ -101,18 +140,21 @@ def evaluation_document(stats, *, engine: str, max_ece: float | None = None, man
 
         doc["geometry_d_ece"] = {"features": list(stats.geometry_features), "n_bins": stats.geometry_bins[0],
                                  "n_feature_bins": stats.geometry_bins[1],
-                                 "stages": {w: geometry_ece_of_cells(*c) for w, c in stats.geometry.items()}}
+                                 "stages": {w: geometry_ece_of_cells(*c) for w, c in stats.geometry.items()},
+                                 "bounds": {w: _cell_bounds(c, alpha) for w, c in stats.geometry.items()}}
     if max_ece is not None:
         t = float(max_ece)
         if not (math.isfinite(t) and 0.0 <= t <= 1.0):
             raise ValueError(f"max_ece: expected a number in [0, 1], got {max_ece!r}")
         metric = "d_ece" if box else "ece"
         stage = list(doc["metrics"])[-1]  # after the calibrator, else the raw predictions
-        values = {ALL: doc["metrics"][stage][metric],
-                  **{g: r["metrics"][stage][metric] for g, r in doc["per_domain"].items()}}
-        exceeded = {g: v for g, v in values.items() if v > t}
-        doc["limits"] = {"max_ece": t, "metric": metric, "stage": stage, "exceeded": exceeded,
-                         "verdict": "fail" if exceeded else "pass"}
+        values = {ALL: (doc["metrics"][stage][metric], doc["calibration"][stage]),
+                  **{g: (r["metrics"][stage][metric], r["calibration"][stage]) for g, r in doc["per_domain"].items()}}
+        groups = {g: group_record(v, b, t, gate_rule, gate_test) for g, (v, b) in values.items()}
+        exceeded = {g: r["value"] for g, r in groups.items() if r["fail"]}
+        doc["limits"] = {"max_ece": t, "metric": metric, "stage": stage, "rule": gate_rule, "alpha": alpha,
+                         "test": gate_test if gate_rule == "test" else None, "groups": groups,
+                         "exceeded": exceeded, "verdict": "fail" if exceeded else "pass"}
     return doc
 
 

@@ -186,24 +186,41 @@ def evaluate_split(source: DomainData, calibration: Mapping[str, DomainData], ta
 
     Parameters
     ----------
-    source : held-out data of the source domain (not the classifier's training
+    source
+        held-out data of the source domain (not the classifier's training
         rows), used only by source-only TS
-    calibration : ``{domain name: DomainData}``, the calibration domains
-    target : the target domain's data
-    split : names for the tables (default: ``source``/calibration keys/``target``)
-    n_draws, n_samples, n_bins : bootstrap ECE settings (paper: 1000 draws of 1500)
-    oracle_fraction : share of the target used to fit the target-only oracle; all
+    calibration
+        ``{domain name: DomainData}``, the calibration domains
+    target
+        The target domain's data
+    split
+        Names for the tables (default: ``source``/calibration keys/``target``)
+    n_draws, n_samples, n_bins
+        Bootstrap ECE settings (paper: 1000 draws of 1500)
+    oracle_fraction
+        Share of the target used to fit the target-only oracle; all
         methods are evaluated on the remaining rows
-    random_state : seeds the oracle split and the bootstrap draws (recorded as the result's
+    random_state
+        Seeds the oracle split and the bootstrap draws (recorded as the result's
         ``seed``); ``seed`` is its old name (``FutureWarning``)
-    domain_weighting : passed to the four proposed calibrators
-    cluster_params : extra hyper-parameters of the cluster-level calibrators
+    domain_weighting
+        Passed to the four proposed calibrators
+    cluster_params
+        Extra hyper-parameters of the cluster-level calibrators
         (``n_clusters``, ``random_state``, ``min_cluster_size``, ...)
-    gate_params : extra hyper-parameters of ``source-gated-ts`` (``n_neighbors``,
+    gate_params
+        Extra hyper-parameters of ``source-gated-ts`` (``n_neighbors``,
         ``max_pool_size``, ...); its base is the ensemble with ``cluster_params``
 
-    Returns a :class:`SplitResult`. Raises ``ValueError`` when the domains
-    disagree on ``n_classes`` or ``n_features`` or the target is too small to split.
+    Returns
+    -------
+    SplitResult
+        The bootstrap ECE of every method on the target and the improvement ratios.
+
+    Raises
+    ------
+    ValueError
+        When the domains disagree on ``n_classes`` or ``n_features``, or the target is too small to split.
     """
     if not calibration:
         raise ValueError("calibration: expected at least one calibration domain")

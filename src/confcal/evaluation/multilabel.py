@@ -81,10 +81,11 @@ def multilabel_stages(logits, cal=None, *, input_kind: str = "logits") -> dict:
     return stages
 
 
-def evaluate_multilabel(stages: dict, labels, *, n_bins: int = 15) -> dict:
+def evaluate_multilabel(stages: dict, labels, *, n_bins: int = 15, alpha: float = 0.05) -> dict:
     """``{stage: multilabel_metrics(probs, labels)}``: each stage's per-label ``ece``, ``nll``,
-    ``brier``, ``prevalence`` and their means. ``labels``: multi-hot ``(n, L)``; ``ValueError``
-    naming ``labels`` for another shape or values other than 0/1.
+    ``brier``, ``prevalence``, ``calibration`` (bounds and tests at level ``alpha``) and their means.
+    ``labels``: multi-hot ``(n, L)``; ``ValueError`` naming ``labels`` for another shape or values
+    other than 0/1.
 
     Examples
     --------
@@ -94,14 +95,20 @@ def evaluate_multilabel(stages: dict, labels, *, n_bins: int = 15) -> dict:
     """
     first = np.asarray(next(iter(stages.values())))
     y = check_multihot(labels, first.shape[0], first.shape[1] if first.ndim == 2 else 1)
-    return {name: multilabel_metrics(p, y, n_bins=n_bins) for name, p in stages.items()}
+    return {name: multilabel_metrics(p, y, n_bins=n_bins, checks=True, alpha=alpha) for name, p in stages.items()}
 
 
-def multilabel_violations(metrics: dict, max_ece: float) -> list[tuple[str, float]]:
-    """``[(label, ece), ...]`` of the labels (``"label 0"``, ...) and of the mean whose ECE is
-    above ``max_ece`` in one stage's :func:`multilabel_metrics` result."""
-    bad = [(f"label {j}", r["ece"]) for j, r in enumerate(metrics["per_label"]) if r["ece"] > max_ece]
-    if metrics["mean"]["ece"] > max_ece:
+def multilabel_violations(metrics: dict, max_ece: float, *, gate_rule: str = "point",
+                          gate_test: str = "kuiper") -> list[tuple[str, float]]:
+    """``[(label, ece), ...]`` of the labels (``"label 0"``, ...) that fail ``gate_rule``
+    (:mod:`confcal.evaluation.gate`) against ``max_ece`` in one stage's :func:`multilabel_metrics`
+    result, and the mean when its ECE is above the limit (the mean has no interval: under the rules
+    ``confident`` and ``test`` only the labels are gated)."""
+    from confcal.evaluation.gate import decide
+
+    bad = [(f"label {j}", r["ece"]) for j, r in enumerate(metrics["per_label"])
+           if decide(r["ece"], r["calibration"], max_ece, gate_rule, gate_test)]
+    if gate_rule == "point" and metrics["mean"]["ece"] > max_ece:
         bad.append(("mean", metrics["mean"]["ece"]))
     return bad
 

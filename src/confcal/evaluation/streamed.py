@@ -95,7 +95,8 @@ def _accumulator(ctx: _Context):
 
 def _probabilities(ctx: _Context, batch: dict, first: int, wanted, stats: dict):
     """``({stage: probs}, labels, domains, rows as read)`` of one batch, validated."""
-    from confcal._validation import check_box_labels, check_domains, check_features, check_labels, check_logits
+    from confcal._validation import check_box_labels, check_domains, check_features, check_labels, check_logits, \
+        one_logit_rows
 
     raw = batch["logits"]
     side = {k: batch[k] for k in ("domains", "features", "category_ids") if k in batch}
@@ -126,7 +127,13 @@ def _probabilities(ctx: _Context, batch: dict, first: int, wanted, stats: dict):
             _unit_flags(np.asarray(raw), stats)
         y = check_labels(batch["labels"], x.shape[0], ctx.k, first_row=first)
         probs = {}
-        if "uncalibrated" in wanted:
+        if "uncalibrated" in wanted and ctx.input_kind == "probs":
+            # the given probabilities themselves (validated above), not softmax(log p): a row whose top
+            # probability lies on a bin edge stays in its bin, as confcal.metrics.ece(p, y) bins it
+            p = np.asarray(raw)
+            probs["uncalibrated"] = (one_logit_rows(p, "probs") if p.ndim == 2 and p.shape[1] == 1
+                                     else p).astype(np.float64)
+        elif "uncalibrated" in wanted:
             from confcal.calibrators.temperature.ts import scaled_softmax_rows
 
             probs["uncalibrated"] = scaled_softmax_rows(x, 1.0)[0]
@@ -358,7 +365,7 @@ def evaluate_stats(logits, labels, *, cal=None, side=None, taken=None, per_domai
     side = {key: open_source(value, name=key) for key, value in (side or {}).items()}
     if xs.ndim != 2:
         raise ValueError(f"logits: expected shape (n_samples, n_classes), got {xs.shape}")
-    n, k = xs.shape
+    n, k = xs.shape[0], max(2, xs.shape[1])  # (n, 1): a one-logit model, its two-class rows [0, z]
     if n == 0:
         raise ValueError(f"logits: expected at least 1 sample, got shape {xs.shape}")
     if cal is not None:

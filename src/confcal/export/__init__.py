@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from confcal.calibrators import group_key
 from confcal.export._build import REFUSALS, ExportError, build_head, exportable
 
 __all__ = ["to_torch", "export_onnx", "export_torchscript", "group_index", "index_table", "verify_manifest",
@@ -70,28 +71,63 @@ def to_torch(calibrator, dtype: str = "float64"):
 
 
 def index_table(calibrator) -> dict | None:
-    """``{group key: index}`` of a grouped calibrator's head (keys as in its manifest), or None."""
+    """``{group key: index}`` of a grouped calibrator's head, or None; keys by
+    :func:`confcal.calibrators.group_key` (one column: the id; several: a tuple, in the order of the
+    metadata's ``confcal.index_columns``)."""
     cal, _ = _calibrator(calibrator)
     _, table = build_head(cal)
-    return None if table is None else {_key(k): i for k, i in table}
+    return None if table is None else {group_key(k): i for k, i in table}
 
 
-def _key(k):
-    return tuple(k) if isinstance(k, list) else k
+def _table_dict(table) -> dict:
+    if isinstance(table, (str, bytes)):
+        try:
+            table = json.loads(table)
+        except ValueError as exc:
+            raise ValueError(f"table: expected the JSON text of a confcal.index_table, could not decode it: "
+                             f"{exc}") from None
+    if isinstance(table, dict):
+        return {group_key(k, where="table"): int(i) for k, i in table.items()}
+    if not isinstance(table, list) or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in table):
+        raise ValueError("table: expected index_table()'s dict or the confcal.index_table metadata "
+                         "(a list of [key, index] pairs), got " + type(table).__name__)
+    return {group_key(k, where="table"): int(i) for k, i in table}
 
 
 def group_index(table, ids) -> np.ndarray:
-    """int64 ``(n,)`` head index of each id (``-1``: unseen, so the pooled fit). ``table`` is
-    :func:`index_table`'s dict, or an exported graph's ``confcal.index_table`` metadata (a list)."""
-    if isinstance(table, str):
-        table = json.loads(table)
-    if isinstance(table, list):
-        table = {_key(k): i for k, i in table}
+    """The head index of each id, as an exported grouped head reads it.
+
+    Parameters
+    ----------
+    table : dict, str or list
+        :func:`index_table`'s dict, or an exported head's ``confcal.index_table`` metadata (the JSON text
+        or its decoded list of ``[key, index]`` pairs).
+    ids : array-like
+        ``(n,)`` ids (str, int, numpy scalars), or ``(n, c)`` / a sequence of tuples for a head keyed by
+        ``c`` columns (in the order of the metadata's ``confcal.index_columns``).
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 ``(n,)``: the head index of each id, ``-1`` for an unseen id (the pooled fit).
+
+    Raises
+    ------
+    ValueError
+        When ``ids`` is a scalar, or an id is not a valid group key.
+
+    Notes
+    -----
+    Both the table's keys and the ids go through :func:`confcal.calibrators.group_key`, the rule the
+    calibrator itself uses at ``predict_proba`` / ``apply --domains``: ``"kitti"``, ``np.str_("kitti")``
+    and ``("kitti",)`` are one key, ``np.int64(3)`` and ``3`` are one key.
+    """
+    lookup = _table_dict(table)
+    if isinstance(ids, (str, bytes)) or np.ndim(ids) == 0:
+        raise ValueError(f"ids: expected a sequence of ids (n,) or of id tuples (n, c), got a scalar {ids!r}")
     out = np.empty(len(ids), dtype=np.int64)
     for j, d in enumerate(ids):
-        key = tuple(v.item() if hasattr(v, "item") else v for v in d) if isinstance(d, (tuple, list)) else \
-            (d.item() if hasattr(d, "item") else d)
-        out[j] = table.get(key, -1)
+        out[j] = lookup.get(group_key(d, where=f"ids[{j}]"), -1)
     return out
 
 
@@ -116,9 +152,19 @@ def _metadata(cal, sha: str, table, index_name) -> dict[str, str]:
     if table is not None:
         meta["confcal.index_input"] = index_name
         meta["confcal.index_table"] = json.dumps(table)
+        meta["confcal.index_columns"] = json.dumps(_index_columns(cal))
         meta["confcal.pooled_index"] = str(max([i for _, i in table], default=-1) + 1 if table else 0)
         meta["confcal.unseen_rule"] = "an index outside [0, pooled_index) uses the pooled fit"
     return meta
+
+
+def _index_columns(cal) -> list[str]:
+    """The id columns of a grouped head's keys, in key order (a box map: category id, then domain)."""
+    if cal.method.startswith("det-"):
+        return [c for c, on in (("category_ids", cal.per_class), ("domains", getattr(cal, "by_domain_", False)))
+                if on]
+    by = getattr(cal, "by", "domains") if cal.method == "grouped" else "domains"
+    return [by] if isinstance(by, str) else list(by)
 
 
 #: methods whose head takes a ``features`` ``(n, d)`` input, in the manifest's ``feature_names`` order
@@ -149,18 +195,33 @@ def export_onnx(calibrator, path=None, *, dtype: str = "float32"):
 
     Parameters
     ----------
-    calibrator : a fitted calibrator, a manifest dict, or the path of a manifest file (its bytes'
+    calibrator : Calibrator, dict or path
+        A fitted calibrator, a manifest dict, or the path of a manifest file (its bytes'
         sha256 is recorded; for an object, the sha256 of the file ``save_manifest`` would write)
-    path : output ``.onnx`` file, written atomically
-    dtype : ``"float32"`` or ``"float64"``: the input and output dtype of the graph. Maps other
+    path : path, optional
+        Output ``.onnx`` file, written atomically
+    dtype : str
+        ``"float32"`` or ``"float64"``: the input and output dtype of the graph. Maps other
         than (grouped) temperature scaling compute in float64 inside either graph.
 
-    Inputs ``logits`` ``(n, K)`` (box scores ``(n,)``) and, for grouped maps, ``domain_index`` /
-    ``group_index`` int64 ``(n,)``; output ``probs``. The graph runs the head over blocks of
-    :func:`chunk_rows` rows (an ONNX ``Loop``), so its memory does not grow with the batch
-    beyond the output (1M x 100 float32 logits: see ``benchmarks/results/export.md``).
-    Raises :class:`ExportError`.
+    Returns
+    -------
+    onnx.ModelProto
+        Inputs ``logits`` ``(n, K)`` (box scores ``(n,)``) and, for grouped maps, ``domain_index`` /
+        ``group_index`` int64 ``(n,)``; output ``probs``.
+
+    Raises
+    ------
+    ExportError
+        For a method that cannot be exported (the message says why).
+
+    Notes
+    -----
+    The graph runs the head over blocks of ``chunk_rows(n_classes)`` rows (an ONNX ``Loop``), so
+    its memory does not grow with the batch beyond the output (1M x 100 float32 logits: see
+    ``benchmarks/results/export.md``).
     """
+    from confcal.export._inputs import emit_one_logit, emit_rows_guard
     from confcal.export._onnx import Graph
 
     cal, sha = _calibrator(calibrator)
@@ -169,14 +230,21 @@ def export_onnx(calibrator, path=None, *, dtype: str = "float32"):
     g = Graph()
     index_name = _index_name(cal) if head.grouped else ("features" if head.n_features else None)
     rows = chunk_rows(2 if head.box else cal.n_classes_)
-    out = g.chunked(lambda sub, x, i: head.emit(sub, x, i, _DTYPES[dtype]), "logits", index_name, rows,
-                    _DTYPES[dtype])
+    x, side = "logits", index_name
+    if head.one_logit:  # (n, 1) one-logit input -> [0, z] (_inputs: the one input contract)
+        x = emit_one_logit(g, x, head.input_probs, _DTYPES[dtype])
+    if side is not None:  # another row count is refused, not broadcast
+        side = emit_rows_guard(g, "logits", side)
+    out = g.chunked(lambda sub, x, i: head.emit(sub, x, i, _DTYPES[dtype]), x, side, rows, _DTYPES[dtype])
     k = 2 if head.box else cal.n_classes_
-    inputs = [("logits", None, _DTYPES[dtype], ["n"] if head.box else ["n", k])]
+    width = "k (1 or 2)" if head.one_logit else k
+    inputs = [("logits", None, _DTYPES[dtype], ["n"] if head.box else ["n", width])]
+    # the second input's rows get their own symbolic dim: with "n" the optimizer proves the rows guard a
+    # no-op and drops it, so a features array of another row count reached the Loop's Concat
     if head.grouped:
-        inputs.append((index_name, None, np.int64, ["n"]))
+        inputs.append((index_name, None, np.int64, ["n_index"]))
     if head.n_features:
-        inputs.append(("features", None, _DTYPES[dtype], ["n", head.n_features]))
+        inputs.append(("features", None, _DTYPES[dtype], ["n_features", head.n_features]))
     model = g.model(inputs, [("probs", out, _DTYPES[dtype], ["n", k])],
                     metadata=_metadata(cal, sha, table, index_name if head.grouped else None),
                     doc=f"confcal {cal.method} head: predict_proba of the manifest with sha256 {sha}")

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from confcal.calibrators import group_key
 from confcal.export._heads import (EPS32, EPS64, AffineCore, BoxCore, ETSCore, GroupedCore,
                                    GroupedTemperatureCore, Head, LogitBoundingCore, DualBoundingCore, IsotonicMap, LogisticMap, OneVsRestCore,
                                    PTSCore, StepMap, TemperatureCore)
@@ -87,7 +88,11 @@ def _members(cal):
 
 
 def _table(own, fallback) -> list:
-    enc = lambda k: list(k) if isinstance(k, tuple) else k  # noqa: E731  JSON-ready keys
+    """``[[key, index], ...]`` with keys by the one id-key rule (``group_key``: a one-column key is the
+    id itself, not a one-element list, so ``group_index`` finds ``"kitti"``; several columns: a list)."""
+    def enc(k):
+        k = group_key(k)
+        return list(k) if isinstance(k, tuple) else k
     return [[enc(k), i] for i, k in enumerate(own)] + [[enc(k), len(own)] for k in fallback]
 
 
@@ -258,4 +263,7 @@ def build_head(cal, dtype=np.float64):
     head, table = BUILDERS[method](cal)
     if isinstance(head, _BoxHeads):
         head = head.heads[np.dtype(dtype)]
+    # a binary head of a method that takes a one-logit sigmoid model also takes (n, 1), as predict_proba does
+    head.one_logit = bool(not head.box and not head.n_features and head.n_classes == 2
+                          and getattr(cal, "one_logit_head", True) and not method.endswith("-multilabel"))
     return head, table

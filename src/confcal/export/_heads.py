@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from confcal.export._inputs import bad_rows, check_head_inputs, emit_nan_rows, one_logit_as_two
 from confcal.export._onnx import Graph
 
 __all__ = ["Head", "TemperatureCore", "GroupedTemperatureCore", "AffineCore", "ETSCore", "PTSCore",
@@ -395,8 +396,10 @@ class Head(nn.Module):
     """
 
     def __init__(self, core: nn.Module, *, input_probs: bool, compute64: bool, grouped: bool,
-                 n_classes: int, box: bool, n_features: int = 0):
+                 n_classes: int, box: bool, n_features: int = 0, one_logit: bool = False):
         super().__init__()
+        #: a binary head of a method that takes a one-logit sigmoid model: ``(n, 1)`` is read as ``[0, z]``
+        self.one_logit = bool(one_logit)
         self.core = core
         self.input_probs = bool(input_probs)
         self.compute64 = bool(compute64)
@@ -410,6 +413,9 @@ class Head(nn.Module):
         self.block_rows = max(1024, 2 ** 21 // (2 if box else max(1, int(n_classes))))
 
     def forward(self, logits: Tensor, index: Optional[Tensor] = None) -> Tensor:
+        check_head_inputs(logits, index, self.n_classes, self.box, self.grouped, self.n_features, self.one_logit)
+        if not self.box and logits.shape[1] == 1 and self.n_classes == 2:
+            logits = one_logit_as_two(logits, self.input_probs)
         n = logits.shape[0]
         rows = self.block_rows
         if n <= rows:
@@ -426,7 +432,10 @@ class Head(nn.Module):
         z = logits.to(torch.float64) if self.compute64 else logits
         if self.input_probs:
             z = torch.log(z)
-        return self.core(z, index).to(logits.dtype)
+        out = self.core(z, index).to(logits.dtype)
+        if not self.box:  # a NaN / +inf row: NaN out (predict_proba refuses it; a graph cannot raise)
+            out = torch.where(bad_rows(logits), torch.full_like(out, math.nan), out)
+        return out
 
     def emit(self, g: Graph, x: str, index, dtype) -> str:
         dt = np.float64 if self.compute64 else dtype
@@ -436,6 +445,8 @@ class Head(nn.Module):
         out = self.core.emit(g, z, index, dt)
         if np.dtype(dt) != np.dtype(dtype):
             out = g.op("Cast", out, to=1)
+        if not self.box:
+            out = emit_nan_rows(g, x, out, dtype)
         return out
 
 

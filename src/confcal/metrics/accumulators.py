@@ -298,11 +298,15 @@ class SummaryAccumulator(_Mergeable):
     True
     """
 
-    def __init__(self, n_bins: int = 15, *, equal_mass: bool = True):
+    def __init__(self, n_bins: int = 15, *, equal_mass: bool = True, tests: bool = True):
+        from confcal.metrics.calibration_tests import CalibrationTestAccumulator
+
         self.n_bins = check_n_bins(n_bins)
         self.scores = ScoresAccumulator()
         self.bins = BinnedAccumulator(self.n_bins)
         self.equal_mass = EqualMassAccumulator(self.n_bins) if equal_mass else None
+        # calibration tests of the top-label confidence (box scores: of the score), pass 1 only
+        self.tests = CalibrationTestAccumulator() if tests else None
         self.pass_no = 1
 
     @property
@@ -327,11 +331,14 @@ class SummaryAccumulator(_Mergeable):
         if self.pass_no == 1:
             self.scores._add_validated(p, y, pred, binary=np.ndim(probs) == 1)
             self.bins.update_pairs(conf, correct)
+            if self.tests is not None and not isinstance(self, BoxSummaryAccumulator):
+                self.tests._add(conf, correct, owned=True)  # this batch's temporaries
         if self.equal_mass is not None:
             self.equal_mass.update_pairs(conf, correct)
         return self
 
     def start_next_pass(self):
+        self.tests = None  # pass 1 only: later passes neither feed nor carry it (the pairs stay in pass 1's)
         if self.needs_another_pass:
             self.equal_mass = self.equal_mass.next_pass()
             self.pass_no += 1
@@ -344,6 +351,8 @@ class SummaryAccumulator(_Mergeable):
             raise ValueError("merge: summaries at different passes")
         self.scores.merge(o.scores)
         self.bins.merge(o.bins)
+        if self.tests is not None and o.tests is not None:
+            self.tests.merge(o.tests)
         if self.equal_mass is not None:
             self.equal_mass.merge(o.equal_mass)
 
@@ -378,8 +387,8 @@ class BoxSummaryAccumulator(SummaryAccumulator):
     True
     """
 
-    def __init__(self, n_bins: int = 15, *, equal_mass: bool = True):
-        super().__init__(n_bins, equal_mass=equal_mass)
+    def __init__(self, n_bins: int = 15, *, equal_mass: bool = True, tests: bool = True):
+        super().__init__(n_bins, equal_mass=equal_mass, tests=tests)
         self.d_bins = BinnedAccumulator(self.n_bins)
 
     def update(self, probs, labels):
@@ -390,6 +399,8 @@ class BoxSummaryAccumulator(SummaryAccumulator):
         super().update(p, labels)  # validates (check_probs / check_labels) in pass 1
         if first:
             self.d_bins.update_pairs(p, np.asarray(labels))
+            if self.tests is not None:  # the tests of the box score itself, as the D-ECE's bins
+                self.tests._add(p, np.asarray(labels))
         return self
 
     def _merge(self, o):

@@ -50,6 +50,9 @@ def _rows_of(logits, input_kind: str) -> np.ndarray:
         return x.astype(np.float64)
     if x.ndim != 2 or x.shape[0] == 0:
         raise ValueError(f"logits: expected shape (n_samples, n_classes) or (n_boxes,), got {x.shape}")
+    if x.shape[1] == 1:  # a one-logit binary model (sigmoid head): the two-class rows of predict_proba
+        z = x[:, 0].astype(np.float64)
+        x = np.stack([1.0 - z, z], axis=1) if input_kind == "probs" else np.stack([np.zeros_like(z), z], axis=1)
     if input_kind == "probs":
         with np.errstate(divide="ignore"):
             return np.log(x.astype(np.float64))
@@ -174,7 +177,7 @@ def data_summary(logits, *, input_kind: str = "logits", domains=None, features=N
     out = {"statistic": "ks_top_confidence", "n": int(conf.size),
            "confidence_quantiles": _quantiles(conf, n_quantiles)}
     if pred is not None:
-        k = as_numpy(logits, "logits").shape[1]
+        k = max(2, as_numpy(logits, "logits").shape[1])  # a one-logit binary model counts 2 classes
         out["class_frequencies"] = (np.bincount(pred, minlength=k) / pred.size).tolist()
     if domains is not None:
         d = check_domains(domains, conf.size)
@@ -275,9 +278,9 @@ def drift_check(summary: dict, logits, *, input_kind: str = "logits", domains=No
                "threshold": thr, "alpha": per, "drift": bool(stat > thr), "unseen": unseen}
         if pred is not None:
             freq = np.asarray(summary["class_frequencies"], dtype=np.float64)
-            if freq.size != as_numpy(logits, "logits").shape[1]:
-                raise ValueError(f"logits: expected {freq.size} classes (as at fit time), got "
-                                 f"{as_numpy(logits, 'logits').shape[1]}")
+            width = max(2, as_numpy(logits, "logits").shape[1])  # (n, 1): a one-logit model's 2 classes
+            if freq.size != width:
+                raise ValueError(f"logits: expected {freq.size} classes (as at fit time), got {width}")
             new = np.bincount(pred[idx], minlength=freq.size) / idx.size
             row["class_tv"] = float(0.5 * np.abs(new - freq).sum())
         out.append(row)

@@ -213,7 +213,7 @@ def _merge_values(a, b):
 
 def _pass1(batch: dict, first: int, *, input_kind: str, by_domain: bool):
     x = np.asarray(batch["logits"])
-    acc = SummaryPass1(None if x.ndim == 1 else x.shape[1], input_kind)
+    acc = SummaryPass1(None if x.ndim == 1 else max(2, x.shape[1]), input_kind)  # (n, 1): a sigmoid head, 2 classes
     return acc.update(x, np.asarray(batch["domains"]) if by_domain else None)
 
 

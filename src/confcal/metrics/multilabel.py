@@ -11,7 +11,7 @@ import numpy as np
 from confcal._validation import as_numpy
 from confcal.metrics.detection import binary_brier, binary_nll, detection_ece
 
-__all__ = ["check_multihot", "multilabel_metrics"]
+__all__ = ["check_multihot", "multilabel_metrics", "label_checks"]
 
 
 def check_multihot(labels, n: int, n_labels: int) -> np.ndarray:
@@ -33,11 +33,31 @@ def check_multihot(labels, n: int, n_labels: int) -> np.ndarray:
     return y.astype(np.int8)
 
 
-def multilabel_metrics(probs, labels, n_bins: int = 15) -> dict:
+def label_checks(p, y, n_bins: int = 15, alpha: float = 0.05) -> dict:
+    """The calibration checks of one label (issue 42): ``ece_lower`` / ``ece_upper`` (simultaneous
+    ``1 - alpha`` bounds of its binned error, :func:`confcal.metrics.ece_bounds`), ``ece_bias_corrected``,
+    ``l2_ce_debiased`` (Kumar, Liang & Ma 2019) and ``tests`` (Spiegelhalter, Kolmogorov-Smirnov, Kuiper:
+    ``statistic``, ``p_value``, ``n``) of ``p`` ``(n,)`` against 0/1 ``y`` ``(n,)``."""
+    from confcal.metrics.accumulators import BinnedAccumulator
+    from confcal.metrics.calibration_tests import CalibrationTestAccumulator
+    from confcal.metrics.debiased import bias_corrected_ece, debiased_l2_ce
+    from confcal.metrics.intervals import ece_bounds
+
+    b = BinnedAccumulator(n_bins).update_pairs(p, y)
+    lo, hi = ece_bounds(b.count, b.conf_sum, b.corr_sum, alpha)
+    tests = CalibrationTestAccumulator().update_pairs(p, y).result()
+    return {"alpha": alpha, "ece_lower": lo, "ece_upper": hi,
+            "ece_bias_corrected": bias_corrected_ece(b.count, b.conf_sum, b.corr_sum),
+            "l2_ce_debiased": debiased_l2_ce(b.count, b.conf_sum, b.corr_sum),
+            "tests": {k: r.as_dict() for k, r in tests.items()}}
+
+
+def multilabel_metrics(probs, labels, n_bins: int = 15, *, checks: bool = False, alpha: float = 0.05) -> dict:
     """Per-label binary calibration metrics of ``probs`` ``(n, L)`` (P(label present)) against
-    multi-hot ``labels`` ``(n, L)``: ``{"per_label": [{"ece", "nll", "brier", "prevalence"}, ...],
-    "mean": the macro averages}``. ECE: ``n_bins`` equal-width bins of each label's probability
-    (the binary form of Guo et al. 2017, eq. 3).
+    multi-hot ``labels`` ``(n, L)``: ``{"per_label": [{"ece", "nll", "brier", "prevalence",
+    "calibration"}, ...], "mean": the macro averages}``. ECE: ``n_bins`` equal-width bins of each
+    label's probability (the binary form of Guo et al. 2017, eq. 3); ``calibration`` (only with
+    ``checks=True``): :func:`label_checks` at level ``alpha``.
 
     Examples
     --------
@@ -49,6 +69,8 @@ def multilabel_metrics(probs, labels, n_bins: int = 15) -> dict:
     y = check_multihot(labels, p.shape[0], p.shape[1] if p.ndim == 2 else 1)
     p = p.reshape(y.shape)
     rows = [{"ece": detection_ece(p[:, j], y[:, j], n_bins), "nll": binary_nll(p[:, j], y[:, j]),
-             "brier": binary_brier(p[:, j], y[:, j]), "prevalence": float(y[:, j].mean())} for j in range(y.shape[1])]
+             "brier": binary_brier(p[:, j], y[:, j]), "prevalence": float(y[:, j].mean()),
+             **({"calibration": label_checks(p[:, j], y[:, j], n_bins, alpha)} if checks else {})}
+            for j in range(y.shape[1])]
     mean = {k: float(np.mean([r[k] for r in rows])) for k in ("ece", "nll", "brier")}
     return {"per_label": rows, "mean": mean}

@@ -159,18 +159,27 @@ def fit_temperature(logits, labels, *, sample_weight=None, t_bounds=DEFAULT_T_BO
 
     Parameters
     ----------
-    logits : float ``(n_samples, n_classes)``, validated (finite or ``-inf``)
-    labels : int64 ``(n_samples,)``
-    sample_weight : optional non-negative ``(n_samples,)``; the weighted mean NLL is minimised
-    t_bounds : ``(T_min, T_max)``, the search range (default ``[1e-2, 1e2]``)
-    tol : stop when the bracket on ``log T`` is narrower than this (the usual stop is a float64
+    logits : float
+        ``(n_samples, n_classes)``, validated (finite or ``-inf``)
+    labels : int64
+        ``(n_samples,)``
+    sample_weight
+        optional non-negative ``(n_samples,)``; the weighted mean NLL is minimised
+    t_bounds
+        ``(T_min, T_max)``, the search range (default ``[1e-2, 1e2]``)
+    tol
+        Stop when the bracket on ``log T`` is narrower than this (the usual stop is a float64
         Newton step below 1e-7, whose error is then ~1e-14)
-    accept_step : a start for another fit (ETS) needs less: stop at the evaluated point once its
+    accept_step
+        A start for another fit (ETS) needs less: stop at the evaluated point once its
         float64 Newton step on ``log T`` is below this (0, the default: the full fit)
 
-    Returns a :class:`TemperatureFit`. When the optimum lies on a bound
-    (separable data: T -> 0; a model mostly wrong: T -> inf), that bound is
-    returned and a :class:`CalibrationWarning` is issued (if ``warn``).
+    Returns
+    -------
+    TemperatureFit
+        The fitted temperature, its NLL and the iteration count. When the optimum lies on a bound
+        (separable data: T -> 0; a model mostly wrong: T -> inf), that bound is returned and a
+        :class:`CalibrationWarning` is issued (if ``warn``).
     """
     t_min, t_max = (float(b) for b in t_bounds)
     if not (0 < t_min < t_max and math.isfinite(t_max)):

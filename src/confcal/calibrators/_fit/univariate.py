@@ -109,17 +109,43 @@ def _bin_means(count, total, fallback):
 
 
 # -------------------------------------------------------------------- histogram
-def fit_histogram(scores, targets, *, n_bins: int, sample_weight=None) -> dict:
+def fit_histogram(scores, targets, *, n_bins: int, sample_weight=None, fitted: bool = False):
     """Histogram binning (Zadrozny & Elkan, ICML 2001): equal-mass bins, each bin's value is the
     (weighted) fraction of positives in it. Every bin is non-empty by construction of
-    :func:`equal_mass_edges`."""
+    :func:`equal_mass_edges`.
+
+    Without weights the edges come from one sort of the score values (no argsort: with unit weights
+    the cumulative count at a rank is the rank, whatever the order of tied scores), the counts from
+    the sorted scores (the edges lie strictly between two calibration scores) and the positives from
+    one ``bincount`` in row order: the same sums as :func:`bin_index` and ``_bin_sums``, so the
+    values are equal to the weighted path's with unit weights, not just close.
+
+    ``fitted=True`` returns ``(params, map of each calibration score)``, the latter equal to
+    :func:`apply_histogram` of ``params`` on ``scores`` (each score's bin is known from the fit)."""
     s = np.asarray(scores, dtype=np.float64)
     y = np.asarray(targets, dtype=np.float64)
-    w = _weights(sample_weight, s.size)
-    edges = equal_mass_edges(s, n_bins, w)
-    idx = bin_index(edges, s)
-    count, pos = _bin_sums(idx, edges.size + 1, w, y)
-    return {"edges": edges.tolist(), "values": _bin_means(count, pos, float(np.sum(w * y) / np.sum(w))).tolist()}
+    if sample_weight is not None:
+        w = _weights(sample_weight, s.size)
+        edges = equal_mass_edges(s, n_bins, w)
+        idx = bin_index(edges, s)
+        count, pos = _bin_sums(idx, edges.size + 1, w, y)
+        values = _bin_means(count, pos, float(np.sum(w * y) / np.sum(w)))
+        params = {"edges": edges.tolist(), "values": values.tolist()}
+        return (params, values[idx]) if fitted else params
+    n = s.size
+    s_sorted = np.sort(s)  # values only: numpy's SIMD sort, 2-4x faster here than an argsort
+    # the ranks of equal_mass_edges with unit weights: its cumulative weights are 1, 2, ..., n
+    ranks = np.minimum(np.searchsorted(np.arange(1.0, n + 1.0), np.arange(1, n_bins) * float(n) / n_bins,
+                                       side="left"), n - 1)
+    q = np.unique(s_sorted[ranks])
+    q = q[q < s_sorted[-1]]
+    edges = edges_between(q, s_sorted[np.searchsorted(s_sorted, q, side="right")])
+    idx = bin_index(edges, s)  # a search in <= n_bins - 1 edges per score
+    count = np.diff(np.concatenate([[0], np.searchsorted(s_sorted, edges, side="right"), [n]])).astype(np.float64)
+    pos = np.bincount(idx, weights=y, minlength=edges.size + 1)  # as _bin_sums with unit weights
+    values = pos / count
+    params = {"edges": edges.tolist(), "values": values.tolist()}
+    return (params, values[idx]) if fitted else params
 
 
 def apply_histogram(params: dict, scores) -> np.ndarray:
@@ -128,19 +154,73 @@ def apply_histogram(params: dict, scores) -> np.ndarray:
 
 # --------------------------------------------------------------------- isotonic
 def fit_isotonic(scores, targets, *, sample_weight=None) -> dict:
-    """Isotonic regression (Zadrozny & Elkan, KDD 2002) by scikit-learn's ``IsotonicRegression``
-    (``increasing=True``, ``y_min=0``, ``y_max=1``, ``out_of_bounds="clip"``).
+    """Isotonic regression (Zadrozny & Elkan, KDD 2002), the map of scikit-learn's ``IsotonicRegression``
+    (``increasing=True``, ``y_min=0``, ``y_max=1``, ``out_of_bounds="clip"``) without its per-call
+    validation (a third of a one-vs-rest fit's time on 100 classes).
 
-    Stored as its thresholds; :func:`apply_isotonic` interpolates linearly between them and
-    clips outside ``[min score, max score]`` to the end values, as scikit-learn's ``predict`` does.
+    The same steps: rows of zero weight dropped; scores sorted; a run of scores within float64's
+    ``resolution`` (1e-15) of the run's first score merged into one point at that score with the
+    weighted mean target and the summed weight; the pool-adjacent-violators fit of those points
+    (``scipy.optimize.isotonic_regression``, which scikit-learn calls too); values clipped to
+    ``[0, 1]``; interior points whose value equals both neighbours' dropped. Stored as the
+    thresholds; :func:`apply_isotonic` interpolates linearly between them and clips outside
+    ``[min score, max score]`` to the end values, as scikit-learn's ``predict`` does.
     """
-    from sklearn.isotonic import IsotonicRegression  # the monotone fit: a well-kept library
+    from scipy.optimize import isotonic_regression
 
-    iso = IsotonicRegression(y_min=0.0, y_max=1.0, increasing=True, out_of_bounds="clip")
-    iso.fit(np.asarray(scores, dtype=np.float64), np.asarray(targets, dtype=np.float64),
-            sample_weight=sample_weight)
-    return {"x": np.asarray(iso.X_thresholds_, dtype=np.float64).tolist(),
-            "y": np.asarray(iso.y_thresholds_, dtype=np.float64).tolist()}
+    s = np.asarray(scores, dtype=np.float64).reshape(-1)
+    y = np.asarray(targets, dtype=np.float64).reshape(-1)
+    if sample_weight is not None:
+        w = np.asarray(sample_weight, dtype=np.float64).reshape(-1)
+        keep = w > 0
+        s, y, w = s[keep], y[keep], w[keep]
+        order = np.lexsort((y, s))
+        w = w[order]
+    else:
+        w = None
+        # unit weights: the order within tied scores only changes the order of a run's sum of targets
+        order = np.argsort(s)
+    s, y = s[order], y[order]
+    xs, ys, ws = _merge_close(s, y, w)
+    fit = np.clip(np.asarray(isotonic_regression(ys, weights=ws, increasing=True).x, dtype=np.float64), 0.0, 1.0)
+    keep = np.ones(fit.size, dtype=bool)
+    keep[1:-1] = (fit[1:-1] != fit[:-2]) | (fit[1:-1] != fit[2:])
+    return {"x": xs[keep].tolist(), "y": fit[keep].tolist()}
+
+
+_RESOLUTION = float(np.finfo(np.float64).resolution)  # 1e-15: ties closer than this are one point
+
+
+def _merge_close(s, y, w):
+    """Sorted scores ``s`` whose runs lie within :data:`_RESOLUTION` of the run's first score, merged:
+    ``(first score of each run, weighted mean target, summed weight)`` (``w`` None: unit weights).
+
+    A step of at least the resolution always starts a run; steps below it start one only where
+    the run begun before has already spread that far, which is checked one point at a time
+    (only inside stretches of such small steps, rare for probabilities)."""
+    n = s.size
+    new = np.empty(n, dtype=bool)
+    new[0] = True
+    np.greater_equal(s[1:] - s[:-1], _RESOLUTION, out=new[1:])
+    starts = np.flatnonzero(new)
+    ends = np.append(starts[1:], n)
+    wide = s[ends - 1] - s[starts] >= _RESOLUTION
+    for a, b in zip(starts[wide], ends[wide]):
+        anchor = a  # a run that spreads past the resolution: split it by the sequential rule
+        for j in range(a + 1, b):
+            if s[j] - s[anchor] >= _RESOLUTION:
+                new[j] = True
+                anchor = j
+    starts = np.flatnonzero(new)
+    if starts.size == n:
+        return s, y, (np.ones(n) if w is None else w)
+    if w is None:
+        ws = np.diff(np.append(starts, n)).astype(np.float64)
+        ys = np.add.reduceat(y, starts) / ws
+    else:
+        ws = np.add.reduceat(w, starts)
+        ys = np.add.reduceat(w * y, starts) / ws
+    return s[starts], ys, ws
 
 
 def apply_isotonic(params: dict, scores) -> np.ndarray:

@@ -92,7 +92,7 @@ def _check_positive_int(value, name: str, lo: int = 1) -> int:
     return int(value)
 
 
-# constraint tables of the manifests (calibrators/_constraints.py); _set_fitted checks the rest
+# constraint tables of the manifests (calibrators/protocol/constraints.py); _set_fitted checks the rest
 # (lengths, monotone edges)
 _PROB = Real(ge=0, le=1)
 _ISO_MAP = Fields({"x": ListOf(Real()), "y": ListOf(_PROB)})
@@ -148,8 +148,11 @@ class IsotonicCalibration(_Isotonic, OneVsRestCalibrator):
 
     Attributes
     ----------
-    maps_ : list of ``{"x": thresholds, "y": values}``, one per class (one for two classes)
+    maps_
+        list of ``{"x": thresholds, "y": values}``, one per class (one for two classes)
 
+    Notes
+    -----
     Source: B. Zadrozny and C. Elkan, "Transforming Classifier Scores into Accurate
     Multiclass Probability Estimates", KDD 2002, sec. 3-4.
 
@@ -184,8 +187,11 @@ class TopLabelIsotonicCalibration(_Isotonic, TopLabelCalibrator):
 
     Attributes
     ----------
-    map_ : ``{"x": thresholds, "y": values}``
+    map_
+        ``{"x": thresholds, "y": values}``
 
+    Notes
+    -----
     Source: Zadrozny & Elkan, KDD 2002, applied top-label as in Kumar et al., NeurIPS 2019, sec. 3.
 
     Examples
@@ -216,6 +222,11 @@ class _Histogram:
         return fit_histogram(scores, targets, n_bins=_check_positive_int(self.n_bins, "n_bins"),
                              sample_weight=sample_weight)
 
+    def _fit_map_fitted(self, scores, targets, sample_weight):
+        """The map and its values at ``scores`` (see :meth:`OneVsRestCalibrator._fit`)."""
+        return fit_histogram(scores, targets, n_bins=_check_positive_int(self.n_bins, "n_bins"),
+                             sample_weight=sample_weight, fitted=True)
+
     def _apply_map(self, params, scores):
         return apply_histogram(params, scores)
 
@@ -238,6 +249,8 @@ class HistogramBinning(_Histogram, OneVsRestCalibrator):
     ----------
     n_bins : int, default 15
 
+    Notes
+    -----
     Source: B. Zadrozny and C. Elkan, "Obtaining calibrated probability estimates from
     decision trees and naive Bayesian classifiers", ICML 2001.
 
@@ -269,6 +282,8 @@ class TopLabelHistogramBinning(_Histogram, TopLabelCalibrator):
     ----------
     n_bins : int, default 15
 
+    Notes
+    -----
     Source: Zadrozny & Elkan, ICML 2001; top-label as in Gupta & Ramdas, ICLR 2022.
 
     Examples
@@ -327,6 +342,8 @@ class BBQ(_BBQ, OneVsRestCalibrator):
     prior_strength : float, default 2
         ``N'``, the BDeu equivalent sample size.
 
+    Notes
+    -----
     Source: M. P. Naeini, G. F. Cooper and M. Hauskrecht, "Obtaining Well Calibrated
     Probabilities Using Bayesian Binning", AAAI 2015.
 
@@ -361,6 +378,8 @@ class TopLabelBBQ(_BBQ, TopLabelCalibrator):
     spread : float, default 10
     prior_strength : float, default 2
 
+    Notes
+    -----
     Source: Naeini et al., AAAI 2015; top-label reduction as in Kumar et al., NeurIPS 2019.
 
     Examples
@@ -453,16 +472,23 @@ class ScalingBinning(_ScalingBinning, TopLabelCalibrator):
 
     Parameters
     ----------
-    n_bins : int, default 10 (the paper's ``B = 10``)
-    scaler : ``"auto"`` (default), ``"ts"`` or ``"platt"``
+    n_bins : int
+        Default 10 (the paper's ``B = 10``)
+    scaler
+        ``"auto"`` (default), ``"ts"`` or ``"platt"``
     random_state : int, default 0 -- the seed of the split into halves
 
     Attributes
     ----------
-    scaler_ : ``"ts"`` or ``"platt"``, the scaler used
-    map_ : ``{"edges", "values"}`` plus ``{"a", "b"}`` for Platt
-    temperature_ : float, the fitted ``T`` (when ``scaler_ == "ts"``)
+    scaler_
+        ``"ts"`` or ``"platt"``, the scaler used
+    map_
+        ``{"edges", "values"}`` plus ``{"a", "b"}`` for Platt
+    temperature_ : float
+        The fitted ``T`` (when ``scaler_ == "ts"``)
 
+    Notes
+    -----
     Source: A. Kumar, P. Liang and T. Ma, "Verified Uncertainty Calibration", NeurIPS 2019,
     sec. 4 (steps 1-3), top-label calibration error (sec. 3).
 
@@ -549,9 +575,12 @@ class MarginalScalingBinning(_ScalingBinning, OneVsRestCalibrator):
     Parameters
     ----------
     n_bins : int, default 10
-    scaler : ``"auto"`` (default), ``"ts"`` or ``"platt"``
+    scaler
+        ``"auto"`` (default), ``"ts"`` or ``"platt"``
     random_state : int, default 0 -- the seed of the split into halves
 
+    Notes
+    -----
     Source: Kumar, Liang & Ma, NeurIPS 2019, sec. 4 (marginal calibration error, sec. 3).
 
     Examples

@@ -40,18 +40,26 @@ class FeatureClipping(Calibrator):
 
     Parameters
     ----------
-    weight : optional nested list ``(n_classes, n_features)``, the last linear layer
-    bias : optional list ``(n_classes,)`` (zeros if ``weight`` is given without it)
-    max_residual : largest relative residual accepted when the layer is recovered from
+    weight
+        optional nested list ``(n_classes, n_features)``, the last linear layer
+    bias : optional list
+        ``(n_classes,)`` (zeros if ``weight`` is given without it)
+    max_residual
+        Largest relative residual accepted when the layer is recovered from
         the logits (default 1e-3)
-
-    Side input ``features`` ``(n_samples, n_features)`` is required at fit and predict time.
 
     Attributes
     ----------
-    threshold_ : float ``c`` (``inf`` when clipping does not help; stored as ``null`` in the manifest)
-    weight_, bias_ : the layer used (given or recovered), float64 arrays
-    nll_ : calibration NLL at ``threshold_``; ``base_nll_`` without clipping
+    threshold_ : float
+        ``c`` (``inf`` when clipping does not help; stored as ``null`` in the manifest)
+    weight_, bias_
+        The layer used (given or recovered), float64 arrays
+    nll_
+        Calibration NLL at ``threshold_``; ``base_nll_`` without clipping
+
+    Notes
+    -----
+    Side input ``features`` ``(n_samples, n_features)`` is required at fit and predict time.
 
     Raises ``ValueError`` for a layer whose shape does not match the features /
     classes, or features that do not reproduce the logits.

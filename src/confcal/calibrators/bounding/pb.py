@@ -236,27 +236,46 @@ class ProbabilityBounding(Calibrator):
 
     Parameters
     ----------
-    base : X, one of :data:`BASES` (fixed by the preset)
-    bounds : ``"both"``, ``"lower"`` or ``"upper"`` (fixed by the preset)
-    bound_model : ``"uniform"`` (scalars ``a``, ``b``) or ``"mlp"`` (per sample; fixed by the preset)
-    base_params : dict of hyper-parameters for X (e.g. ``{"reg_lambda": 0.1}`` for Dirichlet)
-    max_iter, tol : LBFGS iterations and gradient tolerance of each joint refinement (an
+    base
+        X, one of :data:`BASES` (fixed by the preset)
+    bounds
+        ``"both"``, ``"lower"`` or ``"upper"`` (fixed by the preset)
+    bound_model
+        ``"uniform"`` (scalars ``a``, ``b``) or ``"mlp"`` (per sample; fixed by the preset)
+    base_params
+        dict of hyper-parameters for X (e.g. ``{"reg_lambda": 0.1}`` for Dirichlet)
+    max_iter, tol
+        LBFGS iterations and gradient tolerance of each joint refinement (an
         ODIR-cross-validated ``ms`` / ``dirichlet`` base, an early-stopped fit, is held fixed and
         only the bounds are fitted on it, so that X+PB cannot win by fitting X longer)
-    epochs, batch_size, lr : Adam schedule for network maps / bounds (paper: 500, 256, 1e-3)
-    hidden, top_k : width and input size of the bound network (``bound_model="mlp"``)
-    random_state : seed; the fit is deterministic per seed
-    progress : tqdm bar during Adam fits (shown only on a terminal)
+    epochs, batch_size, lr
+        Adam schedule for network maps / bounds (paper: 500, 256, 1e-3)
+    hidden, top_k
+        Width and input size of the bound network (``bound_model="mlp"``)
+    random_state
+        seed; the fit is deterministic per seed
+    progress
+        Tqdm bar during Adam fits (shown only on a terminal)
 
     Attributes
     ----------
-    lower_, upper_ : float, the fitted uniform bounds (``bound_model="uniform"``)
-    map_ : X's fitted logit map (torch module); ``temperature_`` when X is TS
-    link_ : the fitted bound network (``bound_model="mlp"``), else None
-    base_nll_ : X's own fitted calibration NLL; ``nll_`` : X+PB's (``nll_ <= base_nll_``)
-    fallback_ : True when X alone was better and the bounds were dropped (``a = 0``, ``b = 1``)
-    tie_rate_ : fraction of calibration rows with a tied top probability
-    n_iter_ : optimiser iterations / steps of the joint refinement
+    lower_, upper_ : float
+        The fitted uniform bounds (``bound_model="uniform"``)
+    map_
+        X's fitted logit map (torch module); ``temperature_`` when X is TS
+    link_
+        The fitted bound network (``bound_model="mlp"``), else None
+    base_nll_
+        X's own fitted calibration NLL; ``nll_`` : X+PB's (``nll_ <= base_nll_``)
+    fallback_
+        True when X alone was better and the bounds were dropped (``a = 0``, ``b = 1``)
+    tie_rate_
+        Fraction of calibration rows with a tied top probability
+    n_iter_
+        Optimiser iterations / steps of the joint refinement
+
+    Notes
+    -----
     (each of the last five is None on a calibrator loaded from a manifest that does not record it)
 
     ``fit`` raises ``ValueError`` for an unknown base / bounds / bound_model;

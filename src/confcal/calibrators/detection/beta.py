@@ -26,13 +26,17 @@ class DetectionBetaCalibration(_BoxScoreMaps):
 
     Parameters
     ----------
-    per_class : one map per ``category_ids`` value (crossed with domains when given)
-    clip_scores : clip scores outside [0, 1] into it instead of raising
-    min_samples : groups with fewer boxes use the pooled map
+    per_class
+        One map per ``category_ids`` value (crossed with domains when given)
+    clip_scores
+        Clip scores outside [0, 1] into it instead of raising
+    min_samples
+        Groups with fewer boxes use the pooled map
 
     Attributes
     ----------
-    pooled_ : dict ``{"a", "b", "c"}`` of the pooled fit
+    pooled_ : dict
+        ``{"a", "b", "c"}`` of the pooled fit
     groups_ : dict
         ``{(category_id?, domain?): parameters}``, as in ``det-ts``
     group_counts_ : dict
@@ -40,6 +44,8 @@ class DetectionBetaCalibration(_BoxScoreMaps):
     fallback_groups_ : list
         Groups that use ``pooled_``.
 
+    Notes
+    -----
     Source: Kull, Silva Filho & Flach, AISTATS 2017 (eq. 4, a, b >= 0); for detectors as in
     Küppers et al., "Multivariate Confidence Calibration for Object Detection", CVPR-W 2020.
 

@@ -54,6 +54,7 @@ from scipy.special import expit
 
 from confcal._numeric import softmax
 from confcal._validation import as_numpy, check_box_labels, check_labels, check_logits
+from confcal.calibrators.protocol.group_keys import group_key
 from confcal.calibrators.protocol.constraints import NLL, T_BOUNDS, T_RULE, TEMPERATURE, Bool, Choice, Fields, GroupKey, \
     GroupsAgree, Int, ListOf, Nullable, Opt, Pairs, Real, group_keys_of, increasing_slopes, \
     temperature_within_bounds
@@ -144,7 +145,7 @@ def _check_category_ids(category_ids, n: int) -> np.ndarray:
 
 # ------------------------------------------------------------------ grouped base
 def _key_part(v):
-    return v.item() if hasattr(v, "item") else v
+    return group_key(v, where="domains")  # the one id-key rule (a part of a box map's tuple key)
 
 
 def _box_key_parts(hyper, params) -> int:
@@ -551,16 +552,21 @@ class DetectionPlattScaling(_BoxScoreMaps):
 
     Parameters
     ----------
-    per_class : one map per ``category_ids`` value (crossed with domains when given)
-    increasing : constrain ``a >= 0`` so the detector's ranking is never reversed; when
+    per_class
+        One map per ``category_ids`` value (crossed with domains when given)
+    increasing
+        Constrain ``a >= 0`` so the detector's ranking is never reversed; when
         the best increasing map is flat (``a = 0``: scores carry no signal) the output is
         the base rate and a ``CalibrationWarning`` says so
-    platt_targets : use Platt's smoothed targets (finite fit on separable groups)
-    min_samples : groups with fewer boxes use the pooled map
+    platt_targets
+        Use Platt's smoothed targets (finite fit on separable groups)
+    min_samples
+        Groups with fewer boxes use the pooled map
 
     Attributes
     ----------
-    pooled_ : dict ``{"a", "b"}`` of the pooled fit
+    pooled_ : dict
+        ``{"a", "b"}`` of the pooled fit
     groups_ : dict
         ``{(category_id?, domain?): parameters}``, as in ``det-ts``
     group_counts_ : dict
@@ -568,6 +574,8 @@ class DetectionPlattScaling(_BoxScoreMaps):
     fallback_groups_ : list
         Groups that use ``pooled_``.
 
+    Notes
+    -----
     Source: J. Platt, "Probabilistic Outputs for Support Vector Machines and
     Comparisons to Regularized Likelihood Methods", 1999.
 

@@ -452,30 +452,41 @@ class GeometryLogisticCalibration(_PenalisedBasisMap):
 
     Parameters
     ----------
-    box_features : comma-separated names of the ``features=`` columns (e.g. ``"cx,cy,w,h"``), stored
+    box_features
+        comma-separated names of the ``features=`` columns (e.g. ``"cx,cy,w,h"``), stored
         in the manifest; None: ``f0, f1, ...``
-    reg : ``"cv"`` (choose ``reg_lambda`` by ``cv_folds``-fold cross-validated NLL) or ``"fixed"``
-    reg_lambda : the penalty with ``reg="fixed"`` (and when a label has fewer than ``cv_folds`` boxes)
-    dependent : include the products ``x_i x_j``
-    clip_levels : add a free level for boxes whose score is clipped at ``eps`` or ``1 - eps`` (see the
+    reg
+        ``"cv"`` (choose ``reg_lambda`` by ``cv_folds``-fold cross-validated NLL) or ``"fixed"``
+    reg_lambda
+        The penalty with ``reg="fixed"`` (and when a label has fewer than ``cv_folds`` boxes)
+    dependent
+        Include the products ``x_i x_j``
+    clip_levels
+        Add a free level for boxes whose score is clipped at ``eps`` or ``1 - eps`` (see the
         module docstring); a manifest written before this option loads without them
-    score_transform : ``"logit"`` (default; scores clipped to ``[eps, 1 - eps]``, so raw scores above 1 are
+    score_transform
+        ``"logit"`` (default; scores clipped to ``[eps, 1 - eps]``, so raw scores above 1 are
         clipped) or ``"raw"`` (the score as it is, for detectors whose scores are not probabilities)
-    eps, cv_folds, random_state : the clip of the scores; folds and seed of the cross-validation
-    per_class : one map per ``category_ids`` value (needs ``category_ids=`` at fit and predict time);
+    eps, cv_folds, random_state
+        The clip of the scores; folds and seed of the cross-validation
+    per_class
+        One map per ``category_ids`` value (needs ``category_ids=`` at fit and predict time);
         ``domains=`` given at fit time also groups the boxes (crossed with the classes). Each group's
         map is this method fitted on its boxes alone; groups with fewer than ``min_samples`` boxes or
         one label, and groups unseen at predict time (one warning), use the pooled map (all boxes)
-    min_samples : the smallest group with its own map (default 50)
-
-    Inputs: ``fit(scores (n,), labels 0/1 (n,), features=(n, d)[, category_ids=(n,), domains=(n,)])``;
-    ``predict_proba(scores, features=[, ...])`` gives float64 ``(n, 2)`` (false, true positive).
+    min_samples
+        The smallest group with its own map (default 50)
 
     Raises
     ------
     ValueError
         Scores not 1-D or not finite, labels other than 0/1, ``features`` missing, non-finite or of
         another width than at fit time (the message names the fitted features).
+
+    Notes
+    -----
+    Inputs: ``fit(scores (n,), labels 0/1 (n,), features=(n, d)[, category_ids=(n,), domains=(n,)])``;
+    ``predict_proba(scores, features=[, ...])`` gives float64 ``(n, 2)`` (false, true positive).
 
     Examples
     --------

@@ -39,6 +39,7 @@ from confcal.calibrators.protocol.constraints import SEED, T_BOUNDS, T_RULE, TEM
     GroupKey, Int, Nullable, Opt, Pairs, Real, optional_value, without_missing
 from confcal.calibrators._fit.tsfit import DEFAULT_T_BOUNDS, CalibrationWarning, fit_temperature
 from confcal.calibrators.protocol.base import Calibrator, register
+from confcal.calibrators.protocol.temperature_bounds import temperatures_within_bounds
 from confcal.calibrators.grouping import fit_groups
 
 __all__ = [
@@ -114,20 +115,26 @@ class SetLevelTemperatureScaling(Calibrator):
 
     Parameters
     ----------
-    domain_weighting : ``"sample"`` (default, the paper's eq. 15: every
+    domain_weighting
+        ``"sample"`` (default, the paper's eq. 15: every
         calibration sample counts once) or ``"domain"`` (every calibration
         domain gets the same total weight; needs ``domains=`` at fit time)
-    t_min, t_max : search range of ``T`` (default ``[1e-2, 1e2]``)
-
-    Side inputs: ``domains`` ``(n_samples,)`` (used only at fit time, only for
-    ``domain_weighting="domain"``); ``features`` is accepted and ignored so all
-    four domain-generalization methods take the same call.
+    t_min, t_max
+        Search range of ``T`` (default ``[1e-2, 1e2]``)
 
     Attributes
     ----------
     temperature_ : float
-    domain_counts_ : dict ``{domain id: n calibration samples}`` (empty without domains)
-    at_bound_ : bool, whether ``T`` ended on a search bound
+    domain_counts_ : dict
+        ``{domain id: n calibration samples}`` (empty without domains)
+    at_bound_ : bool
+        Whether ``T`` ended on a search bound
+
+    Notes
+    -----
+    Side inputs: ``domains`` ``(n_samples,)`` (used only at fit time, only for
+    ``domain_weighting="domain"``); ``features`` is accepted and ignored so all
+    four domain-generalization methods take the same call.
 
     Examples
     --------
@@ -152,6 +159,7 @@ class SetLevelTemperatureScaling(Calibrator):
     optional_side_inputs = ("domains", "features")
     hyper_constraints = {"domain_weighting": Choice(*DOMAIN_WEIGHTINGS), **T_BOUNDS}
     hyper_rules = (T_RULE,)
+    hyper_parameter_rules = (temperatures_within_bounds("temperature"),)  # as ts: T inside its [t_min, t_max]
     fitted_constraints = Fields({"temperature": TEMPERATURE, "at_bound": Opt(Bool()),
                                  "domain_counts": Opt(Pairs(GroupKey(), Int(ge=0)))})
 
@@ -364,32 +372,51 @@ class _ClusterBase(Calibrator):
         self.cluster_fallback_ = np.asarray(params["cluster_fallback"], dtype=bool)
 
 
-_CLUSTER_DOC = """
+# the numpydoc sections the cluster-level classes share, composed into their docstrings
+_CLUSTER_PARAMS = """
     Parameters
     ----------
-    n_clusters : number of k-means clusters (default 8, as in the paper)
-    random_state : seed of k-means (the fit is deterministic for a given seed)
-    n_init : k-means restarts (best inertia kept)
-    min_cluster_size : clusters with fewer calibration samples use the set-level temperature
-    bound_fallback : clusters whose optimal temperature lies on a search bound
-        use the set-level temperature too
-    domain_weighting : ``"sample"`` or ``"domain"``, how the calibration samples are
-        weighted in every temperature fit (see :class:`SetLevelTemperatureScaling`)
-    t_min, t_max : search range of every temperature
+    n_clusters : int
+        Number of k-means clusters (default 8, as in the paper)
+    random_state : int
+        Seed of k-means (the fit is deterministic for a given seed)
+    n_init : int
+        k-means restarts (best inertia kept)
+    min_cluster_size : int
+        Clusters with fewer calibration samples use the set-level temperature
+    bound_fallback : bool
+        Clusters whose optimal temperature lies on a search bound use the set-level temperature too
+    domain_weighting : str
+        ``"sample"`` or ``"domain"``, how the calibration samples are weighted in every temperature
+        fit (see :class:`SetLevelTemperatureScaling`)
+    t_min, t_max : float
+        Search range of every temperature
+"""
 
+_CLUSTER_ATTRS = """
+    Attributes
+    ----------
+    scaler_mean_, scaler_scale_ : ndarray
+        ``(n_features,)``, the standardisation
+    centroids_ : ndarray
+        ``(k, n_features)`` k-means centroids in the standardised space
+    set_temperature_ : float
+        Set-level temperature (the fallback)
+    cluster_temperatures_ : ndarray
+        ``(k,)``, ``> 0``
+    cluster_sizes_ : ndarray
+        ``(k,)`` calibration samples per cluster
+    cluster_fallback_ : ndarray
+        ``(k,)`` bool, which clusters use the set-level temperature
+"""
+
+_CLUSTER_NOTES = """
+    Notes
+    -----
     Side inputs: ``features`` ``(n_samples, n_features)`` at fit and predict time
     (raw penultimate activations are fine: they are standardised inside);
     ``domains`` ``(n_samples,)``, optional, used only at fit time for
     ``domain_weighting="domain"``.
-
-    Attributes
-    ----------
-    scaler_mean_, scaler_scale_ : ``(n_features,)``, the standardisation
-    centroids_ : ``(k, n_features)`` k-means centroids in the standardised space
-    set_temperature_ : float, set-level temperature (the fallback)
-    cluster_temperatures_ : ``(k,)``, ``> 0``
-    cluster_sizes_ : ``(k,)`` calibration samples per cluster
-    cluster_fallback_ : ``(k,)`` bool, which clusters use the set-level temperature
 """
 
 
@@ -399,7 +426,7 @@ class ClusterTemperatureScaling(_ClusterBase):
 
     Each test sample uses the temperature of the nearest k-means centroid:
     ``p = softmax(z / T_{c(x)})``, ``c(x) = argmin_c ||x - mu_c||``.
-    """ + _CLUSTER_DOC + """
+    """ + _CLUSTER_PARAMS + _CLUSTER_ATTRS + _CLUSTER_NOTES + """
     Examples
     --------
     Over-confident logits of 300 samples and 3 classes (``4 *`` the logits of a
@@ -482,11 +509,17 @@ class _RegressionMixin:
         self.reg_alpha_ = float("inf") if alpha is None else float(alpha)
 
 
-_REG_DOC = """    alphas : ridge penalties tried by leave-one-out (default
-        :data:`DEFAULT_RIDGE_ALPHAS`, ``10**-3 .. 10**7``)
+_REG_PARAMS = """    alphas : list of float or None
+        Ridge penalties tried by leave-one-out (default :data:`DEFAULT_RIDGE_ALPHAS`,
+        ``10**-3 .. 10**7``)
+"""
 
-    Regression attributes: ``reg_coef_`` ``(n_features,)``, ``reg_intercept_``,
-    ``reg_alpha_`` (the chosen penalty; ``inf`` when the map is constant).
+_REG_ATTRS = """    reg_coef_ : ndarray
+        ``(n_features,)``, the regression of ``log T`` on the standardised centroid
+    reg_intercept_ : float
+        Its intercept
+    reg_alpha_ : float
+        The chosen penalty (``inf`` when the map is constant)
 """
 
 
@@ -523,7 +556,7 @@ class ClusterRegressionTemperatureScaling(_ClusterRegressionBase):
     Fits the clusters and their temperatures as :class:`ClusterTemperatureScaling`,
     then a linear map from a cluster's mean feature (its centroid) to its
     temperature; each test sample gets ``T(x) = exp(w . x_std + b)``.
-    """ + _RegressionMixin.__doc__ + _CLUSTER_DOC + _REG_DOC + """
+    """ + _RegressionMixin.__doc__ + _CLUSTER_PARAMS + _REG_PARAMS + _CLUSTER_ATTRS + _REG_ATTRS + _CLUSTER_NOTES + """
     Examples
     --------
     Over-confident logits of 300 samples and 3 classes (``4 *`` the logits of a
@@ -574,7 +607,7 @@ class DomainEnsembleTemperatureScaling(_ClusterRegressionBase):
     :class:`ClusterTemperatureScaling` and
     :class:`ClusterRegressionTemperatureScaling` would fit with the same
     hyper-parameters.
-    """ + _CLUSTER_DOC + _REG_DOC + """
+    """ + _CLUSTER_PARAMS + _REG_PARAMS + _CLUSTER_ATTRS + _REG_ATTRS + _CLUSTER_NOTES + """
     Examples
     --------
     Over-confident logits of 300 samples and 3 classes (``4 *`` the logits of a

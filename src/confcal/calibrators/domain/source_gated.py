@@ -44,6 +44,7 @@ from confcal.calibrators.protocol.constraints import SEED, T_BOUNDS, T_RULE, TEM
     Int, Nullable, Real, Spec, check_hyperparameters, check_parameters
 from confcal.calibrators._fit.tsfit import DEFAULT_T_BOUNDS, CalibrationWarning, fit_temperature
 from confcal.calibrators.protocol.base import METHODS, Calibrator, calibrator_from_dict, register
+from confcal.calibrators.protocol.temperature_bounds import temperatures_within_bounds
 
 __all__ = ["SourceGatedTemperatureScaling", "source_gate", "neighbour_counts", "pool_allocation",
            "BASE_METHODS"]
@@ -214,13 +215,15 @@ class SourceGatedTemperatureScaling(Calibrator):
     source_domain : int or str
         The id (in ``domains=`` at fit time) of the source domain's rows;
         required (``None``, the default, raises at fit).
-    base : str, default ``"domain-ensemble"``
+    base : str
+        Default ``"domain-ensemble"``
         Method name of the base calibrator.
     base_params : dict or None
         Hyper-parameters of the base calibrator (``n_clusters``, ``domain_weighting``, ...).
     n_neighbors : int, default 20
         ``k``; at most the pool size (smaller pools use all rows).
-    floor : ``"loo-median"`` (default) or ``"none"``
+    floor
+        ``"loo-median"`` (default) or ``"none"``
         Subtract the median leave-one-out gate of the calibration rows (see
         the module docstring) or use the raw kNN probability.
     max_pool_size : int or None, default 2000
@@ -229,30 +232,43 @@ class SourceGatedTemperatureScaling(Calibrator):
         Seed of the pool subsample.
     t_min, t_max : float
         Search range of ``T_source`` (default ``[1e-2, 1e2]``).
-    input_kind : ``"logits"`` (default) or ``"probs"`` (probabilities; their log is used)
-
-    Side inputs: ``features`` ``(n_samples, n_features)`` at fit and predict
-    time; ``domains`` ``(n_samples,)`` at fit time (ignored at predict time).
+    input_kind
+        ``"logits"`` (default) or ``"probs"`` (probabilities; their log is used)
 
     Attributes
     ----------
     source_temperature_ : float
-    base_ : the fitted base calibrator
-    domains_ : list, domain ids with the source first
-    domain_sizes_ : ``(n_domains,)`` fit rows per domain
-    pool_ : float32 ``(n_pool, n_features)``, standardised reference pool
-    pool_domains_ : int ``(n_pool,)``, index into ``domains_``
-    pool_sizes_ : ``(n_domains,)`` pool rows per domain
-    scaler_mean_, scaler_scale_ : ``(n_features,)``
-    n_neighbors_ : int, the ``k`` used
-    neighbors_ : scikit-learn ``NearestNeighbors`` on ``pool_`` (rebuilt from the manifest on load)
-    gate_floor_ : float in ``[0, 1)``, ``f`` (0 with ``floor="none"``)
+    base_
+        The fitted base calibrator
+    domains_ : list
+        Domain ids with the source first
+    domain_sizes_
+        ``(n_domains,)`` fit rows per domain
+    pool_ : float32
+        ``(n_pool, n_features)``, standardised reference pool
+    pool_domains_ : int
+        ``(n_pool,)``, index into ``domains_``
+    pool_sizes_
+        ``(n_domains,)`` pool rows per domain
+    scaler_mean_, scaler_scale_
+        ``(n_features,)``
+    n_neighbors_ : int
+        The ``k`` used
+    neighbors_
+        scikit-learn ``NearestNeighbors`` on ``pool_`` (rebuilt from the manifest on load)
+    gate_floor_
+        float in ``[0, 1)``, ``f`` (0 with ``floor="none"``)
 
     Raises
     ------
     ValueError
         At fit: no ``domains``, ``source_domain`` not among them, no rows of
         another domain, unknown ``base``; at predict: features of another width.
+
+    Notes
+    -----
+    Side inputs: ``features`` ``(n_samples, n_features)`` at fit and predict
+    time; ``domains`` ``(n_samples,)`` at fit time (ignored at predict time).
 
     Examples
     --------
@@ -276,6 +292,7 @@ class SourceGatedTemperatureScaling(Calibrator):
                          "floor": Choice(*FLOORS), "max_pool_size": Nullable(Int(ge=2)), "random_state": SEED,
                          **T_BOUNDS}
     hyper_rules = (T_RULE,)
+    hyper_parameter_rules = (temperatures_within_bounds("source_temperature"),)  # as ts, on load
     fitted_constraints = Fields({
         "source_temperature": TEMPERATURE,
         "domains": Array(("n_domains",), GroupKey()),

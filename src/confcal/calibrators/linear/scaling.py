@@ -44,20 +44,27 @@ class VectorScaling(MapCalibrator):
 
     Parameters
     ----------
-    reg_lambda : float >= 0 or None, the penalty weight ``reg`` (None, the default:
+    reg_lambda
+        float >= 0 or None, the penalty weight ``reg`` (None, the default:
         ``n_classes / n_samples``, ``n_samples`` the sum of the sample weights when given, so that
         integer weights equal repeated rows). The penalty acts on ``w``
         in logit units, so its effect on ``w`` scales with the logits' scale.
-    max_iter : Newton iterations (default 500)
-    tol : stop when the largest gradient entry is below ``tol`` (default 1e-7)
-    random_state : unused by this deterministic fit; kept for a uniform interface
+    max_iter
+        Newton iterations (default 500)
+    tol
+        Stop when the largest gradient entry is below ``tol`` (default 1e-7)
+    random_state
+        Unused by this deterministic fit; kept for a uniform interface
 
     Attributes
     ----------
-    map_ : the fitted :class:`~confcal.calibrators._fit.maps.VectorScalingMap`
+    map_
+        The fitted :class:`~confcal.calibrators._fit.maps.VectorScalingMap`
         (``map_.weight``, ``map_.bias``); ``nll_`` (the objective: NLL + penalty), ``n_iter_``,
         ``converged_``
 
+    Notes
+    -----
     Raises ``ValueError`` for ``reg_lambda`` negative, not finite or not a number.
 
     Vector scaling can change the arg-max (a per-class bias), so accuracy may change.

@@ -47,7 +47,8 @@ class BetaCalibration(OneVsRestCalibrator):
 
     Parameters
     ----------
-    multiclass : ``"ovr"`` (default: each map fitted one-vs-rest on ``1[y = k]``, then renormalised)
+    multiclass
+        ``"ovr"`` (default: each map fitted one-vs-rest on ``1[y = k]``, then renormalised)
         or ``"multinomial"`` (the ``K`` maps are the logits of one softmax, fitted jointly on the
         multiclass NLL, as netcal's multiclass ``BetaCalibration``; it minimises the NLL it is
         judged by: test NLL 0.2305 against one-vs-rest's 0.2372 on the WRN CIFAR-10 outputs,
@@ -55,8 +56,11 @@ class BetaCalibration(OneVsRestCalibrator):
 
     Attributes
     ----------
-    maps_ : list of ``{"a", "b", "c"}`` (one for two classes)
+    maps_
+        list of ``{"a", "b", "c"}`` (one for two classes)
 
+    Notes
+    -----
     Source: M. Kull, T. Silva Filho and P. Flach, "Beta calibration: a well-founded and
     easily implemented improvement on logistic calibration for binary classifiers",
     AISTATS 2017, eq. 4 (3-parameter family) with the sec. 3 monotonicity constraint.

@@ -41,15 +41,21 @@ class PlattOneVsRest(OneVsRestCalibrator):
 
     Parameters
     ----------
-    score_space : ``"auto"`` (default), ``"log-odds"`` or ``"log-prob"``: the class score the maps take
+    score_space
+        ``"auto"`` (default), ``"log-odds"`` or ``"log-prob"``: the class score the maps take
         (see the module docstring); ``"auto"`` picks by calibration NLL
-    input_kind : ``"logits"`` or ``"probs"``
+    input_kind
+        ``"logits"`` or ``"probs"``
 
     Attributes
     ----------
-    maps_ : list of ``{"a", "b"}``, one per class (one for two classes)
-    score_space_ : ``"log-odds"`` or ``"log-prob"``, the score the maps were fitted on
+    maps_
+        list of ``{"a", "b"}``, one per class (one for two classes)
+    score_space_
+        ``"log-odds"`` or ``"log-prob"``, the score the maps were fitted on
 
+    Notes
+    -----
     Source: J. Platt, "Probabilistic Outputs for Support Vector Machines and Comparisons to
     Regularized Likelihood Methods", 1999; multiclass as scikit-learn's
     ``CalibratedClassifierCV(method="sigmoid")`` (one-vs-rest, normalised by the row sum).

@@ -25,9 +25,10 @@ from scipy.special import expit, logit
 
 from confcal._validation import as_numpy
 from confcal.calibrators.protocol.constraints import T_BOUNDS, T_RULE, Array, Bool, Fields, Real
-from confcal.calibrators._fit.logistic import fit_logistic
+from confcal.calibrators._fit.logistic import binary_ts_params, fit_logistic
 from confcal.calibrators._fit.tsfit import DEFAULT_T_BOUNDS
 from confcal.calibrators.protocol.base import Calibrator, _sha256, register
+from confcal.calibrators.protocol.temperature_bounds import temperatures_within_bounds
 from confcal.metrics.multilabel import check_multihot, multilabel_metrics
 
 __all__ = ["MultilabelTemperatureScaling", "MultilabelPlattScaling"]
@@ -148,6 +149,7 @@ class MultilabelTemperatureScaling(_PerLabelMaps):
     method = "ts-multilabel"
     hyper_constraints = dict(T_BOUNDS)
     hyper_rules = (T_RULE,)
+    hyper_parameter_rules = (temperatures_within_bounds("label_temperatures"),)  # as ts: each T_l on load
     fitted_constraints = Fields({"label_temperatures": Array(("n_classes",), Real(gt=0)),
                                  "nll": Array(("n_classes",), Real(max_abs=math.inf))})
 
@@ -164,7 +166,9 @@ class MultilabelTemperatureScaling(_PerLabelMaps):
 
     def _fit_label(self, z, y, w):
         res = fit_logistic(z, y, slope_bounds=(1.0 / self.t_max, 1.0 / self.t_min), fit_bias=False, sample_weight=w)
-        return {"temperature": 1.0 / res.slope, "nll": res.nll}
+        # as ts: a T_l that ends on t_min or t_max warns (CalibrationWarning), and sits exactly on the bound
+        fit = binary_ts_params(res, self.t_min, self.t_max, stacklevel=6)
+        return {"temperature": fit["temperature"], "nll": res.nll}
 
     def _apply_label(self, z, m):
         return z / m["temperature"]

@@ -20,13 +20,16 @@ without importing scikit-learn) whose ``X`` is logits:
   float32 input and float64 for every other input unless ``dtype=`` asks otherwise
   (:func:`_result_dtype`);
   ``predict`` the arg-max, ``score`` minus the mean NLL (nats), ``classes_`` is
-  ``arange(K)``.
+  ``arange(K)`` for integer labels; string labels are mapped to the logit columns in sorted
+  order, as scikit-learn's ``classes_`` (:func:`confcal.calibrators.protocol.class_labels.encode_class_labels`),
+  ``classes_`` then holds them and ``predict`` returns them.
 * fitted attributes end in ``_``; using an unfitted calibrator raises
   :class:`NotFittedError` (a scikit-learn ``NotFittedError``).
 * ``to_dict()`` gives a JSON-ready manifest; :func:`calibrator_from_dict`
   rebuilds an identical calibrator (floats survive JSON exactly).
 
-The registry (:mod:`.registry`) and manifests (:mod:`.manifest`) have their own modules;
+The registry (:mod:`confcal.calibrators.protocol.registry`) and manifests
+(:mod:`confcal.calibrators.protocol.manifest`) have their own modules;
 their names are re-exported here. ``METHODS`` maps a method name to a calibrator class, or to a :class:`Preset`
 (a class with some hyper-parameters fixed, e.g. ``ts+pb``); either is called
 with hyper-parameters to make an estimator.
@@ -169,9 +172,28 @@ class Calibrator(Estimator, abc.ABC):
 
     @property
     def classes_(self) -> np.ndarray:
-        """Class labels ``arange(n_classes)`` (labels are column indices of the logits)."""
+        """Class labels: ``arange(n_classes)`` for integer labels (column indices of the logits), or the
+        sorted string labels seen at fit, column ``j`` being ``classes_[j]`` (as scikit-learn's)."""
         self._check_fitted()
-        return np.arange(self.n_classes_)
+        names = self._class_names()
+        return np.arange(self.n_classes_) if names is None else names
+
+    def _class_names(self) -> np.ndarray | None:
+        """The string ``classes_`` of a fit on string labels (also after loading its manifest), else None."""
+        names = self.__dict__.get("_class_labels")
+        if names is None:
+            record = getattr(self, "fit_record_", None)
+            damaged = getattr(self, "fit_record_damage_", None) or {}
+            if isinstance(record, dict) and record.get("classes") is not None and "classes" not in damaged:
+                names = np.asarray(record["classes"], dtype=str)
+        return names
+
+    def _label_indices(self, labels):
+        """Column indices of ``labels`` for a calibrator fitted on string labels; other labels as given."""
+        from confcal.calibrators.protocol.class_labels import is_string_labels, labels_to_indices
+
+        names = self._class_names()
+        return labels_to_indices(labels, names) if names is not None and is_string_labels(labels) else labels
 
     # ------------------------------------------------------------------ protocol
     def fit(self, logits, labels, *, sample_weight=None, progress=False, **side) -> "Calibrator":
@@ -199,10 +221,12 @@ class Calibrator(Estimator, abc.ABC):
         """
         _refuse_paths("fit", logits=logits, labels=labels, sample_weight=sample_weight, **side)
         self._check_hyperparameters()
+        labels, names = _string_labels(labels, logits)  # string labels -> column indices, before any path
+        self.__dict__.pop("_class_labels", None)
         if self._fit_source(logits, labels, sample_weight=sample_weight, progress=progress,
                             **side) is not NotImplemented:
             self._check_fitted_finite(None)
-            return self
+            return self._keep_class_names(names)
         logits, labels = _materialise(logits, "logits"), _materialise(labels, "labels")
         sample_weight = None if sample_weight is None else _materialise(sample_weight, "sample_weight")
         side = {k: _materialise(v, k) for k, v in side.items()}
@@ -219,6 +243,14 @@ class Calibrator(Estimator, abc.ABC):
             data_sha256=_sha256(x, y, *[side[k] for k in sorted(side)], *([] if w is None else [w])),
             input_kind=self._input_kind(), metrics_before=before, metrics_after=after,
             sample_weight=w is not None, extra=record)
+        return self._keep_class_names(names)
+
+    def _keep_class_names(self, names) -> "Calibrator":
+        """After a fit on string labels, ``classes_`` holds them, here and (via the fit record) after loading."""
+        if names is not None:
+            self._class_labels = names
+            if isinstance(getattr(self, "fit_record_", None), dict):
+                self.fit_record_["classes"] = names.tolist()
         return self
 
     def _fit_inputs(self, logits, labels, sample_weight, side):
@@ -330,8 +362,11 @@ class Calibrator(Estimator, abc.ABC):
         return default_predict_batch(self, logits, input_kind=input_kind, first_row=first_row, **side)
 
     def predict(self, logits, **side) -> np.ndarray:
-        """Arg-max class of the calibrated float64 probabilities (lowest index wins ties)."""
-        return np.argmax(self.predict_proba(logits, dtype=np.float64, **side), axis=1)
+        """Arg-max class of the calibrated float64 probabilities (lowest index wins ties), as ``classes_[j]``:
+        the column index for integer labels, the string label for a fit on string labels."""
+        j = np.argmax(self.predict_proba(logits, dtype=np.float64, **side), axis=1)
+        names = self._class_names()
+        return j if names is None else names[j]
 
     def score(self, logits, labels, sample_weight=None, **side) -> float:
         """Minus the mean negative log-likelihood (nats) of ``labels``: higher is better.
@@ -340,7 +375,7 @@ class Calibrator(Estimator, abc.ABC):
         ``GridSearchCV(calibrator, grid)`` without a scoring argument optimises NLL.
         """
         p = self.predict_proba(logits, dtype=np.float64, **side)
-        y = check_labels(labels, p.shape[0], p.shape[1])
+        y = check_labels(self._label_indices(labels), p.shape[0], p.shape[1])
         w = self._check_sample_weight(sample_weight, p.shape[0], fitting=False)
         with np.errstate(divide="ignore"):
             logp = np.log(p[np.arange(p.shape[0]), y])
@@ -483,15 +518,34 @@ class Calibrator(Estimator, abc.ABC):
         return out
 
 
+def _string_labels(labels, logits):
+    """``(labels, None)`` for labels that are not strings (unchanged: integer labels stay column indices),
+    ``(int64 column indices, sorted names)`` for string labels (:mod:`.class_labels`)."""
+    from confcal.calibrators.protocol.class_labels import encode_class_labels, is_string_labels
+
+    if not is_string_labels(labels):
+        return labels, None
+    shape = tuple(getattr(logits, "shape", None) or np.shape(logits))  # a Source has a shape: not read here
+    width = 2 if len(shape) == 1 or (len(shape) == 2 and shape[1] == 1) else (shape[1] if len(shape) == 2 else 0)
+    if width < 2:
+        return labels, None  # the logits' own error comes first
+    return encode_class_labels(labels, int(width))
+
+
 def _result_dtype(dtype, logits=None) -> np.dtype:
     """The dtype ``predict_proba`` returns: ``dtype`` (float32 or float64) when given, else float32
-    for float32 ``logits`` (numpy, torch, a source: anything whose ``dtype`` is float32) and
-    float64 for every other input (float64, float16, integers, lists).
+    for float32 ``logits`` (numpy, torch, a source: anything whose ``dtype`` is float32, and a
+    DataFrame whose columns all are) and float64 for every other input (float64, float16, integers,
+    lists, a DataFrame with any other column).
 
     Callers that compare metrics with a float64 reference (the evaluation reports, the
     distributed engine) pass ``dtype=np.float64``."""
     if dtype is None:
         dt = getattr(logits, "dtype", None)
+        if dt is None and getattr(logits, "dtypes", None) is not None:
+            # a DataFrame (pandas, polars) has one dtype per column: float32 when every column is float32
+            dts = [str(d).lower() for d in list(logits.dtypes)]
+            dt = "float32" if dts and all(d == "float32" for d in dts) else None
         # torch.float32 is not a numpy dtype; its str() ends in "float32" as numpy's does
         return np.dtype(np.float32) if dt is not None and str(dt).endswith("float32") else np.dtype(np.float64)
     want = np.dtype(dtype)

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from confcal.calibrators.protocol.constraints import (check_hyperparameters, check_manifest_top, check_parameters,
-                                              damaged_fit_fields)
+from confcal.calibrators.protocol.constraints import check_hyperparameters, check_manifest_top, check_parameters
+from confcal.calibrators.protocol.fit_record import damaged_fit_fields
 from confcal.calibrators.protocol.registry import METHODS, Preset, make_calibrator
 
 __all__ = ["MANIFEST_FORMAT", "MANIFEST_VERSION", "INPUT_KINDS", "fit_record", "summary_metrics",
@@ -117,7 +117,7 @@ def calibrator_from_dict(manifest: dict[str, Any], *, n_classes: int | None = No
     :class:`~confcal.calibrators.protocol.registry.MissingExtraError` (an ``ImportError``) when the
     method needs an extra that is not installed.
 
-    The fit record (``fit``) is checked field by field too (:data:`._constraints.FIT_RECORD`), but a
+    The fit record (``fit``) is checked field by field too (:data:`confcal.calibrators.protocol.fit_record.FIT_RECORD`), but a
     damaged one never blocks: one ``UserWarning`` names every damaged field (path, expected, found) and
     ``source`` (the manifest's file, when given); ``fit_record_damage_`` holds ``{field: message}``, so
     a command that needs one of them (``drift``: ``data_summary``, ``input_kind``) refuses naming it.
@@ -141,7 +141,7 @@ def _from_dict(manifest, *, n_classes, source):
     if method not in METHODS:
         raise ValueError(f"manifest: method: unknown {method!r}; known: {sorted(METHODS)}")
     k = manifest["n_classes"]
-    if n_classes is not None and int(n_classes) != k:
+    if n_classes is not None and int(n_classes) != k and not (int(n_classes) == 1 and k == 2):  # (n, 1): one logit
         raise ValueError(f"manifest: calibrator was fitted on n_classes={k}, but the logits have "
                          f"{n_classes} classes")
     cls = METHODS[method]
@@ -175,6 +175,12 @@ def _from_dict(manifest, *, n_classes, source):
     if cal.fit_record_ is not None:
         where = f"manifest {source}" if source else "manifest"
         bad = damaged_fit_fields(cal.fit_record_, where=where, n_classes=cal.n_classes_)
+        if isinstance(cal.fit_record_, dict) and "selection" in cal.fit_record_ and "selection" not in bad:
+            from confcal.calibrators.protocol.selection_record import selection_damage
+
+            why = selection_damage(cal.fit_record_["selection"], method, hyper, where=where)
+            if why:
+                bad["selection"] = why
         if bad:  # the record describes the fit; the map above is checked and usable
             import warnings
 

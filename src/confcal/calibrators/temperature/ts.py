@@ -8,12 +8,14 @@ accuracy is unchanged by construction.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from functools import partial
 
 import numpy as np
 
 from confcal._numeric import softmax
+from confcal.calibrators.protocol.group_keys import group_key
 from confcal.calibrators.protocol.constraints import NLL, N_ITER, T_BOUNDS, T_RULE, TEMPERATURE, Bool, Fields, Int, Opt, \
     optional_value, temperature_within_bounds, without_missing
 from confcal.calibrators._fit.tsfit import DEFAULT_T_BOUNDS, CalibrationWarning, fit_temperature
@@ -52,8 +54,12 @@ _SIMD_EXP: bool | None = None
 
 
 def scaled_softmax_rows(logits: np.ndarray, temperature: float, out: np.ndarray | None = None,
-                        *, first_row: int = 0, dtype=np.float64):
-    """``softmax(logits / T)`` row chunk by row chunk, into ``out``; numpy only.
+                        *, first_row: int = 0, dtype=np.float64, use_torch: bool = True):
+    """``softmax(logits / T)`` row chunk by row chunk, into ``out``.
+
+    With ``use_torch`` and torch already imported, large inputs go to
+    :func:`_torch_scaled_softmax_rows` (torch's fused softmax; the same validation); the numpy
+    path below stays for the core install and small inputs.
 
     ``dtype`` of the result (float64 or float32; ``out``'s when given). Validates on the way (the row max is NaN, +inf or -inf
     exactly for the rows ``check_logits`` refuses) and returns ``(out, every row in [0, 1])``.
@@ -80,6 +86,9 @@ def scaled_softmax_rows(logits: np.ndarray, temperature: float, out: np.ndarray 
         x = x.astype(np.float64)
     if out is None:
         out = np.empty((n, k), dtype=dtype)
+    torch = _torch_for(x, out) if use_torch else None
+    if torch is not None:
+        return _torch_scaled_softmax_rows(torch, x, temperature, out, first_row)
     f32 = out.dtype == np.float32 and out.flags.c_contiguous
     exp2 = f32 and not _simd_float32_exp()
     if exp2:
@@ -127,22 +136,80 @@ def scaled_softmax_rows(logits: np.ndarray, temperature: float, out: np.ndarray 
     return out, unit
 
 
+#: inputs of at least this many elements take torch's fused softmax when torch is already imported
+#: (:func:`_torch_scaled_softmax_rows`); smaller ones stay on numpy, where a call costs less to set up
+TORCH_MIN_ELEMENTS = 1 << 20
+
+
+def _torch_for(x: np.ndarray, out: np.ndarray):
+    """The ``torch`` module when ``softmax(x / T)`` into ``out`` should run on it: torch already
+    imported by the caller (never imported here: ~1 s, more than any one ``predict_proba`` gains),
+    at least :data:`TORCH_MIN_ELEMENTS` values, float32/float64 C-contiguous arrays. Else None."""
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "from_numpy") or x.size < TORCH_MIN_ELEMENTS:
+        return None
+    if x.dtype not in (np.float32, np.float64) or out.dtype not in (np.float32, np.float64):
+        return None
+    if not (x.flags.c_contiguous and out.flags.c_contiguous and out.flags.writeable):
+        return None
+    return torch
+
+
+def _torch_scaled_softmax_rows(torch, x: np.ndarray, temperature: float, out: np.ndarray, first_row: int):
+    """:func:`scaled_softmax_rows` by torch's fused softmax, chunk by chunk in cache, into ``out``:
+    each chunk is cast to the output dtype, scaled by ``1 / T`` and replaced by its softmax in place
+    (the output written once, no temporary of the whole array, one thread as the caller set).
+    Within float rounding of the numpy path (the argument ``z / T - max(z / T)`` instead of
+    ``(z - max z) / T``: a few ulp of each probability, relative, per unit of ``|z - max z| / T``;
+    tested). A chunk whose sum is not finite (a NaN, +inf or all -inf row, which softmax turns
+    into NaN; or ``z / T`` past the float range) is redone by the numpy path, which names the bad
+    row or computes the chunk without overflow. Returns ``(out, every row in [0, 1])``."""
+    n, k = x.shape
+    rows = max(1, _CHUNK_ELEMS // max(1, k))
+    scale = 1.0 / float(temperature)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # a read-only array: torch warns, and only reads it
+        tx = torch.from_numpy(x)
+    to = torch.from_numpy(out)
+    unit = True
+    with torch.no_grad():
+        for i in range(0, n, rows):
+            xc, oc = tx[i:i + rows], to[i:i + rows]
+            if unit:
+                lo, hi = torch.aminmax(xc)
+                unit = bool(lo >= 0) and bool(hi <= 1)
+            oc.copy_(xc)
+            oc.mul_(scale)
+            torch.softmax(oc, 1, out=oc)
+            if not bool(torch.isfinite(oc.sum())):
+                scaled_softmax_rows(x[i:i + rows], temperature, out[i:i + rows], first_row=first_row + i,
+                                    use_torch=False)
+    return out, unit
+
+
 @register
 class TemperatureScaling(Calibrator):
     """One temperature for all samples: ``p = softmax(logits / T)``.
 
     Parameters
     ----------
-    t_min, t_max : search range of ``T`` (default ``[1e-2, 1e2]``). If the optimum
+    t_min, t_max
+        Search range of ``T`` (default ``[1e-2, 1e2]``). If the optimum
         lies on a bound, the bound is used and a :class:`CalibrationWarning` is issued.
 
     Attributes
     ----------
-    temperature_ : float, the fitted ``T``
-    nll_ : float, mean calibration-set NLL (nats) at ``temperature_``
-    n_iter_ : int, Newton iterations (one pass over the logits each)
-    at_bound_ : bool, whether ``T`` ended on ``t_min`` or ``t_max``
+    temperature_ : float
+        The fitted ``T``
+    nll_ : float
+        Mean calibration-set NLL (nats) at ``temperature_``
+    n_iter_ : int
+        Newton iterations (one pass over the logits each)
+    at_bound_ : bool
+        Whether ``T`` ended on ``t_min`` or ``t_max``
 
+    Notes
+    -----
     ``nll_``, ``n_iter_`` and ``at_bound_`` are None on a calibrator loaded from a manifest that does not
     record them (they are optional; see :mod:`confcal.calibrators.protocol.constraints`).
 
@@ -464,4 +531,4 @@ def run_local_ts_job(cal, make_job, sources: dict, progress) -> None:
 
 def _id_key(d):
     """Domain ids as plain Python values (JSON-ready, and numpy scalars hash like them)."""
-    return d.item() if hasattr(d, "item") else d
+    return group_key(d, where="domains")

@@ -28,6 +28,20 @@ def taken(cal, side: dict) -> dict:
     return {k: v for k, v in side.items() if k in takes or k != "domains"}
 
 
+def classifier_manifest(manifest) -> bool:
+    """True when ``manifest`` is a fitted classifier map (not a box-score map): a one-logit model's
+    ``(n, 1)`` logits are then its two-class rows ``[0, z]``, as ``fit`` and ``apply`` read them."""
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("method"), str):
+        return False
+    from confcal.calibrators import METHODS
+
+    try:
+        cls = METHODS[manifest["method"]]
+    except (KeyError, ValueError, ImportError):
+        return False  # an unknown method: the loader's own error comes later
+    return not getattr(cls, "takes_box_scores", False) and not manifest["method"].endswith("-multilabel")
+
+
 def box_score_predictions(args, cal, side, *, note_outside: bool = True):
     """``(stages, labels)`` for 1-D box scores: ``{"uncalibrated": clipped scores, method: p(TP)}``;
     ``note_outside``: say on stderr how many scores lie outside [0, 1]."""
@@ -83,15 +97,22 @@ def render(doc: dict) -> str:
     frac = "precision" if binary else "accuracy"
     for stage, bins in doc["reliability"].items():
         rel = [{"bin": f"({b['bin_lo']:.3f}, {b['bin_hi']:.3f}]", "count": b["count"],
-                "confidence": b["mean_confidence"], frac: b[frac]} for b in bins if b["count"]]
-        out.append(f"\nreliability ({stage}, all samples, non-empty bins):")
-        out.append(format_table(rel, ["bin", "count", "confidence", frac]))
+                "confidence": b["mean_confidence"], frac: b[frac], "lower": b["lower"], "upper": b["upper"]}
+               for b in bins if b["count"]]
+        alpha = doc["calibration"][stage]["alpha"]
+        out.append(f"\nreliability ({stage}, all samples, non-empty bins; {frac} with its Clopper-Pearson "
+                   f"{1 - alpha:g} interval):")
+        out.append(format_table(rel, ["bin", "count", "confidence", frac, "lower", "upper"]))
+    from confcal.cli._shared.gate import render_checks
+
+    out.append(render_checks(doc))
     g = doc["geometry_d_ece"]
     if g:
-        rows = [{"stage": k, "geometry_d_ece": v} for k, v in g["stages"].items()]
+        rows = [{"stage": k, "geometry_d_ece": v, "lower": g["bounds"][k][0], "upper": g["bounds"][k][1]}
+                for k, v in g["stages"].items()]
         out.append(f"\ngeometry D-ECE (confidence x {', '.join(g['features'])}; {g['n_bins']} x "
                    f"{g['n_feature_bins']} equal-width bins per feature, over the data's range):\n"
-                   + format_table(rows, ["stage", "geometry_d_ece"]))
+                   + format_table(rows, ["stage", "geometry_d_ece", "lower", "upper"]))
     return "\n".join(out)
 
 
@@ -113,8 +134,9 @@ def finish(doc: dict, args) -> int:
     lim = doc["limits"]
     if lim is None or lim["verdict"] == "pass":
         return 0
-    which = ", ".join(f"{g} {v:.4f}" for g, v in lim["exceeded"].items())
-    print(f"confcal: {lim['metric']} above --max-ece {lim['max_ece']:g} ({lim['stage']}): {which}", file=sys.stderr)
+    from confcal.cli._shared.gate import verdict_line
+
+    print(verdict_line(lim), file=sys.stderr)
     return EXIT_ECE_EXCEEDED
 
 
@@ -167,7 +189,10 @@ def run_box_scores(args) -> int:
     stats = run_job(evaluate_job(n_classes=None, given=tuple(stages), n_bins=args.n_bins,
                                  per_domain="domains" in side, geometry=tuple(names or ())), engine)
     stats.n_outside = n_outside
-    return finish(evaluation_document(stats, engine="local", max_ece=args.max_ece, manifest=manifest), args)
+    from confcal.cli._shared.gate import gate_kwargs
+
+    return finish(evaluation_document(stats, engine="local", max_ece=args.max_ece, manifest=manifest,
+                                      **gate_kwargs(args)), args)
 
 
 def geometry_names(args, cal) -> list | None:

@@ -154,6 +154,7 @@ def _multilabel_inputs(frame, cols, flagged: bool, manifest):
 
 def run_evaluate(args) -> int:
     from confcal.cli._shared import audit as _audit
+    from confcal.cli._shared.gate import gate_kwargs
     from confcal.dask import evaluate
 
     path, cols = _dataset(args, ["--logits", "--labels", "--domains", "--features"])
@@ -179,7 +180,7 @@ def run_evaluate(args) -> int:
         doc = evaluate(frame, logits=cols["--logits"], labels=cols["--labels"],
                        domains=cols.get("--domains"), features=features, calibrator=cal,
                        input_kind=args.input_kind, n_bins=args.n_bins,
-                       geometry=",".join(names) if names else None, max_ece=args.max_ece)
+                       geometry=",".join(names) if names else None, max_ece=args.max_ece, **gate_kwargs(args))
     return _audit.finish(doc, args)  # the same document, text and exit status as in one process
 
 

@@ -28,7 +28,7 @@ def warn_if_drift(cal, logits, *, input_kind: str = "logits", domains=None) -> N
     fit = getattr(cal, "fit_record_", None) or {}
     if "data_summary" not in fit or set(NEEDS) & set(getattr(cal, "fit_record_damage_", None) or {}):
         return  # no summary, or a damaged one: the load warning said so (and that the check is skipped)
-    from confcal.calibrators.protocol.constraints import check_data_summary
+    from confcal.calibrators.protocol.fit_record import check_data_summary
 
     def said(exc):
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"

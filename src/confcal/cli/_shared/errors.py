@@ -37,10 +37,12 @@ def options_of(parser, args) -> dict:
 
     out = {}
     p = parser
-    for attr in ("command", "detections_command"):
+    for attr in ("command", "detections_command", "decide_command"):
         subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
-        if not subs or getattr(args, attr, None) is None:
+        if not subs:
             break
+        if getattr(args, attr, None) is None:  # another command's level of actions
+            continue
         p = subs[0].choices[getattr(args, attr)]
     for a in p._actions:
         if a.option_strings and a.dest not in ("help",):

@@ -90,17 +90,19 @@ def _max_ece(args):
     return v
 
 
-def _gate(results: dict, max_ece) -> int:
+def _gate(results: dict, max_ece, args=None) -> int:
     from confcal.cli._shared.audit import EXIT_ECE_EXCEEDED
+    from confcal.cli._shared.gate import gate_kwargs
     from confcal.evaluation.multilabel import multilabel_violations
 
     if max_ece is None:
         return 0
     stage, m = list(results.items())[-1]
-    bad = multilabel_violations(m, max_ece)
+    gate = gate_kwargs(args)
+    bad = multilabel_violations(m, max_ece, gate_rule=gate["gate_rule"], gate_test=gate["gate_test"])
     if not bad:
         return 0
-    print(f"confcal: per-label ECE above --max-ece {max_ece:g} ({stage}): "
+    print(f"confcal: per-label ECE above --max-ece {max_ece:g} ({stage}; --gate-rule {gate['gate_rule']}): "
           + ", ".join(f"{g} {v:.4f}" for g, v in bad), file=sys.stderr)
     return EXIT_ECE_EXCEEDED
 
@@ -112,7 +114,10 @@ def run_evaluate(args, inputs, *, engine: str = "local") -> int:
 
     logits, labels, manifest = inputs
     max_ece = _max_ece(args)
-    results = evaluate_multilabel(_stages(args, logits, manifest), labels, n_bins=args.n_bins)
+    from confcal.cli._shared.gate import gate_kwargs
+
+    results = evaluate_multilabel(_stages(args, logits, manifest), labels, n_bins=args.n_bins,
+                                  alpha=gate_kwargs(args)["alpha"])
     n, n_labels = logits.shape
     if args.json:
         # engine: the facts of the run, as in the class-vector document (evaluation.document)
@@ -122,7 +127,13 @@ def run_evaluate(args, inputs, *, engine: str = "local") -> int:
         print(f"{n} samples, {n_labels} labels (sigmoid head: per-label ECE over {args.n_bins} equal-width bins, "
               "binary NLL and Brier; (mean) = the average over labels)")
         print(format_multilabel(results))
-    return _gate(results, max_ece)
+    return _gate(results, max_ece, args)
+
+
+def _gate_kwargs(args) -> dict:
+    from confcal.cli._shared.gate import gate_kwargs
+
+    return gate_kwargs(args)
 
 
 def run_report(args, inputs) -> int:
@@ -139,7 +150,8 @@ def run_report(args, inputs) -> int:
     stages = _stages(args, logits, manifest)
     verdict, numbers = [], {}
     text = build_multilabel_report(stages, labels, manifest=manifest, n_bins=args.n_bins, n_draws=args.bootstrap,
-                                   max_ece=max_ece, verdict_out=verdict, numbers_out=numbers)
+                                   max_ece=max_ece, verdict_out=verdict, numbers_out=numbers,
+                                   **_gate_kwargs(args))
     # the same side-file as the class-vector report (report.run has guarded both paths)
     side_file = str(Path(args.output).with_suffix(".numbers.json"))
     if getattr(args, "calibrator", None):
@@ -154,7 +166,7 @@ def run_report(args, inputs) -> int:
     if failed:
         from confcal.cli._shared.audit import EXIT_ECE_EXCEEDED
 
-        print(f"confcal: per-label ECE above --max-ece {max_ece:g}: "
+        print(f"confcal: per-label ECE above --max-ece {max_ece:g} (--gate-rule {failed[0]['rule']}): "
               + ", ".join(f"{v['group']} {v['value']:.4f}" for v in failed), file=sys.stderr)
         return EXIT_ECE_EXCEEDED
     return 0

@@ -203,6 +203,15 @@ def _fit_softmax(cal: Calibrator, logits) -> np.ndarray:
     return softmax(logits)
 
 
+def _remember_softmax(cal: Calibrator, logits, p) -> None:
+    """During a fit, keep ``softmax(logits)`` (``p``; None: computed here) in the fit memo for the fit
+    record's predictions and metrics of the same array (:func:`_fit_softmax`), so that a fit computes
+    it once instead of four times. Outside a fit (no memo) nothing is kept."""
+    memo = cal.__dict__.get("_fit_memo")
+    if memo is not None and "softmax" not in memo:
+        memo.update(x=logits, softmax=softmax(logits) if p is None else p)
+
+
 def _named(check, params, prefix: str):
     """``check(params)`` with errors naming the map's path (``maps[3].edges: ...``)."""
     try:
@@ -273,16 +282,23 @@ class OneVsRestCalibrator(_MapMixin, _ReportingCalibrator):
     keeps_argmax: ClassVar[bool] = False
 
     def _scores(self, logits: np.ndarray) -> np.ndarray:
-        return softmax(logits) if self.space == "prob" else log_odds(logits)
+        return _fit_softmax(self, logits) if self.space == "prob" else log_odds(logits)
 
     def _fit(self, logits, labels, sample_weight=None, **side):
         s = self._scores(logits)
+        _remember_softmax(self, logits, s if self.space == "prob" else None)
         k = logits.shape[1]
-        if k == 2:
-            self.maps_ = [self._fit_map(s[:, 1], (labels == 1).astype(np.float64), sample_weight)]
-        else:
-            self.maps_ = [self._fit_map(s[:, j], (labels == j).astype(np.float64), sample_weight)
-                          for j in range(k)]
+        memo = self.__dict__.get("_fit_memo")
+        fit_one = getattr(self, "_fit_map_fitted", None) if memo is not None else None
+        if fit_one is None:
+            fit_one = lambda *a: (self._fit_map(*a), None)  # noqa: E731
+        cols = [1] if k == 2 else range(k)
+        fits = [fit_one(s[:, j], (labels == j).astype(np.float64), sample_weight) for j in cols]
+        self.maps_ = [f[0] for f in fits]
+        if memo is not None and all(f[1] is not None for f in fits):
+            # each map's values at its calibration scores, known from the fit: the fit record's
+            # predictions of this array need no second search of every score
+            memo["columns"] = (logits, [f[1] for f in fits])
 
     #: rows per block of predict_proba: every row's output depends on that row only, so a long
     #: batch runs in blocks of ~2**21 values (16 MiB per float64 intermediate) and its memory is
@@ -306,16 +322,18 @@ class OneVsRestCalibrator(_MapMixin, _ReportingCalibrator):
 
     def _predict_block(self, logits):
         s = self._scores(logits)
+        known = (self.__dict__.get("_fit_memo") or {}).get("columns")
+        known = known[1] if known is not None and known[0] is logits else None
         if len(self.maps_) == 1:
-            p1 = np.clip(self._apply_map(self.maps_[0], s[:, 1]), 0.0, 1.0)
+            p1 = np.clip(self._apply_map(self.maps_[0], s[:, 1]) if known is None else known[0], 0.0, 1.0)
             return np.stack([1.0 - p1, p1], axis=1)
-        q = self._map_columns(s)
+        q = self._map_columns(s) if known is None else np.clip(np.column_stack(known), 0.0, 1.0)
         total = q.sum(axis=1, keepdims=True)
         zero = total[:, 0] <= 0.0
         q[zero] = 1.0
         total[zero] = q.shape[1]
         q /= total
-        return break_ties_toward(q, predicted_class(_fit_softmax(self, logits)))
+        return break_ties_toward(q, predicted_class(s if self.space == "prob" else _fit_softmax(self, logits)))
 
     def _get_fitted(self):
         return {"maps": self.maps_}
@@ -333,14 +351,15 @@ class TopLabelCalibrator(_MapMixin, _ReportingCalibrator):
     keeps_argmax: ClassVar[bool] = True
 
     def _top(self, logits):
-        p = softmax(logits)
+        p = _fit_softmax(self, logits)
         top = predicted_class(p)
         if self.space == "prob":
             return p, top, p[np.arange(logits.shape[0]), top]
         return p, top, top_label_log_odds(logits, top)
 
     def _fit(self, logits, labels, sample_weight=None, **side):
-        _, top, s = self._top(logits)
+        p, top, s = self._top(logits)
+        _remember_softmax(self, logits, p)
         self.map_ = self._fit_map(s, (labels == top).astype(np.float64), sample_weight)
 
     def _predict_proba(self, logits, **side):

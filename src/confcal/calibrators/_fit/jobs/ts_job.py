@@ -15,6 +15,7 @@ at its domain's temperature.
 from __future__ import annotations
 
 from confcal._digest import digest_part, merge_parts, part_hexdigest
+from confcal.calibrators.protocol.group_keys import group_key
 import math
 import warnings
 from dataclasses import dataclass
@@ -47,7 +48,7 @@ class TemperatureJobResult:
 
 
 def _plain(v):
-    return v.item() if hasattr(v, "item") else v
+    return group_key(v, where="domains")
 
 
 def _sorted_ids(keys) -> list:

@@ -1,0 +1,352 @@
+"""The work of ``confcal decide`` (parsing is in :mod:`confcal.cli.decide`): read the inputs, turn them into
+(score, label, group) triples or probabilities, and call :mod:`confcal.decisions`."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+from confcal.cli._shared.notes import note
+
+EXIT_RISK_EXCEEDED = 3
+_KIND = {"binary": "binary", "top-label": "top_label", "multilabel": "multilabel", "sets": "sets"}
+
+
+def _array(args, name, what=None):
+    from confcal.io import load_array
+
+    return load_array(getattr(args, name), name=what or name, csv_header=getattr(args, "csv_header", "first"))
+
+
+def _calibrator(args, manifest_cal=None):
+    """``(calibrator, its manifest dict)`` of ``--calibrator`` or ``(None, None)``."""
+    from confcal.io import load_calibrator, load_manifest
+
+    if not args.calibrator:
+        if manifest_cal is not None:
+            raise ValueError(f"--calibrator: the decisions were fitted on the output of calibrator "
+                             f"{manifest_cal['method']!r} (sha256 {manifest_cal['sha256'][:12]}...): pass it")
+        return None, None
+    if manifest_cal is None and getattr(args, "decisions", None):
+        raise ValueError("--calibrator: the decisions were fitted on scores without a calibrator; drop --calibrator")
+    d = load_manifest(args.calibrator)
+    return load_calibrator(d, source=args.calibrator), d
+
+
+def _side(cal, domains):
+    names = set(getattr(cal, "side_inputs", ())) | set(getattr(cal, "optional_side_inputs", ()))
+    if "domains" in getattr(cal, "side_inputs", ()) and domains is None:
+        raise ValueError(f"--domains: calibrator {cal.method!r} needs the domain of every item")
+    return {"domains": domains} if domains is not None and "domains" in names else {}
+
+
+def _softmax(z):
+    z = z - z.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _probabilities(args, kind, cal, domains):
+    """``(scores, scale)``: 1-D scores (binary) or ``(n, K)`` / ``(n, L)`` probabilities."""
+    from confcal._validation import check_logits
+
+    x = _array(args, "logits")
+    if kind == "binary":
+        if x.ndim == 2 and x.shape[1] == 1:
+            x = x[:, 0]
+        if x.ndim != 1:
+            raise ValueError(f"--logits: expected 1-D scores (n,) for --input binary, got shape {x.shape}")
+        if cal is not None:
+            return cal.predict_proba(x, **_side(cal, domains))[:, -1], "calibrator"
+        if args.input_kind == "logits":
+            return 1.0 / (1.0 + np.exp(-x.astype(np.float64))), "sigmoid"
+        return x, "raw"
+    if x.ndim != 2 or x.shape[1] < 2:
+        raise ValueError(f"--logits: expected (n_samples, n_classes >= 2) for --input {kind}, got shape {x.shape}")
+    if cal is not None:
+        return np.asarray(cal.predict_proba(x, **_side(cal, domains)), dtype=np.float64), "calibrator"
+    if kind == "multilabel":
+        if args.input_kind == "probs":
+            return x.astype(np.float64), "probs"
+        return 1.0 / (1.0 + np.exp(-x.astype(np.float64))), "sigmoid"
+    if args.input_kind == "probs":
+        check_logits(x, name="logits", input_kind="probs")
+        return x.astype(np.float64), "probs"
+    return _softmax(check_logits(x, name="logits").astype(np.float64)), "softmax"
+
+
+def _triples(kind, per, probs, labels, domains):
+    """``(scores, labels 0/1, groups or None)`` for the threshold rules."""
+    from confcal._validation import check_labels
+
+    n = probs.shape[0]
+    if kind == "binary":
+        return probs, labels, _groups(per, domains, None, n)
+    if kind == "top_label":
+        y = check_labels(labels, n, probs.shape[1])
+        pred = probs.argmax(axis=1)
+        return probs.max(axis=1), pred == y, _groups(per, domains, pred, n)
+    y = np.asarray(labels)
+    if y.shape != probs.shape:
+        raise ValueError(f"--labels: expected multi-hot labels of shape {probs.shape} for --input multilabel, "
+                         f"got {y.shape}")
+    lab = np.broadcast_to(np.arange(probs.shape[1]), probs.shape).ravel().astype(str)
+    if domains is not None:
+        lab = np.char.add(np.char.add(np.repeat(np.asarray(domains).astype(str), probs.shape[1]), "/"), lab)
+    return probs.ravel(), y.ravel(), lab
+
+
+def _groups(per, domains, pred, n):
+    if per == "none":
+        return None
+    if per in ("domain", "domain+class") and domains is None:
+        raise ValueError(f"--domains: --per {per} needs the domain (sensor) id of every item")
+    if per in ("class", "domain+class") and pred is None:
+        raise ValueError(f"--per: {per} needs --input top-label (the predicted class)")
+    d = None if domains is None else np.asarray(domains).astype(str)
+    if d is not None and d.shape != (n,):
+        raise ValueError(f"--domains: expected shape ({n},), got {d.shape}")
+    if per == "domain":
+        return d
+    if per == "class":
+        return pred.astype(str)
+    return np.char.add(np.char.add(d, "/"), pred.astype(str))
+
+
+def fit(args) -> int:
+    from confcal.decisions import decision_manifest, fit_conformal, fit_decisions, scores_digest
+    from confcal.io import atomic_write, check_output_path
+
+    check_output_path(args.output, suffixes=(".json",), name="--output")
+    kind = _KIND[args.input]
+    domains = _array(args, "domains") if args.domains else None
+    cal, cal_dict = _calibrator(args)
+    probs, scale = _probabilities(args, kind, cal, domains)
+    labels = _array(args, "labels")
+    per = args.per or ("domain" if domains is not None else "none")
+    if kind == "multilabel":
+        per = "domain+label" if domains is not None else "label"
+    if kind == "sets":
+        from confcal._validation import check_labels
+
+        y = check_labels(labels, probs.shape[0], probs.shape[1])
+        if per not in ("none", "domain"):
+            raise ValueError("--per: sets are per domain or none; use --class-conditional for per-class coverage")
+        groups = _groups(per, domains, None, probs.shape[0])
+        rule = fit_conformal(probs, y, alpha=args.alpha, score=args.score, class_conditional=args.class_conditional,
+                             groups=groups)
+        digest = scores_digest(probs, y, *(() if groups is None else (groups,)))
+    else:
+        s, y, groups = _triples(kind, per, probs, labels, domains)
+        rule = fit_decisions(s, y, groups, alpha_accept=args.alpha_accept, alpha_reject=args.alpha_reject,
+                             delta=args.delta, delta_split=args.delta_split, accept_risk=args.accept_risk,
+                             reject_risk=args.reject_risk, procedure=args.procedure, pvalue=args.pvalue,
+                             simultaneous=args.simultaneous, pool_small=args.pool_small)
+        digest = scores_digest(s, y, *(() if groups is None else (groups,)))
+    score = {"binary": "score", "top_label": "top-label confidence", "multilabel": "label probability",
+             "sets": "class probabilities"}[kind]
+    m = decision_manifest(rule, data_sha256=digest, n_samples=int(probs.shape[0]), input_kind=kind,
+                          score=f"{score} ({scale})", scale=scale, per=per, calibrator=cal_dict)
+    with atomic_write(args.output, "w") as fh:
+        fh.write(json.dumps(m, indent=2, allow_nan=False) + "\n")
+    if args.json:
+        print(json.dumps(m, indent=2, allow_nan=False))
+    else:
+        print(_fit_table(m))
+    for line in m["notes"]:
+        note(f"note: {line}")
+    print(f"wrote decisions ({m['kind']}, {len(m.get('groups') or {}) or len(m['conformal']['cells'])} "
+          f"{'groups' if m['kind'] == 'three_way' else 'cells'}) -> {args.output}")
+    return 0
+
+
+def _table(header, rows) -> str:
+    from confcal._tables import format_table
+
+    return format_table([dict(zip(header, r)) for r in rows], header)
+
+
+def _fmt(v, nd=4):
+    return "-" if v is None else f"{v:.{nd}f}"
+
+
+def _fit_table(m) -> str:
+    if m["kind"] == "conformal":
+        rows = [[c["group"], str(c["class"]), str(c["n"]), "inf" if c["q"] is None else f"{c['q']:.4f}"]
+                for c in m["conformal"]["cells"]]
+        return m["guarantee"]["statement"] + "\n" + _table(["group", "class", "n", "q"], rows)
+    rows = []
+    for g, d in m["groups"].items():
+        rows.append([g, str(d["n_samples"]), _fmt(d["lambda_lo"]), _fmt(d["lambda_hi"]), f"{d['review_share']:.3f}",
+                     f"{d['sources']['accept']}/{d['sources']['reject']}"])
+    return (m["guarantee"]["statement"] + "\n" +
+            _table(["group", "n", "lambda_lo", "lambda_hi", "review", "source acc/rej"], rows))
+
+
+def _load_decisions(args):
+    from confcal.cli._shared.common import read_json
+    from confcal.decisions import load_decision_manifest
+
+    m = read_json(args.decisions, "--decisions")
+    cal, cal_dict = _calibrator(args, m.get("calibrator") if isinstance(m, dict) else None)
+    obj = load_decision_manifest(m, calibrator=cal_dict, source=args.decisions)
+    return m, obj, cal
+
+
+def _test_inputs(args, m, cal, labels=None):
+    kind, per = m["input"]["kind"], m["input"]["per"]
+    domains = _array(args, "domains") if args.domains else None
+    if domains is None and "domain" in per:
+        raise ValueError(f"--domains: the decisions are per {per}: pass the domain (sensor) id of every item")
+    if args.input_kind is None:
+        args.input_kind = {"probs": "probs", "raw": None, "softmax": "logits", "sigmoid": "logits"}.get(
+            m["input"]["scale"])
+    probs, scale = _probabilities(args, kind, cal, domains)
+    if scale != m["input"]["scale"] and not (scale == "raw" and m["input"]["scale"] == "probs"):
+        raise ValueError(f"--input-kind: the decisions were fitted on {m['input']['scale']} scores, these are {scale}")
+    args.decide_shape = probs.shape  # apply writes multilabel decisions as (n, L)
+    if kind == "sets":
+        return kind, probs, labels, (None if per == "none" else np.asarray(domains).astype(str))
+    if labels is None:  # no labels at apply: the group needs the predicted class only
+        n = probs.shape[0]
+        if kind == "top_label":
+            pred = probs.argmax(axis=1)
+            return kind, probs.max(axis=1), None, _groups(per, domains, pred, n)
+        if kind == "multilabel":
+            s, _, g = _triples(kind, per, probs, np.zeros(probs.shape, dtype=np.int8), domains)
+            return kind, s, None, g
+        return kind, probs, None, _groups(per, domains, None, n)
+    s, y, g = _triples(kind, per, probs, labels, domains)
+    return kind, s, y, g
+
+
+def apply(args) -> int:
+    from confcal.decisions import DECISION_NAMES
+    from confcal.io import OUTPUT_SUFFIXES, atomic_write, check_output_path, save_array
+
+    path = check_output_path(args.output, suffixes=OUTPUT_SUFFIXES, name="--output")
+    m, obj, cal = _load_decisions(args)
+    kind, s, _, groups = _test_inputs(args, m, cal)
+    if kind == "sets":
+        sets = obj.predict(s, groups).astype(np.int8)
+        save_array(args.output, sets, key="sets")
+        print(f"wrote {sets.shape[0]} prediction sets (mean size {sets.sum(1).mean():.3f}) -> {args.output}")
+        return 0
+    d = obj.decide(s, groups)
+    if kind == "multilabel":
+        d = d.reshape(args.decide_shape)
+    if path.suffix.lower() == ".csv":
+        import csv
+
+        from confcal.io import csv_cell
+
+        with atomic_write(args.output, "w") as fh:
+            w = csv.writer(fh, lineterminator="\n")
+            w.writerow(["row", "group", "score", "decision"])
+            g = groups if groups is not None else np.full(s.size, "*")
+            per_row = d.shape[1] if d.ndim == 2 else 1  # multilabel: one line per (item, label)
+            for i, (gi, si, di) in enumerate(zip(g, s, d.ravel())):
+                w.writerow([i // per_row, csv_cell(str(gi)), repr(float(si)), DECISION_NAMES[int(di)]])
+    else:
+        save_array(args.output, d, key="decisions")
+    counts = {DECISION_NAMES[c]: int((d == c).sum()) for c in (1, 0, -1)}
+    print(f"wrote {d.size} decisions ({', '.join(f'{k} {v}' for k, v in counts.items())}) -> {args.output}")
+    return 0
+
+
+def rank(args) -> int:
+    import csv
+
+    from confcal.io import atomic_write, check_output_path, csv_cell
+
+    check_output_path(args.output, suffixes=(".csv",), name="--output")
+    m, obj, cal = _load_decisions(args)
+    if m["kind"] != "three_way":
+        raise ValueError("--decisions: rank orders the review band of accept / review / reject decisions; these "
+                         "are prediction sets")
+    _, s, _, groups = _test_inputs(args, m, cal)
+    pri = obj.review_priority(s, groups)
+    rows = np.flatnonzero(~np.isnan(pri))
+    rows = rows[np.lexsort((rows, pri[rows]))]
+    g = groups if groups is not None else np.full(s.size, "*")
+    with atomic_write(args.output, "w") as fh:
+        w = csv.writer(fh, lineterminator="\n")
+        w.writerow(["rank", "row", "group", "score", "lambda_lo", "lambda_hi", "position"])
+        cache = {}
+        for r, i in enumerate(rows, 1):
+            lo, hi = cache.setdefault(g[i], obj.thresholds(str(g[i])))
+            w.writerow([r, int(i), csv_cell(str(g[i])), repr(float(s[i])), repr(float(lo)), repr(float(hi)),
+                        f"{pri[i]:.6f}"])
+    print(f"wrote {rows.size} items of the review band ({rows.size / max(s.size, 1):.1%} of {s.size}), most "
+          f"ambiguous first -> {args.output}")
+    return 0
+
+
+def evaluate(args) -> int:
+    from confcal.decisions.realised import realised_coverage, realised_decisions
+
+    m, obj, cal = _load_decisions(args)
+    labels = _array(args, "labels")
+    kind, s, y, groups = _test_inputs(args, m, cal, labels=labels)
+    if kind == "sets":
+        from confcal._validation import check_labels
+
+        doc = realised_coverage(obj, s, check_labels(labels, s.shape[0], s.shape[1]), groups,
+                                confidence=args.confidence)
+    else:
+        doc = realised_decisions(obj, s, y, groups, confidence=args.confidence)
+    doc["guarantee"] = m["guarantee"]
+    if args.json:
+        print(json.dumps(doc, indent=2, allow_nan=False))
+    else:
+        print(_evaluate_table(doc, kind))
+    if doc["failed"]:
+        print(f"confcal: realised risk above target beyond its {args.confidence:g} Clopper-Pearson interval in: "
+              f"{', '.join(map(str, doc['failed']))}", file=sys.stderr)
+        return EXIT_RISK_EXCEEDED
+    return 0
+
+
+def _ci(d):
+    if d["value"] is None:
+        return "-"
+    return f"{d['value']:.4f} [{d['low']:.4f}, {d['high']:.4f}] (n={d['n']})"
+
+
+def _evaluate_table(doc, kind) -> str:
+    if kind == "sets":
+        rows = [[g, str(r["n"]), _ci(r["coverage"]), _fmt(r["mean_set_size"], 3), ",".join(r["failed"]) or "ok"]
+                for g, r in doc["groups"].items()]
+        return _table(["group", "n", "coverage [CP]", "mean set size", "verdict"], rows)
+    rows = [[g, str(r["n"]), _ci(r["precision"]), _ci(r["npv"]), _ci(r["review"]), ",".join(r["failed"]) or "ok"]
+            for g, r in doc["groups"].items()]
+    return _table(["group", "n", "precision [CP]", "NPV [CP]", "review share [CP]", "verdict"], rows)
+
+
+def report_section(args, page: str) -> str:
+    """``confcal report --decisions``: ``page`` with the decisions' operating points on the report's items."""
+    from confcal.decisions.realised import realised_coverage, realised_decisions
+    from confcal.report_decisions import decisions_section, insert_section
+
+    from confcal.cli._shared.common import read_json
+
+    saved = args.input_kind, args.calibrator
+    args.input_kind = None  # the decisions' own scale, not the report's
+    named = read_json(args.decisions, "--decisions")
+    if isinstance(named, dict) and named.get("calibrator") is None:
+        args.calibrator = None  # decisions on raw scores: the report's calibrator is not theirs
+    try:
+        m, obj, cal = _load_decisions(args)
+        labels = _array(args, "labels")
+        kind, s, y, groups = _test_inputs(args, m, cal, labels=labels)
+    finally:
+        args.input_kind, args.calibrator = saved
+    if kind == "sets":
+        from confcal._validation import check_labels
+
+        doc = realised_coverage(obj, s, check_labels(labels, s.shape[0], s.shape[1]), groups)
+    else:
+        doc = realised_decisions(obj, s, y, groups)
+    return insert_section(page, decisions_section(m, doc))

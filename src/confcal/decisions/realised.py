@@ -1,0 +1,110 @@
+"""Realised risk of a fitted rule on labelled test items, per group, with Clopper--Pearson intervals.
+
+For each group: accepted items and their precision, rejected items and their NPV, the review share, and
+(for conformal sets) coverage and mean set size. A group *fails* when its realised risk is above the
+target beyond its interval: the lower end of the two-sided Clopper--Pearson interval of the false
+discovery (false omission) rate is above ``alpha_accept`` (``alpha_reject``), or the upper end of the
+coverage interval is below ``1 - alpha``. A failure is evidence that the guarantee does not hold here
+(the test items are not exchangeable with the calibration slice: another sensor, a drift) -- or one of
+the ``delta`` draws the guarantee allows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from confcal.decisions.conformal import ConformalSets
+from confcal.decisions.pvalues import check_level
+from confcal.decisions.rule import ACCEPT, POOLED, REJECT, DecisionRule, check_groups
+
+__all__ = ["clopper_pearson", "realised_decisions", "realised_coverage"]
+
+
+def clopper_pearson(k, n, confidence: float = 0.95) -> tuple[float | None, float | None]:
+    """Two-sided Clopper--Pearson interval of a binomial proportion ``k / n`` (exact, by the beta
+    quantiles); ``(None, None)`` when ``n == 0``."""
+    from scipy.stats import beta
+
+    confidence = check_level(confidence, "confidence")
+    if n == 0:
+        return None, None
+    a = 1 - confidence
+    lo = 0.0 if k == 0 else float(beta.ppf(a / 2, k, n - k + 1))
+    hi = 1.0 if k == n else float(beta.ppf(1 - a / 2, k + 1, n - k))
+    return lo, hi
+
+
+def _share(k, n, confidence):
+    lo, hi = clopper_pearson(k, n, confidence)
+    return {"k": int(k), "n": int(n), "value": None if n == 0 else k / n, "low": lo, "high": hi}
+
+
+def realised_decisions(rule: DecisionRule, scores, labels, groups=None, *, confidence: float = 0.95) -> dict:
+    """Per-group realised precision (accepted), NPV (rejected) and review share of ``rule`` on test items.
+
+    Parameters
+    ----------
+    rule : DecisionRule
+    scores : array_like, shape (n_samples,)
+    labels : array_like of {0, 1}, shape (n_samples,)
+    groups : array_like, shape (n_samples,), optional
+    confidence : float in (0, 1)
+        Level of the Clopper--Pearson intervals.
+
+    Returns
+    -------
+    dict
+        ``{"groups": {id: {...}}, "failed": [ids], "confidence": c}``; each group holds ``n``,
+        ``precision``, ``npv``, ``review`` (``{k, n, value, low, high}``), ``false_discovery`` and
+        ``false_omission`` with their targets, and ``failed``.
+    """
+    from confcal.decisions._counts import check_scores_labels
+
+    s, y = check_scores_labels(scores, labels)
+    d = rule.decide(s, groups)
+    ids = np.full(s.size, POOLED) if groups is None else check_groups(groups, s.size)
+    st = rule.settings
+    out, failed = {}, []
+    names = [POOLED] + ([] if groups is None else sorted(set(ids.tolist())))
+    for name in names:
+        m = np.ones(s.size, dtype=bool) if name == POOLED else ids == name
+        acc, rej = m & (d == ACCEPT), m & (d == REJECT)
+        n_acc, tp = int(acc.sum()), int((acc & y).sum())
+        n_rej, tn = int(rej.sum()), int((rej & ~y).sum())
+        row = {"n": int(m.sum()), "precision": _share(tp, n_acc, confidence), "npv": _share(tn, n_rej, confidence),
+               "review": _share(int((m & (d == 0)).sum()), int(m.sum()), confidence),
+               "false_discovery": _share(n_acc - tp, n_acc, confidence),
+               "false_omission": _share(n_rej - tn, n_rej, confidence)}
+        bad = []
+        if st.get("alpha_accept") is not None and st.get("accept_risk") == "fdr" and n_acc:
+            if row["false_discovery"]["low"] > st["alpha_accept"]:
+                bad.append("precision")
+        if st.get("alpha_reject") is not None and st.get("reject_risk") == "for" and n_rej:
+            if row["false_omission"]["low"] > st["alpha_reject"]:
+                bad.append("npv")
+        row["failed"] = bad
+        if bad:
+            failed.append(name)
+        out[name] = row
+    return {"groups": out, "failed": failed, "confidence": confidence}
+
+
+def realised_coverage(sets: ConformalSets, probs, labels, groups=None, *, confidence: float = 0.95) -> dict:
+    """Per-group realised coverage and mean set size of conformal ``sets`` on test items (see
+    :func:`realised_decisions` for the layout; ``coverage`` and ``mean_set_size`` per group)."""
+    pred = sets.predict(probs, groups)
+    y = np.asarray(labels)
+    if y.shape != (pred.shape[0],) or y.dtype.kind not in "iu" or (y.size and (y.min() < 0 or y.max() >= pred.shape[1])):
+        raise ValueError(f"labels: expected int classes in [0, {pred.shape[1]}) of shape ({pred.shape[0]},)")
+    hit = pred[np.arange(y.size), y]
+    ids = np.full(y.size, POOLED) if groups is None else np.asarray(groups).astype(str)
+    out, failed = {}, []
+    for name in [POOLED] + ([] if groups is None else sorted(set(ids.tolist()))):
+        m = np.ones(y.size, dtype=bool) if name == POOLED else ids == name
+        row = {"n": int(m.sum()), "coverage": _share(int(hit[m].sum()), int(m.sum()), confidence),
+               "mean_set_size": float(pred[m].sum(1).mean()) if m.any() else None}
+        row["failed"] = ["coverage"] if m.any() and row["coverage"]["high"] < 1 - sets.alpha else []
+        if row["failed"]:
+            failed.append(name)
+        out[name] = row
+    return {"groups": out, "failed": failed, "confidence": confidence}

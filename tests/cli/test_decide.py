@@ -1,0 +1,185 @@
+"""``confcal decide``: fit, apply, rank and evaluate decisions from files; one-line errors, no partial files."""
+
+import json
+
+import numpy as np
+import pytest
+
+from confcal.cli import main
+
+
+@pytest.fixture
+def files(tmp_path):
+    rng = np.random.default_rng(40)
+    n = 20000
+    d = np.where(np.arange(n) % 2 == 0, "drone", "sat")
+    s = rng.random(n)
+    y = rng.random(n) < np.where(d == "drone", s, s**3)  # "sat" over-scores
+    np.save(tmp_path / "s.npy", s)
+    np.save(tmp_path / "y.npy", y.astype(np.int64))
+    np.save(tmp_path / "d.npy", d)
+    z = rng.normal(size=(n, 4)) * 2
+    yy = (z + rng.normal(size=z.shape) * 1.5).argmax(1)
+    np.save(tmp_path / "z.npy", z)
+    np.save(tmp_path / "yy.npy", yy)
+    return tmp_path
+
+
+def _run(*argv):
+    return main([str(a) for a in argv])
+
+
+def test_binary_fit_apply_rank_evaluate(files, capsys):
+    t = files
+    assert _run("decide", "fit", "--logits", t / "s.npy", "--labels", t / "y.npy", "--domains", t / "d.npy",
+                "--alpha-accept", 0.1, "--alpha-reject", 0.1, "--delta", 0.1, "-o", t / "dec.json") == 0
+    m = json.loads((t / "dec.json").read_text())
+    assert m["input"] == {"kind": "binary", "score": "score (raw)", "scale": "raw", "per": "domain"}
+    assert m["groups"]["sat"]["lambda_hi"] > m["groups"]["drone"]["lambda_hi"]
+    assert _run("decide", "apply", "--decisions", t / "dec.json", "--logits", t / "s.npy", "--domains", t / "d.npy",
+                "-o", t / "out.csv") == 0
+    rows = (t / "out.csv").read_text().splitlines()
+    assert rows[0] == "row,group,score,decision" and len(rows) == 20001
+    assert {r.split(",")[-1] for r in rows[1:]} == {"accept", "review", "reject"}
+    assert _run("decide", "apply", "--decisions", t / "dec.json", "--logits", t / "s.npy", "--domains", t / "d.npy",
+                "-o", t / "out.npy") == 0
+    codes = np.load(t / "out.npy")
+    words = np.array([r.split(",")[-1] for r in rows[1:]])
+    np.testing.assert_array_equal(codes == 1, words == "accept")
+    assert _run("decide", "rank", "--decisions", t / "dec.json", "--logits", t / "s.npy", "--domains", t / "d.npy",
+                "-o", t / "q.csv") == 0
+    q = (t / "q.csv").read_text().splitlines()
+    assert len(q) - 1 == (codes == 0).sum()
+    pos = [float(r.split(",")[-1]) for r in q[1:]]
+    assert pos == sorted(pos)
+    capsys.readouterr()
+    assert _run("decide", "evaluate", "--decisions", t / "dec.json", "--logits", t / "s.npy", "--labels", t / "y.npy",
+                "--domains", t / "d.npy", "--json") == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["failed"] == [] and doc["groups"]["sat"]["precision"]["value"] >= 0.9
+
+
+def test_evaluate_exits_3_when_a_sensor_breaks_its_guarantee(files, capsys):
+    t = files
+    assert _run("decide", "fit", "--logits", t / "s.npy", "--labels", t / "y.npy", "--alpha-accept", 0.1,
+                "--alpha-reject", "none", "-o", t / "pooled.json") == 0
+    # test on a new sensor that over-scores far more (P(TP | s) = s^8): the pooled cutoff over-admits there
+    rng = np.random.default_rng(42)
+    s_new = rng.random(5000)
+    np.save(t / "s_sat.npy", s_new)
+    np.save(t / "y_sat.npy", (rng.random(5000) < s_new**8).astype(np.int64))
+    capsys.readouterr()
+    code = _run("decide", "evaluate", "--decisions", t / "pooled.json", "--logits", t / "s_sat.npy", "--labels",
+                t / "y_sat.npy")
+    err = capsys.readouterr().err
+    assert code == 3 and "realised risk above target beyond its 0.95 Clopper-Pearson interval in: *" in err
+
+
+def test_top_label_with_a_calibrator_and_sets(files, capsys):
+    from confcal.calibrators import TemperatureScaling
+    from confcal.io import save_manifest
+
+    t = files
+    z, yy = np.load(t / "z.npy"), np.load(t / "yy.npy")
+    save_manifest(TemperatureScaling().fit(z, yy), t / "ts.json")
+    assert _run("decide", "fit", "--input", "top-label", "--logits", t / "z.npy", "--labels", t / "yy.npy",
+                "--calibrator", t / "ts.json", "--alpha-accept", 0.1, "--alpha-reject", "none", "--per", "class",
+                "-o", t / "top.json") == 0
+    m = json.loads((t / "top.json").read_text())
+    assert m["calibrator"]["method"] == "ts" and set(m["groups"]) == {"*", "0", "1", "2", "3"}
+    assert _run("decide", "apply", "--decisions", t / "top.json", "--logits", t / "z.npy", "--calibrator",
+                t / "ts.json", "-o", t / "top.npy") == 0
+    capsys.readouterr()
+    # the calibrator named by digest: missing, or another one, is refused in one line
+    assert _run("decide", "apply", "--decisions", t / "top.json", "--logits", t / "z.npy", "-o", t / "x.npy") == 2
+    assert capsys.readouterr().err.startswith("confcal: error: --calibrator: the decisions were fitted on the "
+                                              "output of calibrator 'ts'")
+    save_manifest(TemperatureScaling().fit(z[:500], yy[:500]), t / "ts2.json")
+    assert _run("decide", "apply", "--decisions", t / "top.json", "--logits", t / "z.npy", "--calibrator",
+                t / "ts2.json", "-o", t / "x.npy") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("confcal: error: --calibrator: expected the calibrator with sha256") and err.count("\n") == 1
+    assert not (t / "x.npy").exists()
+    assert _run("decide", "fit", "--input", "sets", "--score", "aps", "--alpha", 0.1, "--logits", t / "z.npy",
+                "--labels", t / "yy.npy", "-o", t / "sets.json") == 0
+    assert _run("decide", "apply", "--decisions", t / "sets.json", "--logits", t / "z.npy", "-o", t / "sets.npy") == 0
+    sets = np.load(t / "sets.npy")
+    assert sets.shape == (20000, 4) and sets[np.arange(20000), yy].mean() >= 0.89
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--delta", "1.5"], "confcal: error: --delta: expected a number in (0, 1), got 1.5"),
+    (["--alpha-accept", "0"], "confcal: error: --alpha-accept: expected a number in (0, 1), got 0.0"),
+    (["--alpha-accept", "none", "--alpha-reject", "none"],
+     "confcal: error: --alpha-accept: expected a risk level for at least one side, got None for both"),
+])
+def test_bad_levels_are_one_line_errors_and_write_nothing(files, capsys, extra, message):
+    t = files
+    code = _run("decide", "fit", "--logits", t / "s.npy", "--labels", t / "y.npy", *extra, "-o", t / "bad.json")
+    err = capsys.readouterr().err
+    assert code == 2 and err == message + "\n"
+    assert not (t / "bad.json").exists()
+
+
+def test_hostile_inputs(files, capsys):
+    t = files
+    s = np.load(t / "s.npy")
+    s[7] = np.nan
+    np.save(t / "nan.npy", s)
+    assert _run("decide", "fit", "--logits", t / "nan.npy", "--labels", t / "y.npy", "-o", t / "bad.json") == 2
+    assert capsys.readouterr().err == "confcal: error: --logits: expected finite scores, got nan at row 7\n"
+    np.save(t / "ones.npy", np.ones(20000, dtype=np.int64))
+    assert _run("decide", "fit", "--logits", t / "s.npy", "--labels", t / "ones.npy", "-o", t / "bad.json") == 2
+    assert capsys.readouterr().err.startswith("confcal: error: --labels: all items has only positives (n=20000)")
+    assert _run("decide", "fit", "--logits", t / "s.npy", "--labels", t / "y.npy", "-o", t / "dec.json") == 0
+    m = json.loads((t / "dec.json").read_text())
+    m["groups"]["*"]["review_share"] = 0.0
+    (t / "edited.json").write_text(json.dumps(m))
+    capsys.readouterr()
+    assert _run("decide", "apply", "--decisions", t / "edited.json", "--logits", t / "s.npy", "-o", t / "o.npy") == 2
+    err = capsys.readouterr().err
+    assert "sha256: the manifest was edited after the fit" in err and err.count("\n") == 1
+    assert not (t / "o.npy").exists() and not (t / "bad.json").exists()
+
+
+def test_multilabel_one_rule_per_label(tmp_path):
+    rng = np.random.default_rng(41)
+    z = rng.normal(size=(6000, 3)) * 2
+    y = (rng.random(z.shape) < 1 / (1 + np.exp(-z))).astype(np.int64)
+    np.save(tmp_path / "z.npy", z)
+    np.save(tmp_path / "y.npy", y)
+    assert _run("decide", "fit", "--input", "multilabel", "--logits", tmp_path / "z.npy", "--labels", tmp_path / "y.npy",
+                "--alpha-accept", 0.1, "--alpha-reject", 0.1, "-o", tmp_path / "ml.json") == 0
+    m = json.loads((tmp_path / "ml.json").read_text())
+    assert set(m["groups"]) == {"*", "0", "1", "2"} and m["input"]["per"] == "label"
+    assert _run("decide", "apply", "--decisions", tmp_path / "ml.json", "--logits", tmp_path / "z.npy",
+                "-o", tmp_path / "d.npy") == 0
+    d = np.load(tmp_path / "d.npy")
+    assert d.shape == (6000, 3)
+    lo, hi = m["groups"]["1"]["lambda_lo"], m["groups"]["1"]["lambda_hi"]
+    p = 1 / (1 + np.exp(-z[:, 1]))
+    np.testing.assert_array_equal(d[:, 1], np.where(p >= hi, 1, np.where(p < lo, -1, 0)))
+
+
+def test_report_shows_each_sensors_operating_point(files):
+    from confcal.calibrators import DetectionPlattScaling
+    from confcal.io import save_manifest
+
+    t = files
+    s, y, d = np.load(t / "s.npy"), np.load(t / "y.npy"), np.load(t / "d.npy")
+    save_manifest(DetectionPlattScaling().fit(s, y, domains=d), t / "det.json")
+    assert _run("decide", "fit", "--logits", t / "s.npy", "--labels", t / "y.npy", "--domains", t / "d.npy",
+                "--calibrator", t / "det.json", "--alpha-accept", 0.1, "--alpha-reject", 0.1, "--delta", 0.1,
+                "-o", t / "dec.json") == 0
+    assert _run("report", "--logits", t / "s.npy", "--labels", t / "y.npy", "--domains", t / "d.npy",
+                "--calibrator", t / "det.json", "--decisions", t / "dec.json", "--bootstrap", 5,
+                "-o", t / "r.html") == 0
+    page = (t / "r.html").read_text()
+    assert "<h2>Decisions</h2>" in page and page.index("<h2>Decisions</h2>") < page.index("</body>")
+    for sensor in ("drone", "sat"):
+        assert f"<tr><td>{sensor}</td><td>10000</td>" in page
+    # decisions on raw scores beside a report's calibrator
+    assert _run("decide", "fit", "--logits", t / "s.npy", "--labels", t / "y.npy", "-o", t / "raw.json") == 0
+    assert _run("report", "--logits", t / "s.npy", "--labels", t / "y.npy", "--calibrator", t / "det.json",
+                "--domains", t / "d.npy", "--decisions", t / "raw.json", "--bootstrap", 5, "-o", t / "r2.html") == 0
+    assert "<tr><td>*</td><td>20000</td>" in (t / "r2.html").read_text()
