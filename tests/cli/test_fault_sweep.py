@@ -42,7 +42,7 @@ N = 120  # rows of the baseline arrays
 K = 3  # classes
 
 #: input options whose files are JSON documents (the rest of INPUT_DESTS are array specs)
-JSON_DESTS = {"calibrator", "gt", "detections", "domain_map"}
+JSON_DESTS = {"calibrator", "gt", "detections", "domain_map", "decisions"}
 #: input options whose files are CSV tables written by confcal (not array specs)
 CSV_DESTS = {"queue"}
 #: input options whose files are binary files of another program (an exported ONNX/TorchScript head)
@@ -122,6 +122,8 @@ def data(tmp_path_factory):
                      "-o", f"{d}/detcal.json"]) == 0
         assert main(["rank", "--detections", f"{d}/dets.json", "--calibrator", f"{d}/detcal.json", "--gt",
                      f"{d}/gt.json", "-o", f"{d}/queue.csv"]) == 0
+        assert main(["decide", "fit", "--logits", f"{d}/s.npy", "--labels", f"{d}/c.npy", "-o",
+                     f"{d}/dec.json"]) == 0
     return d
 
 
@@ -141,6 +143,10 @@ BASELINES = {
     ("report",): ("report --logits {d}/z.npy --labels {d}/y.npy --calibrator {d}/cal.json --bootstrap 2 -q "
                   "-o {o}/r.html"),
     ("export",): "export --calibrator {d}/cal.json --format onnx -o {o}/c.onnx",
+    ("decide", "fit"): "decide fit --logits {d}/s.npy --labels {d}/c.npy -o {o}/dec.json",
+    ("decide", "apply"): "decide apply --decisions {d}/dec.json --logits {d}/s.npy -o {o}/d.csv",
+    ("decide", "rank"): "decide rank --decisions {d}/dec.json --logits {d}/s.npy -o {o}/r.csv",
+    ("decide", "evaluate"): "decide evaluate --decisions {d}/dec.json --logits {d}/s.npy --labels {d}/c.npy",
     ("adapt",): ("adapt --calibrator {d}/cal.json --calibration-logits {d}/z.npy --calibration-labels {d}/y.npy "
                  "--logits {d}/z.npy --n-boot 5 -q -o {o}/a.json"),
 }
@@ -400,7 +406,7 @@ def test_fault(cmd, option, dest, kind, fault, data, tmp_path, capsys):
     elif kind in ("json", "csv", "file"):
         good = {"calibrator": "detcal.json" if key == "rank" else "cal.json", "gt": "gt.json",
                 "detections": "dets.json", "domain_map": "dmap.json", "queue": "queue.csv",
-                "verify": "cal.json"}[dest]
+                "verify": "cal.json", "decisions": "dec.json"}[dest]
         value = _json_fault(data / good, fault, bad)
     elif kind == "domain":
         value = _domain_fault(data / "dom_a.npz", fault, bad)

@@ -20,6 +20,17 @@ def _array(args, name, what=None):
     return load_array(getattr(args, name), name=what or name, csv_header=getattr(args, "csv_header", "first"))
 
 
+def _domains(args):
+    """``--domains`` checked as every command checks it (str or int ids; NaN, inf, fractional floats and other
+    dtypes refused naming the option), or None."""
+    if not args.domains:
+        return None
+    from confcal._validation import check_domains
+
+    d = _array(args, "domains")
+    return check_domains(d, d.shape[0] if np.ndim(d) else 0, name="--domains")
+
+
 def _calibrator(args, manifest_cal=None):
     """``(calibrator, its manifest dict)`` of ``--calibrator`` or ``(None, None)``."""
     from confcal.io import load_calibrator, load_manifest
@@ -121,7 +132,7 @@ def fit(args) -> int:
 
     check_output_path(args.output, suffixes=(".json",), name="--output")
     kind = _KIND[args.input]
-    domains = _array(args, "domains") if args.domains else None
+    domains = _domains(args)
     cal, cal_dict = _calibrator(args)
     probs, scale = _probabilities(args, kind, cal, domains)
     labels = _array(args, "labels")
@@ -197,7 +208,7 @@ def _load_decisions(args):
 
 def _test_inputs(args, m, cal, labels=None):
     kind, per = m["input"]["kind"], m["input"]["per"]
-    domains = _array(args, "domains") if args.domains else None
+    domains = _domains(args)
     if domains is None and "domain" in per:
         raise ValueError(f"--domains: the decisions are per {per}: pass the domain (sensor) id of every item")
     if args.input_kind is None:
@@ -207,6 +218,8 @@ def _test_inputs(args, m, cal, labels=None):
     if scale != m["input"]["scale"] and not (scale == "raw" and m["input"]["scale"] == "probs"):
         raise ValueError(f"--input-kind: the decisions were fitted on {m['input']['scale']} scores, these are {scale}")
     args.decide_shape = probs.shape  # apply writes multilabel decisions as (n, L)
+    if domains is not None and domains.shape[0] != probs.shape[0]:
+        raise ValueError(f"--domains: expected {probs.shape[0]} ids (one per row of --logits), got {domains.shape[0]}")
     if kind == "sets":
         return kind, probs, labels, (None if per == "none" else np.asarray(domains).astype(str))
     if labels is None:  # no labels at apply: the group needs the predicted class only
