@@ -129,8 +129,10 @@ def test_hostile_inputs(files, capsys):
     assert _run("decide", "fit", "--logits", t / "nan.npy", "--labels", t / "y.npy", "-o", t / "bad.json") == 2
     assert capsys.readouterr().err == "confcal: error: --logits: expected finite scores, got nan at row 7\n"
     np.save(t / "ones.npy", np.ones(20000, dtype=np.int64))
-    assert _run("decide", "fit", "--logits", t / "s.npy", "--labels", t / "ones.npy", "-o", t / "bad.json") == 2
-    assert capsys.readouterr().err.startswith("confcal: error: --labels: all items has only positives (n=20000)")
+    # error-free items are a valid calibration set: the accept side is certified, the reject side reviewed
+    assert _run("decide", "fit", "--logits", t / "s.npy", "--labels", t / "ones.npy", "-o", t / "ones.json") == 0
+    assert json.loads((t / "ones.json").read_text())["groups"]["*"]["lambda_hi"] is not None
+    capsys.readouterr()
     assert _run("decide", "fit", "--logits", t / "s.npy", "--labels", t / "y.npy", "-o", t / "dec.json") == 0
     m = json.loads((t / "dec.json").read_text())
     m["groups"]["*"]["review_share"] = 0.0
