@@ -47,9 +47,13 @@ def decisions_section(manifest: dict, realised: dict) -> str:
             lo = hi = None
             n_cal = "unseen"
         else:
-            lo, hi, n_cal = fit["lambda_lo"], fit["lambda_hi"], fit["n_samples"]
+            ap = fit.get("applied") or fit
+            lo, hi, n_cal = ap["lambda_lo"], ap["lambda_hi"], fit["n_samples"]
         verdict = "fail: " + ", ".join(r["failed"]) if r["failed"] else "ok"
-        out.append(f"<tr><td>{html.escape(g)}</td><td>{n_cal}</td><td>{_num(lo)}</td><td>{_num(hi)}</td>"
+        src = (fit or {}).get("sources", {})
+        lo_t = _num(lo) + (" (pooled)" if src.get("reject") == "pooled" and lo is not None else "")
+        hi_t = _num(hi) + (" (pooled)" if src.get("accept") == "pooled" and hi is not None else "")
+        out.append(f"<tr><td>{html.escape(g)}</td><td>{n_cal}</td><td>{lo_t}</td><td>{hi_t}</td>"
                    f"<td>{r['n']}</td><td>{_ci(r['precision'])}</td><td>{_ci(r['npv'])}</td>"
                    f"<td>{_ci(r['review'])}</td><td>{verdict}</td></tr>")
     out.append("</table>")

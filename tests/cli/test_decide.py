@@ -185,3 +185,37 @@ def test_report_shows_each_sensors_operating_point(files):
     assert _run("report", "--logits", t / "s.npy", "--labels", t / "y.npy", "--calibrator", t / "det.json",
                 "--domains", t / "d.npy", "--decisions", t / "raw.json", "--bootstrap", 5, "-o", t / "r2.html") == 0
     assert "<tr><td>*</td><td>20000</td>" in (t / "r2.html").read_text()
+
+
+def test_pool_small_table_and_manifest_show_the_applied_pooled_threshold(tmp_path, capsys):
+    # tester finding 2: a pooled group showed lambda_hi '-' / null while apply used the pooled threshold
+    rng = np.random.default_rng(41)
+    n = 6000
+    s = rng.random(n)
+    y = (rng.random(n) < s).astype(np.int64)
+    d = np.where(np.arange(n) < 30, "tiny", "big")
+    np.save(tmp_path / "s.npy", s)
+    np.save(tmp_path / "y.npy", y)
+    np.save(tmp_path / "d.npy", d)
+    assert _run("decide", "fit", "--logits", tmp_path / "s.npy", "--labels", tmp_path / "y.npy", "--domains",
+                tmp_path / "d.npy", "--delta", 0.1, "--alpha-reject", 0.2, "--pool-small", "-o", tmp_path / "dec.json") == 0
+    out, err = capsys.readouterr()
+    m = json.loads((tmp_path / "dec.json").read_text())
+    tiny, pooled = m["groups"]["tiny"], m["groups"]["*"]
+    assert tiny["sources"] == {"accept": "pooled", "reject": "pooled"}
+    assert tiny["applied"] == {"lambda_lo": pooled["lambda_lo"], "lambda_hi": pooled["lambda_hi"]}
+    row = next(line for line in out.splitlines() if line.lstrip().startswith("tiny"))
+    assert f"{pooled['lambda_hi']:.4f} (pooled)" in row and f"{pooled['lambda_lo']:.4f} (pooled)" in row
+    assert len(set(err.splitlines())) == len(err.splitlines())  # no note twice
+    # apply uses exactly the threshold the manifest and the table show
+    assert _run("decide", "apply", "--decisions", tmp_path / "dec.json", "--logits", tmp_path / "s.npy",
+                "--domains", tmp_path / "d.npy", "-o", tmp_path / "o.npy") == 0
+    dec = np.load(tmp_path / "o.npy")[:30]
+    want = np.where(s[:30] >= pooled["lambda_hi"], 1, np.where(s[:30] < pooled["lambda_lo"], -1, 0))
+    np.testing.assert_array_equal(dec, want)
+    # an edited applied threshold is refused (it is checked against the rule, and the digest)
+    m["groups"]["tiny"]["applied"]["lambda_hi"] = 0.5
+    from confcal.decisions import load_decision_manifest
+
+    with pytest.raises(ValueError, match=r"^decisions: sha256: the manifest was edited"):
+        load_decision_manifest(m)

@@ -179,10 +179,23 @@ def _fit_table(m) -> str:
         return m["guarantee"]["statement"] + "\n" + _table(["group", "class", "n", "q"], rows)
     rows = []
     for g, d in m["groups"].items():
-        rows.append([g, str(d["n_samples"]), _fmt(d["lambda_lo"]), _fmt(d["lambda_hi"]), f"{d['review_share']:.3f}",
+        lo, hi = applied_thresholds(d)
+        rows.append([g, str(d["n_samples"]), lo, hi, f"{d['review_share']:.3f}",
                      f"{d['sources']['accept']}/{d['sources']['reject']}"])
     return (m["guarantee"]["statement"] + "\n" +
             _table(["group", "n", "lambda_lo", "lambda_hi", "review", "source acc/rej"], rows))
+
+
+def applied_thresholds(d, nd=4, fmt=None) -> tuple[str, str]:
+    """The thresholds a manifest group's items get, as text: "pooled" beside one taken from the pooled rule,
+    "-" for a side that is not certified (reviewed)."""
+    fmt = fmt or (lambda v: _fmt(v, nd))
+    ap = d.get("applied") or {"lambda_lo": d["lambda_lo"], "lambda_hi": d["lambda_hi"]}
+    out = []
+    for key, side in (("lambda_lo", "reject"), ("lambda_hi", "accept")):
+        text = fmt(ap[key])
+        out.append(f"{text} (pooled)" if d["sources"][side] == "pooled" and ap[key] is not None else text)
+    return out[0], out[1]
 
 
 def _load_decisions(args):
