@@ -31,12 +31,14 @@ def decisions_section(manifest: dict, realised: dict) -> str:
     """
     out = ["<h2>Decisions</h2>", f"<p>{html.escape(manifest['guarantee']['statement'])}.</p>"]
     if manifest["kind"] == "conformal":
-        out.append("<table><tr><th>group</th><th>n</th><th>coverage [95% CP]</th><th>mean set size</th>"
-                   "<th>verdict</th></tr>")
+        out.append("<table><tr><th>group</th><th>n</th><th>coverage [95% CP]</th><th>floor</th>"
+                   "<th>mean set size</th><th>verdict</th></tr>")
         for g, r in realised["groups"].items():
             out.append(f"<tr><td>{html.escape(g)}</td><td>{r['n']}</td><td>{_ci(r['coverage'])}</td>"
-                       f"<td>{_num(r['mean_set_size'], 3)}</td><td>{'fail' if r['failed'] else 'ok'}</td></tr>")
+                       f"<td>{_num(r.get('coverage_floor'))}</td><td>{_num(r['mean_set_size'], 3)}</td><td>{'fail' if r['failed'] else 'ok'}</td></tr>")
         out.append("</table>")
+        out.append(f"<p>floor: the {realised.get('delta', 0.01):g}-quantile of split conformal's coverage given "
+                   "its calibration set (a verdict fails only below it).</p>")
         return "\n".join(out)
     out.append("<table><tr><th>group</th><th>n (calibration)</th><th>&lambda;<sub>lo</sub></th>"
                "<th>&lambda;<sub>hi</sub></th><th>n (here)</th><th>precision [95% CP]</th><th>NPV [95% CP]</th>"

@@ -219,3 +219,21 @@ def test_pool_small_table_and_manifest_show_the_applied_pooled_threshold(tmp_pat
 
     with pytest.raises(ValueError, match=r"^decisions: sha256: the manifest was edited"):
         load_decision_manifest(m)
+
+
+def test_evaluate_sets_per_class_with_the_coverage_floor(files, capsys):
+    t = files
+    assert _run("decide", "fit", "--input", "sets", "--class-conditional", "--logits", t / "z.npy", "--labels",
+                t / "yy.npy", "-o", t / "cc.json") == 0
+    capsys.readouterr()
+    assert _run("decide", "evaluate", "--decisions", t / "cc.json", "--logits", t / "z.npy", "--labels",
+                t / "yy.npy", "--json") == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {"*", "class 0", "class 3"} <= set(doc["groups"]) and doc["delta"] == 0.01
+    assert all(0.8 < r["coverage_floor"] < 0.9 for r in doc["groups"].values())
+    assert _run("decide", "fit", "--logits", t / "s.npy", "--labels", t / "y.npy", "-o", t / "dec.json") == 0
+    capsys.readouterr()
+    assert _run("decide", "evaluate", "--decisions", t / "dec.json", "--logits", t / "s.npy", "--labels",
+                t / "y.npy", "--coverage-delta", 0.05) == 2
+    assert capsys.readouterr().err == ("confcal: error: --coverage-delta: applies to prediction sets only; these "
+                                       "decisions are thresholds\n")

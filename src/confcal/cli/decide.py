@@ -102,10 +102,15 @@ def register(sub):
     e = dsub.add_parser("evaluate", help="realised precision / NPV / coverage / review share per group",
                         description="Realised risks of a decision manifest on labelled test items, per group, with "
                                     "two-sided Clopper-Pearson intervals. Exit 3 when a group's realised risk is "
-                                    "above its target beyond its interval.")
+                                    "above its target beyond its interval (sets: when the interval's upper end is "
+                                    "below the coverage floor, see --coverage-delta).")
     e.add_argument("--decisions", required=True, help="decision manifest from 'confcal decide fit'")
     _common(e, labels=True)
     e.add_argument("--confidence", type=float, default=0.95, help="level of the intervals (default 0.95)")
+    e.add_argument("--coverage-delta", type=float, default=None, metavar="D",
+                   help="sets: flag a coverage only below the D-quantile of split conformal's coverage given its "
+                        "calibration set, Beta(n+1-l, l) with l = floor((n+1) alpha) (default 0.01; false-alarm "
+                        "rate on exchangeable data <= D + (1 - confidence) / 2)")
     e.add_argument("--json", action="store_true", help="print JSON instead of a table")
     e.set_defaults(func=_run("evaluate"))
 

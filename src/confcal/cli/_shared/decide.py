@@ -306,20 +306,34 @@ def evaluate(args) -> int:
     if kind == "sets":
         from confcal._validation import check_labels
 
+        delta = 0.01 if args.coverage_delta is None else args.coverage_delta
         doc = realised_coverage(obj, s, check_labels(labels, s.shape[0], s.shape[1]), groups,
-                                confidence=args.confidence)
+                                confidence=args.confidence, delta=_level(delta, "--coverage-delta"))
     else:
+        if args.coverage_delta is not None:
+            raise ValueError("--coverage-delta: applies to prediction sets only; these decisions are thresholds")
         doc = realised_decisions(obj, s, y, groups, confidence=args.confidence)
     doc["guarantee"] = m["guarantee"]
     if args.json:
         print(json.dumps(doc, indent=2, allow_nan=False))
     else:
         print(_evaluate_table(doc, kind))
+    if doc["failed"] and kind == "sets":
+        print(f"confcal: realised coverage below the coverage floor (delta={doc['delta']:g}) beyond its "
+              f"{args.confidence:g} Clopper-Pearson interval in: {', '.join(map(str, doc['failed']))}",
+              file=sys.stderr)
+        return EXIT_RISK_EXCEEDED
     if doc["failed"]:
         print(f"confcal: realised risk above target beyond its {args.confidence:g} Clopper-Pearson interval in: "
               f"{', '.join(map(str, doc['failed']))}", file=sys.stderr)
         return EXIT_RISK_EXCEEDED
     return 0
+
+
+def _level(value, name):
+    from confcal.decisions.pvalues import check_level
+
+    return check_level(value, name)
 
 
 def _ci(d):
@@ -330,9 +344,9 @@ def _ci(d):
 
 def _evaluate_table(doc, kind) -> str:
     if kind == "sets":
-        rows = [[g, str(r["n"]), _ci(r["coverage"]), _fmt(r["mean_set_size"], 3), ",".join(r["failed"]) or "ok"]
-                for g, r in doc["groups"].items()]
-        return _table(["group", "n", "coverage [CP]", "mean set size", "verdict"], rows)
+        rows = [[g, str(r["n"]), _ci(r["coverage"]), _fmt(r["coverage_floor"]), _fmt(r["mean_set_size"], 3),
+                 ",".join(r["failed"]) or "ok"] for g, r in doc["groups"].items()]
+        return _table(["group", "n", "coverage [CP]", "floor", "mean set size", "verdict"], rows)
     rows = [[g, str(r["n"]), _ci(r["precision"]), _ci(r["npv"]), _ci(r["review"]), ",".join(r["failed"]) or "ok"]
             for g, r in doc["groups"].items()]
     return _table(["group", "n", "precision [CP]", "NPV [CP]", "review share [CP]", "verdict"], rows)
