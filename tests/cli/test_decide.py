@@ -237,3 +237,26 @@ def test_evaluate_sets_per_class_with_the_coverage_floor(files, capsys):
                 t / "y.npy", "--coverage-delta", 0.05) == 2
     assert capsys.readouterr().err == ("confcal: error: --coverage-delta: applies to prediction sets only; these "
                                        "decisions are thresholds\n")
+
+
+def test_the_all_items_row_is_labelled_and_shows_no_pooled_threshold(files, capsys):
+    # tester finding 4: the '*' row printed the pooled lambda_hi beside counts made by the per-group rules
+    from confcal.decisions import fit_decisions
+    from confcal.decisions.realised import realised_decisions
+    from confcal.report_decisions import decisions_section
+
+    t = files
+    assert _run("decide", "fit", "--logits", t / "s.npy", "--labels", t / "y.npy", "--domains", t / "d.npy",
+                "-o", t / "dec.json") == 0
+    out = capsys.readouterr().out
+    assert "* (pooled rule)" in out
+    assert _run("decide", "evaluate", "--decisions", t / "dec.json", "--logits", t / "s.npy", "--labels", t / "y.npy",
+                "--domains", t / "d.npy") == 0
+    out = capsys.readouterr().out
+    assert "all groups (their own rules)" in out and "\n*" not in out
+    m = json.loads((t / "dec.json").read_text())
+    s, y, d = np.load(t / "s.npy"), np.load(t / "y.npy"), np.load(t / "d.npy")
+    rule = fit_decisions(s, y, d)
+    page = decisions_section(m, realised_decisions(rule, s, y, d))
+    row = next(r for r in page.split("<tr>") if "all groups (their own rules)" in r)
+    assert f"{m['groups']['*']['lambda_hi']:.4f}" not in row and "&ndash;" in row

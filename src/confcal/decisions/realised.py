@@ -29,7 +29,14 @@ from confcal.decisions.conformal import ConformalSets
 from confcal.decisions.pvalues import check_level
 from confcal.decisions.rule import ACCEPT, POOLED, REJECT, DecisionRule, check_groups
 
-__all__ = ["clopper_pearson", "realised_decisions", "realised_coverage", "coverage_floor"]
+__all__ = ["clopper_pearson", "realised_decisions", "realised_coverage", "coverage_floor", "ALL_GROUPS_LABEL",
+           "POOLED_RULE_LABEL"]
+
+#: how tables name the ``"*"`` row of a realised document when there are groups: every item, each under its
+#: own group's rule (the pooled rule's thresholds do not apply to it)
+ALL_GROUPS_LABEL = "all groups (their own rules)"
+#: how ``decide fit`` names the ``"*"`` entry of a manifest with groups: the rule fitted on all items pooled
+POOLED_RULE_LABEL = "* (pooled rule)"
 
 
 def clopper_pearson(k, n, confidence: float = 0.95) -> tuple[float | None, float | None]:
@@ -68,7 +75,8 @@ def realised_decisions(rule: DecisionRule, scores, labels, groups=None, *, confi
     dict
         ``{"groups": {id: {...}}, "failed": [ids], "confidence": c}``; each group holds ``n``,
         ``precision``, ``npv``, ``review`` (``{k, n, value, low, high}``), ``false_discovery`` and
-        ``false_omission`` with their targets, and ``failed``.
+        ``false_omission`` with their targets, and ``failed``. With groups, the ``"*"`` row counts all
+        items, each decided by its own group's rule (not the pooled rule): see :data:`ALL_GROUPS_LABEL`.
     """
     from confcal.decisions._counts import check_scores_labels
 

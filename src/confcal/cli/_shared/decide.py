@@ -177,10 +177,12 @@ def _fit_table(m) -> str:
         rows = [[c["group"], str(c["class"]), str(c["n"]), "inf" if c["q"] is None else f"{c['q']:.4f}"]
                 for c in m["conformal"]["cells"]]
         return m["guarantee"]["statement"] + "\n" + _table(["group", "class", "n", "q"], rows)
+    from confcal.decisions.realised import POOLED_RULE_LABEL
+
     rows = []
     for g, d in m["groups"].items():
         lo, hi = applied_thresholds(d)
-        rows.append([g, str(d["n_samples"]), lo, hi, f"{d['review_share']:.3f}",
+        rows.append([POOLED_RULE_LABEL if g == "*" and len(m["groups"]) > 1 else g, str(d["n_samples"]), lo, hi, f"{d['review_share']:.3f}",
                      f"{d['sources']['accept']}/{d['sources']['reject']}"])
     return (m["guarantee"]["statement"] + "\n" +
             _table(["group", "n", "lambda_lo", "lambda_hi", "review", "source acc/rej"], rows))
@@ -342,12 +344,18 @@ def _ci(d):
     return f"{d['value']:.4f} [{d['low']:.4f}, {d['high']:.4f}] (n={d['n']})"
 
 
+def _row_name(g, doc):
+    from confcal.decisions.realised import ALL_GROUPS_LABEL
+
+    return ALL_GROUPS_LABEL if g == "*" and len(doc["groups"]) > 1 else g
+
+
 def _evaluate_table(doc, kind) -> str:
     if kind == "sets":
-        rows = [[g, str(r["n"]), _ci(r["coverage"]), _fmt(r["coverage_floor"]), _fmt(r["mean_set_size"], 3),
+        rows = [[_row_name(g, doc), str(r["n"]), _ci(r["coverage"]), _fmt(r["coverage_floor"]), _fmt(r["mean_set_size"], 3),
                  ",".join(r["failed"]) or "ok"] for g, r in doc["groups"].items()]
         return _table(["group", "n", "coverage [CP]", "floor", "mean set size", "verdict"], rows)
-    rows = [[g, str(r["n"]), _ci(r["precision"]), _ci(r["npv"]), _ci(r["review"]), ",".join(r["failed"]) or "ok"]
+    rows = [[_row_name(g, doc), str(r["n"]), _ci(r["precision"]), _ci(r["npv"]), _ci(r["review"]), ",".join(r["failed"]) or "ok"]
             for g, r in doc["groups"].items()]
     return _table(["group", "n", "precision [CP]", "NPV [CP]", "review share [CP]", "verdict"], rows)
 
