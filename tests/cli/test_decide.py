@@ -161,6 +161,20 @@ def test_multilabel_one_rule_per_label(tmp_path):
     lo, hi = m["groups"]["1"]["lambda_lo"], m["groups"]["1"]["lambda_hi"]
     p = 1 / (1 + np.exp(-z[:, 1]))
     np.testing.assert_array_equal(d[:, 1], np.where(p >= hi, 1, np.where(p < lo, -1, 0)))
+    # apply's CSV and rank's queue name a (item, label) the same way (tester finding 5)
+    import csv
+
+    assert _run("decide", "apply", "--decisions", tmp_path / "ml.json", "--logits", tmp_path / "z.npy",
+                "-o", tmp_path / "d.csv") == 0
+    assert _run("decide", "rank", "--decisions", tmp_path / "ml.json", "--logits", tmp_path / "z.npy",
+                "-o", tmp_path / "q.csv") == 0
+    applied = {(int(r["item"]), int(r["label"])): r["decision"] for r in csv.DictReader(open(tmp_path / "d.csv"))}
+    queue = list(csv.DictReader(open(tmp_path / "q.csv")))
+    assert len(applied) == 18000 and queue
+    for r in queue:
+        item, label = int(r["item"]), int(r["label"])
+        assert applied[(item, label)] == "review" and d[item, label] == 0
+        assert float(r["score"]) == 1 / (1 + np.exp(-z[item, label]))
 
 
 def test_report_shows_each_sensors_operating_point(files):

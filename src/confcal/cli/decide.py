@@ -85,7 +85,7 @@ def register(sub):
     f.set_defaults(func=_run("fit"))
     a = dsub.add_parser("apply", help="write decisions (or sets) for new items",
                         description="Decisions for new items: .csv gets the words accept / review / reject "
-                                    "(and the group, score); .npy / .npz / .parquet get int8 codes 1 / 0 / -1. "
+                                    "(and the row, or item and label for multilabel, the group, score); .npy / .npz / .parquet get int8 codes 1 / 0 / -1. "
                                     "Sets: multi-hot int8 (n, K).")
     a.add_argument("--decisions", required=True, help="decision manifest from 'confcal decide fit'")
     _common(a, labels=False)
@@ -94,7 +94,8 @@ def register(sub):
     r = dsub.add_parser("rank", help="the review band as an annotation queue (CSV)",
                         description="Items in their group's review band, most ambiguous first (closest to the "
                                     "middle of the band, relative to its width). Columns: rank, row, group, score, "
-                                    "lambda_lo, lambda_hi, position.")
+                                    "lambda_lo, lambda_hi, position (multilabel: item, label instead of row, as "
+                                    "in decide apply's CSV).")
     r.add_argument("--decisions", required=True, help="decision manifest from 'confcal decide fit'")
     _common(r, labels=False)
     r.add_argument("-o", "--output", required=True, help="queue CSV")

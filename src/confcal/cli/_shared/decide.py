@@ -259,11 +259,16 @@ def apply(args) -> int:
 
         with atomic_write(args.output, "w") as fh:
             w = csv.writer(fh, lineterminator="\n")
-            w.writerow(["row", "group", "score", "decision"])
             g = groups if groups is not None else np.full(s.size, "*")
-            per_row = d.shape[1] if d.ndim == 2 else 1  # multilabel: one line per (item, label)
-            for i, (gi, si, di) in enumerate(zip(g, s, d.ravel())):
-                w.writerow([i // per_row, csv_cell(str(gi)), repr(float(si)), DECISION_NAMES[int(di)]])
+            if d.ndim == 2:  # multilabel: one line per (item, label), as decide rank writes them
+                w.writerow(["item", "label", "group", "score", "decision"])
+                for i, (gi, si, di) in enumerate(zip(g, s, d.ravel())):
+                    w.writerow([i // d.shape[1], i % d.shape[1], csv_cell(str(gi)), repr(float(si)),
+                                DECISION_NAMES[int(di)]])
+            else:
+                w.writerow(["row", "group", "score", "decision"])
+                for i, (gi, si, di) in enumerate(zip(g, s, d)):
+                    w.writerow([i, csv_cell(str(gi)), repr(float(si)), DECISION_NAMES[int(di)]])
     else:
         save_array(args.output, d, key="decisions")
     counts = {DECISION_NAMES[c]: int((d == c).sum()) for c in (1, 0, -1)}
@@ -281,18 +286,21 @@ def rank(args) -> int:
     if m["kind"] != "three_way":
         raise ValueError("--decisions: rank orders the review band of accept / review / reject decisions; these "
                          "are prediction sets")
-    _, s, _, groups = _test_inputs(args, m, cal)
+    kind, s, _, groups = _test_inputs(args, m, cal)
+    n_labels = args.decide_shape[1] if kind == "multilabel" else 0
     pri = obj.review_priority(s, groups)
     rows = np.flatnonzero(~np.isnan(pri))
     rows = rows[np.lexsort((rows, pri[rows]))]
     g = groups if groups is not None else np.full(s.size, "*")
     with atomic_write(args.output, "w") as fh:
         w = csv.writer(fh, lineterminator="\n")
-        w.writerow(["rank", "row", "group", "score", "lambda_lo", "lambda_hi", "position"])
+        where = ["item", "label"] if n_labels else ["row"]  # multilabel: the (item, label) of decide apply
+        w.writerow(["rank", *where, "group", "score", "lambda_lo", "lambda_hi", "position"])
         cache = {}
         for r, i in enumerate(rows, 1):
             lo, hi = cache.setdefault(g[i], obj.thresholds(str(g[i])))
-            w.writerow([r, int(i), csv_cell(str(g[i])), repr(float(s[i])), repr(float(lo)), repr(float(hi)),
+            at = [int(i) // n_labels, int(i) % n_labels] if n_labels else [int(i)]
+            w.writerow([r, *at, csv_cell(str(g[i])), repr(float(s[i])), repr(float(lo)), repr(float(hi)),
                         f"{pri[i]:.6f}"])
     print(f"wrote {rows.size} items of the review band ({rows.size / max(s.size, 1):.1%} of {s.size}), most "
           f"ambiguous first -> {args.output}")
