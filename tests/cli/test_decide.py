@@ -274,3 +274,22 @@ def test_the_all_items_row_is_labelled_and_shows_no_pooled_threshold(files, caps
     page = decisions_section(m, realised_decisions(rule, s, y, d))
     row = next(r for r in page.split("<tr>") if "all groups (their own rules)" in r)
     assert f"{m['groups']['*']['lambda_hi']:.4f}" not in row and "&ndash;" in row
+
+
+@pytest.mark.parametrize("kind", ["top-label", "sets"])
+def test_one_logit_models_are_read_as_two_classes(tmp_path, capsys, kind):
+    # tester finding 6: (n, 1) logits were refused; every other command reads them as [0, z]
+    rng = np.random.default_rng(42)
+    z = rng.normal(size=(4000, 1)) * 3
+    y = (rng.random(4000) < 1 / (1 + np.exp(-z[:, 0]))).astype(np.int64)
+    np.save(tmp_path / "z1.npy", z)
+    np.save(tmp_path / "z2.npy", np.concatenate([np.zeros_like(z), z], axis=1))
+    np.save(tmp_path / "y.npy", y)
+    for name in ("z1", "z2"):
+        assert _run("decide", "fit", "--input", kind, "--logits", tmp_path / f"{name}.npy", "--labels",
+                    tmp_path / "y.npy", "-o", tmp_path / f"{name}.json") == 0
+        assert _run("decide", "apply", "--decisions", tmp_path / f"{name}.json", "--logits", tmp_path / "z1.npy",
+                    "-o", tmp_path / f"{name}.out.npy") == 0
+    one, two = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("z1", "z2"))
+    assert one["data"] == two["data"]  # the same scores, labels (and groups) as the explicit two-class logits
+    np.testing.assert_array_equal(np.load(tmp_path / "z1.out.npy"), np.load(tmp_path / "z2.out.npy"))

@@ -63,6 +63,11 @@ def _probabilities(args, kind, cal, domains):
         if args.input_kind == "logits":
             return 1.0 / (1.0 + np.exp(-x.astype(np.float64))), "sigmoid"
         return x, "raw"
+    if x.ndim == 2 and x.shape[1] == 1 and kind in ("top_label", "sets"):
+        from confcal._validation import one_logit_rows
+
+        # a one-logit binary model, read as every other command does: logits [0, z], probabilities [1 - p, p]
+        x = one_logit_rows(x, "probs" if args.input_kind == "probs" else "logits")
     if x.ndim != 2 or x.shape[1] < 2:
         raise ValueError(f"--logits: expected (n_samples, n_classes >= 2) for --input {kind}, got shape {x.shape}")
     if cal is not None:
