@@ -1,6 +1,7 @@
 """``confcal decide``: fit, apply, rank and evaluate decisions from files; one-line errors, no partial files."""
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -293,3 +294,24 @@ def test_one_logit_models_are_read_as_two_classes(tmp_path, capsys, kind):
     one, two = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("z1", "z2"))
     assert one["data"] == two["data"]  # the same scores, labels (and groups) as the explicit two-class logits
     np.testing.assert_array_equal(np.load(tmp_path / "z1.out.npy"), np.load(tmp_path / "z2.out.npy"))
+
+
+def test_unseen_groups_are_named_in_one_warning(files, capsys):
+    # tester finding 7: items of a group never seen at fit went to review without a word
+    t = files
+    assert _run("decide", "fit", "--logits", t / "s.npy", "--labels", t / "y.npy", "--domains", t / "d.npy",
+                "-o", t / "dec.json") == 0
+    d = np.load(t / "d.npy").astype("<U8")
+    d[:100] = "truck"
+    d[100:103] = "boat"
+    np.save(t / "d_new.npy", d)
+    capsys.readouterr()
+    for action, extra in (("apply", ["-o", t / "o.npy"]), ("evaluate", ["--labels", t / "y.npy"])):
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            assert _run("decide", action, "--decisions", t / "dec.json", "--logits", t / "s.npy", "--domains",
+                        t / "d_new.npy", *extra) == 0
+        err = capsys.readouterr().err
+        line = "confcal: warning: 2 group(s) not seen at fit, so not certified: 'boat', 'truck'; their items go to review"
+        assert err.splitlines().count(line) == 1, err
+    assert (np.load(t / "o.npy")[:103] == 0).all()

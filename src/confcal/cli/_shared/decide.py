@@ -228,7 +228,33 @@ def _test_inputs(args, m, cal, labels=None):
         raise ValueError(f"--input-kind: the decisions were fitted on {m['input']['scale']} scores, these are {scale}")
     args.decide_shape = probs.shape  # apply writes multilabel decisions as (n, L)
     if kind == "sets":
-        return kind, probs, labels, (None if per == "none" else np.asarray(domains).astype(str))
+        groups = None if per == "none" else np.asarray(domains).astype(str)
+        if groups is not None:
+            _warn_unseen(groups, {g for g, _ in _cells(m)}, "their prediction sets hold every class")
+        return kind, probs, labels, groups
+    out = _threshold_inputs(args, m, kind, per, probs, labels, domains)
+    if out[3] is not None:
+        what = ("they get the pooled rule (--pool-small)" if m["guarantee"].get("pool_small")
+                else "their items go to review")
+        _warn_unseen(out[3], set(m["groups"]), what)
+    return out
+
+
+def _cells(m):
+    return [(c["group"], c["class"]) for c in m["conformal"]["cells"]]
+
+
+def _warn_unseen(groups, seen, what):
+    """Warn once naming the groups that no rule certifies (never seen at fit)."""
+    import warnings
+
+    unseen = sorted(set(np.asarray(groups).astype(str).tolist()) - set(seen))
+    if unseen:
+        shown = ", ".join(repr(u) for u in unseen[:10]) + (f" and {len(unseen) - 10} more" if len(unseen) > 10 else "")
+        warnings.warn(f"{len(unseen)} group(s) not seen at fit, so not certified: {shown}; {what}", stacklevel=2)
+
+
+def _threshold_inputs(args, m, kind, per, probs, labels, domains):
     if labels is None:  # no labels at apply: the group needs the predicted class only
         n = probs.shape[0]
         if kind == "top_label":
