@@ -315,3 +315,19 @@ def test_unseen_groups_are_named_in_one_warning(files, capsys):
         line = "confcal: warning: 2 group(s) not seen at fit, so not certified: 'boat', 'truck'; their items go to review"
         assert err.splitlines().count(line) == 1, err
     assert (np.load(t / "o.npy")[:103] == 0).all()
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--alpha", "0.2", "--alpha: applies to --input sets only, got --input binary (use --alpha-accept / "
+                       "--alpha-reject)"),
+    ("--score", "aps", "--score: applies to --input sets only, got --input binary"),
+    ("--class-conditional", None, "--class-conditional: applies to --input sets only, got --input binary"),
+])
+def test_sets_only_options_with_thresholds_are_refused(files, capsys, flag, value, message):
+    # tester finding 8: these were accepted and did nothing
+    t = files
+    argv = ["decide", "fit", "--logits", t / "s.npy", "--labels", t / "y.npy", flag, *([value] if value else []),
+            "-o", t / "x.json"]
+    assert _run(*argv) == 2
+    assert capsys.readouterr().err == f"confcal: error: {message}\n"
+    assert not (t / "x.json").exists()

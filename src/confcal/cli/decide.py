@@ -77,9 +77,12 @@ def register(sub):
     f.add_argument("--simultaneous", action="store_true", help="delta / number of groups: all groups at once")
     f.add_argument("--pool-small", action="store_true",
                    help="a group too small to certify uses the pooled threshold (default: review)")
-    f.add_argument("--alpha", type=float, default=0.1, help="sets: miscoverage (coverage >= 1 - alpha)")
-    f.add_argument("--score", choices=["lac", "aps", "raps"], default="lac", help="sets: nonconformity score")
-    f.add_argument("--class-conditional", action="store_true", help="sets: coverage per true class")
+    # sets-only options default to None so that giving one with a threshold input can be refused
+    f.add_argument("--alpha", type=float, default=None,
+                   help="sets: miscoverage (coverage >= 1 - alpha; default 0.1)")
+    f.add_argument("--score", choices=["lac", "aps", "raps"], default=None,
+                   help="sets: nonconformity score (default lac)")
+    f.add_argument("--class-conditional", action="store_true", default=None, help="sets: coverage per true class")
     f.add_argument("--json", action="store_true", help="print the manifest")
     f.add_argument("-o", "--output", required=True, help="decision manifest (.json)")
     f.set_defaults(func=_run("fit"))

@@ -126,6 +126,11 @@ def fit(args) -> int:
 
     check_output_path(args.output, suffixes=(".json",), name="--output")
     kind = _KIND[args.input]
+    if kind != "sets":
+        for flag in ("alpha", "score", "class_conditional"):
+            if getattr(args, flag) is not None:
+                raise ValueError(f"--{flag.replace('_', '-')}: applies to --input sets only, got --input {args.input}"
+                                 f"{' (use --alpha-accept / --alpha-reject)' if flag == 'alpha' else ''}")
     domains = _array(args, "domains") if args.domains else None
     cal, cal_dict = _calibrator(args)
     probs, scale = _probabilities(args, kind, cal, domains)
@@ -140,8 +145,8 @@ def fit(args) -> int:
         if per not in ("none", "domain"):
             raise ValueError("--per: sets are per domain or none; use --class-conditional for per-class coverage")
         groups = _groups(per, domains, None, probs.shape[0])
-        rule = fit_conformal(probs, y, alpha=args.alpha, score=args.score, class_conditional=args.class_conditional,
-                             groups=groups)
+        rule = fit_conformal(probs, y, alpha=0.1 if args.alpha is None else args.alpha, score=args.score or "lac",
+                             class_conditional=bool(args.class_conditional), groups=groups)
         digest = scores_digest(probs, y, *(() if groups is None else (groups,)))
     else:
         s, y, groups = _triples(kind, per, probs, labels, domains)
