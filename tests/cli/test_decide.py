@@ -331,3 +331,46 @@ def test_sets_only_options_with_thresholds_are_refused(files, capsys, flag, valu
     assert _run(*argv) == 2
     assert capsys.readouterr().err == f"confcal: error: {message}\n"
     assert not (t / "x.json").exists()
+
+
+def test_messages_name_the_right_option(files, tmp_path, capsys):
+    # tester finding 9: each message names what is wrong
+    t = files
+    assert _run("decide", "fit", "--logits", t / "s.npy", "--labels", t / "y.npy", "--domains", t / "d.npy",
+                "-o", t / "dec.json") == 0
+    capsys.readouterr()
+    out = tmp_path / "out"
+    out.mkdir()
+    # a decision manifest given to confcal apply
+    assert _run("apply", "--calibrator", t / "dec.json", "--logits", t / "z.npy", "-o", out / "p.npy") == 2
+    assert capsys.readouterr().err == (f"confcal: error: --calibrator: {str(t / 'dec.json')!r} is a decision manifest "
+                                       "(from 'confcal decide fit'), not a calibrator: use confcal decide apply "
+                                       "--decisions\n")
+    # a folder as --decisions
+    assert _run("decide", "apply", "--decisions", t, "--logits", t / "s.npy", "-o", out / "p.npy") == 2
+    assert capsys.readouterr().err == f"confcal: error: --decisions is a folder ({str(t)!r}); expected a JSON manifest file\n"
+    # scores one row short: the short option is blamed, or both lengths are said
+    s = np.load(t / "s.npy")
+    np.save(t / "short.npy", s[:-1])
+    assert _run("decide", "fit", "--logits", t / "short.npy", "--labels", t / "y.npy", "--domains", t / "d.npy",
+                "-o", out / "x.json") == 2
+    assert capsys.readouterr().err == ("confcal: error: --logits: expected 20000 rows (as --labels and --domains), "
+                                       "got 19999\n")
+    assert _run("decide", "apply", "--decisions", t / "dec.json", "--logits", t / "short.npy", "--domains",
+                t / "d.npy", "-o", out / "p.npy") == 2
+    assert capsys.readouterr().err == ("confcal: error: --logits: 19999 rows, but --domains has 20000: expected one "
+                                       "row per item in both\n")
+    # a NaN domain id is refused, not turned into a group 'nan'
+    dn = np.arange(20000) % 2 * 1.0
+    dn[5] = np.nan
+    np.save(t / "dnan.npy", dn)
+    assert _run("decide", "fit", "--logits", t / "s.npy", "--labels", t / "y.npy", "--domains", t / "dnan.npy",
+                "-o", out / "x.json") == 2
+    assert capsys.readouterr().err == "confcal: error: --domains: expected an id for every item, got NaN at row 5\n"
+    assert not (out / "x.json").exists() and not (out / "p.npy").exists()
+    # a tiny delta is not printed as "with probability >= 1"
+    assert _run("decide", "fit", "--logits", t / "s.npy", "--labels", t / "y.npy", "--delta", 1e-300,
+                "-o", out / "tiny.json") == 0
+    text = capsys.readouterr().out
+    assert "with probability >= 1 - 1e-300 over" in text
+    assert "probability >= 1 - 1e-300" in json.loads((out / "tiny.json").read_text())["guarantee"]["statement"]

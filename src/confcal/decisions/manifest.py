@@ -68,6 +68,13 @@ def _num(x):
     return None if x is None or not math.isfinite(x) else float(x)
 
 
+def one_minus(x: float) -> str:
+    """``1 - x`` as text that never rounds to "1" (``1 - 1e-300`` is 1.0 in floating point): ``0.95``,
+    ``0.999999``, or ``1 - 1e-12`` where six significant digits would show 1."""
+    text = f"{1 - x:.6g}"
+    return text if float(text) < 1 else f"1 - {x:.3g}"
+
+
 def _statement(rule: DecisionRule) -> str:
     st = rule.settings
     parts = []
@@ -76,7 +83,7 @@ def _statement(rule: DecisionRule) -> str:
     if st["alpha_reject"] is not None:
         parts.append(f"{st['reject_risk']} of rejected items <= {st['alpha_reject']:g}")
     per = "for all groups at once" if st["simultaneous"] else "for each group"
-    return (f"{' and '.join(parts)}, jointly with probability >= {1 - st['delta']:g} over the draw of an "
+    return (f"{' and '.join(parts)}, jointly with probability >= {one_minus(st['delta'])} over the draw of an "
             f"exchangeable calibration set, {per} (Learn-then-Test)")
 
 
@@ -121,7 +128,7 @@ def decision_manifest(rule, *, data_sha256: str, n_samples: int, input_kind: str
         cond = " given the class" if rule.class_conditional else ""
         cond += " given the group" if rule.mondrian else ""
         body.update(kind="conformal", notes=[], guarantee={
-            "statement": f"P(Y in C(X){cond}) >= {1 - rule.alpha:g} for an exchangeable test item (split conformal)",
+            "statement": f"P(Y in C(X){cond}) >= {one_minus(rule.alpha)} for an exchangeable test item (split conformal)",
             "coverage": 1 - rule.alpha, "procedure": "split_conformal"},
             conformal={"alpha": rule.alpha, "score": rule.score, "class_conditional": rule.class_conditional,
                        "mondrian": rule.mondrian, "n_classes": rule.n_classes, "lam": rule.lam, "k_reg": rule.k_reg,

@@ -17,7 +17,41 @@ _KIND = {"binary": "binary", "top-label": "top_label", "multilabel": "multilabel
 def _array(args, name, what=None):
     from confcal.io import load_array
 
-    return load_array(getattr(args, name), name=what or name, csv_header=getattr(args, "csv_header", "first"))
+    cache = vars(args).setdefault("_decide_arrays", {})  # each input read once per command
+    key = (name, str(getattr(args, name)), what)
+    if key not in cache:
+        cache[key] = load_array(getattr(args, name), name=what or name, csv_header=getattr(args, "csv_header", "first"))
+    return cache[key]
+
+
+def _domains(args):
+    """``--domains`` as loaded, or None; a NaN id is refused (it would become a group 'nan')."""
+    if not args.domains:
+        return None
+    d = _array(args, "domains")
+    if d.dtype.kind == "f" or d.dtype.kind == "O":
+        bad = np.array([isinstance(v, float) and v != v for v in d.ravel().tolist()]).reshape(d.shape)
+        if bad.any():
+            raise ValueError(f"--domains: expected an id for every item, got NaN at row {int(np.argmax(bad.ravel()))}")
+    return d
+
+
+def _same_rows(**named):
+    """One row per item in every named input (``{option: n_rows}``; None: not given); the error names the
+    option that differs, or both lengths."""
+    given = {k: v for k, v in named.items() if v is not None}
+    if len(set(given.values())) <= 1:
+        return
+    counts = {}
+    for v in given.values():
+        counts[v] = counts.get(v, 0) + 1
+    if len(given) > 2 and max(counts.values()) > 1:
+        n = max(counts, key=counts.get)
+        odd = next(k for k, v in given.items() if v != n)
+        others = " and ".join(k for k, v in given.items() if v == n)
+        raise ValueError(f"{odd}: expected {n} rows (as {others}), got {given[odd]}")
+    (a, na), (b, nb) = list(given.items())[:2]
+    raise ValueError(f"{a}: {na} rows, but {b} has {nb}: expected one row per item in both")
 
 
 def _calibrator(args, manifest_cal=None):
@@ -131,10 +165,13 @@ def fit(args) -> int:
             if getattr(args, flag) is not None:
                 raise ValueError(f"--{flag.replace('_', '-')}: applies to --input sets only, got --input {args.input}"
                                  f"{' (use --alpha-accept / --alpha-reject)' if flag == 'alpha' else ''}")
-    domains = _array(args, "domains") if args.domains else None
+    domains = _domains(args)
     cal, cal_dict = _calibrator(args)
-    probs, scale = _probabilities(args, kind, cal, domains)
+    raw_rows = _array(args, "logits").shape[0]
     labels = _array(args, "labels")
+    _same_rows(**{"--logits": raw_rows, "--labels": labels.shape[0] if labels.ndim else None,
+                  "--domains": None if domains is None else domains.shape[0]})
+    probs, scale = _probabilities(args, kind, cal, domains)
     per = args.per or ("domain" if domains is not None else "none")
     if kind == "multilabel":
         per = "domain+label" if domains is not None else "label"
@@ -222,7 +259,10 @@ def _load_decisions(args):
 
 def _test_inputs(args, m, cal, labels=None):
     kind, per = m["input"]["kind"], m["input"]["per"]
-    domains = _array(args, "domains") if args.domains else None
+    domains = _domains(args)
+    _same_rows(**{"--logits": _array(args, "logits").shape[0],
+                  "--labels": None if labels is None or not np.ndim(labels) else np.shape(labels)[0],
+                  "--domains": None if domains is None else domains.shape[0]})
     if domains is None and "domain" in per:
         raise ValueError(f"--domains: the decisions are per {per}: pass the domain (sensor) id of every item")
     if args.input_kind is None:
