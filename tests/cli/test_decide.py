@@ -374,3 +374,17 @@ def test_messages_name_the_right_option(files, tmp_path, capsys):
     text = capsys.readouterr().out
     assert "with probability >= 1 - 1e-300 over" in text
     assert "probability >= 1 - 1e-300" in json.loads((out / "tiny.json").read_text())["guarantee"]["statement"]
+
+
+def test_cli_guide_lists_every_key_of_evaluate_json(files, capsys):
+    # tester finding 10 (docs): docs/guide/cli.md's list of `evaluate --json` keys lacked `calibration`
+    import pathlib
+    import re
+
+    t = files
+    assert _run("evaluate", "--logits", t / "z.npy", "--labels", t / "yy.npy", "--json") == 0
+    keys = set(json.loads(capsys.readouterr().out))
+    guide = (pathlib.Path(__file__).parents[2] / "docs" / "guide" / "cli.md").read_text()
+    para = guide[guide.index("`evaluate --json` prints one document"):]
+    listed = set(re.findall(r"\w+", para[para.index("`n_samples"):para.index("every key")].split("(")[0]))
+    assert keys <= listed, keys - listed
