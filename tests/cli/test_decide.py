@@ -388,3 +388,25 @@ def test_cli_guide_lists_every_key_of_evaluate_json(files, capsys):
     para = guide[guide.index("`evaluate --json` prints one document"):]
     listed = set(re.findall(r"\w+", para[para.index("`n_samples"):para.index("every key")].split("(")[0]))
     assert keys <= listed, keys - listed
+
+
+def test_top_label_per_domain_and_class_with_an_error_free_cell(tmp_path, capsys):
+    # tester finding 1 from the command line: 'group optdigits/0 has only positives' aborted the whole fit
+    rng = np.random.default_rng(43)
+    n = 6000
+    z = rng.normal(size=(n, 3)) * 2
+    y = (z + rng.normal(size=z.shape) * 1.5).argmax(1)
+    d = np.where(np.arange(n) % 2 == 0, "a", "b")
+    easy = (d == "a") & (z.argmax(1) == 0)
+    y[easy] = 0  # cell a/0: every top label correct
+    for name, arr in (("z", z), ("y", y), ("d", d)):
+        np.save(tmp_path / f"{name}.npy", arr)
+    assert _run("decide", "fit", "--input", "top-label", "--per", "domain+class", "--logits", tmp_path / "z.npy",
+                "--labels", tmp_path / "y.npy", "--domains", tmp_path / "d.npy", "--delta", 0.1,
+                "-o", tmp_path / "dec.json") == 0
+    m = json.loads((tmp_path / "dec.json").read_text())
+    cell = m["groups"]["a/0"]
+    assert cell["n_positive"] == cell["n_samples"] == easy.sum()
+    assert cell["lambda_hi"] is not None and cell["sources"] == {"accept": "group", "reject": "none"}
+    assert {"a/1", "b/0", "b/2"} <= set(m["groups"])
+    assert "group 'a/0'" in capsys.readouterr().err
