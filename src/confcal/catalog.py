@@ -38,6 +38,7 @@ _ROWS = [
     ("grouped-ts", "temperature.ts", "one temperature per --domains id, pooled T for unseen ids", False),
     ("grouped", "grouping", "any method fitted per group (--param base=vs, by=domains)", False),
     ("vs", "linear.scaling", "vector scaling (Guo et al. 2017)", True),
+    ("bcts", "temperature.bcts", "bias-corrected TS: softmax(z / T + b) (Alexandari et al. 2020)", False),
     ("ms", "linear.scaling", "matrix scaling with ODIR (Guo et al. 2017; Kull et al. 2019)", True),
     ("dirichlet", "linear.scaling", "Dirichlet calibration, ODIR (Kull et al. 2019)", True),
     ("ets", "temperature.ensemble", "ensemble temperature scaling (Zhang et al. 2020)", True),

@@ -383,6 +383,10 @@ def load_calibrator(manifest, *, n_classes: int | None = None, source: str | Non
     if isinstance(manifest, (str, os.PathLike)):
         source = str(manifest)
         manifest = load_manifest(manifest)
+    if isinstance(manifest, dict) and manifest.get("format") == "confcal.prior_adapted":  # confcal adapt's output
+        from confcal.adaptation import adapted_from_dict
+
+        return adapted_from_dict(manifest, n_classes=n_classes, source=source)
     return calibrator_from_dict(manifest, n_classes=n_classes, source=source)
 
 

@@ -58,7 +58,7 @@ FAST = {
     "source-gated-ts": {"source_domain": 0, "base_params": {"n_clusters": 3, "n_init": 1, "min_cluster_size": 5}},
 }
 #: methods whose fit is a weighted mean and not mini-batch: sample_weight must act as repetition
-WEIGHTED = ["ts", "grouped-ts", "set-ts", "cluster-ts", "cluster-ts-regression", "domain-ensemble", "vs", "ms",
+WEIGHTED = ["ts", "bcts", "grouped-ts", "set-ts", "cluster-ts", "cluster-ts-regression", "domain-ensemble", "vs", "ms",
             "dirichlet", "ets", "lb", "dpb", "pb", "pb-lower", "pb-upper", "ts+pb", "vs+pb", "ms+pb",
             "dirichlet+pb", "ets+pb", "det-ts", "det-platt", "det-beta", "isotonic", "isotonic-top",
             "histogram-binning", "histogram-binning-top", "bbq", "bbq-top", "beta", "platt-ovr",

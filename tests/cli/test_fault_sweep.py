@@ -68,6 +68,7 @@ ACCEPTED = {
     ("apply", "logits", "zero_rows"): "an empty batch calibrates to an empty (0, K) output",
     ("apply", "logits", "mismatched_rows"): "apply reads no other per-row input here: fewer rows are valid",
     ("drift", "logits", "mismatched_rows"): "drift reads no other per-row input here: fewer rows are valid",
+    ("adapt", "logits", "mismatched_rows"): "the unlabelled rows are their own set (no --domains here): fewer are valid",
     ("compare", "csv", "wrong_suffix"): "a CSV table may be written under any file name",
     ("domain-eval", "csv", "wrong_suffix"): "a CSV table may be written under any file name",
     ("demo", "output_dir", "wrong_suffix"): "a folder name may end in anything",
@@ -140,6 +141,8 @@ BASELINES = {
     ("report",): ("report --logits {d}/z.npy --labels {d}/y.npy --calibrator {d}/cal.json --bootstrap 2 -q "
                   "-o {o}/r.html"),
     ("export",): "export --calibrator {d}/cal.json --format onnx -o {o}/c.onnx",
+    ("adapt",): ("adapt --calibrator {d}/cal.json --calibration-logits {d}/z.npy --calibration-labels {d}/y.npy "
+                 "--logits {d}/z.npy --n-boot 5 -q -o {o}/a.json"),
 }
 #: options that need another option to mean anything: (command, dest) -> extra arguments
 COMPANIONS = {
@@ -166,7 +169,8 @@ ALT_BASELINES = {
 }
 #: the array each array-spec option holds in the baselines
 ARRAY_OF = {"logits": "z", "labels": "y", "domains": "dom", "features": "f", "category_ids": "cat",
-            "test_logits": "z", "test_labels": "y", "test_features": "f", "test_domains": "dom", "mc_scores": "mc"}
+            "test_logits": "z", "test_labels": "y", "test_features": "f", "test_domains": "dom", "mc_scores": "mc",
+            "calibration_logits": "z", "calibration_labels": "y", "calibration_domains": "dom"}
 
 
 def _commands():

@@ -19,6 +19,7 @@ N_CAL = 1500
 #: method -> (hyper-parameters, side input kind); small iteration budgets: equality, not optimality
 CLASSIFIERS = {
     "ts": ({}, None),
+    "bcts": ({}, None),
     "grouped-ts": ({}, "domains"),
     "vs": ({"max_iter": 50}, None),
     "ms": ({"max_iter": 15}, None),

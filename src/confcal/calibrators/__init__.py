@@ -39,6 +39,7 @@ _LAZY = {
     "ClusterRegressionTemperatureScaling": "domain.methods", "ClusterTemperatureScaling": "domain.methods",
     "DomainEnsembleTemperatureScaling": "domain.methods", "SetLevelTemperatureScaling": "domain.methods",
     "GroupedTemperatureScaling": "temperature.ts", "TemperatureScaling": "temperature.ts",
+    "BiasCorrectedTemperatureScaling": "temperature.bcts",
     "GroupedCalibrator": "grouping", "group_key": "protocol.group_keys", "key_parts": "protocol.group_keys",
     "DirichletCalibration": "linear.scaling", "MatrixScaling": "linear.scaling", "VectorScaling": "linear.scaling",
     "EnsembleTemperatureScaling": "temperature.ensemble", "ParameterizedTemperatureScaling": "temperature.parametric",
@@ -90,4 +91,5 @@ __all__ = [
     "reuse_fits",
     "GeometryLogisticCalibration", "GeometryBetaCalibration", "GeometryHistogramBinning",
     "MultilabelTemperatureScaling", "MultilabelPlattScaling", "group_key", "key_parts",
+    "BiasCorrectedTemperatureScaling",
 ]

@@ -12,6 +12,7 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
+import types
 
 #: old flat module -> its module in the family layout (public modules only; private ones moved freely)
 MOVED = {
@@ -26,6 +27,11 @@ MOVED = {
     "confcal.calibrators.feature_clipping": "confcal.calibrators.bounding.feature_clipping",
     "confcal.calibrators.source_gated": "confcal.calibrators.domain.source_gated",
     "confcal.calibrators.detection_geometry": "confcal.calibrators.detection.geometry",
+}
+
+#: names a flat module defined that now live in another family's module (read through the old path only)
+ELSEWHERE = {
+    "confcal.calibrators.beta": {"DetectionBetaCalibration": "confcal.calibrators.detection.beta"},
 }
 
 
@@ -45,8 +51,28 @@ def lazy_exports(package: str, names: dict[str, str]):
     return __getattr__, __dir__, sorted(names)
 
 
+class _OldPath(types.ModuleType):
+    """An old flat module path: every attribute is read from the module at its new place (and, for the few
+    names that went to another family, from there), so ``from confcal.calibrators.beta import X`` works for
+    every ``X`` the flat module exported."""
+
+    def __init__(self, name: str, target, elsewhere: dict[str, str]):
+        super().__init__(name, target.__doc__)
+        self.__dict__["_target"] = target
+        self.__dict__["_elsewhere"] = elsewhere
+
+    def __getattr__(self, name):
+        where = self.__dict__["_elsewhere"].get(name)
+        if where is not None:
+            return getattr(importlib.import_module(where), name)
+        return getattr(self.__dict__["_target"], name)
+
+    def __dir__(self):
+        return sorted({*dir(self.__dict__["_target"]), *self.__dict__["_elsewhere"]})
+
+
 class MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Serves each old flat path in :data:`MOVED` as the module at its new path (the same object)."""
+    """Serves each old flat path in :data:`MOVED` as a view of the module at its new path."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname not in MOVED:
@@ -54,10 +80,10 @@ class MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.util.spec_from_loader(fullname, self)
 
     def create_module(self, spec):
-        return importlib.import_module(MOVED[spec.name])
+        return _OldPath(spec.name, importlib.import_module(MOVED[spec.name]), ELSEWHERE.get(spec.name, {}))
 
     def exec_module(self, module):
-        pass  # already executed at its new path
+        pass  # the module at its new path is already executed
 
 
 def install() -> None:

@@ -14,7 +14,7 @@ from confcal._version import __version__
 from confcal._signals import Terminated  # noqa: F401  (SIGTERM / SIGHUP as an exception; its old home)
 
 #: subcommand modules, in the order ``confcal --help`` lists them
-SUBCOMMANDS = ["fit", "apply", "evaluate", "compare", "domain_eval", "demo", "detections", "rank", "drift", "report", "export", "decide"]
+SUBCOMMANDS = ["fit", "apply", "evaluate", "compare", "domain_eval", "demo", "detections", "rank", "drift", "adapt", "report", "export", "decide"]
 
 
 class _Parser(argparse.ArgumentParser):

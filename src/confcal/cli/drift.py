@@ -70,12 +70,22 @@ def run(args) -> int:
     except Exception as exc:  # a damaged record: one line naming the field and file, no traceback
         raise ValueError(f"calibrator: fit.data_summary of {args.calibrator} is damaged ({type(exc).__name__}: "
                          f"{str(exc).splitlines()[0] if str(exc) else ''}); refit to get a drift summary") from None
+    shift = None
+    if getattr(cal, "method", None) == "prior-adapted":  # an adapted manifest: the class prior, re-estimated
+        from confcal.cli.adapt import label_shift_check
+
+        shift = label_shift_check(cal, args, args.alpha)
     if args.json:
-        print(json.dumps({"alpha": args.alpha, "tests": rows}, indent=2))
+        print(json.dumps({"alpha": args.alpha, "tests": rows, **({"label_shift": shift} if shift else {})}, indent=2))
     else:
         print(format_table(rows, ["domain", "n_ref", "n_new", "statistic", "threshold", "drift", "unseen",
                                   *(["class_tv"] if "class_tv" in rows[0] else [])]))
+        if shift:
+            print("label shift (class prior of the new data; chi-squared test of predicted-class counts, Lipton et "
+                  "al. 2018):")
+            print(format_table(shift, ["domain", "n_rows", "shift_l1", "p_value", "label_shift", "largest_changes"]))
     drifted = [r["domain"] for r in rows if r["drift"]]
+    drifted += [f"{r['domain']} (label shift)" for r in shift or () if r["label_shift"]]
     if drifted:
         # with --json stdout is the JSON document alone (the flags are in tests[].drift); the line is for a person
         print(f"drift flagged in: {', '.join(drifted)}", file=sys.stderr if args.json else sys.stdout)

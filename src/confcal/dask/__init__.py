@@ -22,12 +22,13 @@ single-process path runs too, so distributed results equal single-process ones t
 import sys
 
 from confcal.dask._apply import apply, read_rows, spread_rows
+from confcal.dask._adapt import adapt
 from confcal.dask._data import read_parquet, resolve_columns
 from confcal.dask._evaluate import evaluate
 from confcal.dask._fit import fit, fit_modes_line, full_data_conditions, full_data_methods
 from confcal.dask._sample import sample_rows
 
-__all__ = ["apply", "evaluate", "fit", "read_parquet", "sample_rows", "spread_rows", "read_rows", "resolve_columns",
+__all__ = ["adapt", "apply", "evaluate", "fit", "read_parquet", "sample_rows", "spread_rows", "read_rows", "resolve_columns",
            "full_data_methods", "full_data_conditions", "fit_modes_line", "FULL_DATA_METHODS"]
 
 

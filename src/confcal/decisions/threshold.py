@@ -4,18 +4,18 @@ The rule "positive iff score >= lambda" has four risks (labels: 1 = positive, e.
 box or a correct top label), each a conditional proportion so its errors given the count are
 binomial (:mod:`.pvalues`):
 
-============  =========================================  ====================  ========
-risk          definition                                 errors / count        side
-============  =========================================  ====================  ========
-``fdr``       false discovery: 1 - precision             negatives >= lambda   accept
-              ``P(Y = 0 | S >= lambda)``                 / items >= lambda
-``fpr``       false-positive rate ``P(S >= lambda | Y=0)``  negatives >= lambda   accept
-                                                         / negatives
-``miss``      miss rate: 1 - recall ``P(S < lambda | Y=1)``  positives < lambda    reject
-                                                         / positives
-``for``       false omission: 1 - NPV                    positives < lambda    reject
-              ``P(Y = 1 | S < lambda)``                  / items < lambda
-============  =========================================  ====================  ========
+============  ==============================================  ====================  ========
+risk          definition                                      errors / count        side
+============  ==============================================  ====================  ========
+``fdr``       false discovery: 1 - precision                  negatives >= lambda   accept
+              ``P(Y = 0 | S >= lambda)``                      / items >= lambda
+``fpr``       false-positive rate ``P(S >= lambda | Y=0)``    negatives >= lambda   accept
+                                                              / negatives
+``miss``      miss rate: 1 - recall ``P(S < lambda | Y=1)``   positives < lambda    reject
+                                                              / positives
+``for``       false omission: 1 - NPV                         positives < lambda    reject
+              ``P(Y = 1 | S < lambda)``                       / items < lambda
+============  ==============================================  ====================  ========
 
 Accept-side risks certify the items *at or above* lambda (accept them); the smallest certified
 lambda is chosen. Reject-side risks certify the items *below* lambda (reject them); the largest

@@ -34,6 +34,9 @@ REFUSALS = {
                         "carry the whole reference set and an (n, n_ref) distance matrix"),
     **{m: _PB for m in ("pb", "pb-lower", "pb-upper", "pb-mlp", "ts+pb", "vs+pb", "ms+pb", "dirichlet+pb",
                         "ets+pb", "pts+pb")},
+    "prior-adapted": ("the per-domain reweighting by pi_t / pi_s (confcal adapt) is not in the graph yet; export "
+                      "the base calibrator (the manifest's 'base') and multiply its probabilities by the domain's "
+                      "pi_t / pi_s, then renormalise"),
 }
 _NOT_YET = "not exported yet (its map is a function of the logits: planned)"
 
@@ -66,9 +69,15 @@ def _map_core(cal):
     raise ExportError(f"method {cal.method!r}: logit map {name!r} has no exported form")
 
 
+def _bcts_core(cal):
+    """BCTS ``z / T + b`` is vector scaling with every weight ``1 / T``."""
+    return AffineCore(np.full(cal.n_classes_, 1.0 / cal.temperature_), np.asarray(cal.bias_, dtype=np.float64),
+                      matrix=False)
+
+
 #: method -> core of one ungrouped fit (also the members of ``grouped``)
 CORES: dict[str, Callable[[Any], Any]] = {
-    "ts": _ts_core, "vs": _map_core, "ms": _map_core, "dirichlet": _map_core, "ets": _map_core, "pts": _map_core,
+    "bcts": _bcts_core, "ts": _ts_core, "vs": _map_core, "ms": _map_core, "dirichlet": _map_core, "ets": _map_core, "pts": _map_core,
     "lb": _map_core, "dpb": _map_core, "set-ts": _ts_core,
 }
 

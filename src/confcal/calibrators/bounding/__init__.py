@@ -5,6 +5,8 @@ Each name is imported from its module on first access (a family module may need 
 from confcal.calibrators._exports import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "BASES": "pb",
+    "tie_rate": "pb",
     "DualProbabilityBounding": "pb",
     "FeatureClipping": "feature_clipping",
     "LogitBounding": "pb",

@@ -28,7 +28,8 @@ without importing scikit-learn) whose ``X`` is logits:
 * ``to_dict()`` gives a JSON-ready manifest; :func:`calibrator_from_dict`
   rebuilds an identical calibrator (floats survive JSON exactly).
 
-The registry (:mod:`.registry`) and manifests (:mod:`.manifest`) have their own modules;
+The registry (:mod:`confcal.calibrators.protocol.registry`) and manifests
+(:mod:`confcal.calibrators.protocol.manifest`) have their own modules;
 their names are re-exported here. ``METHODS`` maps a method name to a calibrator class, or to a :class:`Preset`
 (a class with some hyper-parameters fixed, e.g. ``ts+pb``); either is called
 with hyper-parameters to make an estimator.

@@ -18,6 +18,8 @@ CAPS = {
     "workers": (1, 4 * (os.cpu_count() or 1)),  # a local Dask cluster: processes on this machine
     "n_calibration": (1, 1_000),
     "seed": (0, 2 ** 32 - 1),  # numpy's seed range
+    "n_boot": (0, 100_000),  # adapt: bootstrap replicates, one (rows x replicates) product per pass
+    "max_iter": (1, 1_000_000),  # adapt: EM iterations, one pass over the unlabelled rows each
 }
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 #: options (argparse dests) naming files a command reads
 INPUT_DESTS = ("logits", "labels", "domains", "features", "category_ids", "calibrator", "queue", "gt",
                "detections", "domain_map", "mc_scores", "test_logits", "test_labels", "test_features",
-               "test_domains", "verify", "decisions")
+               "test_domains", "verify", "decisions", "calibration_logits", "calibration_labels", "calibration_domains")
 #: inputs that are one JSON file, never a folder: a folder is named as such before the output guard reads
 #: it as a dataset input
 JSON_FILE_DESTS = ("calibrator", "decisions")

@@ -1,0 +1,121 @@
+"""``confcal adapt``, ``apply`` with an adapted manifest and ``drift``'s label-shift table."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from confcal.adaptation import PriorAdapted
+from confcal.cli import main
+from confcal.io import load_calibrator
+from tests.adaptation import _synth
+
+PS = np.array([0.25, 0.25, 0.25, 0.25])
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("adapt")
+    rng = np.random.default_rng(0)
+    x, y = _synth.draw(PS, 2000, rng)
+    np.save(tmp / "val.npy", 2 * _synth.logits(x, PS))
+    np.save(tmp / "y.npy", y)
+    xa, ya = _synth.draw([0.7, 0.1, 0.1, 0.1], 1500, rng)
+    xb, yb = _synth.draw([0.1, 0.1, 0.1, 0.7], 1500, rng)
+    np.save(tmp / "t.npy", (2 * _synth.logits(np.concatenate([xa, xb]), PS)).astype(np.float32))
+    np.save(tmp / "d.npy", np.repeat(["rural", "urban"], 1500))
+    np.save(tmp / "ty.npy", np.concatenate([ya, yb]))
+    xs, _ = _synth.draw(PS, 3000, rng)
+    np.save(tmp / "same.npy", 2 * _synth.logits(xs, PS))
+    assert main(["fit", "--logits", str(tmp / "val.npy"), "--labels", str(tmp / "y.npy"), "--method", "bcts",
+                 "-o", str(tmp / "cal.json"), "-q"]) == 0
+    return tmp
+
+
+def _adapt(f, *extra, out="ad.json"):
+    return main(["adapt", "--calibrator", str(f / "cal.json"), "--calibration-logits", str(f / "val.npy"),
+                 "--calibration-labels", str(f / "y.npy"), "--logits", str(f / "t.npy"), "-o", str(f / out), "-q",
+                 *extra])
+
+
+def test_adapt_then_apply_reweights_per_domain(files, capsys):
+    f = files
+    assert _adapt(f, "--domains", str(f / "d.npy"), "--n-boot", "50") == 0
+    printed = capsys.readouterr().out
+    assert "rural" in printed and "urban" in printed and "(pooled)" in printed
+    m = json.loads((f / "ad.json").read_text())
+    assert m["format"] == "confcal.prior_adapted" and m["base"]["method"] == "bcts"
+    ids = [r["id"] for r in m["target"]["domains"]]
+    assert ids == ["rural", "urban"]
+    rural = np.array(m["target"]["domains"][0]["prior"])
+    assert rural[0] > 0.6 and np.array(m["target"]["domains"][1]["prior"])[3] > 0.6
+    # the same estimate from Python
+    cal = load_calibrator(str(f / "cal.json"))
+    ref = PriorAdapted.from_fitted(cal, np.load(f / "val.npy"), np.load(f / "y.npy"), n_boot=50)
+    ref.adapt(np.load(f / "t.npy"), domains=np.load(f / "d.npy"))
+    np.testing.assert_allclose(ref.priors_["rural"]["prior"], rural, rtol=1e-9)
+    np.testing.assert_allclose(ref.priors_["rural"]["low"], m["target"]["domains"][0]["low"], rtol=1e-9)
+    # apply with the adapted manifest: the domain's prior, batch by batch
+    assert main(["apply", "--calibrator", str(f / "ad.json"), "--logits", str(f / "t.npy"), "--domains",
+                 str(f / "d.npy"), "-o", str(f / "p.npy"), "-q"]) == 0
+    p = np.load(f / "p.npy")
+    np.testing.assert_allclose(p, ref.predict_proba(np.load(f / "t.npy"), domains=np.load(f / "d.npy")),
+                               rtol=1e-6, atol=1e-9)
+    ty = np.load(f / "ty.npy")
+    assert main(["apply", "--calibrator", str(f / "cal.json"), "--logits", str(f / "t.npy"), "-o",
+                 str(f / "p0.npy"), "-q"]) == 0
+    p0 = np.load(f / "p0.npy")
+
+    def nll(q):
+        return -np.mean(np.log(q[np.arange(len(ty)), ty]))
+
+    assert nll(p) < nll(p0) - 0.05  # the adapted probabilities fit the shifted data better
+
+
+def test_drift_reports_label_shift_per_domain(files, capsys):
+    f = files
+    assert _adapt(f, "--domains", str(f / "d.npy"), "--n-boot", "0", out="ad0.json") == 0
+    capsys.readouterr()
+    code = main(["drift", "--calibrator", str(f / "ad0.json"), "--logits", str(f / "t.npy"), "--domains",
+                 str(f / "d.npy"), "--json", "--fail-on-drift"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 3
+    rows = {r["domain"]: r for r in doc["label_shift"]}
+    assert set(rows) == {"(pooled)", "rural", "urban"} and all(r["label_shift"] for r in rows.values())
+    # data of the calibration distribution: no label shift flagged
+    code = main(["drift", "--calibrator", str(f / "ad0.json"), "--logits", str(f / "same.npy"), "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0 and not doc["label_shift"][0]["label_shift"]
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"--calibration-labels": "y_missing.npy"}, "--calibration-labels: class 2 has no rows"),
+    ({"--logits": "t_nan.npy"}, "--logits: expected finite values"),
+    ({"--n-boot": "-3"}, "--n-boot: expected an integer"),
+    ({"--method": "bbse", "--calibration-logits": "val_never3.npy", "--calibrator": "cal3.json"},
+     "confusion: singular, class 3 is never predicted"),
+])
+def test_errors_are_one_line_and_leave_no_output(files, capsys, change, needle):
+    f = files
+    y = np.load(f / "y.npy")
+    np.save(f / "y_missing.npy", np.where(y == 2, 1, y))
+    t = np.load(f / "t.npy")
+    t[123, 1] = np.nan
+    np.save(f / "t_nan.npy", t)
+    v = np.load(f / "val.npy")
+    v[:, 3] -= 100.0
+    np.save(f / "val_never3.npy", v)
+    main(["fit", "--logits", str(f / "val_never3.npy"), "--labels", str(f / "y.npy"), "--method", "ts", "-o",
+          str(f / "cal3.json"), "-q"])
+    capsys.readouterr()
+    args = {"--calibrator": "cal.json", "--calibration-logits": "val.npy", "--calibration-labels": "y.npy",
+            "--logits": "t.npy", **change}
+    argv = ["adapt", "-o", str(f / "bad.json"), "-q"]
+    for k, v in args.items():
+        argv += [k, str(f / v) if v.endswith((".npy", ".json")) else v]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1, err
+    assert not (f / "bad.json").exists()
