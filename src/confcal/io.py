@@ -346,6 +346,9 @@ def load_manifest(path) -> dict:
     if not isinstance(manifest, dict):
         raise ValueError(f"calibrator: {str(path)!r} holds a JSON {type(manifest).__name__}, not a manifest "
                          "(a JSON object written by 'confcal fit')")
+    if manifest.get("format") == "confcal.decisions":  # the other manifest confcal writes
+        raise ValueError(f"calibrator: {str(path)!r} is a decision manifest (from 'confcal decide fit'), not a "
+                         "calibrator: use confcal decide apply --decisions")
     repeated = _first_repeated(manifest, "")
     if repeated is not None and repeated.split(".")[0].split("[")[0] != "fit" and repeated != "fit":
         raise ValueError(f"calibrator: manifest {path}: {repeated}: expected each key once, got it twice "

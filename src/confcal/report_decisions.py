@@ -31,25 +31,40 @@ def decisions_section(manifest: dict, realised: dict) -> str:
     """
     out = ["<h2>Decisions</h2>", f"<p>{html.escape(manifest['guarantee']['statement'])}.</p>"]
     if manifest["kind"] == "conformal":
-        out.append("<table><tr><th>group</th><th>n</th><th>coverage [95% CP]</th><th>mean set size</th>"
-                   "<th>verdict</th></tr>")
+        out.append("<table><tr><th>group</th><th>n</th><th>coverage [95% CP]</th><th>floor</th>"
+                   "<th>mean set size</th><th>verdict</th></tr>")
         for g, r in realised["groups"].items():
-            out.append(f"<tr><td>{html.escape(g)}</td><td>{r['n']}</td><td>{_ci(r['coverage'])}</td>"
-                       f"<td>{_num(r['mean_set_size'], 3)}</td><td>{'fail' if r['failed'] else 'ok'}</td></tr>")
+            name = "all items" if g == "*" and len(realised["groups"]) > 1 else g
+            out.append(f"<tr><td>{html.escape(name)}</td><td>{r['n']}</td><td>{_ci(r['coverage'])}</td>"
+                       f"<td>{_num(r.get('coverage_floor'))}</td><td>{_num(r['mean_set_size'], 3)}</td><td>{'fail' if r['failed'] else 'ok'}</td></tr>")
         out.append("</table>")
+        out.append(f"<p>floor: the {realised.get('delta', 0.01):g}-quantile of split conformal's coverage given "
+                   "its calibration set (a verdict fails only below it).</p>")
         return "\n".join(out)
     out.append("<table><tr><th>group</th><th>n (calibration)</th><th>&lambda;<sub>lo</sub></th>"
                "<th>&lambda;<sub>hi</sub></th><th>n (here)</th><th>precision [95% CP]</th><th>NPV [95% CP]</th>"
                "<th>review share</th><th>verdict</th></tr>")
+    from confcal.decisions.realised import ALL_GROUPS_LABEL
+
+    grouped = len(realised["groups"]) > 1
     for g, r in realised["groups"].items():
         fit = manifest["groups"].get(g)
-        if fit is None:  # a group unseen at fit: its items were reviewed (or pooled)
+        name = g
+        if g == "*" and grouped:  # every item under its own group's rule: no single threshold applies
+            fit, name = None, ALL_GROUPS_LABEL
+            lo = hi = None
+            n_cal = manifest["groups"]["*"]["n_samples"]
+        elif fit is None:  # a group unseen at fit: its items were reviewed (or pooled)
             lo = hi = None
             n_cal = "unseen"
         else:
-            lo, hi, n_cal = fit["lambda_lo"], fit["lambda_hi"], fit["n_samples"]
+            ap = fit.get("applied") or fit
+            lo, hi, n_cal = ap["lambda_lo"], ap["lambda_hi"], fit["n_samples"]
         verdict = "fail: " + ", ".join(r["failed"]) if r["failed"] else "ok"
-        out.append(f"<tr><td>{html.escape(g)}</td><td>{n_cal}</td><td>{_num(lo)}</td><td>{_num(hi)}</td>"
+        src = (fit or {}).get("sources", {})
+        lo_t = _num(lo) + (" (pooled)" if src.get("reject") == "pooled" and lo is not None else "")
+        hi_t = _num(hi) + (" (pooled)" if src.get("accept") == "pooled" and hi is not None else "")
+        out.append(f"<tr><td>{html.escape(name)}</td><td>{n_cal}</td><td>{lo_t}</td><td>{hi_t}</td>"
                    f"<td>{r['n']}</td><td>{_ci(r['precision'])}</td><td>{_ci(r['npv'])}</td>"
                    f"<td>{_ci(r['review'])}</td><td>{verdict}</td></tr>")
     out.append("</table>")

@@ -168,3 +168,15 @@ def test_domains_features_and_jobs(data, capsys):
     assert one == two
     assert run(*args, "--jobs", 0) == 2
     assert "--jobs: expected an integer >= 1" in capsys.readouterr().err
+
+
+def test_help_names_every_column_of_the_table(capsys):
+    # tester finding 10: --help did not mention the bcECE, ECE lo95 and Kuiper rej columns
+    from confcal.evaluation.compare_tables import METRICS
+
+    with pytest.raises(SystemExit):
+        main(["compare", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for title in ("bcECE", "ECE lo95", "Kuiper rej"):
+        assert title in text, title
+    assert {"ece_bc", "ece_lower", "kuiper_reject"} <= set(METRICS)

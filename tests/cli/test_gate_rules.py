@@ -158,3 +158,21 @@ def test_hostile_data_gives_a_defined_verdict(tmp_path, capsys, z, y):
         for r in doc["limits"]["groups"].values():
             assert 0 <= r["ece_lower"] <= r["value"] <= r["ece_upper"] <= 1
             assert 0 <= r["p_value"] <= 1
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--gate-rule", "test"], "--gate-rule: decides the --max-ece gate, which is off: pass --max-ece X, or drop "
+                              "--gate-rule"),
+    (["--gate-test", "kuiper"], "--gate-test: decides the --max-ece gate, which is off: pass --max-ece X, or drop "
+                                "--gate-test"),
+    (["--max-ece", "0.02", "--gate-test", "spiegelhalter"],
+     "--gate-test: used by --gate-rule test only, got --gate-rule confident (the default); pass --gate-rule test, "
+     "or drop --gate-test"),
+    (["--max-ece", "0.02", "--gate-rule", "point", "--gate-test", "kuiper"],
+     "--gate-test: used by --gate-rule test only, got --gate-rule point; pass --gate-rule test, or drop --gate-test"),
+])
+def test_gate_options_that_would_do_nothing_are_refused(tmp_path, capsys, extra, message):
+    # tester finding 8: --gate-rule / --gate-test without --max-ece, or --gate-test with another rule, were ignored
+    code, out, err = _run(capsys, _calibrated(tmp_path) + extra)
+    assert code == 2 and out == ""
+    assert err == f"confcal: error: {message}\n"

@@ -149,3 +149,18 @@ def test_the_calibrator_is_named_by_digest_missing_and_tampered_are_refused():
     with pytest.raises(ValueError, match=r"^calibrator: expected the calibrator with sha256 [0-9a-f]{12}\.\.\. the "
                                          r"decisions were fitted on, got sha256"):
         load_decision_manifest(m, calibrator=other)
+
+
+def test_applied_thresholds_are_checked_against_the_rule():
+    from confcal.decisions.manifest import canonical_sha256
+
+    rng = np.random.default_rng(3)
+    s = rng.random(3000)
+    y = rng.random(3000) < s
+    g = np.where(np.arange(3000) < 20, "tiny", "big")
+    m = decision_manifest(fit_decisions(s, y, g, pool_small=True), data_sha256="0" * 64, n_samples=3000)
+    assert m["groups"]["tiny"]["applied"]["lambda_hi"] == m["groups"]["*"]["lambda_hi"]
+    m["groups"]["tiny"]["applied"]["lambda_hi"] = 0.5
+    m["sha256"] = canonical_sha256({k: v for k, v in m.items() if k != "sha256"})
+    with pytest.raises(ValueError, match=r"^decisions: groups\.tiny\.applied\.lambda_hi: expected the applied accept"):
+        load_decision_manifest(m)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from confcal.decisions import ACCEPT, POOLED, REJECT, REVIEW, fit_decisions, three_way
+from confcal.decisions import ACCEPT, POOLED, REJECT, REVIEW, fit_decisions, ltt_threshold, three_way
 
 from ._sim import draw, mc_upper, true_fdr
 
@@ -74,10 +74,6 @@ def test_simultaneous_divides_delta_over_groups():
 
 def test_hostile_groups_get_one_line_errors():
     s, y = np.array([0.2, 0.8, 0.9, 0.3]), np.array([0, 1, 1, 1])
-    with pytest.raises(ValueError, match=r"^labels: group 'b' has only positives \(n=2\)"):
-        fit_decisions(s, y, ["a", "b", "b", "a"])
-    with pytest.raises(ValueError, match=r"^labels: all items has only negatives \(n=4\)"):
-        fit_decisions(s, [0, 0, 0, 0])
     with pytest.raises(ValueError, match=r"^groups: expected shape \(4,\)"):
         fit_decisions(s, y, ["a", "b"])
     with pytest.raises(ValueError, match=r"^groups: expected finite ids, got a NaN or inf at row 1"):
@@ -89,6 +85,33 @@ def test_hostile_groups_get_one_line_errors():
     with pytest.raises(ValueError, match=r"^delta: expected a number in \(0, 1\), got 0"):
         fit_decisions(s, y, delta=0)
     rule = fit_decisions(s, y, ["a", "b", "b", "a"], pool_small=True)
-    assert "group 'b' (n=2): only positives; pooled threshold used (pool_small)" in rule.notes
+    assert ("group 'b' (n=2): only positives: the reject side cannot be certified; pooled threshold used "
+            "(pool_small)") in rule.notes
     with pytest.raises(ValueError, match=r"^groups: the rule was fitted per group \(2 groups\)"):
         rule.decide(s)
+
+
+def test_a_group_with_no_errors_gets_its_rule_and_does_not_abort_the_others():
+    # 94 error-free items certify precision >= 0.95 at delta = 0.1: (0.95)^94 = 0.008 (tester finding 1)
+    rng = np.random.default_rng(12)
+    s_a, y_a = draw(rng, 3000)
+    s_b = rng.uniform(0.5, 1.0, 94)
+    s, y = np.concatenate([s_a, s_b]), np.concatenate([y_a, np.ones(94, dtype=bool)])
+    g = np.array(["a"] * s_a.size + ["b"] * 94)
+    rule = fit_decisions(s, y, g, alpha_accept=0.05, alpha_reject=0.05, delta=0.1)
+    alone_a = three_way(s_a, y_a, alpha_accept=0.05, alpha_reject=0.05, delta=0.1)
+    alone_b = three_way(s_b, np.ones(94), alpha_accept=0.05, alpha_reject=0.05, delta=0.1)
+    assert rule.thresholds("a") == (alone_a.lambda_lo, alone_a.lambda_hi)
+    assert rule.thresholds("b") == (-np.inf, alone_b.lambda_hi) and np.isfinite(alone_b.lambda_hi)
+    assert rule.sources["b"] == {"accept": "group", "reject": "none"}
+    assert rule.notes[-1] == ("group 'b' (n=94): only positives: the reject side cannot be certified; falls back "
+                              "to review")
+    # the whole set error-free, accept side only: the oracle is the single-side LTT fit
+    ones = rng.random(1000)
+    one_side = fit_decisions(ones, np.ones(1000), alpha_accept=0.05, alpha_reject=None)
+    assert one_side.thresholds(POOLED)[1] == ltt_threshold(ones, np.ones(1000), alpha=0.05).threshold
+    # only negatives: accept side not certified, reject side certified
+    neg = fit_decisions(ones, np.zeros(1000), ["n"] * 1000, alpha_accept=0.05, alpha_reject=0.05, delta=0.1)
+    lo, hi = neg.thresholds("n")
+    assert hi == np.inf and np.isfinite(lo)
+    assert (neg.decide(ones, ["n"] * 1000) <= REVIEW).all()

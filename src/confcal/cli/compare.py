@@ -15,9 +15,11 @@ def register(sub):
     p = sub.add_parser(
         "compare", help="compare calibrators over random calibration/test splits",
         description="For each split, fit every method on the calibration part and score it on the test "
-                    "part: error rate, smooth ECE, equal-mass and equal-width ECE (15 bins), NLL and "
-                    "Brier score, as mean ± standard error over splits (rates as fractions, as evaluate and "
-                    "report print them). A method that "
+                    "part: error rate, smooth ECE, equal-mass and equal-width ECE (15 bins), bcECE (the "
+                    "bias-corrected equal-width ECE), ECE lo95 (its one-sided 95% lower bound), Kuiper rej (1 "
+                    "when the Kuiper test rejects perfect calibration at 0.05: its mean is a rejection rate), "
+                    "NLL and Brier score, as mean ± standard error over splits (rates as fractions, as evaluate "
+                    "and report print them). A method that "
                     "fails is reported in the table; the others still run. With --test-logits/"
                     "--test-labels the whole --logits set calibrates and the test set is fixed.")
     add_logits_args(p, labels=True, side=False)

@@ -77,15 +77,18 @@ def register(sub):
     f.add_argument("--simultaneous", action="store_true", help="delta / number of groups: all groups at once")
     f.add_argument("--pool-small", action="store_true",
                    help="a group too small to certify uses the pooled threshold (default: review)")
-    f.add_argument("--alpha", type=float, default=0.1, help="sets: miscoverage (coverage >= 1 - alpha)")
-    f.add_argument("--score", choices=["lac", "aps", "raps"], default="lac", help="sets: nonconformity score")
-    f.add_argument("--class-conditional", action="store_true", help="sets: coverage per true class")
+    # sets-only options default to None so that giving one with a threshold input can be refused
+    f.add_argument("--alpha", type=float, default=None,
+                   help="sets: miscoverage (coverage >= 1 - alpha; default 0.1)")
+    f.add_argument("--score", choices=["lac", "aps", "raps"], default=None,
+                   help="sets: nonconformity score (default lac)")
+    f.add_argument("--class-conditional", action="store_true", default=None, help="sets: coverage per true class")
     f.add_argument("--json", action="store_true", help="print the manifest")
     f.add_argument("-o", "--output", required=True, help="decision manifest (.json)")
     f.set_defaults(func=_run("fit"))
     a = dsub.add_parser("apply", help="write decisions (or sets) for new items",
                         description="Decisions for new items: .csv gets the words accept / review / reject "
-                                    "(and the group, score); .npy / .npz / .parquet get int8 codes 1 / 0 / -1. "
+                                    "(and the row, or item and label for multilabel, the group, score); .npy / .npz / .parquet get int8 codes 1 / 0 / -1. "
                                     "Sets: multi-hot int8 (n, K).")
     a.add_argument("--decisions", required=True, help="decision manifest from 'confcal decide fit'")
     _common(a, labels=False)
@@ -94,7 +97,8 @@ def register(sub):
     r = dsub.add_parser("rank", help="the review band as an annotation queue (CSV)",
                         description="Items in their group's review band, most ambiguous first (closest to the "
                                     "middle of the band, relative to its width). Columns: rank, row, group, score, "
-                                    "lambda_lo, lambda_hi, position.")
+                                    "lambda_lo, lambda_hi, position (multilabel: item, label instead of row, as "
+                                    "in decide apply's CSV).")
     r.add_argument("--decisions", required=True, help="decision manifest from 'confcal decide fit'")
     _common(r, labels=False)
     r.add_argument("-o", "--output", required=True, help="queue CSV")
@@ -102,10 +106,15 @@ def register(sub):
     e = dsub.add_parser("evaluate", help="realised precision / NPV / coverage / review share per group",
                         description="Realised risks of a decision manifest on labelled test items, per group, with "
                                     "two-sided Clopper-Pearson intervals. Exit 3 when a group's realised risk is "
-                                    "above its target beyond its interval.")
+                                    "above its target beyond its interval (sets: when the interval's upper end is "
+                                    "below the coverage floor, see --coverage-delta).")
     e.add_argument("--decisions", required=True, help="decision manifest from 'confcal decide fit'")
     _common(e, labels=True)
     e.add_argument("--confidence", type=float, default=0.95, help="level of the intervals (default 0.95)")
+    e.add_argument("--coverage-delta", type=float, default=None, metavar="D",
+                   help="sets: flag a coverage only below the D-quantile of split conformal's coverage given its "
+                        "calibration set, Beta(n+1-l, l) with l = floor((n+1) alpha) (default 0.01; false-alarm "
+                        "rate on exchangeable data <= D + (1 - confidence) / 2)")
     e.add_argument("--json", action="store_true", help="print JSON instead of a table")
     e.set_defaults(func=_run("evaluate"))
 

@@ -8,7 +8,8 @@ Layout (``format: "confcal.decisions"``, ``format_version: 1``)::
     input         {kind, score}: what the scores are (binary TP labels, top-label correctness, a label of a
                   multilabel head, conformal probabilities)
     groups        three_way: {id: {n_samples, n_positive, lambda_lo, lambda_hi, review_share, accept, reject,
-                  sources}}; "*" is the pooled rule
+                  sources, applied}}; "*" is the pooled rule; lambda_lo / lambda_hi are the group's own fit,
+                  applied.lambda_lo / applied.lambda_hi what its items get (pooled where sources says so)
     conformal     conformal: {alpha, score, class_conditional, mondrian, n_classes, lam, k_reg, randomized,
                   random_state, cells: [{group, class, q, n}]}
     notes         lines about groups that could not be certified
@@ -67,6 +68,13 @@ def _num(x):
     return None if x is None or not math.isfinite(x) else float(x)
 
 
+def one_minus(x: float) -> str:
+    """``1 - x`` as text that never rounds to "1" (``1 - 1e-300`` is 1.0 in floating point): ``0.95``,
+    ``0.999999``, or ``1 - 1e-12`` where six significant digits would show 1."""
+    text = f"{1 - x:.6g}"
+    return text if float(text) < 1 else f"1 - {x:.3g}"
+
+
 def _statement(rule: DecisionRule) -> str:
     st = rule.settings
     parts = []
@@ -75,7 +83,7 @@ def _statement(rule: DecisionRule) -> str:
     if st["alpha_reject"] is not None:
         parts.append(f"{st['reject_risk']} of rejected items <= {st['alpha_reject']:g}")
     per = "for all groups at once" if st["simultaneous"] else "for each group"
-    return (f"{' and '.join(parts)}, jointly with probability >= {1 - st['delta']:g} over the draw of an "
+    return (f"{' and '.join(parts)}, jointly with probability >= {one_minus(st['delta'])} over the draw of an "
             f"exchangeable calibration set, {per} (Learn-then-Test)")
 
 
@@ -120,7 +128,7 @@ def decision_manifest(rule, *, data_sha256: str, n_samples: int, input_kind: str
         cond = " given the class" if rule.class_conditional else ""
         cond += " given the group" if rule.mondrian else ""
         body.update(kind="conformal", notes=[], guarantee={
-            "statement": f"P(Y in C(X){cond}) >= {1 - rule.alpha:g} for an exchangeable test item (split conformal)",
+            "statement": f"P(Y in C(X){cond}) >= {one_minus(rule.alpha)} for an exchangeable test item (split conformal)",
             "coverage": 1 - rule.alpha, "procedure": "split_conformal"},
             conformal={"alpha": rule.alpha, "score": rule.score, "class_conditional": rule.class_conditional,
                        "mondrian": rule.mondrian, "n_classes": rule.n_classes, "lam": rule.lam, "k_reg": rule.k_reg,
@@ -132,16 +140,19 @@ def decision_manifest(rule, *, data_sha256: str, n_samples: int, input_kind: str
         body.update(kind="three_way", notes=list(rule.notes), guarantee={"statement": _statement(rule), **{
             k: st[k] for k in ("alpha_accept", "alpha_reject", "delta", "delta_split", "accept_risk", "reject_risk",
                                "procedure", "pvalue", "simultaneous", "pool_small")}},
-            groups={g: _group_dict(fit, rule.sources[g]) for g, fit in rule.groups.items()})
+            groups={g: _group_dict(fit, rule.sources[g], rule.thresholds(g)) for g, fit in rule.groups.items()})
     body["sha256"] = canonical_sha256({k: v for k, v in body.items() if k != "sha256"})
     return body
 
 
-def _group_dict(fit: ThreeWayFit, sources: dict) -> dict:
+def _group_dict(fit: ThreeWayFit, sources: dict, applied) -> dict:
+    """``lambda_lo`` / ``lambda_hi`` are the group's own fit; ``applied`` the thresholds its items get (the
+    pooled ones where ``sources`` says "pooled", none where it says "none")."""
     side = (lambda s: None if s is None else {**s.to_dict(), "threshold": _num(s.threshold)})
     return {"n_samples": fit.n_samples, "n_positive": fit.n_positive, "review_share": float(fit.review_share),
             "lambda_lo": _num(fit.lambda_lo), "lambda_hi": _num(fit.lambda_hi), "accept": side(fit.accept),
-            "reject": side(fit.reject), "sources": dict(sources)}
+            "reject": side(fit.reject), "sources": dict(sources),
+            "applied": {"lambda_lo": _num(applied[0]), "lambda_hi": _num(applied[1])}}
 
 
 # ---- loading: every field checked, one line naming its path ------------------------------------------------
@@ -253,7 +264,7 @@ def _rule(m) -> DecisionRule:
     for name, gd in groups.items():
         p = f"groups.{name}"
         _dict(gd, p, ("n_samples", "n_positive", "review_share", "lambda_lo", "lambda_hi", "accept", "reject",
-                      "sources"))
+                      "sources"), optional=("applied",))
         n = _int(gd["n_samples"], f"{p}.n_samples", 1)
         npos = _int(gd["n_positive"], f"{p}.n_positive")
         if npos > n:
@@ -274,8 +285,24 @@ def _rule(m) -> DecisionRule:
         fits[name] = ThreeWayFit(accept=acc, reject=rej, procedure=g["procedure"], pvalue=g["pvalue"], n_samples=n,
                                  n_positive=npos, review_share=_real(gd["review_share"], f"{p}.review_share", 0, 1))
         sources[name] = dict(src)
+        if "applied" in gd:
+            ap = _dict(gd["applied"], f"{p}.applied", ("lambda_lo", "lambda_hi"))
+            for k in ("lambda_lo", "lambda_hi"):
+                _real(ap[k], f"{p}.applied.{k}", null=True)
     settings = {k: g[k] for k in g if k != "statement"}
     return DecisionRule(groups=fits, sources=sources, notes=list(m["notes"]), settings=settings)
+
+
+def _check_applied(m, rule: DecisionRule) -> None:
+    """``groups.*.applied`` (absent in manifests written before it) must be what the rule applies."""
+    for name, gd in m["groups"].items():
+        if "applied" in gd:
+            p, ap = f"groups.{name}.applied", gd["applied"]
+            lo, hi = rule.thresholds(name)
+            if ap["lambda_lo"] != _num(lo):
+                _fail(f"{p}.lambda_lo", f"the applied reject threshold {_num(lo)}", ap["lambda_lo"])
+            if ap["lambda_hi"] != _num(hi):
+                _fail(f"{p}.lambda_hi", f"the applied accept threshold {_num(hi)}", ap["lambda_hi"])
 
 
 def _conformal(m) -> ConformalSets:
@@ -376,6 +403,8 @@ def _load(m, calibrator):
     if canonical_sha256({k: v for k, v in m.items() if k != "sha256"}) != m["sha256"]:
         raise ValueError("decisions: sha256: the manifest was edited after the fit (its digest does not match); "
                          "refit the decisions rather than editing thresholds or levels")
+    if kind == "three_way":
+        _check_applied(m, out)
     if cal is not None:
         if calibrator is None:
             raise ValueError(f"calibrator: the decisions were fitted on the output of calibrator "

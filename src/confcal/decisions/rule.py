@@ -178,9 +178,14 @@ def fit_decisions(scores, labels, groups=None, *, alpha_accept: float | None = 0
     ------
     ValueError
         One line naming the argument: bad levels or choices, non-finite scores, labels not 0/1, a
-        group id array of another length, or a group (or the whole set) whose labels are all
-        positive or all negative (nothing to learn a threshold from; ``pool_small=True`` pools such
-        a group instead).
+        group id array of another length.
+
+    Notes
+    -----
+    A group (or the whole set) with one label value is a valid calibration set: with no error among
+    ``m`` accepted items the accept side's p-value is ``(1 - alpha)^m``, so enough error-free positives
+    certify the accept side. The side that such a group cannot certify (reject for only positives,
+    accept for only negatives) gets a note and review (or the pooled threshold under ``pool_small``).
     """
     check_three_way_args(alpha_accept, alpha_reject, delta, delta_split, accept_risk, reject_risk, procedure,
                          pvalue)
@@ -189,7 +194,6 @@ def fit_decisions(scores, labels, groups=None, *, alpha_accept: float | None = 0
     settings = dict(alpha_accept=alpha_accept, alpha_reject=alpha_reject, delta=float(delta),
                     delta_split=float(delta_split), accept_risk=accept_risk, reject_risk=reject_risk,
                     procedure=procedure, pvalue=pvalue, simultaneous=bool(simultaneous), pool_small=bool(pool_small))
-    _one_label_class("all items", y)
     ids = None if groups is None else check_groups(groups, s.size)
     uniq = [] if ids is None else sorted(set(ids.tolist()))
     d_group = float(delta) / (len(uniq) if simultaneous and uniq else 1)
@@ -207,7 +211,7 @@ def fit_decisions(scores, labels, groups=None, *, alpha_accept: float | None = 0
         for u, a, b in zip(uniq, starts, ends):
             idx = order[a:b]
             sg, yg = s[idx], y[idx]
-            one = _one_label_class(f"group {u!r}", yg, raise_=not pool_small)
+            one = _one_label_class(yg)
             fit = three_way_counts(g_grid, *below_counts(sg, yg, g_grid), sg.size, int(yg.sum()), delta=d_group,
                                    **kw)
             fits[u] = fit
@@ -215,11 +219,12 @@ def fit_decisions(scores, labels, groups=None, *, alpha_accept: float | None = 0
             for side in ("accept", "reject"):
                 sf = getattr(fit, side)
                 src[side] = _source(sf)
-                if sf is not None and (sf.threshold is None or one):
+                if sf is not None and sf.threshold is None:
                     word = "pooled threshold used (pool_small)" if pool_small else "falls back to review"
                     src[side] = "pooled" if pool_small else "none"
                     if one:
-                        notes.append(f"group {u!r} (n={sg.size}): {one}; {word}")
+                        notes.append(f"group {u!r} (n={sg.size}): {one}: the {side} side cannot be certified; "
+                                     f"{word}")
                     else:
                         notes.append(_note(u, sf, sg.size, word))
             sources[u] = src
@@ -231,13 +236,8 @@ def _source(side: SideFit | None) -> str:
     return "none" if side is None or side.threshold is None else "group"
 
 
-def _one_label_class(where: str, y: np.ndarray, raise_: bool = True) -> str:
-    """'' or the reason ``y`` holds one label value only; raises it when ``raise_``."""
+def _one_label_class(y: np.ndarray) -> str:
+    """'' or which one label value ``y`` holds ("only positives" / "only negatives")."""
     if y.all() or not y.any():
-        what = "positives" if y.all() else "negatives"
-        msg = (f"labels: {where} has only {what} (n={y.size}): no threshold can be learned from one label "
-               "value; check the label column, merge the group, or pool small groups")
-        if raise_:
-            raise ValueError(msg)
-        return f"only {what}"
+        return "only positives" if y.all() else "only negatives"
     return ""

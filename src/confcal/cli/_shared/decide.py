@@ -17,7 +17,29 @@ _KIND = {"binary": "binary", "top-label": "top_label", "multilabel": "multilabel
 def _array(args, name, what=None):
     from confcal.io import load_array
 
-    return load_array(getattr(args, name), name=what or name, csv_header=getattr(args, "csv_header", "first"))
+    cache = vars(args).setdefault("_decide_arrays", {})  # each input read once per command
+    key = (name, str(getattr(args, name)), what)
+    if key not in cache:
+        cache[key] = load_array(getattr(args, name), name=what or name, csv_header=getattr(args, "csv_header", "first"))
+    return cache[key]
+
+
+def _same_rows(**named):
+    """One row per item in every named input (``{option: n_rows}``; None: not given); the error names the
+    option that differs, or both lengths."""
+    given = {k: v for k, v in named.items() if v is not None}
+    if len(set(given.values())) <= 1:
+        return
+    counts = {}
+    for v in given.values():
+        counts[v] = counts.get(v, 0) + 1
+    if len(given) > 2 and max(counts.values()) > 1:
+        n = max(counts, key=counts.get)
+        odd = next(k for k, v in given.items() if v != n)
+        others = " and ".join(k for k, v in given.items() if v == n)
+        raise ValueError(f"{odd}: expected {n} rows (as {others}), got {given[odd]}")
+    (a, na), (b, nb) = list(given.items())[:2]
+    raise ValueError(f"{a}: {na} rows, but {b} has {nb}: expected one row per item in both")
 
 
 def _domains(args):
@@ -28,6 +50,10 @@ def _domains(args):
     from confcal._validation import check_domains
 
     d = _array(args, "domains")
+    if d.dtype.kind in "fO":  # a NaN id would become a group 'nan': name its row
+        bad = np.array([isinstance(v, float) and v != v for v in d.ravel().tolist()], dtype=bool)
+        if bad.any():
+            raise ValueError(f"--domains: expected an id for every item, got NaN at row {int(np.argmax(bad))}")
     return check_domains(d, d.shape[0] if np.ndim(d) else 0, name="--domains")
 
 
@@ -74,6 +100,11 @@ def _probabilities(args, kind, cal, domains):
         if args.input_kind == "logits":
             return 1.0 / (1.0 + np.exp(-x.astype(np.float64))), "sigmoid"
         return x, "raw"
+    if x.ndim == 2 and x.shape[1] == 1 and kind in ("top_label", "sets"):
+        from confcal._validation import one_logit_rows
+
+        # a one-logit binary model, read as every other command does: logits [0, z], probabilities [1 - p, p]
+        x = one_logit_rows(x, "probs" if args.input_kind == "probs" else "logits")
     if x.ndim != 2 or x.shape[1] < 2:
         raise ValueError(f"--logits: expected (n_samples, n_classes >= 2) for --input {kind}, got shape {x.shape}")
     if cal is not None:
@@ -132,10 +163,18 @@ def fit(args) -> int:
 
     check_output_path(args.output, suffixes=(".json",), name="--output")
     kind = _KIND[args.input]
+    if kind != "sets":
+        for flag in ("alpha", "score", "class_conditional"):
+            if getattr(args, flag) is not None:
+                raise ValueError(f"--{flag.replace('_', '-')}: applies to --input sets only, got --input {args.input}"
+                                 f"{' (use --alpha-accept / --alpha-reject)' if flag == 'alpha' else ''}")
     domains = _domains(args)
     cal, cal_dict = _calibrator(args)
-    probs, scale = _probabilities(args, kind, cal, domains)
+    raw_rows = _array(args, "logits").shape[0]
     labels = _array(args, "labels")
+    _same_rows(**{"--logits": raw_rows, "--labels": labels.shape[0] if labels.ndim else None,
+                  "--domains": None if domains is None else domains.shape[0]})
+    probs, scale = _probabilities(args, kind, cal, domains)
     per = args.per or ("domain" if domains is not None else "none")
     if kind == "multilabel":
         per = "domain+label" if domains is not None else "label"
@@ -146,8 +185,8 @@ def fit(args) -> int:
         if per not in ("none", "domain"):
             raise ValueError("--per: sets are per domain or none; use --class-conditional for per-class coverage")
         groups = _groups(per, domains, None, probs.shape[0])
-        rule = fit_conformal(probs, y, alpha=args.alpha, score=args.score, class_conditional=args.class_conditional,
-                             groups=groups)
+        rule = fit_conformal(probs, y, alpha=0.1 if args.alpha is None else args.alpha, score=args.score or "lac",
+                             class_conditional=bool(args.class_conditional), groups=groups)
         digest = scores_digest(probs, y, *(() if groups is None else (groups,)))
     else:
         s, y, groups = _triples(kind, per, probs, labels, domains)
@@ -188,12 +227,27 @@ def _fit_table(m) -> str:
         rows = [[c["group"], str(c["class"]), str(c["n"]), "inf" if c["q"] is None else f"{c['q']:.4f}"]
                 for c in m["conformal"]["cells"]]
         return m["guarantee"]["statement"] + "\n" + _table(["group", "class", "n", "q"], rows)
+    from confcal.decisions.realised import POOLED_RULE_LABEL
+
     rows = []
     for g, d in m["groups"].items():
-        rows.append([g, str(d["n_samples"]), _fmt(d["lambda_lo"]), _fmt(d["lambda_hi"]), f"{d['review_share']:.3f}",
+        lo, hi = applied_thresholds(d)
+        rows.append([POOLED_RULE_LABEL if g == "*" and len(m["groups"]) > 1 else g, str(d["n_samples"]), lo, hi, f"{d['review_share']:.3f}",
                      f"{d['sources']['accept']}/{d['sources']['reject']}"])
     return (m["guarantee"]["statement"] + "\n" +
             _table(["group", "n", "lambda_lo", "lambda_hi", "review", "source acc/rej"], rows))
+
+
+def applied_thresholds(d, nd=4, fmt=None) -> tuple[str, str]:
+    """The thresholds a manifest group's items get, as text: "pooled" beside one taken from the pooled rule,
+    "-" for a side that is not certified (reviewed)."""
+    fmt = fmt or (lambda v: _fmt(v, nd))
+    ap = d.get("applied") or {"lambda_lo": d["lambda_lo"], "lambda_hi": d["lambda_hi"]}
+    out = []
+    for key, side in (("lambda_lo", "reject"), ("lambda_hi", "accept")):
+        text = fmt(ap[key])
+        out.append(f"{text} (pooled)" if d["sources"][side] == "pooled" and ap[key] is not None else text)
+    return out[0], out[1]
 
 
 def _load_decisions(args):
@@ -209,6 +263,9 @@ def _load_decisions(args):
 def _test_inputs(args, m, cal, labels=None):
     kind, per = m["input"]["kind"], m["input"]["per"]
     domains = _domains(args)
+    _same_rows(**{"--logits": _array(args, "logits").shape[0],
+                  "--labels": None if labels is None or not np.ndim(labels) else np.shape(labels)[0],
+                  "--domains": None if domains is None else domains.shape[0]})
     if domains is None and "domain" in per:
         raise ValueError(f"--domains: the decisions are per {per}: pass the domain (sensor) id of every item")
     if args.input_kind is None:
@@ -218,10 +275,34 @@ def _test_inputs(args, m, cal, labels=None):
     if scale != m["input"]["scale"] and not (scale == "raw" and m["input"]["scale"] == "probs"):
         raise ValueError(f"--input-kind: the decisions were fitted on {m['input']['scale']} scores, these are {scale}")
     args.decide_shape = probs.shape  # apply writes multilabel decisions as (n, L)
-    if domains is not None and domains.shape[0] != probs.shape[0]:
-        raise ValueError(f"--domains: expected {probs.shape[0]} ids (one per row of --logits), got {domains.shape[0]}")
     if kind == "sets":
-        return kind, probs, labels, (None if per == "none" else np.asarray(domains).astype(str))
+        groups = None if per == "none" else np.asarray(domains).astype(str)
+        if groups is not None:
+            _warn_unseen(groups, {g for g, _ in _cells(m)}, "their prediction sets hold every class")
+        return kind, probs, labels, groups
+    out = _threshold_inputs(args, m, kind, per, probs, labels, domains)
+    if out[3] is not None:
+        what = ("they get the pooled rule (--pool-small)" if m["guarantee"].get("pool_small")
+                else "their items go to review")
+        _warn_unseen(out[3], set(m["groups"]), what)
+    return out
+
+
+def _cells(m):
+    return [(c["group"], c["class"]) for c in m["conformal"]["cells"]]
+
+
+def _warn_unseen(groups, seen, what):
+    """Warn once naming the groups that no rule certifies (never seen at fit)."""
+    import warnings
+
+    unseen = sorted(set(np.asarray(groups).astype(str).tolist()) - set(seen))
+    if unseen:
+        shown = ", ".join(repr(u) for u in unseen[:10]) + (f" and {len(unseen) - 10} more" if len(unseen) > 10 else "")
+        warnings.warn(f"{len(unseen)} group(s) not seen at fit, so not certified: {shown}; {what}", stacklevel=2)
+
+
+def _threshold_inputs(args, m, kind, per, probs, labels, domains):
     if labels is None:  # no labels at apply: the group needs the predicted class only
         n = probs.shape[0]
         if kind == "top_label":
@@ -257,11 +338,16 @@ def apply(args) -> int:
 
         with atomic_write(args.output, "w") as fh:
             w = csv.writer(fh, lineterminator="\n")
-            w.writerow(["row", "group", "score", "decision"])
             g = groups if groups is not None else np.full(s.size, "*")
-            per_row = d.shape[1] if d.ndim == 2 else 1  # multilabel: one line per (item, label)
-            for i, (gi, si, di) in enumerate(zip(g, s, d.ravel())):
-                w.writerow([i // per_row, csv_cell(str(gi)), repr(float(si)), DECISION_NAMES[int(di)]])
+            if d.ndim == 2:  # multilabel: one line per (item, label), as decide rank writes them
+                w.writerow(["item", "label", "group", "score", "decision"])
+                for i, (gi, si, di) in enumerate(zip(g, s, d.ravel())):
+                    w.writerow([i // d.shape[1], i % d.shape[1], csv_cell(str(gi)), repr(float(si)),
+                                DECISION_NAMES[int(di)]])
+            else:
+                w.writerow(["row", "group", "score", "decision"])
+                for i, (gi, si, di) in enumerate(zip(g, s, d)):
+                    w.writerow([i, csv_cell(str(gi)), repr(float(si)), DECISION_NAMES[int(di)]])
     else:
         save_array(args.output, d, key="decisions")
     counts = {DECISION_NAMES[c]: int((d == c).sum()) for c in (1, 0, -1)}
@@ -279,18 +365,21 @@ def rank(args) -> int:
     if m["kind"] != "three_way":
         raise ValueError("--decisions: rank orders the review band of accept / review / reject decisions; these "
                          "are prediction sets")
-    _, s, _, groups = _test_inputs(args, m, cal)
+    kind, s, _, groups = _test_inputs(args, m, cal)
+    n_labels = args.decide_shape[1] if kind == "multilabel" else 0
     pri = obj.review_priority(s, groups)
     rows = np.flatnonzero(~np.isnan(pri))
     rows = rows[np.lexsort((rows, pri[rows]))]
     g = groups if groups is not None else np.full(s.size, "*")
     with atomic_write(args.output, "w") as fh:
         w = csv.writer(fh, lineterminator="\n")
-        w.writerow(["rank", "row", "group", "score", "lambda_lo", "lambda_hi", "position"])
+        where = ["item", "label"] if n_labels else ["row"]  # multilabel: the (item, label) of decide apply
+        w.writerow(["rank", *where, "group", "score", "lambda_lo", "lambda_hi", "position"])
         cache = {}
         for r, i in enumerate(rows, 1):
             lo, hi = cache.setdefault(g[i], obj.thresholds(str(g[i])))
-            w.writerow([r, int(i), csv_cell(str(g[i])), repr(float(s[i])), repr(float(lo)), repr(float(hi)),
+            at = [int(i) // n_labels, int(i) % n_labels] if n_labels else [int(i)]
+            w.writerow([r, *at, csv_cell(str(g[i])), repr(float(s[i])), repr(float(lo)), repr(float(hi)),
                         f"{pri[i]:.6f}"])
     print(f"wrote {rows.size} items of the review band ({rows.size / max(s.size, 1):.1%} of {s.size}), most "
           f"ambiguous first -> {args.output}")
@@ -306,20 +395,34 @@ def evaluate(args) -> int:
     if kind == "sets":
         from confcal._validation import check_labels
 
+        delta = 0.01 if args.coverage_delta is None else args.coverage_delta
         doc = realised_coverage(obj, s, check_labels(labels, s.shape[0], s.shape[1]), groups,
-                                confidence=args.confidence)
+                                confidence=args.confidence, delta=_level(delta, "--coverage-delta"))
     else:
+        if args.coverage_delta is not None:
+            raise ValueError("--coverage-delta: applies to prediction sets only; these decisions are thresholds")
         doc = realised_decisions(obj, s, y, groups, confidence=args.confidence)
     doc["guarantee"] = m["guarantee"]
     if args.json:
         print(json.dumps(doc, indent=2, allow_nan=False))
     else:
         print(_evaluate_table(doc, kind))
+    if doc["failed"] and kind == "sets":
+        print(f"confcal: realised coverage below the coverage floor (delta={doc['delta']:g}) beyond its "
+              f"{args.confidence:g} Clopper-Pearson interval in: {', '.join(map(str, doc['failed']))}",
+              file=sys.stderr)
+        return EXIT_RISK_EXCEEDED
     if doc["failed"]:
         print(f"confcal: realised risk above target beyond its {args.confidence:g} Clopper-Pearson interval in: "
               f"{', '.join(map(str, doc['failed']))}", file=sys.stderr)
         return EXIT_RISK_EXCEEDED
     return 0
+
+
+def _level(value, name):
+    from confcal.decisions.pvalues import check_level
+
+    return check_level(value, name)
 
 
 def _ci(d):
@@ -328,12 +431,18 @@ def _ci(d):
     return f"{d['value']:.4f} [{d['low']:.4f}, {d['high']:.4f}] (n={d['n']})"
 
 
+def _row_name(g, doc):
+    from confcal.decisions.realised import ALL_GROUPS_LABEL
+
+    return ALL_GROUPS_LABEL if g == "*" and len(doc["groups"]) > 1 else g
+
+
 def _evaluate_table(doc, kind) -> str:
     if kind == "sets":
-        rows = [[g, str(r["n"]), _ci(r["coverage"]), _fmt(r["mean_set_size"], 3), ",".join(r["failed"]) or "ok"]
-                for g, r in doc["groups"].items()]
-        return _table(["group", "n", "coverage [CP]", "mean set size", "verdict"], rows)
-    rows = [[g, str(r["n"]), _ci(r["precision"]), _ci(r["npv"]), _ci(r["review"]), ",".join(r["failed"]) or "ok"]
+        rows = [[_row_name(g, doc), str(r["n"]), _ci(r["coverage"]), _fmt(r["coverage_floor"]), _fmt(r["mean_set_size"], 3),
+                 ",".join(r["failed"]) or "ok"] for g, r in doc["groups"].items()]
+        return _table(["group", "n", "coverage [CP]", "floor", "mean set size", "verdict"], rows)
+    rows = [[_row_name(g, doc), str(r["n"]), _ci(r["precision"]), _ci(r["npv"]), _ci(r["review"]), ",".join(r["failed"]) or "ok"]
             for g, r in doc["groups"].items()]
     return _table(["group", "n", "precision [CP]", "NPV [CP]", "review share [CP]", "verdict"], rows)
 

@@ -31,6 +31,16 @@ def gate_kwargs(args) -> dict:
                                        getattr(args, "gate_test", None))
     except ValueError as e:
         raise ValueError("--" + str(e).replace("_", "-", 1) if str(e).startswith("gate_") else "--" + str(e)) from None
+    # options that would do nothing are refused, not ignored (--alpha also sets the intervals and tests)
+    if getattr(args, "max_ece", None) is None:
+        for flag in ("gate_rule", "gate_test"):
+            if getattr(args, flag, None) is not None:
+                raise ValueError(f"--{flag.replace('_', '-')}: decides the --max-ece gate, which is off: pass "
+                                 f"--max-ece X, or drop --{flag.replace('_', '-')}")
+    if getattr(args, "gate_test", None) is not None and rule != "test":
+        raise ValueError(f"--gate-test: used by --gate-rule test only, got --gate-rule {rule}"
+                         f"{' (the default)' if getattr(args, 'gate_rule', None) is None else ''}; pass --gate-rule "
+                         "test, or drop --gate-test")
     return {"gate_rule": rule, "alpha": alpha, "gate_test": test}
 
 

@@ -7,6 +7,9 @@ from __future__ import annotations
 INPUT_DESTS = ("logits", "labels", "domains", "features", "category_ids", "calibrator", "queue", "gt",
                "detections", "domain_map", "mc_scores", "test_logits", "test_labels", "test_features",
                "test_domains", "verify", "decisions", "calibration_logits", "calibration_labels", "calibration_domains")
+#: inputs that are one JSON file, never a folder: a folder is named as such before the output guard reads
+#: it as a dataset input
+JSON_FILE_DESTS = ("calibrator", "decisions")
 #: options naming files a command writes
 OUTPUT_DESTS = ("output", "csv", "holdout_output")
 
@@ -40,6 +43,8 @@ def check_regular_inputs(args) -> None:
             if "://" in text:
                 continue
             path = str(split_spec(text)[0])
+            if opt in {_option(d) for d in JSON_FILE_DESTS} and os.path.isdir(path):
+                raise ValueError(f"{opt} is a folder ({path!r}); expected a JSON manifest file")
             if os.path.exists(path) and not (os.path.isfile(path) or os.path.isdir(path)):
                 raise ValueError(f"{opt}: {path!r} is not a regular file (a pipe, device or socket); save the "
                                  "data to a file first")
