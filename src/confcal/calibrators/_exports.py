@@ -35,8 +35,12 @@ ELSEWHERE = {
 }
 
 
-def lazy_exports(package: str, names: dict[str, str]):
-    """``(__getattr__, __dir__, __all__)`` for ``package`` whose ``names`` map to submodule names."""
+def lazy_exports(package: str, names: dict[str, str], compat: dict[str, str] | None = None):
+    """``(__getattr__, __dir__, __all__)`` for ``package`` whose ``names`` map to submodule names; ``compat``:
+    names the flat module of earlier releases exported, served the same way but left out of ``__all__`` (the
+    API pages document them at their own module)."""
+    names = {**names, **(compat or {})}
+    public = sorted(set(names) - set(compat or {}))
     def __getattr__(name):
         module = names.get(name)
         if module is None:
@@ -48,7 +52,7 @@ def lazy_exports(package: str, names: dict[str, str]):
     def __dir__():
         return sorted([*vars(sys.modules[package]), *names])
 
-    return __getattr__, __dir__, sorted(names)
+    return __getattr__, __dir__, public
 
 
 class _OldPath(types.ModuleType):

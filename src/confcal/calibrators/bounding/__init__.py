@@ -5,10 +5,11 @@ Each name is imported from its module on first access (a family module may need 
 from confcal.calibrators._exports import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "BASES": "pb",
-    "tie_rate": "pb",
     "DualProbabilityBounding": "pb",
     "FeatureClipping": "feature_clipping",
     "LogitBounding": "pb",
     "ProbabilityBounding": "pb",
+}, compat={  # the flat module's names of earlier releases
+    "BASES": "pb",
+    "tie_rate": "pb",
 })

@@ -5,13 +5,14 @@ Each name is imported from its module on first access (a family module may need 
 from confcal.calibrators._exports import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "score_logit": "box",
-    "fit_logistic": "box",
-    "LogisticFit": "box",
     "DetectionBetaCalibration": "beta",
     "DetectionPlattScaling": "box",
     "DetectionTemperatureScaling": "box",
     "GeometryBetaCalibration": "geometry",
     "GeometryHistogramBinning": "geometry",
     "GeometryLogisticCalibration": "geometry",
+}, compat={  # the flat module's names of earlier releases
+    "score_logit": "box",
+    "fit_logistic": "box",
+    "LogisticFit": "box",
 })
