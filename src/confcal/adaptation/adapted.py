@@ -176,7 +176,10 @@ class PriorAdapted(Calibrator):
         progress : progress bars on stderr
         batch_rows : rows per pass batch (default ``max(1024, 2**22 // n_classes)``: 32 MB of float64 posteriors)
 
-        Returns ``self`` with ``priors_`` and ``adaptation_`` (the record the manifest keeps) set.
+        Returns
+        -------
+        PriorAdapted
+            ``self``, with ``priors_`` and ``adaptation_`` (the record the manifest keeps) set.
 
         Raises
         ------

@@ -14,11 +14,18 @@ def adapt(adapter, data, *, logits: str = "logits", domains: str | None = None):
     ----------
     adapter : PriorAdapted
     data : ParquetDataset or dask.dataframe.DataFrame (:func:`confcal.dask.read_parquet`)
-    logits, domains : column specs (see :func:`confcal.dask.apply`); one prior per domain id with ``domains``
+    logits, domains : str
+        Column specs (see :func:`confcal.dask.apply`); one prior per domain id with ``domains``.
 
-    Returns ``adapter`` with ``priors_`` set: the same passes as :meth:`~confcal.adaptation.PriorAdapted.adapt`
-    on one process (bootstrap weights depend on the global row, not the partitioning), so the same priors
-    up to the order of float64 sums.
+    Returns
+    -------
+    PriorAdapted
+        ``adapter``, with ``priors_`` set.
+
+    Notes
+    -----
+    The same passes as :meth:`confcal.adaptation.PriorAdapted.adapt` on one process (bootstrap weights depend
+    on the global row, not the partitioning), so the same priors up to the order of float64 sums.
     """
     from confcal.dask._data import resolve_columns
     from confcal.dask._engine import DaskEngine

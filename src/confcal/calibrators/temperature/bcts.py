@@ -108,6 +108,8 @@ class BiasCorrectedTemperatureScaling(Calibrator):
     bias_ : float ``(n_classes,)``, mean 0
     nll_, n_iter_, converged_ : the mean calibration-set NLL at the fit, Newton steps, whether ``tol`` was met
 
+    Notes
+    -----
     Source: Alexandari, Kundaje & Shrikumar, ICML 2020, sec. 3 (BCTS).
 
     Examples
