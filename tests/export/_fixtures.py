@@ -32,6 +32,7 @@ CLASSIFIERS = {
     "dpb": ({"max_iter": 50}, None),
     "isotonic": ({}, None),
     "histogram-binning": ({}, None),
+    "histogram-binning-uniform": ({"strategy": "uniform", "n_bins": 10}, None),
     "bbq": ({}, None),
     "scaling-binning-marginal": ({"scaler": "ts"}, None),
     "scaling-binning-marginal-platt": ({"scaler": "platt"}, None),
@@ -40,6 +41,7 @@ CLASSIFIERS = {
     "beta": ({}, None),
     "isotonic-top": ({}, None),
     "histogram-binning-top": ({}, None),
+    "histogram-binning-top-uniform": ({"strategy": "uniform"}, None),
     "bbq-top": ({}, None),
     "scaling-binning": ({"scaler": "ts"}, None),
     "scaling-binning-platt": ({"scaler": "platt"}, None),
@@ -80,7 +82,7 @@ def fitted_classifier(method):
     x, y, dom, _, _ = cifar()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return METHODS[method.removesuffix("-platt").removesuffix("-log-prob")](**params).fit(x, y, **({"domains": dom} if side else {}))
+        return METHODS[method.removesuffix("-platt").removesuffix("-log-prob").removesuffix("-uniform")](**params).fit(x, y, **({"domains": dom} if side else {}))
 
 
 @functools.lru_cache(maxsize=None)

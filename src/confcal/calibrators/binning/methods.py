@@ -10,7 +10,7 @@ method                         keeps arg-max  source
 ============================== ============== ======================================================
 ``isotonic``                   no             Zadrozny & Elkan, KDD 2002 (scikit-learn's fit)
 ``isotonic-top``               yes            same map on the top-label confidence
-``histogram-binning``          no             Zadrozny & Elkan, ICML 2001 (equal-mass bins)
+``histogram-binning``          no             Zadrozny & Elkan, ICML 2001 (equal-mass or equal-width)
 ``histogram-binning-top``      yes            same, top-label
 ``bbq``                        no             Naeini, Cooper & Hauskrecht, AAAI 2015
 ``bbq-top``                    yes            same, top-label
@@ -36,6 +36,7 @@ from confcal.calibrators._fit.jobs.reduce import (
     spread_top_label,
     top_label_log_odds,
 )
+from confcal.calibrators._fit.histogram import STRATEGIES, fit_histograms, fit_uniform_histogram
 from confcal.calibrators._fit.tsfit import fit_temperature
 from confcal.calibrators._fit.univariate import (
     apply_bbq,
@@ -215,17 +216,29 @@ class TopLabelIsotonicCalibration(_Isotonic, TopLabelCalibrator):
 
 
 # ------------------------------------------------------------------------ histogram
+_HIST_HYPER = {"n_bins": Int(ge=1, le=MAX_BINS), "strategy": Choice(*STRATEGIES)}
+
+
 class _Histogram:
     space = "prob"
 
-    def _fit_map(self, scores, targets, sample_weight):
-        return fit_histogram(scores, targets, n_bins=_check_positive_int(self.n_bins, "n_bins"),
-                             sample_weight=sample_weight)
+    def _hist_settings(self):
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy: expected one of {list(STRATEGIES)}, got {self.strategy!r}")
+        return _check_positive_int(self.n_bins, "n_bins"), self.strategy
 
-    def _fit_map_fitted(self, scores, targets, sample_weight):
-        """The map and its values at ``scores`` (see :meth:`OneVsRestCalibrator._fit`)."""
-        return fit_histogram(scores, targets, n_bins=_check_positive_int(self.n_bins, "n_bins"),
-                             sample_weight=sample_weight, fitted=True)
+    def _fit_map(self, scores, targets, sample_weight):
+        n_bins, strategy = self._hist_settings()
+        fit = fit_uniform_histogram if strategy == "uniform" else fit_histogram
+        return fit(scores, targets, n_bins=n_bins, sample_weight=sample_weight)
+
+    def _fit_maps(self, scores, labels, cols, sample_weight):
+        """All one-vs-rest maps at once (:func:`confcal.calibrators._fit.histogram.fit_histograms`): the
+        maps and their values at the calibration scores ``(len(cols), n)``."""
+        n_bins, strategy = self._hist_settings()
+        columns = scores.T if len(cols) == scores.shape[1] else scores[:, cols].T
+        return fit_histograms(np.ascontiguousarray(columns), labels, cols, n_bins=n_bins, strategy=strategy,
+                              sample_weight=sample_weight)
 
     def _apply_map(self, params, scores):
         return apply_histogram(params, scores)
@@ -236,23 +249,47 @@ class _Histogram:
 
 @register
 class HistogramBinning(_Histogram, OneVsRestCalibrator):
-    """Histogram binning one-vs-rest with equal-mass bins, renormalised (``histogram-binning``).
+    """Histogram binning one-vs-rest, renormalised (``histogram-binning``).
 
-    Per class, the calibration scores ``p_k`` are cut into ``n_bins`` equal-mass bins
-    (each edge halfway between two neighbouring calibration scores, see ``equal_mass_edges``;
-    tied edges merged, so no bin is empty and a constant score gives one bin); a bin's value is the fraction of class-``k`` labels in it. Bins
-    are ``(lo, hi]``, the outer ones open, so scores outside the calibration range use
-    the first/last bin. Outputs renormalised as in ``isotonic``; may change the arg-max
-    (reported in the fit record).
+    Per class, the calibration scores ``p_k`` are cut into ``n_bins`` bins and a bin's value
+    is the fraction of class-``k`` labels in it. The ``K`` outputs are divided by their row
+    sum as in ``isotonic``; this may change the arg-max (the fit record reports it).
+
+    * ``strategy="quantile"`` (default): equal-mass bins. Each edge lies halfway between two
+      neighbouring calibration scores (see ``equal_mass_edges``); tied edges are merged, so no
+      bin is empty and a constant score gives one bin.
+    * ``strategy="uniform"``: ``n_bins`` equal-width bins on ``[0, 1]``, edges ``i / n_bins``.
+      A bin that no calibration score falls in gets its midpoint ``(i + 1/2) / n_bins``:
+      there is no evidence to move a score there.
 
     Parameters
     ----------
     n_bins : int, default 15
+        Bins per class, 1 to 100,000.
+    strategy : {"quantile", "uniform"}, default "quantile"
+        Equal-mass or equal-width bins (scikit-learn's names).
+
+    Attributes
+    ----------
+    maps_
+        list of ``{"edges", "values"}``, one per class (one for two classes): ``len(values)
+        == len(edges) + 1``
+
+    Raises
+    ------
+    ValueError
+        ``n_bins`` not an integer in ``[1, 100000]``, or ``strategy`` not one of the two.
 
     Notes
     -----
-    Source: B. Zadrozny and C. Elkan, "Obtaining calibrated probability estimates from
-    decision trees and naive Bayesian classifiers", ICML 2001.
+    Bins are ``(lo, hi]``, the outer ones open (a score equal to an edge falls in the lower bin;
+    scores outside the calibration range, or outside ``[0, 1]``, in the first or last bin).
+
+    Sources: B. Zadrozny and C. Elkan, "Obtaining calibrated probability estimates from
+    decision trees and naive Bayesian classifiers", ICML 2001 (histogram binning, equal-mass
+    bins); equal-width bins as in M. P. Naeini, G. F. Cooper and M. Hauskrecht, "Obtaining Well
+    Calibrated Probabilities Using Bayesian Binning", AAAI 2015, and C. Guo et al., "On
+    Calibration of Modern Neural Networks", ICML 2017, sec. 3.
 
     Examples
     --------
@@ -263,14 +300,17 @@ class HistogramBinning(_Histogram, OneVsRestCalibrator):
     >>> cal = METHODS["histogram-binning"](n_bins=5).fit(logits, labels)
     >>> len(cal.maps_), len(cal.maps_[0]["values"])
     (3, 5)
+    >>> METHODS["histogram-binning"](n_bins=4, strategy="uniform").fit(logits, labels).maps_[0]["edges"]
+    [0.25, 0.5, 0.75]
     """
 
     method = "histogram-binning"
-    hyper_constraints = {"n_bins": Int(ge=1, le=MAX_BINS)}
+    hyper_constraints = _HIST_HYPER
     fitted_constraints = Fields({"maps": ListOf(_STEP_MAP, length=per_class_maps)})
 
-    def __init__(self, n_bins: int = 15, input_kind: str = "logits"):
+    def __init__(self, n_bins: int = 15, strategy: str = "quantile", input_kind: str = "logits"):
         self.n_bins = n_bins
+        self.strategy = strategy
         self.input_kind = input_kind
 
 
@@ -278,13 +318,39 @@ class HistogramBinning(_Histogram, OneVsRestCalibrator):
 class TopLabelHistogramBinning(_Histogram, TopLabelCalibrator):
     """Histogram binning of the top-label confidence (``histogram-binning-top``); keeps the arg-max.
 
+    The confidence ``c = max_k p_k`` is binned against "the arg-max is right"; bins and
+    ``strategy`` as in ``histogram-binning`` (with ``"uniform"``, the bins below ``1/K`` hold
+    no confidence and keep their midpoints). The other classes share ``1 - c'``
+    (see :mod:`confcal.calibrators._fit.jobs.reduce`).
+
     Parameters
     ----------
     n_bins : int, default 15
+        Bins, 1 to 100,000.
+    strategy : {"quantile", "uniform"}, default "quantile"
+        Equal-mass or equal-width bins.
+
+    Attributes
+    ----------
+    map_
+        ``{"edges", "values"}``
+
+    Raises
+    ------
+    ValueError
+        ``n_bins`` not an integer in ``[1, 100000]``, or ``strategy`` not one of the two.
 
     Notes
     -----
-    Source: Zadrozny & Elkan, ICML 2001; top-label as in Gupta & Ramdas, ICLR 2022.
+    Bins are ``(lo, hi]``, the outer ones open (a score equal to an edge falls in the lower bin;
+    scores outside the calibration range, or outside ``[0, 1]``, in the first or last bin).
+
+    Sources: B. Zadrozny and C. Elkan, "Obtaining calibrated probability estimates from
+    decision trees and naive Bayesian classifiers", ICML 2001 (histogram binning, equal-mass
+    bins); equal-width bins as in M. P. Naeini, G. F. Cooper and M. Hauskrecht, "Obtaining Well
+    Calibrated Probabilities Using Bayesian Binning", AAAI 2015, and C. Guo et al., "On
+    Calibration of Modern Neural Networks", ICML 2017, sec. 3.
+    Top-label as in Gupta & Ramdas, ICLR 2022.
 
     Examples
     --------
@@ -298,11 +364,12 @@ class TopLabelHistogramBinning(_Histogram, TopLabelCalibrator):
     """
 
     method = "histogram-binning-top"
-    hyper_constraints = {"n_bins": Int(ge=1, le=MAX_BINS)}
+    hyper_constraints = _HIST_HYPER
     fitted_constraints = Fields({"map": _STEP_MAP})
 
-    def __init__(self, n_bins: int = 15, input_kind: str = "logits"):
+    def __init__(self, n_bins: int = 15, strategy: str = "quantile", input_kind: str = "logits"):
         self.n_bins = n_bins
+        self.strategy = strategy
         self.input_kind = input_kind
 
 

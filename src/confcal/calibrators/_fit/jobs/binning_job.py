@@ -87,7 +87,7 @@ def _select(keys: np.ndarray, targets: list):
 
 
 def _binning_batch(batch: dict, first: int, *, cal, input_kind: str, one_logit: bool, stage: str, targets=(),
-                   edges=None):
+                   edges=None, quantile=True):
     from confcal.metrics.accumulators import SummaryAccumulator
 
     raw, x, y = validated_batch(batch, first, input_kind=input_kind, one_logit=one_logit)
@@ -113,9 +113,11 @@ def _binning_batch(batch: dict, first: int, *, cal, input_kind: str, one_logit: 
             idx = np.searchsorted(e, s[:, c], side="left")
             counts.append(np.bincount(idx, minlength=e.size + 1).astype(np.float64))
             pos.append(np.bincount(idx, weights=t[:, c], minlength=e.size + 1))
-            # the smallest score above each quantile (edges_between moves the edge halfway to it)
-            srt = np.append(np.sort(s[:, c]), np.inf)
-            above.append(srt[np.searchsorted(srt[:-1], e, side="right")])
+            if quantile:  # the smallest score above each quantile (edges_between moves the edge halfway to it)
+                srt = np.append(np.sort(s[:, c]), np.inf)
+                above.append(srt[np.searchsorted(srt[:-1], e, side="right")])
+            else:
+                above.append(np.full(e.size, np.inf))
         out["counts"], out["pos"], out["above"] = counts, pos, above
         return out
     out["select"] = _select(_keys(s), list(targets))
@@ -180,6 +182,8 @@ def histogram_fit_job(cal, *, collect_at: int = COLLECT_AT):
     refuse_probabilities(st)
     n, k, before, positives, digest = st["n"], st["k"], st["before"].result(), st["positives"], batch_digest(st)
     n_cols = 1 if cal.keeps_argmax else (1 if k == 2 else k)
+    if getattr(cal, "strategy", "quantile") == "uniform":
+        return (yield from _uniform_job(cal, common, n=n, k=k, n_cols=n_cols, before=before, digest=digest))
     ranks = _ranks(n, n_bins)
     # per (column, rank): [prefix, depth, rank within the prefix, collect?, value]
     state = {(c, int(r)): [0, 0, int(r), n <= collect_at, None] for c in range(n_cols) for r in ranks}
@@ -217,11 +221,30 @@ def histogram_fit_job(cal, *, collect_at: int = COLLECT_AT):
     n_passes += 1
     maps = [{"edges": edges_between(e, up).tolist(), "values": _bin_means(cnt, pos, float(positives[c] / n)).tolist()}
             for c, (e, cnt, pos, up) in enumerate(zip(edges, st["counts"], st["pos"], st["above"]))]
+    n_passes += yield from _finish_job(cal, common, maps, n=n, k=k, before=before, digest=digest)
+    return n_passes
+
+
+def _uniform_job(cal, common, *, n, k, n_cols, before, digest):
+    """``strategy="uniform"``: the edges are known, so one pass of counts and one of the fit record."""
+    from confcal.calibrators._fit.histogram import uniform_bin_values, uniform_edges
+
+    n_bins = int(cal.n_bins)
+    e = uniform_edges(n_bins)
+    st = yield Pass(partial(_binning_batch, stage="counts", edges=(e,) * n_cols, quantile=False, **common),
+                    _merge_binning, columns=("logits", "labels"), desc=f"fit {cal.method}")
+    maps = [{"edges": e.tolist(), "values": uniform_bin_values(cnt, pos, n_bins).tolist()}
+            for cnt, pos in zip(st["counts"], st["pos"])]
+    return 2 + (yield from _finish_job(cal, common, maps, n=n, k=k, before=before, digest=digest))
+
+
+def _finish_job(cal, common, maps, *, n, k, before, digest):
+    """Set the fitted maps, then one pass of the fit record's metrics after the map; returns 1 (the pass)."""
+    input_kind = common["input_kind"]
     cal._set_fitted({"map": maps[0]} if cal.keeps_argmax else {"maps": maps})
     cal.n_classes_ = int(k)
-    st = yield Pass(partial(_binning_batch, stage="after", **common), _merge_binning, columns=cols,
+    st = yield Pass(partial(_binning_batch, stage="after", **common), _merge_binning, columns=("logits", "labels"),
                     desc=f"fit {cal.method}")
-    n_passes += 1
     after = st["after"].result()
     keys = ("accuracy", "ece", "nll", "brier")
     cal.fit_record_ = {**cal._fit_record(n_samples=n, data_sha256=digest, input_kind=input_kind,
@@ -229,4 +252,4 @@ def histogram_fit_job(cal, *, collect_at: int = COLLECT_AT):
                                          metrics_after={q: after[q] for q in keys}),
                        "accuracy_change": float(after["accuracy"] - before["accuracy"]),
                        "argmax_changed": float(st["moved"] / n)}
-    return n_passes
+    return 1

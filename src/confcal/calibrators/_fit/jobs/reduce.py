@@ -289,16 +289,23 @@ class OneVsRestCalibrator(_MapMixin, _ReportingCalibrator):
         _remember_softmax(self, logits, s if self.space == "prob" else None)
         k = logits.shape[1]
         memo = self.__dict__.get("_fit_memo")
+        cols = [1] if k == 2 else list(range(k))
+        fit_all = getattr(self, "_fit_maps", None)
+        if fit_all is not None:
+            # all K maps at once (a method whose maps vectorise over the columns)
+            self.maps_, fitted = fit_all(s, labels, cols, sample_weight)
+            if memo is not None:
+                memo["columns"] = (logits, fitted)
+            return
         fit_one = getattr(self, "_fit_map_fitted", None) if memo is not None else None
         if fit_one is None:
             fit_one = lambda *a: (self._fit_map(*a), None)  # noqa: E731
-        cols = [1] if k == 2 else range(k)
         fits = [fit_one(s[:, j], (labels == j).astype(np.float64), sample_weight) for j in cols]
         self.maps_ = [f[0] for f in fits]
         if memo is not None and all(f[1] is not None for f in fits):
             # each map's values at its calibration scores, known from the fit: the fit record's
             # predictions of this array need no second search of every score
-            memo["columns"] = (logits, [f[1] for f in fits])
+            memo["columns"] = (logits, np.stack([f[1] for f in fits]))
 
     #: rows per block of predict_proba: every row's output depends on that row only, so a long
     #: batch runs in blocks of ~2**21 values (16 MiB per float64 intermediate) and its memory is
@@ -327,7 +334,12 @@ class OneVsRestCalibrator(_MapMixin, _ReportingCalibrator):
         if len(self.maps_) == 1:
             p1 = np.clip(self._apply_map(self.maps_[0], s[:, 1]) if known is None else known[0], 0.0, 1.0)
             return np.stack([1.0 - p1, p1], axis=1)
-        q = self._map_columns(s) if known is None else np.clip(np.column_stack(known), 0.0, 1.0)
+        # known: (K, n), each map's values at its calibration scores; C order, as _map_columns gives
+        if known is None:
+            q = self._map_columns(s)
+        else:
+            q = np.array(known.T, dtype=np.float64, order="C")
+            np.clip(q, 0.0, 1.0, out=q)
         total = q.sum(axis=1, keepdims=True)
         zero = total[:, 0] <= 0.0
         q[zero] = 1.0
