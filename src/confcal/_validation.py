@@ -137,7 +137,8 @@ def check_logits(logits, *, name: str = "logits", input_kind: str = "logits",
             raise ValueError(f"{name}: every row is in [0, 1] and sums to 1, so these look like "
                              "probabilities, not logits; pass input_kind='probs' (CLI: --input-kind probs) "
                              "to use their log as logits")
-    all_masked = np.isneginf(x).all(axis=1)
+    masked = np.isneginf(x)
+    all_masked = masked.all(axis=1) if masked.any() else masked[:, 0]  # no -inf: skip the row-wise test
     if all_masked.any():
         row = _first_bad_row(all_masked)
         raise ValueError(f"{name}: row {first_row + row} is entirely -inf (or all-zero probabilities); "

@@ -227,3 +227,49 @@ def test_one_vs_rest_fit_on_cifar_equals_the_per_column_fit(shared_data):
     p = softmax(z)
     for j in (0, 17, 99):
         assert cal.maps_[j] == fit_histogram(p[:, j], (y == j).astype(np.float64), n_bins=15)
+
+
+@SETTINGS
+@given(st.integers(1, 40), st.integers(2, 6), st.integers(0, 2**32 - 1))
+def test_break_ties_toward_equals_counting_the_entries_at_the_maximum(n, k, seed):
+    """The one-maximum rule of break_ties_toward against its definition: ``top`` is raised by one ulp
+    exactly where it equals the row maximum and another entry does too (values on a coarse grid:
+    many ties)."""
+    from confcal.calibrators._fit.jobs.reduce import break_ties_toward
+
+    rng = np.random.default_rng(seed)
+    q = rng.integers(0, 4, (n, k)) / 4.0
+    top = rng.integers(0, k, n)
+    best = q.max(axis=1)
+    rows = np.arange(n)
+    tied = (q[rows, top] == best) & (np.sum(q == best[:, None], axis=1) > 1)
+    want = q.copy()
+    want[rows[tied], top[tied]] = np.nextafter(best[tied], np.inf)
+    np.testing.assert_array_equal(break_ties_toward(q.copy(), top), want)
+
+
+@pytest.mark.parametrize("method", ["histogram-binning", "isotonic", "bbq", "histogram-binning-top"])
+def test_fit_record_metrics_equal_the_validated_metrics_of_a_fresh_prediction(method):
+    """The record's metrics skip re-validating the fit's own probabilities and reuse its arg-maxes:
+    the values are those of the public metric functions on predict_proba."""
+    from confcal._numeric import softmax
+    from confcal.metrics.summary import record_metrics
+
+    z, y = _data(n=500, k=6, seed=5)
+    cal = METHODS[method]().fit(z, y)
+    rec, q, p = cal.fit_record_, cal.predict_proba(z), softmax(z)
+    for name, v in record_metrics(p, y).items():
+        assert rec["metrics_before"][name] == pytest.approx(v, rel=1e-13, abs=1e-15)
+    for name, v in record_metrics(q, y).items():
+        assert rec["metrics_after"][name] == pytest.approx(v, rel=1e-13, abs=1e-15)
+    assert rec["argmax_changed"] == float(np.mean(q.argmax(1) != p.argmax(1)))
+    assert rec["accuracy_change"] == pytest.approx(float(np.mean(q.argmax(1) == y) - np.mean(p.argmax(1) == y)))
+
+
+def test_checked_record_metrics_refuse_nan_probabilities():
+    from confcal.metrics.summary import record_metrics
+
+    p = np.full((4, 2), 0.5)
+    p[2, 0] = np.nan
+    with pytest.raises(ValueError, match="probs"):
+        record_metrics(p, np.array([0, 1, 0, 1]), checked=True)

@@ -61,3 +61,18 @@ def test_bad_hyper_parameter_exits_2_with_one_line(data):
                 "--param", "n_bins=0", "-o", "cal.json", cwd=d)
     assert r.returncode == 2 and "n_bins" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not (d / "cal.json").exists()
+
+
+def test_histogram_binning_strategy_param(data):
+    """--param strategy=uniform reaches the estimator and its manifest; a bad value exits 2 naming it."""
+    d, z, y = data
+    r = confcal("fit", "--logits", "d.npz:logits", "--labels", "d.npz:labels", "--method", "histogram-binning",
+                "--param", "strategy=uniform", "--param", "n_bins=10", "-o", "cal.json", cwd=d)
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads((d / "cal.json").read_text())
+    assert manifest["hyperparameters"]["strategy"] == "uniform"
+    assert all(m["edges"] == [i / 10 for i in range(1, 10)] for m in manifest["parameters"]["maps"])
+    r = confcal("fit", "--logits", "d.npz:logits", "--labels", "d.npz:labels", "--method", "histogram-binning",
+                "--param", "strategy=equal-width", "-o", "bad.json", cwd=d)
+    assert r.returncode == 2 and "strategy" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (d / "bad.json").exists()

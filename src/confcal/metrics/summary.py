@@ -67,7 +67,7 @@ def calibration_summary(probs, labels, *, n_bins: int = 15) -> dict[str, float]:
     }
 
 
-def record_metrics(probs, labels, *, n_bins: int = 15) -> dict[str, float]:
+def record_metrics(probs, labels, *, n_bins: int = 15, checked: bool = False, pred=None) -> dict[str, float]:
     """Accuracy, top-label ECE (equal-width bins), NLL (nats) and Brier score: a fit record's metrics.
 
     The values of :func:`~confcal.metrics.accuracy`, :func:`~confcal.metrics.ece`,
@@ -81,6 +81,12 @@ def record_metrics(probs, labels, *, n_bins: int = 15) -> dict[str, float]:
     probs : array-like of shape (n_samples, n_classes) or (n_samples,)
     labels : array-like of int, shape (n_samples,), in ``[0, n_classes)``
     n_bins : int, default=15, equal-width bins of the ECE
+    checked : bool, default=False
+        The caller vouches that ``probs`` is a float64 ``(n_samples, n_classes)`` array of
+        probabilities it computed itself and ``labels`` checked int64 labels (a fit record of its
+        own predictions): the validation is skipped, and a NaN metric raises ``ValueError`` instead.
+    pred : int array ``(n_samples,)``, optional
+        ``argmax(probs, axis=1)`` when the caller has it already.
 
     Returns
     -------
@@ -97,20 +103,28 @@ def record_metrics(probs, labels, *, n_bins: int = 15) -> dict[str, float]:
     from confcal.metrics.calibration import _FUSED_ROWS, _ece_from_pairs
     from confcal.metrics.scores import NLL_EPS
 
-    if not (isinstance(probs, np.ndarray) and probs.dtype == np.float64 and probs.ndim == 2
-            and 0 < probs.shape[0] <= _FUSED_ROWS):
+    fused = isinstance(probs, np.ndarray) and probs.dtype == np.float64 and probs.ndim == 2 \
+        and 0 < probs.shape[0] <= _FUSED_ROWS
+    if not fused:
         return {"accuracy": accuracy(probs, labels), "ece": ece(probs, labels, n_bins=n_bins),
                 "nll": nll(probs, labels), "brier": brier_score(probs, labels)}
-    p = check_probs(probs)
-    y = check_labels(labels, p.shape[0], p.shape[1])
+    if checked:
+        p, y = probs, labels
+    else:
+        p = check_probs(probs)
+        y = check_labels(labels, p.shape[0], p.shape[1])
     rows = np.arange(p.shape[0])
-    pred = np.argmax(p, axis=1)  # ties: the lowest index, as accuracy() and ece()
+    if pred is None:
+        pred = np.argmax(p, axis=1)  # ties: the lowest index, as accuracy() and ece()
     correct = pred == y
     py = p[rows, y]
     sq = np.sum(p**2, axis=1) - 2.0 * py + 1.0
-    return {
+    out = {
         "accuracy": float(np.mean(correct)),
         "ece": _ece_from_pairs(p[rows, pred], correct, n_bins, "equal_width", "l1"),
         "nll": float(-np.mean(np.log(np.clip(py, NLL_EPS, 1.0)))) + 0.0,
         "brier": float(np.mean(sq)),
     }
+    if checked and not all(v == v for v in out.values()):  # NaN: probabilities that were not
+        raise ValueError(f"probs: expected finite probabilities, got metrics {out}")
+    return out

@@ -156,7 +156,8 @@ def _finish(idx, edges, owner, n_out, values_of, counts=True):
     of ``idx + c * n_out`` (skipped where ``values_of`` knows them), the positives from the ``n`` rows'
     own entries only."""
     n_maps, n = idx.shape
-    flat = idx + (np.arange(n_maps, dtype=np.intp) * n_out)[:, None]
+    flat = idx.astype(np.intp)
+    flat += (np.arange(n_maps, dtype=np.intp) * n_out)[:, None]
     rows = np.flatnonzero(owner >= 0)
     pos = np.bincount(flat[owner[rows], rows], minlength=n_maps * n_out).astype(np.float64).reshape(n_maps, n_out)
     cnt = np.bincount(flat.ravel(), minlength=n_maps * n_out).astype(np.float64).reshape(n_maps, n_out) \

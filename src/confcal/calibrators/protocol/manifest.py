@@ -31,12 +31,13 @@ def _library_version() -> str:
     return __version__
 
 
-def summary_metrics(probs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+def summary_metrics(probs: np.ndarray, labels: np.ndarray, *, checked: bool = False, pred=None) -> dict[str, float]:
     """Accuracy, ECE (15 equal-width bins), NLL and Brier score of ``probs``
-    (:func:`confcal.metrics.summary.record_metrics`: one validation for the four)."""
+    (:func:`confcal.metrics.summary.record_metrics`: one validation for the four; ``checked`` and
+    ``pred`` as there: a fit's own probabilities, their arg-max)."""
     from confcal.metrics.summary import record_metrics
 
-    return record_metrics(probs, labels)
+    return record_metrics(probs, labels, checked=checked, pred=pred)
 
 
 def fit_record(*, n_samples: int, data_sha256: str, input_kind: str, metrics_before: dict,

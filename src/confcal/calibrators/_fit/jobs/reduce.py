@@ -169,29 +169,39 @@ def predicted_class(probs: np.ndarray) -> np.ndarray:
 
 def break_ties_toward(q: np.ndarray, top: np.ndarray) -> np.ndarray:
     """Where class ``top`` ties with the row maximum of ``q`` (binned maps give many ties), raise it
-    by one ulp so the arg-max stays the original one; rows without such a tie are unchanged."""
+    by one ulp so the arg-max stays the original one; rows without such a tie are unchanged.
+
+    ``top`` ties with the maximum exactly when it equals the largest of the row's other entries:
+    one maximum over the rows with ``top`` set aside (then put back), not a count of every entry
+    equal to the maximum (0.35 -> 0.15 ms on 5,000 x 10)."""
     rows = np.arange(q.shape[0])
-    best = q.max(axis=1)
-    tied = (q[rows, top] == best) & (np.sum(q == best[:, None], axis=1) > 1)
+    qt = q[rows, top]
+    q[rows, top] = -np.inf
+    rival = q.max(axis=1)
+    q[rows, top] = qt
+    tied = qt == rival
     if tied.any():
-        q[rows[tied], top[tied]] = np.nextafter(best[tied], np.inf)
+        q[rows[tied], top[tied]] = np.nextafter(qt[tied], np.inf)
     return q
 
 
 def _accuracy_report(cal: Calibrator, logits, side) -> None:
+    """``accuracy_change`` and ``argmax_changed`` of the fit record: from the arg-maxes the record's
+    metrics took (the fit memo's ``"report"``, the fitted array itself) or, without them, from a
+    prediction of the validated ``logits``."""
     rec = cal.fit_record_
     before = rec["metrics_before"]["accuracy"]
     after = rec["metrics_after"]["accuracy"]
     rec["accuracy_change"] = float(after - before)
-    x = np.asarray(logits)  # validated, (n, K)
     memo = (cal.__dict__.get("_fit_memo") or {}).get("report")
-    if memo is not None and (memo[0] is x or (memo[0].shape == x.shape and np.array_equal(memo[0], x))):
-        # the fit record's own predictions of these logits (the same rows, the same fitted maps)
-        q, p = memo[1], memo[2]
+    if memo is not None:
+        # the fit record's own predictions of the fitted array (the same rows, the same fitted maps)
+        moved = memo[4] != memo[3]
     else:
+        x = cal._validate_logits(logits)
         q = cal._predict_proba(x, **cal._check_side(side, x.shape[0]))
-        p = softmax(x)
-    rec["argmax_changed"] = float(np.mean(np.argmax(q, axis=1) != predicted_class(p)))
+        moved = np.argmax(q, axis=1) != predicted_class(softmax(x))
+    rec["argmax_changed"] = float(np.mean(moved))
 
 
 def _fit_softmax(cal: Calibrator, logits) -> np.ndarray:
@@ -261,7 +271,7 @@ class _ReportingCalibrator(Calibrator):
         self._fit_memo = {}
         try:
             super().fit(logits, labels, sample_weight=sample_weight, progress=progress, **side)
-            _accuracy_report(self, self._validate_logits(logits), side)
+            _accuracy_report(self, logits, side)
         finally:
             self.__dict__.pop("_fit_memo", None)
         return self
@@ -270,10 +280,16 @@ class _ReportingCalibrator(Calibrator):
         from confcal.calibrators.protocol.manifest import summary_metrics
 
         p = _fit_softmax(self, logits)
+        if not (isinstance(probs, np.ndarray) and probs.dtype == np.float64):
+            return summary_metrics(p, labels), summary_metrics(probs, labels)
+        # the fit's own softmax and predictions of validated logits, and validated labels: checked
+        # once, each arg-max taken once (the metrics' and argmax_changed's)
+        top, pred = predicted_class(p), np.argmax(probs, axis=1)
         memo = self.__dict__.get("_fit_memo")
         if memo is not None:
-            memo["report"] = (logits, probs, p)
-        return summary_metrics(p, labels), summary_metrics(probs, labels)
+            memo["report"] = (logits, probs, p, top, pred)
+        return (summary_metrics(p, labels, checked=True, pred=top),
+                summary_metrics(probs, labels, checked=True, pred=pred))
 
 
 class OneVsRestCalibrator(_MapMixin, _ReportingCalibrator):
