@@ -319,13 +319,17 @@ FITS = {
              ("probmetrics beta (one-vs-rest)", probmetrics_beta_ovr())],
     # issue 39: netcal's isotonic and histogram binning (one-vs-rest, renormalised, as confcal's). netcal's
     # histogram binning uses equal-width bins (``equal_intervals=True``, 10 bins by default), confcal's
-    # equal-mass bins (15 by default; confcal has no equal-width option): each at its default. netcal's own
+    # default equal-mass bins (15): the "histogram-binning" row compares each at its default, the
+    # "(equal-width)" row the same binning on both sides (confcal strategy="uniform", 10 bins). netcal's own
     # equal-mass option (``equal_intervals=False``) is no peer: netcal 1.4 refuses it at transform ("currently
     # not implemented") and its fit fails on DenseNet-100 ("The smallest edge difference is numerically 0")
     "isotonic": [("confcal", confcal_fit("isotonic")), ("netcal", netcal_binning_fit("IsotonicRegression")),
                  ("probmetrics isotonic", probmetrics_fit("isotonic"))],
     "histogram-binning": [("confcal (equal-mass, 15 bins)", confcal_fit("histogram-binning")),
                           ("netcal (equal-width, 10 bins)", netcal_binning_fit("HistogramBinning", bins=10))],
+    "histogram-binning (equal-width)": [
+        ("confcal (equal-width, 10 bins)", confcal_fit("histogram-binning", strategy="uniform", n_bins=10)),
+        ("netcal (equal-width, 10 bins)", netcal_binning_fit("HistogramBinning", bins=10))],
     "beta (multinomial)": [("confcal", confcal_fit("beta", multiclass="multinomial")),
                            ("netcal (CIFAR-10 only)", netcal_fit("BetaCalibration", independent_probabilities=True))],
     # the PB family has no peer: the TS fit of the same run is the reference beside it

@@ -57,3 +57,30 @@ def test_softmax_leaves_its_input_alone_and_reads_lists():
 def test_softmax_shift_keeps_huge_logits_finite(big):
     p = softmax(np.array([[big, big - 1.0, 0.0]]))
     assert np.all(np.isfinite(p))
+
+
+@settings(max_examples=200, deadline=None)
+@given(arrays(np.float64, st.tuples(st.integers(0, 5), st.integers(1, 40)),
+              elements=st.floats(allow_nan=True, allow_infinity=True)))
+def test_row_max_is_numpys_row_maximum(z):
+    """Both paths (an element-wise maximum over up to 16 columns, the entry at the arg-max beyond):
+    the values of np.max(axis=-1), NaN propagated, -inf / +inf rows included (-0.0 == 0.0)."""
+    from confcal._numeric import row_max
+
+    got, want = row_max(z), np.max(z, axis=-1, keepdims=True)
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)  # NaN == NaN here
+
+
+@settings(max_examples=200, deadline=None)
+@given(arrays(np.float64, st.tuples(st.integers(1, 5), st.integers(2, 40)),
+              elements=st.floats(-700, 700, allow_nan=False) | st.just(-np.inf) | st.just(0.0) | st.just(-0.0)))
+def test_softmax_equals_its_former_max_reduction_bit_for_bit(z):
+    """row_max changes how the row maximum is found, not the result: exp(z - max) / sum as it was
+    computed with np.max, bit for bit (rows of only -inf excluded: no probabilities)."""
+    z[np.isneginf(z).all(axis=1), 0] = 0.0
+    m = np.max(z, axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        want = np.exp(z - m)
+    want /= want.sum(axis=-1, keepdims=True)
+    np.testing.assert_array_equal(softmax(z), want)

@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import numpy as np
 from scipy.special import logsumexp
 
-from confcal._numeric import log_softmax, softmax
+from confcal._numeric import log_softmax, row_max, softmax
 from confcal.calibrators.protocol.base import Calibrator
 
 __all__ = ["OneVsRestCalibrator", "TopLabelCalibrator", "log_odds", "log_odds_from_log_softmax", "top_label_log_odds",
@@ -177,7 +177,7 @@ def break_ties_toward(q: np.ndarray, top: np.ndarray) -> np.ndarray:
     rows = np.arange(q.shape[0])
     qt = q[rows, top]
     q[rows, top] = -np.inf
-    rival = q.max(axis=1)
+    rival = row_max(q)[:, 0]
     q[rows, top] = qt
     tied = qt == rival
     if tied.any():
