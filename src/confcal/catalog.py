@@ -63,7 +63,7 @@ _ROWS = [
     ("source-gated-ts", "domain.source_gated", "per sample between source-only TS and a DG method", False),
     ("isotonic", "binning.methods", "isotonic regression, one-vs-rest (Zadrozny & Elkan 2002)", False),
     ("isotonic-top", "binning.methods", "isotonic regression of the top-label confidence", False),
-    ("histogram-binning", "binning.methods", "equal-mass histogram binning, one-vs-rest (Zadrozny & Elkan 2001)", False),
+    ("histogram-binning", "binning.methods", "histogram binning (equal-mass or equal-width bins), one-vs-rest (Zadrozny & Elkan 2001)", False),
     ("histogram-binning-top", "binning.methods", "histogram binning of the top-label confidence", False),
     ("bbq", "binning.methods", "Bayesian binning into quantiles, one-vs-rest (Naeini et al. 2015)", False),
     ("bbq-top", "binning.methods", "BBQ of the top-label confidence", False),
