@@ -284,8 +284,10 @@ class _ReportingCalibrator(Calibrator):
             return summary_metrics(p, labels), summary_metrics(probs, labels)
         # the fit's own softmax and predictions of validated logits, and validated labels: checked
         # once, each arg-max taken once (the metrics' and argmax_changed's)
-        top, pred = predicted_class(p), np.argmax(probs, axis=1)
         memo = self.__dict__.get("_fit_memo")
+        known = (memo or {}).get("top")
+        top = known[1] if known is not None and known[0] is logits else predicted_class(p)
+        pred = np.argmax(probs, axis=1)
         if memo is not None:
             memo["report"] = (logits, probs, p, top, pred)
         return (summary_metrics(p, labels, checked=True, pred=top),
@@ -358,10 +360,14 @@ class OneVsRestCalibrator(_MapMixin, _ReportingCalibrator):
             np.clip(q, 0.0, 1.0, out=q)
         total = q.sum(axis=1, keepdims=True)
         zero = total[:, 0] <= 0.0
-        q[zero] = 1.0
-        total[zero] = q.shape[1]
+        if zero.any():
+            q[zero] = 1.0
+            total[zero] = q.shape[1]
         q /= total
-        return break_ties_toward(q, predicted_class(s if self.space == "prob" else _fit_softmax(self, logits)))
+        top = predicted_class(s if self.space == "prob" else _fit_softmax(self, logits))
+        if known is not None:  # the fit record's prediction: its metrics read this arg-max again
+            self._fit_memo["top"] = (logits, top)
+        return break_ties_toward(q, top)
 
     def _get_fitted(self):
         return {"maps": self.maps_}
