@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from .bcsoftmax_oracle import kkt_violation, oracle, oracle_rows
@@ -687,8 +687,30 @@ def _solve_with(method, g, a, b, dtype=F64):
     return impl._solve(x, a, b, True, torch.finfo(dtype).eps, impl._Meta("t", (x.shape[0],), 1), method=method)
 
 
+# Lower bounds whose float sum is 1 - 2**-53 (exactly, 1 + 7.2e-17): no room in the box, so
+# p* = a (p* >= a and sums to one: |p* - a|_1 = 1 - sum(a) <= 0). Every solver returns a; the oracle
+# used to return p_10 = 0.0404 < a_10 = 0.0444, its log-space piece score preferring a wrong piece.
+_FULL_LOWER = (
+    np.array([-1.0] * 10 + [2.0]),
+    np.array([0.0, 1 / 3, 7.894919286223336e-17, 0, 0, 0, 0, 0.35555555555555557, 0, 0.26666666666666666,
+              0.044444444444444446]),
+    np.array([0.0, 1 / 3, 1.0, 0, 0, 0, 0, 0.35555555555555557, 1.0, 0.26666666666666666, 1.0]),
+)
+
+
+def test_oracle_on_lower_bounds_summing_to_one():
+    g, a, b = _FULL_LOWER
+    assert a.sum() < 1.0  # in float: the oracle enumerates pieces rather than returning a
+    ref = oracle(g, a, b)  # the room, 1.1e-16 in float, goes to the free classes 2 and 8: a rounding-level piece
+    np.testing.assert_allclose(ref, a, rtol=0, atol=1e-15)
+    assert kkt_violation(ref, g, a, b) <= 1e-15
+
+
 @settings(max_examples=600, **HYP)
 @given(problems(max_k=12), st.sampled_from(["kernel", "sort", "newton"]))
+@example(_FULL_LOWER, "kernel")
+@example(_FULL_LOWER, "sort")
+@example(_FULL_LOWER, "newton")
 def test_each_solver_agrees_with_oracle(prob, method):
     g, a, b = prob
     p, state, s, n_iter = _solve_with(method, g[None], t64(a), t64(b))
