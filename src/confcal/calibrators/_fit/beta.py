@@ -49,7 +49,10 @@ def fit_beta_batch(log_odds, targets, *, sample_weight=None) -> list[dict]:
     todo = np.arange(k)
     for fixed in ((), (0,), (1,), (0, 1)):
         free = [j for j in (0, 1) if j not in fixed]
-        coef, icpt, loss, conv = fit_logistic_batch(feats[todo][:, :, free], t[todo], sample_weight=sample_weight)
+        # second start: the identity map (a = b = 1, c = 0: u = the input log-odds) on the free features
+        init = (np.ones((todo.size, len(free))), np.zeros(todo.size))
+        coef, icpt, loss, conv = fit_logistic_batch(feats[todo][:, :, free], t[todo], sample_weight=sample_weight,
+                                                    init=init)
         full = np.zeros((todo.size, 2))
         full[:, free] = coef
         ok = np.all(full >= 0, axis=1) & (loss < best_loss[todo] - 1e-15)
