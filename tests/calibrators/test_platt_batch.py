@@ -374,3 +374,52 @@ def test_beta_batch_reaches_the_gradient_tolerance_on_densenet_c100(shared_data)
         ref = fit_beta(lo[:, j], tgt[:, j])
         for key in "abc":
             assert maps[j][key] == pytest.approx(ref[key], abs=PARAM_ATOL)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.floats(-40.0, 40.0), st.sampled_from([0.0, -36.04, 36.04, 1e-300, -1e-300])),
+                min_size=1, max_size=30))
+def test_beta_feature_pair_equals_logaddexp(lo):
+    """Oracle: ``ln p = -logaddexp(0, -x)`` and ``-ln(1 - p) = logaddexp(0, x)``, to 2.3e-16 absolute plus
+    2 ulps (``log(1 + e)`` for ``log1p(e)``)."""
+    from confcal.calibrators._fit.beta import beta_feature_pair
+
+    x = np.array(lo)
+    f1, f2 = beta_feature_pair(x)
+    for got, ref in ((f1, -np.logaddexp(0.0, -x)), (f2, np.logaddexp(0.0, x))):
+        np.testing.assert_allclose(got, ref, rtol=4.5e-16, atol=2.3e-16)
+    assert np.all(f1 <= 0.0) and np.all(f2 >= 0.0)
+
+
+def test_beta_columns_in_one_pass_equal_the_per_class_map():
+    from confcal.calibrators._fit.beta import apply_beta, apply_beta_columns
+
+    rng = np.random.default_rng(3)
+    lo = np.clip(rng.normal(size=(300, 6)) * 8.0, -36.04, 36.04)
+    maps = [{"a": float(a), "b": float(b), "c": float(c)}
+            for a, b, c in zip(rng.uniform(0, 3, 6), [0.0, 1.0, 0.2, 2.5, 0.0, 1e-3], rng.normal(size=6))]
+    got = apply_beta_columns(maps, lo)
+    ref = np.column_stack([apply_beta(m, lo[:, j]) for j, m in enumerate(maps)])
+    np.testing.assert_allclose(got, ref, rtol=1e-14, atol=1e-300)
+
+
+def test_beta_fit_computes_the_log_odds_once_and_predicts_as_a_fresh_call(monkeypatch):
+    """The fit record's predictions reuse the fit's log-odds and softmax (the fit memo); a fitted
+    calibrator holds no data and predicts the same array as the fit record saw it."""
+    import confcal.calibrators.logistic.beta as beta_mod
+
+    calls = []
+    real = beta_mod.log_odds_from_log_softmax
+    monkeypatch.setattr(beta_mod, "log_odds_from_log_softmax", lambda *a: calls.append(1) or real(*a))
+    z, y, _ = _problem(n=400, k=5, seed=7)
+    cal = METHODS["beta"]().fit(z, y)
+    assert len(calls) == 1 and "_fit_memo" not in cal.__dict__
+    q = cal.predict_proba(z)
+    assert len(calls) == 2
+    lo = log_odds(z)  # the reference scores, computed the other way
+    ref = np.column_stack([1.0 / (1.0 + np.exp(-(m["a"] * -np.logaddexp(0.0, -lo[:, j])
+                                                  + m["b"] * np.logaddexp(0.0, lo[:, j]) + m["c"])))
+                           for j, m in enumerate(cal.maps_)])
+    np.testing.assert_allclose(q, ref / ref.sum(axis=1, keepdims=True), rtol=1e-12)
+    acc = float(np.mean(np.argmax(q, axis=1) == y)) - float(np.mean(np.argmax(z, axis=1) == y))
+    assert cal.fit_record_["accuracy_change"] == pytest.approx(acc, abs=1e-12)
