@@ -7,6 +7,8 @@ WRN CIFAR-100 outputs the test NLL is within 0.002 of scikit-learn's, 0.961 befo
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -423,3 +425,29 @@ def test_beta_fit_computes_the_log_odds_once_and_predicts_as_a_fresh_call(monkey
     np.testing.assert_allclose(q, ref / ref.sum(axis=1, keepdims=True), rtol=1e-12)
     acc = float(np.mean(np.argmax(q, axis=1) == y)) - float(np.mean(np.argmax(z, axis=1) == y))
     assert cal.fit_record_["accuracy_change"] == pytest.approx(acc, abs=1e-12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), k=st.integers(1, 5), n=st.integers(30, 400),
+       scale=st.sampled_from([0.1, 1.0, 5.0, 30.0]), weighted=st.booleans())
+def test_logistic_batch_equals_one_class_newton_property(seed, k, n, scale, weighted):
+    """The flat-step rule (a full step accepted within the loss's rounding) against the one-class exact
+    Newton on random designs, feature scales from 0.1 to 30 (the larger ones near separable), weights."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(k, n, 2)) * scale
+    coef_true = rng.normal(size=(k, 2))
+    t = (rng.uniform(size=(k, n)) < 1 / (1 + np.exp(-np.einsum("knj,kj->kn", x, coef_true)))).astype(float)
+    w = rng.uniform(0.2, 3.0, size=n) if weighted else None
+    init = (np.ones((k, 2)), np.zeros(k)) if seed % 2 else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        coef, icpt, loss, conv = fit_logistic_batch(x, t, sample_weight=w, init=init)
+        refs = [fit_constrained_logistic(x[j], t[j], sample_weight=w) for j in range(k)]
+    for j, ref in enumerate(refs):
+        if not (ref.converged and conv[j]) or ref.nll < 1e-4:
+            # (nearly) separable: no finite optimum; both stop where the gradient is below 1e-11
+            assert loss[j] < 1e-9 if ref.nll < 1e-10 else True
+            continue
+        assert loss[j] == pytest.approx(ref.nll, rel=1e-10)
+        np.testing.assert_allclose(coef[j], ref.coef, atol=PARAM_ATOL * (1 + np.abs(ref.coef).max()))
+        assert icpt[j] == pytest.approx(ref.intercept, abs=PARAM_ATOL * (1 + abs(ref.intercept)))
