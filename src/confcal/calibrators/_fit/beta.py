@@ -43,7 +43,7 @@ def fit_beta_batch(log_odds, targets, *, sample_weight=None) -> list[dict]:
     """:func:`fit_beta` for the ``K`` columns of ``log_odds`` / ``targets`` ``(n, K)`` at once.
 
     The same exact constrained maximum likelihood: every active set of ``a, b >= 0`` (none, ``a = 0``,
-    ``b = 0``, both) is a batch of ``K`` logistic fits (:func:`._platt_batch.fit_logistic_batch`,
+    ``b = 0``, both) is a batch of ``K`` logistic fits (:func:`confcal.calibrators._fit.jobs.platt_batch.fit_logistic_batch`,
     batched Newton with closed-form gradients and Hessians), and per class the lowest loss among the
     feasible sets is kept, in :func:`fit_constrained_logistic`'s order and tie rule (a class whose free fit
     is feasible stops there: that is its constrained optimum, the problem being convex). A class whose
