@@ -12,8 +12,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from confcal._digest import (_BACKGROUND_BYTES, BLOCK_ROWS, DataDigest, data_sha256, digest_part, merge_parts,
-                             part_hexdigest)
+from confcal._digest import (_BACKGROUND_BYTES, BLOCK_ROWS, DataDigest, EagerDigest, data_sha256, digest_part,
+                             merge_parts, part_hexdigest)
 
 
 def _canon_bytes(a, r0, r1):
@@ -104,3 +104,60 @@ def test_the_digest_sees_every_value_and_its_row():
     assert len({base, data_sha256(x2, y), data_sha256(swapped, y), data_sha256(x.astype(np.float32), y),
                 data_sha256(x, y[:, None])}) == 5
     assert part_hexdigest(None, 2) == DataDigest(2).hexdigest()
+
+
+@settings(max_examples=8, deadline=None)
+@given(n=st.integers(0, 2 * BLOCK_ROWS + 5), k=st.integers(1, 4), seed=st.integers(0, 2**16),
+       dtype=st.sampled_from(["float32", "float64"]), weights=st.booleans())
+def test_the_eager_digest_is_the_documented_digest(n, k, seed, dtype, weights):
+    """EagerDigest (whole arrays hashed on a helper thread from the start of a fit) against the
+    definition, on row counts around the block size; updates are ignored."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, k)).astype(dtype)
+    y = rng.integers(0, 5, size=n)
+    arrays = (x, y) + ((rng.random(n),) if weights else ())
+    d = EagerDigest(arrays)
+    d.update(0, x[:1])
+    assert d.hexdigest() == reference(*arrays)
+
+
+def test_a_cancelled_eager_digest_stops_its_thread():
+    import threading
+    import time
+
+    x = np.zeros((40 * BLOCK_ROWS, 16))
+    d = EagerDigest((x,))
+    d.cancel()
+    deadline = time.monotonic() + 10
+    while any(t.name.startswith("confcal-digest") for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not any(t.name.startswith("confcal-digest") for t in threading.enumerate())
+
+
+def test_temperature_fit_records_one_digest_whatever_the_source(tmp_path):
+    """The in-memory fit hashes eagerly, a .npy file streams its batches into the in-order digest:
+    the fit record holds the same value, and a failed in-memory fit leaves no hashing thread."""
+    import threading
+
+    import pytest
+
+    from confcal.calibrators import TemperatureScaling
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(BLOCK_ROWS + 99, 4)).astype(np.float32) * 3
+    y = np.where(rng.random(x.shape[0]) < 0.7, x.argmax(axis=1), rng.integers(0, 4, size=x.shape[0]))
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    a = TemperatureScaling().fit(x, y).fit_record_["data_sha256"]
+    from confcal.sources import open_source
+
+    b = TemperatureScaling().fit(open_source(str(tmp_path / "x.npy")),
+                                 open_source(str(tmp_path / "y.npy"))).fit_record_["data_sha256"]
+    assert a == b == reference(x, y)
+    bad = y.copy()
+    bad[-1] = 7
+    with pytest.raises(ValueError, match="labels"):
+        TemperatureScaling().fit(x, bad)
+    for t in [t for t in threading.enumerate() if t.name.startswith("confcal-digest")]:
+        t.join(10)
+    assert not any(t.name.startswith("confcal-digest") for t in threading.enumerate())

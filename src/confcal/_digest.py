@@ -26,7 +26,7 @@ import hashlib
 
 import numpy as np
 
-__all__ = ["DataDigest", "data_sha256", "digest_part", "merge_parts", "part_hexdigest", "BLOCK_ROWS"]
+__all__ = ["DataDigest", "EagerDigest", "data_sha256", "digest_part", "merge_parts", "part_hexdigest", "BLOCK_ROWS"]
 
 #: rows per digest block (global boundaries: row ``r`` is in block ``r // BLOCK_ROWS``)
 BLOCK_ROWS = 1 << 16
@@ -145,6 +145,50 @@ class DataDigest:
             digests.append(done.digest())
         headers = [(lab, rows, shape) for lab, rows, shape in zip(self._label, self._rows, self._row_shape)]
         return _combine(headers, digests)
+
+
+class EagerDigest:
+    """The digest of whole in-memory arrays, begun at once on a helper thread.
+
+    For a fit over arrays already in memory: the hashing starts before the fit's first pass and runs
+    beside all of them (hashlib and numpy release the GIL), instead of beside the validating pass
+    only, where on a 2-core machine the pass waited for it (float64 1M x 100: 800 MB at ~1.8 GB/s).
+    ``update`` does nothing (the rows are already known: the arrays must be exactly those the
+    in-order digest would have been given); ``hexdigest`` waits for the thread; ``cancel`` stops it
+    between blocks (a fit that failed). The value is :func:`data_sha256` of the arrays.
+    """
+
+    def __init__(self, arrays):
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="confcal-digest")
+        self._future = self._pool.submit(self._run, tuple(arrays))
+
+    def _run(self, arrays) -> str | None:
+        d = DataDigest(len(arrays))
+        for i, a in enumerate(arrays):
+            label, shape, rows, cut = _canonical(a)
+            d._label[i], d._rows[i], d._row_shape[i] = label, rows, shape
+            for r in range(0, rows, BLOCK_ROWS):
+                if self._stop.is_set():
+                    return None
+                d._feed(i, min(BLOCK_ROWS, rows - r), lambda r0, r1, r=r: cut(r + r0, r + r1))
+        return d.hexdigest()
+
+    def update(self, i: int, batch) -> None:
+        pass
+
+    def hexdigest(self) -> str:
+        try:
+            return self._future.result()
+        finally:
+            self._pool.shutdown()
+
+    def cancel(self) -> None:
+        self._stop.set()
+        self._pool.shutdown(wait=False)
 
 
 def data_sha256(*arrays) -> str:

@@ -292,6 +292,13 @@ def test_row_kernels_equal_numpy_reductions(seed, n, k, f64):
     hb = _rowmax(b)  # continuous values: one maximum per row (the tie count's short cut)
     zb = b[np.arange(n), y].astype(np.float64) - hb
     np.testing.assert_array_equal(_top_is_label(b, hb, y, zb), np.argmax(b, axis=1) == y)
+    # with the pass's row sums s0: only rows with s0 >= 2 can hold a tie at the maximum (a large s
+    # makes s0 ~ 1 + ties, so the searched subset is small and the short cut is taken)
+    for s in (0.5, 50.0):
+        with np.errstate(invalid="ignore"):
+            for m, hm, zm in ((a, hi, zy), (b, hb, zb)):
+                s0 = _rowsum(np.exp((m - hm[:, None]) * m.dtype.type(s))).astype(np.float64)
+                np.testing.assert_array_equal(_top_is_label(m, hm, y, zm, s0), np.argmax(m, axis=1) == y)
     rel = 1e-12 if f64 else 1e-5
     np.testing.assert_allclose(_rowsum(b), b.sum(axis=1, dtype=np.float64), rtol=rel, atol=rel * k)
     np.testing.assert_allclose(_rowdot(b, b), (b.astype(np.float64) ** 2).sum(axis=1), rtol=rel, atol=rel * k)

@@ -410,3 +410,34 @@ def test_top_label_per_domain_and_class_with_an_error_free_cell(tmp_path, capsys
     assert cell["lambda_hi"] is not None and cell["sources"] == {"accept": "group", "reject": "none"}
     assert {"a/1", "b/0", "b/2"} <= set(m["groups"])
     assert "group 'a/0'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, value", [("--alpha-accept", "0.1"), ("--alpha-reject", "none"), ("--accept-risk", "fpr"),
+                                         ("--reject-risk", "miss"), ("--delta", "0.1"), ("--delta-split", "0.3"),
+                                         ("--procedure", "holm"), ("--pvalue", "hoeffding_bentkus"),
+                                         ("--simultaneous", None), ("--pool-small", None)])
+def test_threshold_options_with_sets_are_refused(files, capsys, flag, value):
+    # the converse of the test above: these were accepted with --input sets and did nothing
+    t = files
+    argv = ["decide", "fit", "--input", "sets", "--logits", t / "z.npy", "--labels", t / "yy.npy", flag,
+            *([value] if value else []), "-o", t / "x.json"]
+    assert _run(*argv) == 2
+    name = flag.lstrip("-")
+    assert capsys.readouterr().err == (f"confcal: error: --{name}: applies to decision thresholds only, got --input "
+                                       "sets (sets take --alpha, --score and --class-conditional)\n")
+    assert not (t / "x.json").exists()
+
+
+def test_threshold_defaults_are_the_documented_ones(files):
+    # the options left out of the namespace get the defaults the help states: the manifest records them
+    t = files
+    assert _run("decide", "fit", "--logits", t / "s.npy", "--labels", t / "y.npy", "-o", t / "d0.json") == 0
+    assert _run("decide", "fit", "--logits", t / "s.npy", "--labels", t / "y.npy", "--alpha-accept", "0.05",
+                "--alpha-reject", "0.05", "--accept-risk", "fdr", "--reject-risk", "for", "--delta", "0.05",
+                "--delta-split", "0.5", "--procedure", "fixed_sequence", "--pvalue", "binomial",
+                "-o", t / "d1.json") == 0
+    a, b = (json.loads((t / f"d{i}.json").read_text()) for i in (0, 1))
+    for m in (a, b):
+        m.pop("provenance", None)
+        m.pop("manifest_sha256", None)
+    assert a == b

@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from .bcsoftmax_oracle import kkt_violation, oracle, oracle_rows
@@ -445,6 +445,34 @@ def test_masked_classes_get_their_lower_bound():
     assert lbsoftmax(g, a)[1, 3] == pytest.approx(1 - 0.15)  # masked classes 0-2 hold their lower bounds
 
 
+@settings(max_examples=300, **HYP)
+@given(K=st.integers(2, 8), data=st.data(), bound_type=st.sampled_from(["float", "0-d", "per-class"]))
+@example(K=3, data=None, bound_type="float")  # issue: 0.34 + 2 * 0.33 == 1, refused as "too far apart"
+def test_masked_rows_with_uniform_bounds_agree_with_oracle(K, data, bound_type):
+    """Masked classes with bounds given as Python floats (as the PB calibrators pass them), including
+    the full masked box n_free * b + n_masked * a == 1, where the answer is the bound itself."""
+    if data is None:
+        g, a, b, n_free = np.array([0.1257302210933933, -np.inf, -np.inf]), 0.33, 0.34, 1
+    else:
+        n_free = data.draw(st.integers(1, K - 1))
+        a = data.draw(st.floats(0.0, 1.0 / K))
+        b = data.draw(st.one_of(st.floats(1.0 / K, 1.0), st.just((1.0 - (K - n_free) * a) / n_free)))
+        assume(a <= b <= 1.0 and n_free * b + (K - n_free) * a >= 1.0 - 1e-12)
+        g = np.array(data.draw(st.lists(st.floats(-20.0, 20.0), min_size=K, max_size=K)))
+        g[n_free:] = -np.inf
+    if bound_type == "float":
+        lo, up = a, b
+    elif bound_type == "0-d":
+        lo, up = t64(a), t64(b)
+    else:
+        lo, up = t64(np.full(K, a)), t64(np.full(K, b))
+    p = bcsoftmax(t64(g[None]), lo, up)[0].numpy()
+    assert p.dtype == np.float64
+    np.testing.assert_allclose(p, oracle(g, a, b), rtol=0, atol=1e-12)
+    assert abs(p.sum() - 1.0) <= 4 * K * np.finfo(np.float64).eps  # not float32-rounded bounds (3e-8 off)
+    assert np.all(p[n_free:] == a)  # masked classes hold their lower bound exactly
+
+
 def test_masked_row_that_cannot_reach_one_is_an_error():
     with pytest.raises(ValueError, match=r"sum\(upper\).*masked"):
         bcsoftmax(t64([[0.0, -math.inf, -math.inf]]), 0.1, 0.5)
@@ -687,8 +715,30 @@ def _solve_with(method, g, a, b, dtype=F64):
     return impl._solve(x, a, b, True, torch.finfo(dtype).eps, impl._Meta("t", (x.shape[0],), 1), method=method)
 
 
+# Lower bounds whose float sum is 1 - 2**-53 (exactly, 1 + 7.2e-17): no room in the box, so
+# p* = a (p* >= a and sums to one: |p* - a|_1 = 1 - sum(a) <= 0). Every solver returns a; the oracle
+# used to return p_10 = 0.0404 < a_10 = 0.0444, its log-space piece score preferring a wrong piece.
+_FULL_LOWER = (
+    np.array([-1.0] * 10 + [2.0]),
+    np.array([0.0, 1 / 3, 7.894919286223336e-17, 0, 0, 0, 0, 0.35555555555555557, 0, 0.26666666666666666,
+              0.044444444444444446]),
+    np.array([0.0, 1 / 3, 1.0, 0, 0, 0, 0, 0.35555555555555557, 1.0, 0.26666666666666666, 1.0]),
+)
+
+
+def test_oracle_on_lower_bounds_summing_to_one():
+    g, a, b = _FULL_LOWER
+    assert a.sum() < 1.0  # in float: the oracle enumerates pieces rather than returning a
+    ref = oracle(g, a, b)  # the room, 1.1e-16 in float, goes to the free classes 2 and 8: a rounding-level piece
+    np.testing.assert_allclose(ref, a, rtol=0, atol=1e-15)
+    assert kkt_violation(ref, g, a, b) <= 1e-15
+
+
 @settings(max_examples=600, **HYP)
 @given(problems(max_k=12), st.sampled_from(["kernel", "sort", "newton"]))
+@example(_FULL_LOWER, "kernel")
+@example(_FULL_LOWER, "sort")
+@example(_FULL_LOWER, "newton")
 def test_each_solver_agrees_with_oracle(prob, method):
     g, a, b = prob
     p, state, s, n_iter = _solve_with(method, g[None], t64(a), t64(b))

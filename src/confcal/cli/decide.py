@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import sys
+from argparse import SUPPRESS
 
 from confcal.cli._shared.common import add_csv_header_arg
 
@@ -62,20 +63,23 @@ def register(sub):
     f.add_argument("--per", choices=PER, default=None,
                    help="groups: per domain (sensor), per predicted class, both, or none (default: domain when "
                         "--domains is given; multilabel: always per label)")
-    f.add_argument("--alpha-accept", type=_level_or_none, default=0.05, metavar="A",
+    # threshold-only options are absent from the namespace unless given (SUPPRESS): given with --input sets,
+    # they are refused instead of ignored (defaults: THRESHOLD_DEFAULTS)
+    f.add_argument("--alpha-accept", type=_level_or_none, default=SUPPRESS, metavar="A",
                    help="accepted items: false discovery (1 - precision) <= A (default 0.05; 'none': no accept)")
-    f.add_argument("--alpha-reject", type=_level_or_none, default=0.05, metavar="A",
+    f.add_argument("--alpha-reject", type=_level_or_none, default=SUPPRESS, metavar="A",
                    help="rejected items: false omission (1 - NPV) <= A (default 0.05; 'none': no reject)")
-    f.add_argument("--accept-risk", choices=["fdr", "fpr"], default="fdr")
-    f.add_argument("--reject-risk", choices=["for", "miss"], default="for")
-    f.add_argument("--delta", type=float, default=0.05,
+    f.add_argument("--accept-risk", choices=["fdr", "fpr"], default=SUPPRESS, help="default fdr")
+    f.add_argument("--reject-risk", choices=["for", "miss"], default=SUPPRESS, help="default for")
+    f.add_argument("--delta", type=float, default=SUPPRESS,
                    help="failure probability of the guarantee, both sides jointly (default 0.05)")
-    f.add_argument("--delta-split", type=float, default=0.5, help="share of delta spent on the accept side")
+    f.add_argument("--delta-split", type=float, default=SUPPRESS,
+                   help="share of delta spent on the accept side (default 0.5)")
     f.add_argument("--procedure", choices=["fixed_sequence", "fixed_sequence_single", "holm"],
-                   default="fixed_sequence", help="FWER procedure over the thresholds (default fixed_sequence)")
-    f.add_argument("--pvalue", choices=["binomial", "hoeffding_bentkus"], default="binomial")
-    f.add_argument("--simultaneous", action="store_true", help="delta / number of groups: all groups at once")
-    f.add_argument("--pool-small", action="store_true",
+                   default=SUPPRESS, help="FWER procedure over the thresholds (default fixed_sequence)")
+    f.add_argument("--pvalue", choices=["binomial", "hoeffding_bentkus"], default=SUPPRESS, help="default binomial")
+    f.add_argument("--simultaneous", action="store_true", default=SUPPRESS, help="delta / number of groups: all groups at once")
+    f.add_argument("--pool-small", action="store_true", default=SUPPRESS,
                    help="a group too small to certify uses the pooled threshold (default: review)")
     # sets-only options default to None so that giving one with a threshold input can be refused
     f.add_argument("--alpha", type=float, default=None,

@@ -30,6 +30,7 @@ import numpy as np
 from confcal._validation import as_numpy, check_domains, check_box_labels, check_labels, check_logits
 from confcal.calibrators import METHODS
 from confcal.calibrators.protocol.selection_record import SELECTION_RULES, choose_from_table
+from confcal.calibrators.protocol.estimator import Estimator
 from confcal.evaluation.selection_candidates import REFERENCE, Candidate, candidates_for
 from confcal.metrics import detection_ece, ece
 
@@ -342,12 +343,15 @@ def _cross_validate(c: Candidate, kind, k, xs, ys, sides, fold, n_folds, decisio
     return row
 
 
-class AutoCalibrator:
+class AutoCalibrator(Estimator):
     """scikit-learn style front of :func:`select_calibrator`: ``fit`` chooses and fits,
     ``predict_proba`` / ``to_dict`` are the chosen calibrator's (its manifest, with ``fit.selection``).
 
     Attributes (after ``fit``): ``calibrator_`` (the fitted chosen method), ``chosen_`` (its label),
     ``selection_`` (the table and protocol of the manifest's ``fit.selection``).
+
+    ``get_params`` / ``set_params`` / ``clone`` follow scikit-learn's estimator protocol
+    (:class:`confcal.calibrators.protocol.estimator.Estimator`), as every calibrator does.
     """
 
     method = "auto"
@@ -361,10 +365,6 @@ class AutoCalibrator:
         self.n_boot = n_boot
         self.level = level
         self.random_state = random_state
-
-    def get_params(self, deep: bool = True) -> dict:
-        return {k: getattr(self, k) for k in ("input_kind", "allow_accuracy_change", "n_folds", "max_rows",
-                                              "n_boot", "level", "random_state")}
 
     def fit(self, logits, labels, *, domains=None) -> "AutoCalibrator":
         self.calibrator_ = select_calibrator(logits, labels, domains=domains, **self.get_params())

@@ -240,7 +240,9 @@ def _solve_torch(x, a, b, check, eps, meta, method=None):
         state = torch.empty(x.shape, dtype=torch.int8, device=x.device).index_copy_(0, rows, sr)
         s = torch.zeros(M, dtype=x.dtype, device=x.device).index_copy_(0, rows, ssr)
     lo_rows, up_rows = at_lower[:, None], (direct & ~at_lower)[:, None]
-    bd = b if neg is None else torch.where(neg, a, b)  # masked classes stay at their lower bound
+    # masked classes stay at their lower bound; a as a tensor of x's dtype: torch.where of two Python floats is
+    # float32 (0.33 -> 0.33000001), which put a full masked box's row sum at 1 + 3e-8 and failed the check
+    bd = b if neg is None else torch.where(neg, torch.as_tensor(a, dtype=x.dtype, device=x.device), b)
     st_b = 1 if neg is None else torch.where(neg, -1, 1).to(torch.int8)
     p = torch.where(lo_rows, a, torch.where(up_rows, bd, p))
     state = torch.where(lo_rows, -1, torch.where(up_rows, st_b, state)).to(torch.int8)

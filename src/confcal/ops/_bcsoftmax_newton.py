@@ -197,7 +197,9 @@ def _iterate(x, a, b, eps, masked, sort_tail=True):
             xb = xb.masked_fill_(torch.isneginf(x), math.inf)
         lo = xb.amin(-1)
         del xb  # (M, K): not needed past here
-        f_lo = _row_sum(b, m, K) if not masked else torch.where(torch.isneginf(x), a if a is not None else 0.0, b).sum(-1)
+        # a in x's dtype: torch.where of two Python floats would round the bounds to float32
+        a_m = torch.as_tensor(a if a is not None else 0.0, dtype=dt, device=x.device)
+        f_lo = _row_sum(b, m, K) if not masked else torch.where(torch.isneginf(x), a_m, b).sum(-1)
         f_lo = torch.as_tensor(f_lo, dtype=dt, device=x.device).expand(m).clone()
     else:
         lo, f_lo = nu.clone(), torch.full_like(nu, math.nan)

@@ -8,14 +8,29 @@ from scipy.special import expit
 
 from confcal.calibrators._fit.constrained_logistic import fit_constrained_logistic
 
-__all__ = ["beta_features", "fit_beta", "fit_beta_batch", "fit_beta_multinomial", "apply_beta", "check_beta_params",
-           "multinomial_logits", "beta_nll"]
+__all__ = ["beta_features", "beta_feature_pair", "fit_beta", "fit_beta_batch", "fit_beta_multinomial", "apply_beta",
+           "apply_beta_columns", "check_beta_params", "multinomial_logits", "beta_nll"]
+
+
+def beta_feature_pair(log_odds) -> tuple[np.ndarray, np.ndarray]:
+    """``(ln p, -ln(1 - p))`` from ``log(p / (1 - p))`` of any shape, without cancellation.
+
+    With ``l = log(1 + exp(-|x|))``: ``ln p = min(x, 0) - l`` and ``-ln(1 - p) = max(x, 0) + l`` (two
+    ``logaddexp``'s in one ``exp`` and one ``log`` pass). ``log(1 + e)`` rather than ``log1p(e)``
+    (``e <= 1``): numpy's ``log`` is vectorised, ``log1p`` is not, and the rounded ``1 + e`` costs
+    below 2.3e-16 absolute."""
+    lo = np.asarray(log_odds, dtype=np.float64)
+    ell = np.abs(lo)
+    np.negative(ell, out=ell)
+    np.exp(ell, out=ell)
+    ell += 1.0
+    np.log(ell, out=ell)
+    return np.minimum(lo, 0.0) - ell, np.maximum(lo, 0.0) + ell
 
 
 def beta_features(log_odds) -> np.ndarray:
     """``[ln p, -ln(1 - p)]`` ``(n, 2)`` from ``log(p / (1 - p))`` ``(n,)``, without cancellation."""
-    lo = np.asarray(log_odds, dtype=np.float64)
-    return np.column_stack([-np.logaddexp(0.0, -lo), np.logaddexp(0.0, lo)])
+    return np.column_stack(beta_feature_pair(log_odds))
 
 
 def fit_beta(log_odds, targets, *, sample_weight=None) -> dict:
@@ -28,7 +43,7 @@ def fit_beta_batch(log_odds, targets, *, sample_weight=None) -> list[dict]:
     """:func:`fit_beta` for the ``K`` columns of ``log_odds`` / ``targets`` ``(n, K)`` at once.
 
     The same exact constrained maximum likelihood: every active set of ``a, b >= 0`` (none, ``a = 0``,
-    ``b = 0``, both) is a batch of ``K`` logistic fits (:func:`._platt_batch.fit_logistic_batch`,
+    ``b = 0``, both) is a batch of ``K`` logistic fits (:func:`confcal.calibrators._fit.jobs.platt_batch.fit_logistic_batch`,
     batched Newton with closed-form gradients and Hessians), and per class the lowest loss among the
     feasible sets is kept, in :func:`fit_constrained_logistic`'s order and tie rule (a class whose free fit
     is feasible stops there: that is its constrained optimum, the problem being convex). A class whose
@@ -42,14 +57,17 @@ def fit_beta_batch(log_odds, targets, *, sample_weight=None) -> list[dict]:
     lo = np.asarray(log_odds, dtype=np.float64).T                    # (K, n)
     t = np.asarray(targets, dtype=np.float64).T
     k = lo.shape[0]
-    feats = np.stack([-np.logaddexp(0.0, -lo), np.logaddexp(0.0, lo)], axis=2)  # (K, n, 2)
+    feats = np.stack(beta_feature_pair(lo), axis=2)  # (K, n, 2)
     best_loss = np.full(k, np.inf)
     best = np.zeros((k, 3))
     best_conv = np.zeros(k, dtype=bool)
     todo = np.arange(k)
     for fixed in ((), (0,), (1,), (0, 1)):
         free = [j for j in (0, 1) if j not in fixed]
-        coef, icpt, loss, conv = fit_logistic_batch(feats[todo][:, :, free], t[todo], sample_weight=sample_weight)
+        # second start: the identity map (a = b = 1, c = 0: u = the input log-odds) on the free features
+        init = (np.ones((todo.size, len(free))), np.zeros(todo.size))
+        coef, icpt, loss, conv = fit_logistic_batch(feats[todo][:, :, free], t[todo], sample_weight=sample_weight,
+                                                    init=init)
         full = np.zeros((todo.size, 2))
         full[:, free] = coef
         ok = np.all(full >= 0, axis=1) & (loss < best_loss[todo] - 1e-15)
@@ -126,6 +144,17 @@ def fit_beta_multinomial(log_odds, labels, *, sample_weight=None, tol: float = 1
 def apply_beta(params: dict, log_odds) -> np.ndarray:
     f = beta_features(log_odds)
     return expit(params["a"] * f[:, 0] + params["b"] * f[:, 1] + params["c"])
+
+
+def apply_beta_columns(maps: list[dict], log_odds) -> np.ndarray:
+    """:func:`apply_beta` of map ``k`` on column ``k`` of ``log_odds`` ``(n, K)``, all columns in one pass."""
+    a, b, c = (np.array([m[key] for m in maps], dtype=np.float64) for key in "abc")
+    f1, f2 = beta_feature_pair(log_odds)
+    f1 *= a
+    f2 *= b
+    f1 += f2
+    f1 += c
+    return expit(f1, out=f1)
 
 
 def check_beta_params(params) -> dict:

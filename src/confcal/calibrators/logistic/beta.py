@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from confcal._numeric import softmax
-from confcal.calibrators._fit.beta import (apply_beta, beta_features, check_beta_params, fit_beta, fit_beta_batch,
-                                           fit_beta_multinomial, multinomial_logits)
-from confcal.calibrators._fit.jobs.reduce import OneVsRestCalibrator
+from confcal._numeric import log_softmax, softmax
+from confcal.calibrators._fit.beta import (apply_beta, apply_beta_columns, beta_features, check_beta_params, fit_beta,
+                                           fit_beta_batch, fit_beta_multinomial, multinomial_logits)
+from confcal.calibrators._fit.jobs.reduce import OneVsRestCalibrator, _remember_softmax, log_odds_from_log_softmax
 from confcal.calibrators.protocol.base import register
 from confcal.calibrators.protocol.constraints import Choice, Fields, ListOf, Real, per_class_maps
 
@@ -92,6 +92,24 @@ class BetaCalibration(OneVsRestCalibrator):
         if self.multiclass not in ("ovr", "multinomial"):
             raise ValueError(f"multiclass: expected 'ovr' or 'multinomial', got {self.multiclass!r}")
         return self.multiclass == "multinomial"
+
+    def _scores(self, logits):
+        """The log-odds from one ``log_softmax`` and one ``softmax`` pass; during a fit they and the softmax
+        are kept in the fit memo for the fit record's predictions of the same array (one computation
+        instead of two: 0.05 s of a 0.4 s fit on 5,000 x 100)."""
+        memo = self.__dict__.get("_fit_memo")
+        if memo is not None and memo.get("log_odds", (None,))[0] is logits:
+            return memo["log_odds"][1]
+        z = np.asarray(logits, dtype=np.float64)
+        p = softmax(z)
+        s = log_odds_from_log_softmax(log_softmax(z), p)
+        if memo is not None:
+            memo["log_odds"] = (logits, s)
+            _remember_softmax(self, logits, p)
+        return s
+
+    def _map_columns(self, scores):
+        return apply_beta_columns(self.maps_, scores)
 
     def _fit(self, logits, labels, sample_weight=None, **side):
         s = self._scores(logits)

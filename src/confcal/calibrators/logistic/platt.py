@@ -10,7 +10,7 @@ classes always use the log-odds. (On the CIFAR-100 outputs of ``benchmarks/peers
 log-probability gives test NLL 0.925 against 0.961 for WRN, on CIFAR-10 the log-odds 0.238
 against 0.249; the per-class binary losses prefer the log-odds in both, so the choice is made on
 the renormalised multiclass NLL, the quantity the method is judged by.)
-All ``K`` per-class fits are solved together (:func:`._platt_batch.fit_platt_batch`: a
+All ``K`` per-class fits are solved together (:func:`confcal.calibrators._fit.jobs.platt_batch.fit_platt_batch`: a
 vectorised Newton with closed-form 2 x 2 Hessians), fitted by maximum likelihood against Platt's smoothed
 targets ``(N+ + 1)/(N+ + 2)`` and ``1/(N- + 2)`` (Platt 1999, sec. 2.2). Two
 classes: one map on class 1, ``p'_0 = 1 - p'_1``. ``K > 2``: the ``K`` outputs are

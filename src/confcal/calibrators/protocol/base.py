@@ -1,6 +1,6 @@
 """The calibrator protocol (a scikit-learn estimator).
 
-Every calibrator is a scikit-learn-compatible classifier (:mod:`._estimator`: the protocol
+Every calibrator is a scikit-learn-compatible classifier (:mod:`.estimator`: the protocol
 without importing scikit-learn) whose ``X`` is logits:
 
 * ``__init__`` only stores hyper-parameters (``get_params`` / ``set_params`` /
@@ -161,7 +161,7 @@ class Calibrator(Estimator, abc.ABC):
     #: ``{hyper-parameter: spec}`` and cross-field rules, checked by ``fit`` and the loader
     hyper_constraints: ClassVar[dict] = {}
     hyper_rules: ClassVar[tuple] = ()
-    #: spec of the manifest's ``parameters`` block (see :mod:`._constraints`); None: not loadable
+    #: spec of the manifest's ``parameters`` block (see :mod:`.constraints`); None: not loadable
     fitted_constraints: ClassVar[Any] = None
     #: False for methods that need K logits per row (they refuse a one-logit binary head)
     one_logit_head: ClassVar[bool] = True

@@ -524,9 +524,37 @@ def run_local_ts_job(cal, make_job, sources: dict, progress) -> None:
     if xs.n_rows == 0:
         raise ValueError(f"logits: expected at least 1 sample, got shape {xs.shape}")
     engine = LocalEngine(sources, progress=progress, reference="logits")
-    digest = DataDigest(len(engine.sources))  # logits, labels[, domains][, weights]: as Calibrator.fit
-    run_job(make_job(digest=digest, n_rows=engine.n_rows), engine)
+    eager = _eager_arrays(cal, engine.sources)
+    if eager is None:
+        digest = DataDigest(len(engine.sources))  # logits, labels[, domains][, weights]: as Calibrator.fit
+    else:  # arrays in memory, as the passes would validate them: hashed beside every pass
+        from confcal._digest import EagerDigest
+
+        digest = EagerDigest(eager)
+    try:
+        run_job(make_job(digest=digest, n_rows=engine.n_rows), engine)
+    except BaseException:
+        if eager is not None:
+            digest.cancel()
+        raise
     cal.fit_record_ = {**cal.fit_record_, "n_passes": engine.n_passes}
+
+
+def _eager_arrays(cal, sources: dict):
+    """The in-memory arrays of ``sources`` when the validating pass would hash them unchanged (float
+    logits ``(n, k)`` read as logits, int64 labels ``(n,)``, float64 weights; no domains), else None."""
+    from confcal.sources.arrays import ArraySource
+
+    if set(sources) - {"logits", "labels", "sample_weight"} or cal._input_kind() != "logits":
+        return None
+    if not all(isinstance(src, ArraySource) for src in sources.values()):
+        return None
+    x, y = sources["logits"].array, sources["labels"].array
+    w = sources["sample_weight"].array if "sample_weight" in sources else None
+    if x.dtype not in (np.float32, np.float64) or x.ndim != 2 or x.shape[1] < 2 or y.dtype != np.int64 \
+            or y.shape != (x.shape[0],) or (w is not None and (w.dtype != np.float64 or w.shape != y.shape)):
+        return None
+    return (x, y) if w is None else (x, y, w)
 
 
 def _id_key(d):

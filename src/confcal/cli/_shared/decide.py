@@ -11,6 +11,10 @@ import numpy as np
 from confcal.cli._shared.notes import note
 
 EXIT_RISK_EXCEEDED = 3
+#: the threshold-only options of ``decide fit`` and their defaults (the parser leaves them out unless given)
+THRESHOLD_DEFAULTS = {"alpha_accept": 0.05, "alpha_reject": 0.05, "accept_risk": "fdr", "reject_risk": "for",
+                      "delta": 0.05, "delta_split": 0.5, "procedure": "fixed_sequence", "pvalue": "binomial",
+                      "simultaneous": False, "pool_small": False}
 _KIND = {"binary": "binary", "top-label": "top_label", "multilabel": "multilabel", "sets": "sets"}
 
 
@@ -163,6 +167,13 @@ def fit(args) -> int:
 
     check_output_path(args.output, suffixes=(".json",), name="--output")
     kind = _KIND[args.input]
+    given = [flag for flag in THRESHOLD_DEFAULTS if hasattr(args, flag)]
+    if kind == "sets" and given:
+        raise ValueError(f"--{given[0].replace('_', '-')}: applies to decision thresholds only, got --input sets "
+                         "(sets take --alpha, --score and --class-conditional)")
+    for flag, default in THRESHOLD_DEFAULTS.items():
+        if not hasattr(args, flag):
+            setattr(args, flag, default)
     if kind != "sets":
         for flag in ("alpha", "score", "class_conditional"):
             if getattr(args, flag) is not None:

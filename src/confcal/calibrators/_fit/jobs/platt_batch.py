@@ -234,7 +234,7 @@ def fit_platt_batch(scores, targets, *, sample_weight=None, tol: float = 1e-11, 
     return a, b, loss, converged
 
 
-def fit_logistic_batch(x, targets, *, sample_weight=None, tol: float = 1e-11, max_iter: int = 100):
+def fit_logistic_batch(x, targets, *, sample_weight=None, tol: float = 1e-11, max_iter: int = 100, init=None):
     """``K`` independent logistic regressions with ``m`` features and an intercept, solved together.
 
     ``x`` ``(K, n, m)`` (class ``k``'s design without the intercept column), ``targets`` ``(K, n)`` in
@@ -244,7 +244,14 @@ def fit_logistic_batch(x, targets, *, sample_weight=None, tol: float = 1e-11, ma
     halving; stop when no step decreases the loss), with the ``K`` gradients ``(m + 1,)`` and Hessians
     ``(m + 1, m + 1)`` formed and solved as batches. Returns ``(coef (K, m), intercept (K,),
     loss (K,), converged (K,))``; a class that reaches ``max_iter`` (separable with hard targets) is
-    not converged.
+    not converged. ``init`` (``(coef (K, m), intercept (K,))``, optional) is a second start: each class
+    starts from whichever of it and the base rate has the lower loss.
+
+    Near the optimum the Newton step's predicted decrease ``-g . step`` falls below the rounding of the
+    loss (``64 eps`` times the size of its terms, ``loss + sum r |u|``), where the Armijo test only
+    compares rounding: such a class takes its full Newton step when the loss stays within that rounding
+    and stops otherwise, with one evaluation instead of 60 halvings (DenseNet-100, 5,000 x 100 beta: 7
+    of 19 iterations ran all 60). Halving also stops once the step is below the parameters' rounding.
     """
     x = np.asarray(x, dtype=np.float64)
     t = np.asarray(targets, dtype=np.float64)
@@ -267,7 +274,15 @@ def fit_logistic_batch(x, targets, *, sample_weight=None, tol: float = 1e-11, ma
         sp = np.log(1.0 + xe) + np.maximum(u, 0.0) - tt * u
         return sp @ r, u, xe
 
+    eps = np.finfo(np.float64).eps
+
     loss, u, xe = losses(z, t, theta)
+    if init is not None:
+        th2 = np.column_stack([np.asarray(init[0], dtype=np.float64).reshape(k, m),
+                               np.asarray(init[1], dtype=np.float64).reshape(k)])
+        l2, u2, x2 = losses(z, t, th2)
+        better = np.isfinite(l2) & (l2 < loss)
+        theta[better], loss[better], u[better], xe[better] = th2[better], l2[better], u2[better], x2[better]
     converged = np.zeros(k, dtype=bool)
     idx = np.arange(k)
     zz, tt = z, t  # the active classes' rows, gathered again only when some stop
@@ -290,16 +305,29 @@ def fit_logistic_batch(x, targets, *, sample_weight=None, tol: float = 1e-11, ma
             step = -g
         slope = np.einsum("kj,kj->k", g, step)
         th = theta[idx]
+        li = loss[idx]
+        # the loss's rounding; a predicted decrease below it cannot be verified by the loss
+        noise = 64 * eps * (np.abs(li) + np.abs(u) @ r)
+        flat = -slope <= 4 * noise
+        # a step below the rounding of the parameters changes nothing: no halving past it
+        step_max = np.max(np.abs(step), axis=1)
+        floor = 1e-13 * (1.0 + np.max(np.abs(th), axis=1))
         alpha = np.ones(idx.size)
         pending = ~done
-        new_th, new_l, new_u, new_x = th.copy(), loss[idx].copy(), u, xe
+        accepted = np.zeros(idx.size, dtype=bool)
+        new_th, new_l, new_u, new_x = th.copy(), li.copy(), u, xe
         for _ in range(60):
+            pending &= alpha * step_max >= floor
             rows = np.flatnonzero(pending)
             if rows.size == 0:
                 break
             cand = th[rows] + alpha[rows, None] * step[rows]
             lc, uc, xc = losses(zz[rows], tt[rows], cand)
-            acc = lc <= loss[idx[rows]] + 1e-4 * alpha[rows] * slope[rows]
+            acc = lc <= li[rows] + 1e-4 * alpha[rows] * slope[rows]
+            # flat rows: the full step where the loss stays within its rounding, else stop (no halving)
+            fl = flat[rows]
+            acc = np.where(fl, lc <= li[rows] + noise[rows], acc)
+            pending[rows[fl & ~acc]] = False
             hit = rows[acc]
             if rows.size == idx.size and acc.all():
                 new_u, new_x = uc, xc
@@ -308,10 +336,11 @@ def fit_logistic_batch(x, targets, *, sample_weight=None, tol: float = 1e-11, ma
                     new_u, new_x = u.copy(), xe.copy()
                 new_u[hit], new_x[hit] = uc[acc], xc[acc]
             new_th[hit], new_l[hit] = cand[acc], lc[acc]
+            accepted[hit] = True
             pending[hit] = False
             alpha[pending] *= 0.5
         moved = np.max(np.abs(new_th - th), axis=1)
-        stuck = pending & ~done  # no decrease along the Newton direction: at the optimum to rounding
+        stuck = ~accepted & ~done  # no decrease along the Newton direction: at the optimum to rounding
         theta[idx], loss[idx] = new_th, new_l
         tiny = moved < 1e-13 * (1.0 + np.max(np.abs(new_th), axis=1))
         stop = done | stuck | tiny

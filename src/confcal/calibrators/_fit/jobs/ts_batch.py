@@ -73,17 +73,18 @@ def _metric_pair(n_bins):
     return ScoresAccumulator(), BinnedAccumulator(n_bins)
 
 
-def _add_metrics(pair, e, s0, zy, s, correct):
-    """Summary metrics of ``softmax(z * s)`` from the pass's sums: the top probability is
-    ``1 / s0`` (the row max is subtracted, so its term is 1), ``log p_y = s zy - log s0``,
-    Brier ``= sum p^2 - 2 p_y + 1``."""
+def _add_metrics(pair, s0, q, zy, s, correct):
+    """Summary metrics of ``softmax(z * s)`` from per-row sums of a pass (float64 ``(rows,)``): ``s0 =
+    sum_k e_k`` and ``q = sum_k e_k^2`` with ``e = exp(s (z - max z))``. The top probability is ``1 / s0``
+    (the row max is subtracted, so its term is 1), ``log p_y = s zy - log s0``, Brier ``= q / s0^2 - 2 p_y + 1``.
+    Called once per block of rows (:data:`_NEAR_BLOCK`), not per cache-sized chunk: the per-row
+    arithmetic and the binning pay numpy's per-call cost once per 32K rows."""
     from confcal.metrics.scores import NLL_EPS
 
     scores, bins = pair
     log_py = s * zy - np.log(s0)
     nll = -np.maximum(log_py, math.log(NLL_EPS))
-    e64 = e.astype(np.float64, copy=False)
-    brier = _rowdot_metric(e64, e64) / (s0 * s0) - 2.0 * np.exp(log_py) + 1.0
+    brier = q / (s0 * s0) - 2.0 * np.exp(log_py) + 1.0
     scores.update_sums(s0.shape[0], int(np.count_nonzero(correct)), float(nll.sum()), float(brier.sum()))
     bins.update_pairs(1.0 / s0, correct)
 
@@ -130,6 +131,8 @@ class NearMetrics:
         s, dmax = self.s, self.dmax
         self.n += log_s0.shape[0]
         self.correct += int(np.count_nonzero(correct))
+        # (the usual block has no row near the clip or a bin edge: sums and bincounts over the whole
+        # block then, without boolean gathers; dot products instead of sums of product temporaries)
         # log p_y(s + d) = log p_y + d a - d^2 var / 2
         log_py = s * zy - log_s0
         a = zy - m1
@@ -137,39 +140,43 @@ class NearMetrics:
         w1 = q1 / q0
         b = 2.0 * (w1 - m1)
         c = 4.0 * np.maximum(q2 / q0 - w1 * w1, 0.0) - 2.0 * var
-        self.a_max = max(self.a_max, float(np.max(np.abs(a))), float(np.max(np.abs(b))),
-                         float(np.max(np.abs(m1))))
+        abs_a, abs_m1 = np.abs(a), np.abs(m1)
+        self.a_max = max(self.a_max, float(abs_a.max()), float(b.max()), float(-b.min()), float(abs_m1.max()))
         # NLL: rows whose clip state delta cannot change are sums; the others are kept
-        reach = 2.0 * (dmax * np.abs(a) + dmax * dmax * var) + 1e-12
+        reach = 2.0 * (dmax * abs_a + dmax * dmax * var) + 1e-12
         above = log_py - self.log_eps
         free = above > reach
-        clipped = above < -reach
-        self.n_clipped += int(np.count_nonzero(clipped))
-        self.nll += [-np.sum(log_py[free]), -np.sum(a[free]), 0.5 * np.sum(var[free])]
-        near = ~(free | clipped)
-        if near.any():
-            self._keep(self.kept_nll, (log_py[near], a[near], var[near]))
+        if free.all():
+            self.nll += [-log_py.sum(), -a.sum(), 0.5 * var.sum()]
+        else:
+            clipped = above < -reach
+            self.n_clipped += int(np.count_nonzero(clipped))
+            self.nll += [-np.sum(log_py[free]), -np.sum(a[free]), 0.5 * np.sum(var[free])]
+            near = ~(free | clipped)
+            if near.any():
+                self._keep(self.kept_nll, (log_py[near], a[near], var[near]))
         # Brier = sum p^2 - 2 p_y + 1, each factor exp(d f' + d^2 f'' / 2) ~ 1 + d f' + d^2 (f'^2 + f'') / 2
         p2 = q0 / np.exp(2.0 * log_s0)
         py = np.exp(log_py)
-        self.brier += [np.sum(p2 - 2.0 * py + 1.0), np.sum(p2 * b - 2.0 * py * a),
-                       0.5 * np.sum(p2 * (b * b + c) - 2.0 * py * (a * a - var))]
+        n = log_s0.shape[0]
+        self.brier += [p2.sum() - 2.0 * py.sum() + n, p2 @ b - 2.0 * (py @ a),
+                       0.5 * (p2 @ (b * b + c)) - py @ (a * a - var)]
         # ECE: top probability 1 / s0, d log / ds = -m1, d2 = -var
         conf = np.exp(-log_s0)
         idx = equal_width_bins(conf, self.n_bins)
         lower, upper = _bounds(self.n_bins)
-        reach_c = conf * (2.0 * (dmax * np.abs(m1) + dmax * dmax * var) + 1e-12)
+        reach_c = conf * (2.0 * (dmax * abs_m1 + dmax * dmax * var) + 1e-12)
         near = (conf - lower[idx] <= reach_c) | (upper[idx] - conf < reach_c)  # NaN edges: never near
-        far = ~near
-        i = idx[far]
-        cf, m1f, vf = conf[far], m1[far], var[far]
-        self.count += np.bincount(i, minlength=self.n_bins)
-        self.corr += np.bincount(i, weights=correct[far], minlength=self.n_bins)
-        self.conf[0] += np.bincount(i, weights=cf, minlength=self.n_bins)
-        self.conf[1] -= np.bincount(i, weights=cf * m1f, minlength=self.n_bins)
-        self.conf[2] += np.bincount(i, weights=0.5 * cf * (m1f * m1f - vf), minlength=self.n_bins)
         if near.any():
             self._keep(self.kept_bins, (conf[near], m1[near], var[near], correct[near]))
+            far = ~near
+            idx, conf, m1, var, correct = idx[far], conf[far], m1[far], var[far], correct[far]
+        cm = conf * m1
+        self.count += np.bincount(idx, minlength=self.n_bins)
+        self.corr += np.bincount(idx, weights=correct, minlength=self.n_bins)
+        self.conf[0] += np.bincount(idx, weights=conf, minlength=self.n_bins)
+        self.conf[1] -= np.bincount(idx, weights=cm, minlength=self.n_bins)
+        self.conf[2] += np.bincount(idx, weights=0.5 * (cm * m1 - conf * var), minlength=self.n_bins)
 
     def _keep(self, into, arrays):
         self.n_kept += arrays[0].shape[0]
@@ -262,23 +269,52 @@ def ts_batch_stats(logits, labels, t: float, *, sample_weight=None, exact: bool 
     if near is not None:
         out.near = NearMetrics(s, n_bins, near)
     acc = [0.0, 0.0, 0.0]  # loss, d/ds, d2/ds2
-    near_rows: list = []
+    # per-row terms of the metrics, gathered chunk by chunk and reduced per block of rows
+    blocks = _MetricBlocks(out, s)
     rows = max(1, _CHUNK_ELEMS // max(1, z.shape[1]))
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # masked classes; bad rows: named
         for i in range(0, z.shape[0], rows):  # by the caller from the non-finite sums
             _chunk_stats(z[i:i + rows], y[i:i + rows], None if w is None else w[i:i + rows], i, s, dtype, out, acc,
-                         near_rows, check_unit=check_unit, metrics=metrics, before=before, first_row=first_row)
-    if near_rows:
-        out.near.add(*(np.concatenate(cols) for cols in zip(*near_rows)))
+                         blocks, check_unit=check_unit, metrics=metrics, before=before, first_row=first_row)
+        blocks.flush()
     out.weight = float(z.shape[0]) if w is None else float(w.sum())
     loss, grad_s, hess_s = acc
     out.loss, out.grad, out.hess = loss, -s * grad_s, s * s * hess_s + s * grad_s
     return out
 
 
-def _chunk_stats(raw, yi, wi, i, s, dtype, out, acc, near_rows, *, check_unit, metrics, before, first_row):
+class _MetricBlocks:
+    """The per-row terms of one pass's metrics (before, after, near), collected chunk by chunk and
+    handed to the accumulators once per :data:`_NEAR_BLOCK` rows."""
+
+    def __init__(self, out: TSPassStats, s: float):
+        self.out, self.s = out, s
+        self.rows: dict = {"before": [], "after": [], "near": []}
+        self.n = 0
+
+    def add(self, n: int, **terms) -> None:
+        for key, cols in terms.items():
+            self.rows[key].append(cols)
+        self.n += n
+        if self.n >= _NEAR_BLOCK:
+            self.flush()
+
+    def flush(self) -> None:
+        out, rows = self.out, self.rows
+        for key in ("before", "after", "near"):
+            if rows[key]:
+                cols = tuple(np.concatenate(c) for c in zip(*rows[key]))
+                if key == "near":
+                    out.near.add(*cols)
+                else:
+                    _add_metrics(getattr(out, key), *cols[:3], 1.0 if key == "before" else self.s, cols[3])
+                rows[key].clear()
+        self.n = 0
+
+
+def _chunk_stats(raw, yi, wi, i, s, dtype, out, acc, blocks, *, check_unit, metrics, before, first_row):
     """One cache-sized chunk of :func:`ts_batch_stats`: adds to ``acc`` (loss, d/ds, d2/ds2) and
-    to ``out``'s metrics; ``near_rows`` collects the per-row terms of :class:`NearMetrics`."""
+    hands the per-row terms of the requested metrics to ``blocks`` (:class:`_MetricBlocks`)."""
     hi_ = _rowmax(raw)
     if check_unit and out.unit_rows:
         out.unit_rows = bool((hi_ <= 1).all()) and bool(raw.min() >= 0)
@@ -316,24 +352,28 @@ def _chunk_stats(raw, yi, wi, i, s, dtype, out, acc, near_rows, *, check_unit, m
         acc[0] += float(li @ wi)
         acc[1] += float(gi @ wi)
         acc[2] += float(hi @ wi)
-    if metrics or before or out.near is not None:
-        correct = _top_is_label(raw, hi_, yi, zy)
-        if metrics:
-            if dtype == np.float64:
-                _add_metrics(out.after, e, s0, zy, s, correct)
-            else:
-                e64 = zc.astype(np.float64) * s
-                np.exp(e64, out=e64)
-                _add_metrics(out.after, e64, _rowsum(e64), zy, s, correct)
-        if before:
+    if not (metrics or before or out.near is not None):
+        return
+    correct = _top_is_label(raw, hi_, yi, zy, s0)
+    terms = {}
+    if metrics:
+        if dtype == np.float64:
+            terms["after"] = (s0, _rowdot_metric(e, e), zy, correct)
+        else:
+            e64 = zc.astype(np.float64) * s
+            np.exp(e64, out=e64)
+            terms["after"] = (_rowsum(e64), _rowdot_metric(e64, e64), zy, correct)
+    if before:
+        if s == 1.0 and dtype == np.float64:  # this pass is at T = 1: its terms are the metrics before
+            e1, s01 = e, s0
+        else:
             e1 = np.exp(zc if zc.dtype == np.float64 else zc.astype(np.float64))
-            _add_metrics(out.before, e1, _rowsum(e1), zy, 1.0, correct)
-        if out.near is not None:
-            near_rows.append((np.log(s0), mean_z, hi, zy, _rowdot_metric(e, e), _rowdot_metric(e, ez),
-                              _rowdot_metric(ez, ez), correct))
-            if sum(r[0].shape[0] for r in near_rows) >= _NEAR_BLOCK:  # numpy work per block of rows
-                out.near.add(*(np.concatenate(cols) for cols in zip(*near_rows)))
-                near_rows.clear()
+            s01 = _rowsum(e1)
+        terms["before"] = (s01, _rowdot_metric(e1, e1), zy, correct)
+    if out.near is not None:
+        terms["near"] = (np.log(s0), mean_z, hi, zy, _rowdot_metric(e, e), _rowdot_metric(e, ez),
+                         _rowdot_metric(ez, ez), correct)
+    blocks.add(raw.shape[0], **terms)
 
 
 def _rowdot_metric(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -344,10 +384,25 @@ def _rowdot_metric(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.einsum("ij,ij->i", a, b)
 
 
-def _top_is_label(raw, hi_, yi, zy) -> np.ndarray:
+def _top_is_label(raw, hi_, yi, zy, s0=None) -> np.ndarray:
     """``argmax(raw, axis=1) == yi`` (the first maximum wins ties) from the row max ``hi_`` and
-    ``zy = raw[y] - hi_``, without numpy's row-wise argmax (slow at small ``k``, as its max)."""
+    ``zy = raw[y] - hi_``, without numpy's row-wise argmax (slow at small ``k``, as its max).
+
+    ``s0``: the pass's ``sum_k exp(s (raw_k - hi_))`` per row, if known. A tie at the maximum puts two
+    terms of exactly 1 in it (``exp(0)``, and a sum of non-negative floats never rounds below a
+    partial sum), so a row with ``s0 < 2`` has no tie and only the other rows of a correct label are
+    searched (on real outputs ~1% of the rows)."""
     correct = zy == 0.0
+    if s0 is not None:
+        idx = np.flatnonzero(correct & (s0 >= 2.0))
+        if 4 * idx.size <= raw.shape[0]:
+            if idx.size:
+                sub = raw[idx]
+                tied = np.count_nonzero(sub == hi_[idx, None], axis=1) > 1
+                if tied.any():
+                    t = idx[tied]
+                    correct[t] = np.argmax(raw[t], axis=1) == yi[t]
+            return correct
     at_max = raw == hi_[:, None]
     # every row without NaN has a maximum, so as many as rows means one per row: no ties (the usual case)
     if np.count_nonzero(at_max) == raw.shape[0] and not np.isnan(hi_).any():

@@ -253,7 +253,9 @@ def temperature_job(*, t_bounds, tol: float = 1e-12, max_iter: int = 100, input_
             t, ex = pending[POOLED]
             likely_last = ex and (not exact_input or (prev_exact is not None and abs(t - prev_exact) < 1e-3))
             prev_exact = t if ex else prev_exact
-            requests[POOLED] = (t, ex, False, ex and state["before"] is None,
+            # the metrics at T = 1 come with the pass that also gathers the metrics near the final T
+            # (one top-label test, no pass of their own), or from a pass at T = 1 itself (its own terms)
+            requests[POOLED] = (t, ex, False, ex and state["before"] is None and (likely_last or t == 0.0),
                                 _NEAR_DMAX * math.exp(-t) if likely_last else None)
         wildcard = (t0, exact0, False, False, None) if first and by_domain else None
         stats = yield from one_pass(requests, wildcard)
