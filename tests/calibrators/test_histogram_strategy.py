@@ -24,7 +24,7 @@ SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[Healt
 
 @st.composite
 def score_columns(draw):
-    """``(scores (C, n), labels (n,), classes)``: rounded scores (many ties, also at the quantile ranks),
+    """``(scores (C, n), labels (n,), classes)`` (the columns are the rows of scores): rounded scores (many ties, also at the quantile ranks),
     a constant column, values exactly on the uniform edges, n below and above n_bins."""
     n = draw(st.integers(1, 60))
     c = draw(st.integers(1, 5))
@@ -61,22 +61,27 @@ def _uniform_oracle(s, t, n_bins, w=None):
 @given(score_columns(), st.integers(1, 25))
 def test_vectorised_equal_mass_fit_equals_the_per_column_fit(case, n_bins):
     s, y, classes = case
-    maps, fitted = fit_histograms(s, y, classes, n_bins=n_bins)
+    maps, fitted = fit_histograms(np.ascontiguousarray(s.T), y, classes, n_bins=n_bins)
     for c, k in enumerate(classes):
         want, at = fit_histogram(s[c], (y == k).astype(np.float64), n_bins=n_bins, fitted=True)
         assert maps[c] == want  # exact: the same arithmetic on the same numbers
-        np.testing.assert_array_equal(fitted[c], at)
-        np.testing.assert_array_equal(fitted[c], apply_histogram(maps[c], s[c]))
+        np.testing.assert_array_equal(fitted[:, c], at)
+        np.testing.assert_array_equal(fitted[:, c], apply_histogram(maps[c], s[c]))
 
 
 def test_many_edges_take_the_searched_bins_and_equal_the_per_column_fit():
     rng = np.random.default_rng(3)
     s, y = rng.random((3, 500)), rng.integers(0, 3, 500)
-    maps, fitted = fit_histograms(s, y, [0, 1, 2], n_bins=80)  # 79 edges: past the comparison path
+    maps, fitted = fit_histograms(np.ascontiguousarray(s.T), y, [0, 1, 2], n_bins=80)  # 79 edges: past the comparison path
     for c in range(3):
         want, at = fit_histogram(s[c], (y == c).astype(np.float64), n_bins=80, fitted=True)
         assert maps[c] == want and len(want["edges"]) == 79
-        np.testing.assert_array_equal(fitted[c], at)
+        np.testing.assert_array_equal(fitted[:, c], at)
+    maps, fitted = fit_histograms(np.ascontiguousarray(s.T), y, [0, 1, 2], n_bins=60, strategy="uniform")  # searched, counted per row
+    for c in range(3):
+        want, at = fit_uniform_histogram(s[c], (y == c).astype(np.float64), n_bins=60, fitted=True)
+        assert maps[c] == want
+        np.testing.assert_array_equal(fitted[:, c], at)
 
 
 @SETTINGS
@@ -84,7 +89,7 @@ def test_many_edges_take_the_searched_bins_and_equal_the_per_column_fit():
 def test_equal_width_fit_equals_a_loop_over_the_scores(case, n_bins, weighted):
     s, y, classes = case
     w = np.random.default_rng(s.size).integers(0, 3, s.shape[1]).astype(np.float64) if weighted else None
-    maps, fitted = fit_histograms(s, y, classes, n_bins=n_bins, strategy="uniform", sample_weight=w)
+    maps, fitted = fit_histograms(np.ascontiguousarray(s.T), y, classes, n_bins=n_bins, strategy="uniform", sample_weight=w)
     for c, k in enumerate(classes):
         t = (y == k).astype(np.float64)
         edges, values = _uniform_oracle(s[c], t, n_bins, w)
@@ -92,7 +97,7 @@ def test_equal_width_fit_equals_a_loop_over_the_scores(case, n_bins, weighted):
         np.testing.assert_allclose(maps[c]["values"], values, rtol=1e-15, atol=0)
         one, at = fit_uniform_histogram(s[c], t, n_bins=n_bins, sample_weight=w, fitted=True)
         assert one == maps[c]
-        np.testing.assert_array_equal(fitted[c], at)
+        np.testing.assert_array_equal(fitted[:, c], at)
         np.testing.assert_array_equal(at, apply_histogram(one, s[c]))
 
 
@@ -101,11 +106,11 @@ def test_equal_width_fit_equals_a_loop_over_the_scores(case, n_bins, weighted):
 def test_weighted_vectorised_fit_is_the_per_column_weighted_fit(case, n_bins):
     s, y, classes = case
     w = np.random.default_rng(s.size + 1).random(s.shape[1]) + 0.1
-    maps, fitted = fit_histograms(s, y, classes, n_bins=n_bins, sample_weight=w)
+    maps, fitted = fit_histograms(np.ascontiguousarray(s.T), y, classes, n_bins=n_bins, sample_weight=w)
     for c, k in enumerate(classes):
         want, at = fit_histogram(s[c], (y == k).astype(np.float64), n_bins=n_bins, sample_weight=w, fitted=True)
         assert maps[c] == want
-        np.testing.assert_array_equal(fitted[c], at)
+        np.testing.assert_array_equal(fitted[:, c], at)
 
 
 def test_uniform_edges_scores_on_an_edge_and_empty_bins():

@@ -2,10 +2,10 @@
 (``"uniform"``) bins, the maps of :func:`confcal.calibrators._fit.univariate.fit_histogram`.
 
 A one-vs-rest fit on ``K`` classes bins ``K`` columns of the same ``n`` rows. Here they are binned
-together: one ``np.sort`` of the ``(K, n)`` scores gives every column's equal-mass quantiles and
-bin counts, one comparison pass per edge every score's bin, one ``bincount`` over
-``bin + column * n_bins`` the counts of equal-width bins, and one over the ``n`` labelled entries
-(a row is a positive of its own class's map only) every bin's positives. The result is
+together: one in-place sort of the transposed ``(K, n)`` scores gives every column's equal-mass quantiles and
+bin counts, one comparison pass per edge every score's bin (and the counts of equal-width bins),
+and one ``bincount`` over the ``n`` labelled entries (a row is a positive of its own class's map
+only) every bin's positives. The result is
 equal to the per-column fit, not just close: edges and values are the same arithmetic on the same
 numbers (no ``exp`` or ``log``). Columns that the shortcut does not cover (a tie at a quantile rank,
 sample weights) go through the per-column code.
@@ -86,41 +86,44 @@ def _map_of_row(labels, classes) -> np.ndarray:
 
 
 def fit_histograms(scores, labels, classes, *, n_bins: int, strategy: str = "quantile", sample_weight=None):
-    """Histogram binning of every column of ``scores`` ``(C, n)`` against ``labels == classes[c]``.
+    """Histogram binning of every column of ``scores`` ``(n, C)`` against ``labels == classes[c]``.
 
     Parameters
     ----------
-    scores : float64 array ``(C, n)``
-        One row per map (for one-vs-rest, the transposed probabilities of the classes mapped).
-    labels : int array ``(n,)``
+    scores : float64 array ``(n_samples, C)``
+        One column per map (for one-vs-rest, the probabilities of the classes mapped).
+    labels : int array ``(n_samples,)``
         Classes of the rows; row ``i`` is a positive of map ``c`` when ``labels[i] == classes[c]``.
     classes : sequence of int ``(C,)``, distinct
     n_bins : int >= 1
     strategy : ``"quantile"`` or ``"uniform"``
-    sample_weight : float ``(n,)`` >= 0 or None
+    sample_weight : float ``(n_samples,)`` >= 0 or None
 
     Returns
     -------
     maps : list of ``{"edges", "values"}``, one per column, each equal to
-        ``fit_histogram(scores[c], labels == classes[c], n_bins=n_bins)`` (``"quantile"``) or
+        ``fit_histogram(scores[:, c], labels == classes[c], n_bins=n_bins)`` (``"quantile"``) or
         :func:`fit_uniform_histogram` (``"uniform"``)
-    fitted : float64 ``(C, n)``, each map at its column's calibration scores
+    fitted : float64 ``(n_samples, C)``, each map at its column's calibration scores
     """
     s = np.asarray(scores, dtype=np.float64)
-    n_maps, n = s.shape
+    n, n_maps = s.shape
     y = np.asarray(labels)
     if sample_weight is not None or n_maps == 0:
         return _per_column(s, y, classes, n_bins, strategy, sample_weight)
     owner = _map_of_row(y, classes)
     if strategy == "uniform":
         edges = uniform_edges(n_bins)
-        idx = _bins(s, np.broadcast_to(edges, (n_maps, edges.size)))
-        return _finish(idx, [edges] * n_maps, owner, n_bins, lambda cnt, pos: uniform_bin_values(cnt, pos, n_bins))
-    srt = np.sort(s, axis=1)  # values only: numpy's SIMD sort (an argsort takes 1.4-2x as long)
+        idx, cnt = _bins(s, np.broadcast_to(edges, (n_maps, edges.size)), counts=True)
+        return _finish(idx, [edges] * n_maps, owner, n_bins, lambda cnt, pos: uniform_bin_values(cnt, pos, n_bins),
+                       cnt)
+    srt = np.array(s.T, order="C", copy=True)  # a copy (never a view of s), sorted in place: numpy's SIMD sort
+    srt.sort(axis=1)
     ranks = np.unique(quantile_ranks(n, n_bins))
     ranks = ranks[ranks < n - 1]  # a quantile at the largest score is no edge
     q = srt[:, ranks]
     above = srt[:, ranks + 1]
+    del srt
     # no tie at any rank: the quantiles are distinct and below the maximum, the next larger score is the
     # next in order, and bin i holds the scores at positions ranks[i-1] + 1 .. ranks[i] of every column
     clean = np.all(q < above, axis=1)
@@ -128,8 +131,7 @@ def fit_histograms(scores, labels, classes, *, n_bins: int, strategy: str = "qua
         return _mixed(s, y, classes, n_bins, clean)
     edges = edges_between(q, above)
     count = np.diff(np.concatenate([[0], ranks + 1, [n]])).astype(np.float64)
-    return _finish(_bins(s, edges), list(edges), owner, ranks.size + 1, lambda cnt, pos: pos / count,
-                   counts=False)
+    return _finish(_bins(s, edges), list(edges), owner, ranks.size + 1, lambda cnt, pos: pos / count)
 
 
 #: up to this many edges a score's bin is counted by comparisons (one vectorised pass per edge, no
@@ -137,58 +139,67 @@ def fit_histograms(scores, labels, classes, *, n_bins: int, strategy: str = "qua
 _COMPARE_EDGES = 48
 
 
-def _bins(s, edges):
-    """:func:`confcal.calibrators._fit.univariate.bin_index` of every row of ``s`` ``(C, n)`` in its
-    row of ``edges`` ``(C, E)``: the number of edges below each score."""
+def _bins(s, edges, counts: bool = False):
+    """:func:`confcal.calibrators._fit.univariate.bin_index` of every column of ``s`` ``(n, C)`` in its
+    row of ``edges`` ``(C, E)``: the number of edges below each score, ``(n, C)``; with ``counts``, also
+    each column's bin counts ``(C, E + 1)`` (float64)."""
+    n, n_maps = s.shape
+    n_out = edges.shape[1] + 1
     if edges.shape[1] > _COMPARE_EDGES:
         idx = np.empty(s.shape, dtype=np.intp)
-        for c in range(s.shape[0]):
-            idx[c] = np.searchsorted(edges[c], s[c], side="left")
-        return idx
+        for c in range(n_maps):
+            idx[:, c] = np.searchsorted(edges[c], s[:, c], side="left")
+        if not counts:
+            return idx
+        return idx, np.stack([np.bincount(idx[:, c], minlength=n_out) for c in range(n_maps)]).astype(np.float64)
     idx = np.zeros(s.shape, dtype=np.int8)
+    above = np.empty((n_maps, n_out + 1), dtype=np.int64)  # scores above edge i-1: n, ..., 0
+    above[:, 0], above[:, -1] = n, 0
     for i in range(edges.shape[1]):
-        idx += s > edges[:, i:i + 1]
-    return idx
+        cmp = s > edges[:, i]
+        idx += cmp
+        if counts:
+            above[:, i + 1] = np.count_nonzero(cmp, axis=0)
+    # bin b is (e[b-1], e[b]]: its count is the scores above e[b-1] less those above e[b]
+    return (idx, (above[:, :-1] - above[:, 1:]).astype(np.float64)) if counts else idx
 
 
-def _finish(idx, edges, owner, n_out, values_of, counts=True):
-    """Maps and fitted values from every entry's bin ``idx`` ``(C, n)``: the counts from one ``bincount``
-    of ``idx + c * n_out`` (skipped where ``values_of`` knows them), the positives from the ``n`` rows'
-    own entries only."""
-    n_maps, n = idx.shape
-    flat = idx.astype(np.intp)
-    flat += (np.arange(n_maps, dtype=np.intp) * n_out)[:, None]
+def _finish(idx, edges, owner, n_out, values_of, cnt=None):
+    """Maps and fitted values ``(n, C)`` from every entry's bin ``idx`` ``(n, C)`` and the bin counts
+    ``cnt`` (None where ``values_of`` knows them): the positives from one ``bincount`` over the ``n``
+    rows' own entries only. Few large temporaries: on 5,000 x 100 each fresh ``(n, C)`` float64
+    array costs about a millisecond of page faults on the development machine."""
+    n, n_maps = idx.shape
     rows = np.flatnonzero(owner >= 0)
-    pos = np.bincount(flat[owner[rows], rows], minlength=n_maps * n_out).astype(np.float64).reshape(n_maps, n_out)
-    cnt = np.bincount(flat.ravel(), minlength=n_maps * n_out).astype(np.float64).reshape(n_maps, n_out) \
-        if counts else None
-    values = values_of(cnt, pos)
+    m = owner[rows]
+    pos = np.bincount(idx[rows, m].astype(np.intp) + m * n_out, minlength=n_maps * n_out)
+    values = values_of(cnt, pos.astype(np.float64).reshape(n_maps, n_out))
     maps = [{"edges": e.tolist(), "values": v.tolist()} for e, v in zip(edges, values)]
-    return maps, np.take(values.ravel(), flat)
+    return maps, np.take_along_axis(np.ascontiguousarray(values.T), idx, axis=0)
 
 
 def _per_column(s, y, classes, n_bins, strategy, sample_weight):
     fit = fit_uniform_histogram if strategy == "uniform" else fit_histogram
-    fits = [fit(s[c], (y == k).astype(np.float64), n_bins=n_bins, sample_weight=sample_weight, fitted=True)
+    fits = [fit(s[:, c], (y == k).astype(np.float64), n_bins=n_bins, sample_weight=sample_weight, fitted=True)
             for c, k in enumerate(classes)]
     fitted = np.empty(s.shape, dtype=np.float64)
     for c, f in enumerate(fits):
-        fitted[c] = f[1]
+        fitted[:, c] = f[1]
     return [f[0] for f in fits], fitted
 
 
 def _mixed(s, y, classes, n_bins, clean):
     """Columns with a tie at a quantile rank through :func:`fit_histogram`, the others through the shortcut."""
-    maps: list = [None] * s.shape[0]
+    maps: list = [None] * s.shape[1]
     fitted = np.empty(s.shape, dtype=np.float64)
     classes = np.asarray(classes)
     tied = np.flatnonzero(~clean)
-    sub_maps, sub_fit = _per_column(s[tied], y, classes[tied], n_bins, "quantile", None)
-    for c, m, f in zip(tied, sub_maps, sub_fit):
-        maps[c], fitted[c] = m, f
+    sub_maps, sub_fit = _per_column(s[:, tied], y, classes[tied], n_bins, "quantile", None)
+    for j, (c, m) in enumerate(zip(tied, sub_maps)):
+        maps[c], fitted[:, c] = m, sub_fit[:, j]
     ok = np.flatnonzero(clean)
     if ok.size:
-        sub_maps, sub_fit = fit_histograms(s[ok], y, classes[ok], n_bins=n_bins)
-        for c, m, f in zip(ok, sub_maps, sub_fit):
-            maps[c], fitted[c] = m, f
+        sub_maps, sub_fit = fit_histograms(s[:, ok], y, classes[ok], n_bins=n_bins)
+        for j, (c, m) in enumerate(zip(ok, sub_maps)):
+            maps[c], fitted[:, c] = m, sub_fit[:, j]
     return maps, fitted

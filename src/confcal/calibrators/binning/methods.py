@@ -234,11 +234,10 @@ class _Histogram:
 
     def _fit_maps(self, scores, labels, cols, sample_weight):
         """All one-vs-rest maps at once (:func:`confcal.calibrators._fit.histogram.fit_histograms`): the
-        maps and their values at the calibration scores ``(len(cols), n)``."""
+        maps and their values at the calibration scores ``(n, len(cols))``."""
         n_bins, strategy = self._hist_settings()
-        columns = scores.T if len(cols) == scores.shape[1] else scores[:, cols].T
-        return fit_histograms(np.ascontiguousarray(columns), labels, cols, n_bins=n_bins, strategy=strategy,
-                              sample_weight=sample_weight)
+        columns = scores if len(cols) == scores.shape[1] else scores[:, cols]
+        return fit_histograms(columns, labels, cols, n_bins=n_bins, strategy=strategy, sample_weight=sample_weight)
 
     def _apply_map(self, params, scores):
         return apply_histogram(params, scores)

@@ -323,7 +323,7 @@ class OneVsRestCalibrator(_MapMixin, _ReportingCalibrator):
         if memo is not None and all(f[1] is not None for f in fits):
             # each map's values at its calibration scores, known from the fit: the fit record's
             # predictions of this array need no second search of every score
-            memo["columns"] = (logits, np.stack([f[1] for f in fits]))
+            memo["columns"] = (logits, np.stack([f[1] for f in fits], axis=1))
 
     #: rows per block of predict_proba: every row's output depends on that row only, so a long
     #: batch runs in blocks of ~2**21 values (16 MiB per float64 intermediate) and its memory is
@@ -347,16 +347,21 @@ class OneVsRestCalibrator(_MapMixin, _ReportingCalibrator):
 
     def _predict_block(self, logits):
         s = self._scores(logits)
-        known = (self.__dict__.get("_fit_memo") or {}).get("columns")
-        known = known[1] if known is not None and known[0] is logits else None
+        memo = self.__dict__.get("_fit_memo") or {}
+        known = memo.get("columns")
+        if known is not None and known[0] is logits:
+            # (n, K): each map's values at its calibration scores, used once (this prediction is the
+            # fit record's; the memo does not keep it for another)
+            known = memo.pop("columns")[1]
+        else:
+            known = None
         if len(self.maps_) == 1:
-            p1 = np.clip(self._apply_map(self.maps_[0], s[:, 1]) if known is None else known[0], 0.0, 1.0)
+            p1 = np.clip(self._apply_map(self.maps_[0], s[:, 1]) if known is None else known[:, 0], 0.0, 1.0)
             return np.stack([1.0 - p1, p1], axis=1)
-        # known: (K, n), each map's values at its calibration scores; C order, as _map_columns gives
         if known is None:
             q = self._map_columns(s)
         else:
-            q = np.array(known.T, dtype=np.float64, order="C")
+            q = np.ascontiguousarray(known, dtype=np.float64)
             np.clip(q, 0.0, 1.0, out=q)
         total = q.sum(axis=1, keepdims=True)
         zero = total[:, 0] <= 0.0
@@ -366,7 +371,7 @@ class OneVsRestCalibrator(_MapMixin, _ReportingCalibrator):
         q /= total
         top = predicted_class(s if self.space == "prob" else _fit_softmax(self, logits))
         if known is not None:  # the fit record's prediction: its metrics read this arg-max again
-            self._fit_memo["top"] = (logits, top)
+            memo["top"] = (logits, top)
         return break_ties_toward(q, top)
 
     def _get_fitted(self):
