@@ -278,3 +278,23 @@ def test_checked_record_metrics_refuse_nan_probabilities():
     p[2, 0] = np.nan
     with pytest.raises(ValueError, match="probs"):
         record_metrics(p, np.array([0, 1, 0, 1]), checked=True)
+
+
+@pytest.mark.parametrize("strategy", ["quantile", "uniform"])
+@pytest.mark.parametrize("n_bins", [1, 3, 15, 60])
+def test_many_columns_take_the_untransposed_layout_and_equal_the_per_column_fit(strategy, n_bins):
+    """Past _BY_ROWS_MAX columns the bins are found in the (n, C) scores themselves: the same maps
+    (ties in some columns, so the mixed path runs too)."""
+    from confcal.calibrators._fit import histogram as H
+
+    rng = np.random.default_rng(n_bins)
+    c = H._BY_ROWS_MAX + 8
+    s = rng.random((300, c))
+    s[:, ::7] = np.round(s[:, ::7], 1)  # ties at the quantile ranks
+    y = rng.integers(0, c, 300)
+    one = fit_uniform_histogram if strategy == "uniform" else fit_histogram
+    maps, fitted = fit_histograms(s, y, list(range(c)), n_bins=n_bins, strategy=strategy)
+    for j in range(c):
+        want, at = one(s[:, j], (y == j).astype(np.float64), n_bins=n_bins, fitted=True)
+        assert maps[j] == want
+        np.testing.assert_array_equal(fitted[:, j], at)

@@ -112,12 +112,19 @@ def fit_histograms(scores, labels, classes, *, n_bins: int, strategy: str = "qua
     if sample_weight is not None or n_maps == 0:
         return _per_column(s, y, classes, n_bins, strategy, sample_weight)
     owner = _map_of_row(y, classes)
+    # few columns: bin the transposed (C, n) copy, whose inner loops run over the n rows (over 10
+    # columns numpy's per-row loops cost 2-3x); many: bin the (n, C) scores themselves (no more
+    # fresh (n, C) arrays: each costs page faults, ~1 ms on 5,000 x 100 here)
+    work = np.array(s.T, order="C", copy=True) if n_maps <= _BY_ROWS_MAX else s
     if strategy == "uniform":
         edges = uniform_edges(n_bins)
-        idx, cnt = _bins(s, np.broadcast_to(edges, (n_maps, edges.size)), counts=True)
+        idx, cnt = _bins(work, np.broadcast_to(edges, (n_maps, edges.size)), counts=True)
         return _finish(idx, [edges] * n_maps, owner, n_bins, lambda cnt, pos: uniform_bin_values(cnt, pos, n_bins),
                        cnt)
-    srt = np.array(s.T, order="C", copy=True)  # a copy (never a view of s), sorted in place: numpy's SIMD sort
+    if work is s:
+        srt = np.array(s.T, order="C", copy=True)  # a copy (never a view of s), sorted in place: numpy's SIMD sort
+    else:
+        srt = work.copy()
     srt.sort(axis=1)
     ranks = np.unique(quantile_ranks(n, n_bins))
     ranks = ranks[ranks < n - 1]  # a quantile at the largest score is no edge
@@ -131,8 +138,11 @@ def fit_histograms(scores, labels, classes, *, n_bins: int, strategy: str = "qua
         return _mixed(s, y, classes, n_bins, clean)
     edges = edges_between(q, above)
     count = np.diff(np.concatenate([[0], ranks + 1, [n]])).astype(np.float64)
-    return _finish(_bins(s, edges), list(edges), owner, ranks.size + 1, lambda cnt, pos: pos / count)
+    return _finish(_bins(work, edges), list(edges), owner, ranks.size + 1, lambda cnt, pos: pos / count)
 
+
+#: up to this many columns the bins are found in a transposed (C, n) copy of the scores
+_BY_ROWS_MAX = 32
 
 #: up to this many edges a score's bin is counted by comparisons (one vectorised pass per edge, no
 #: branches); beyond, found by a binary search, whose branches mispredict on equal-mass bins
@@ -140,41 +150,48 @@ _COMPARE_EDGES = 48
 
 
 def _bins(s, edges, counts: bool = False):
-    """:func:`confcal.calibrators._fit.univariate.bin_index` of every column of ``s`` ``(n, C)`` in its
-    row of ``edges`` ``(C, E)``: the number of edges below each score, ``(n, C)``; with ``counts``, also
-    each column's bin counts ``(C, E + 1)`` (float64)."""
-    n, n_maps = s.shape
+    """:func:`confcal.calibrators._fit.univariate.bin_index` of every column's scores in its row of
+    ``edges`` ``(C, E)``: the number of edges below each score, in the layout of ``s`` (``(n, C)``, or
+    ``(C, n)`` when ``C <= _BY_ROWS_MAX``); with ``counts``, also each column's bin counts
+    ``(C, E + 1)`` (float64)."""
+    n_maps = edges.shape[0]
+    by_rows = n_maps <= _BY_ROWS_MAX  # s is (C, n)
+    n = s.shape[1] if by_rows else s.shape[0]
     n_out = edges.shape[1] + 1
+    col = (lambda a, c: a[c]) if by_rows else (lambda a, c: a[:, c])
     if edges.shape[1] > _COMPARE_EDGES:
         idx = np.empty(s.shape, dtype=np.intp)
         for c in range(n_maps):
-            idx[:, c] = np.searchsorted(edges[c], s[:, c], side="left")
+            col(idx, c)[...] = np.searchsorted(edges[c], col(s, c), side="left")
         if not counts:
             return idx
-        return idx, np.stack([np.bincount(idx[:, c], minlength=n_out) for c in range(n_maps)]).astype(np.float64)
+        return idx, np.stack([np.bincount(col(idx, c), minlength=n_out) for c in range(n_maps)]).astype(np.float64)
     idx = np.zeros(s.shape, dtype=np.int8)
     above = np.empty((n_maps, n_out + 1), dtype=np.int64)  # scores above edge i-1: n, ..., 0
     above[:, 0], above[:, -1] = n, 0
     for i in range(edges.shape[1]):
-        cmp = s > edges[:, i]
+        cmp = s > (edges[:, i:i + 1] if by_rows else edges[:, i])
         idx += cmp
         if counts:
-            above[:, i + 1] = np.count_nonzero(cmp, axis=0)
+            above[:, i + 1] = np.count_nonzero(cmp, axis=1 if by_rows else 0)
     # bin b is (e[b-1], e[b]]: its count is the scores above e[b-1] less those above e[b]
     return (idx, (above[:, :-1] - above[:, 1:]).astype(np.float64)) if counts else idx
 
 
 def _finish(idx, edges, owner, n_out, values_of, cnt=None):
-    """Maps and fitted values ``(n, C)`` from every entry's bin ``idx`` ``(n, C)`` and the bin counts
-    ``cnt`` (None where ``values_of`` knows them): the positives from one ``bincount`` over the ``n``
-    rows' own entries only. Few large temporaries: on 5,000 x 100 each fresh ``(n, C)`` float64
-    array costs about a millisecond of page faults on the development machine."""
-    n, n_maps = idx.shape
+    """Maps and fitted values ``(n, C)`` from every entry's bin ``idx`` (layout of :func:`_bins`) and the
+    bin counts ``cnt`` (None where ``values_of`` knows them): the positives from one ``bincount`` over
+    the ``n`` rows' own entries only."""
+    n_maps = len(edges)
+    by_rows = n_maps <= _BY_ROWS_MAX
     rows = np.flatnonzero(owner >= 0)
     m = owner[rows]
-    pos = np.bincount(idx[rows, m].astype(np.intp) + m * n_out, minlength=n_maps * n_out)
+    own = idx[m, rows] if by_rows else idx[rows, m]
+    pos = np.bincount(own.astype(np.intp) + m * n_out, minlength=n_maps * n_out)
     values = values_of(cnt, pos.astype(np.float64).reshape(n_maps, n_out))
     maps = [{"edges": e.tolist(), "values": v.tolist()} for e, v in zip(edges, values)]
+    if by_rows:
+        return maps, np.take_along_axis(values, idx, axis=1).T
     return maps, np.take_along_axis(np.ascontiguousarray(values.T), idx, axis=0)
 
 
