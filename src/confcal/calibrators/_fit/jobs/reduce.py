@@ -310,20 +310,13 @@ class OneVsRestCalibrator(_MapMixin, _ReportingCalibrator):
         cols = [1] if k == 2 else list(range(k))
         fit_all = getattr(self, "_fit_maps", None)
         if fit_all is not None:
-            # all K maps at once (a method whose maps vectorise over the columns)
+            # all K maps at once (a method whose maps vectorise over the columns) and their values at
+            # the calibration scores (n, K): the fit record's prediction of this array needs no search
             self.maps_, fitted = fit_all(s, labels, cols, sample_weight)
             if memo is not None:
                 memo["columns"] = (logits, fitted)
             return
-        fit_one = getattr(self, "_fit_map_fitted", None) if memo is not None else None
-        if fit_one is None:
-            fit_one = lambda *a: (self._fit_map(*a), None)  # noqa: E731
-        fits = [fit_one(s[:, j], (labels == j).astype(np.float64), sample_weight) for j in cols]
-        self.maps_ = [f[0] for f in fits]
-        if memo is not None and all(f[1] is not None for f in fits):
-            # each map's values at its calibration scores, known from the fit: the fit record's
-            # predictions of this array need no second search of every score
-            memo["columns"] = (logits, np.stack([f[1] for f in fits], axis=1))
+        self.maps_ = [self._fit_map(s[:, j], (labels == j).astype(np.float64), sample_weight) for j in cols]
 
     #: rows per block of predict_proba: every row's output depends on that row only, so a long
     #: batch runs in blocks of ~2**21 values (16 MiB per float64 intermediate) and its memory is
