@@ -27,6 +27,18 @@ __all__ = [
 MIN_SPLIT_ROWS = 2
 
 
+def plain(value) -> str:
+    """``repr(value)`` for messages, numpy scalars and arrays shown as the Python numbers they hold
+    (numpy 2 prints ``np.float64(1.5)`` where a user should read ``1.5``)."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    elif isinstance(value, np.ndarray):
+        value = value.tolist()
+    elif isinstance(value, (list, tuple)) and any(isinstance(v, np.generic) for v in value):
+        value = type(value)(v.item() if isinstance(v, np.generic) else v for v in value)
+    return repr(value)
+
+
 def min_rows_message(method: str, n_rows: int, why: str) -> str:
     """The one-line refusal of a fit on fewer than :data:`MIN_SPLIT_ROWS` rows, e.g.
     ``logits: scaling-binning needs at least 2 calibration rows (two halves), got 1``."""

@@ -39,7 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None):
-    print(f"confcal: warning: {message}", file=sys.stderr)
+    from confcal.cli._shared.errors import plain_numbers
+
+    print(f"confcal: warning: {plain_numbers(str(message))}", file=sys.stderr)
 
 
 def main(argv=None) -> int:

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import json
+from argparse import SUPPRESS
 
 from confcal.cli._shared.common import SPEC_HELP, add_csv_header_arg, format_table, progress_of, source
+
+
+#: the EM-only options of ``confcal adapt`` and their defaults (the parser leaves them out unless given)
+EM_DEFAULTS = {"smoothing": 0.0, "tol": 1e-7, "max_iter": 1000, "source_prior": "calibrated"}
 
 
 def register(sub):
@@ -31,14 +36,16 @@ def register(sub):
                    help="'probs' if the files hold probabilities (default: what the calibrator was fitted on)")
     add_csv_header_arg(p)
     p.add_argument("--method", choices=["em", "bbse"], default="em", help="prior estimator (default em)")
-    p.add_argument("--smoothing", type=float, default=0.0,
+    # EM-only options are absent from the namespace unless given (SUPPRESS): with --method bbse they are
+    # refused instead of ignored (defaults: EM_DEFAULTS)
+    p.add_argument("--smoothing", type=float, default=SUPPRESS,
                    help="EM: Dirichlet pseudo-count per class (default 0, maximum likelihood)")
-    p.add_argument("--tol", type=float, default=1e-7,
+    p.add_argument("--tol", type=float, default=SUPPRESS,
                    help="EM stops after the first step with ||pi_new - pi||_1 <= TOL (default 1e-7)")
-    p.add_argument("--max-iter", type=int, default=1000, help="EM: at most this many iterations (default 1000)")
-    p.add_argument("--source-prior", choices=["calibrated", "labels"], default="calibrated",
+    p.add_argument("--max-iter", type=int, default=SUPPRESS, help="EM: at most this many iterations (default 1000)")
+    p.add_argument("--source-prior", choices=["calibrated", "labels"], default=SUPPRESS,
                    help="EM's source prior: the calibration set's mean calibrated probability (default) or its "
-                        "label frequencies")
+                        "label frequencies (BBSE always uses the label frequencies)")
     p.add_argument("--n-boot", type=int, default=200, help="bootstrap replicates per prior (default 200; 0: none)")
     p.add_argument("--confidence", type=float, default=0.95, help="interval level (default 0.95)")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap weights (default 0)")
@@ -101,6 +108,13 @@ def run(args) -> int:
     from confcal.io import check_not_an_input, check_output_path, load_calibrator, save_manifest
 
     check_output_path(args.output, suffixes=(".json",), name="--output")
+    given = [k for k in EM_DEFAULTS if hasattr(args, k)]
+    if args.method != "em" and given:
+        raise ValueError(f"--{given[0].replace('_', '-')}: applies to --method em only, got --method {args.method}"
+                         + (" (BBSE's source prior is the label frequencies)" if given[0] == "source_prior" else ""))
+    for k, v in EM_DEFAULTS.items():
+        if not hasattr(args, k):
+            setattr(args, k, v)
     check_not_an_input(args.output, {"--calibrator": args.calibrator, "--logits": args.logits,
                                      "--domains": args.domains, "--calibration-logits": args.calibration_logits,
                                      "--calibration-labels": args.calibration_labels})

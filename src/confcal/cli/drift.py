@@ -9,6 +9,7 @@ import warnings
 from confcal.cli._shared.choices import DEFAULT_ALPHA
 from confcal.cli._shared.common import format_table
 from confcal.cli._shared.drift_check import NEEDS, check
+from confcal._validation import plain
 
 #: exit status of ``drift --fail-on-drift`` when drift is flagged
 EXIT_DRIFT = 3
@@ -45,7 +46,7 @@ def run(args) -> int:
     from confcal.io import load_array, load_calibrator
 
     if not 0.0 < args.alpha < 1.0:
-        raise ValueError(f"--alpha: expected a value in (0, 1), got {args.alpha!r}")
+        raise ValueError(f"--alpha: expected a value in (0, 1), got {plain(args.alpha)}")
     with warnings.catch_warnings(record=True) as said:  # a damaged record's warning, unless it ends here
         warnings.simplefilter("always")
         cal = load_calibrator(args.calibrator)
@@ -62,7 +63,7 @@ def run(args) -> int:
         x, kind = check_logits(x, input_kind=kind), "logits"
     elif not np.all(np.isfinite(np.asarray(x, dtype=np.float64))):
         bad = int(np.flatnonzero(~np.isfinite(np.asarray(x, dtype=np.float64)))[0])
-        raise ValueError(f"logits: score {bad} is not finite ({x[bad]!r})")
+        raise ValueError(f"logits: score {bad} is not finite ({plain(x[bad])})")
     try:
         rows = check(cal.fit_record_, x, input_kind=kind, domains=domains, alpha=args.alpha)
     except ValueError:

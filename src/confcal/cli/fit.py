@@ -49,6 +49,22 @@ def register(sub):
     p.set_defaults(func=run)
 
 
+def _check_per_class(method: str) -> None:
+    """``--per-class`` names itself (not ``--param per_class``) when the method fits no map per category."""
+    from confcal.calibrators.protocol.registry import METHODS
+
+    def takes(name):
+        try:
+            return "per_class" in METHODS[name]().get_params()
+        except (TypeError, ValueError):  # a method that needs arguments to be made: not one of these
+            return False
+
+    if method in METHODS and not takes(method):
+        takers = sorted(m for m in METHODS if takes(m))
+        raise ValueError(f"--per-class: only for the methods with one map per category ({', '.join(takers)}), "
+                         f"got --method {method}")
+
+
 def run(args) -> int:
     from confcal.calibrators.protocol.registry import make_calibrator
     from confcal.cli._shared.provenance import provenance
@@ -63,6 +79,7 @@ def run(args) -> int:
         raise ValueError("--allow-accuracy-change: only with --method auto")
     params = parse_params(args.param, args.method)
     if args.per_class:
+        _check_per_class(args.method)
         params["per_class"] = True
     if args.input_kind is not None:
         params["input_kind"] = args.input_kind  # a hyper-parameter: the manifest records it for apply

@@ -29,6 +29,7 @@ from fractions import Fraction
 import numpy as np
 
 from confcal.decisions.pvalues import check_level
+from confcal._validation import plain
 
 __all__ = ["CONFORMAL_SCORES", "ConformalSets", "fit_conformal", "conformal_quantile", "class_scores"]
 
@@ -169,9 +170,9 @@ def fit_conformal(probs, labels, *, alpha: float = 0.1, score: str = "lac", clas
     if score not in CONFORMAL_SCORES:
         raise ValueError(f"score: expected one of {list(CONFORMAL_SCORES)}, got {score!r}")
     if not (np.isfinite(lam) and lam >= 0):
-        raise ValueError(f"lam: expected a finite number >= 0, got {lam!r}")
+        raise ValueError(f"lam: expected a finite number >= 0, got {plain(lam)}")
     if int(k_reg) != k_reg or k_reg < 0:
-        raise ValueError(f"k_reg: expected an integer >= 0, got {k_reg!r}")
+        raise ValueError(f"k_reg: expected an integer >= 0, got {plain(k_reg)}")
     p = _check_probs(probs)
     n, k = p.shape
     y = np.asarray(labels)

@@ -83,7 +83,8 @@ def _statement(rule: DecisionRule) -> str:
     if st["alpha_reject"] is not None:
         parts.append(f"{st['reject_risk']} of rejected items <= {st['alpha_reject']:g}")
     per = "for all groups at once" if st["simultaneous"] else "for each group"
-    return (f"{' and '.join(parts)}, jointly with probability >= {one_minus(st['delta'])} over the draw of an "
+    joint = ", jointly" if len(parts) == 2 else ""  # one side: its own guarantee, all of delta
+    return (f"{' and '.join(parts)}{joint} with probability >= {one_minus(st['delta'])} over the draw of an "
             f"exchangeable calibration set, {per} (Learn-then-Test)")
 
 
@@ -139,7 +140,9 @@ def decision_manifest(rule, *, data_sha256: str, n_samples: int, input_kind: str
         st = rule.settings
         body.update(kind="three_way", notes=list(rule.notes), guarantee={"statement": _statement(rule), **{
             k: st[k] for k in ("alpha_accept", "alpha_reject", "delta", "delta_split", "accept_risk", "reject_risk",
-                               "procedure", "pvalue", "simultaneous", "pool_small")}},
+                               "procedure", "pvalue", "simultaneous", "pool_small")},
+            # one side certified: it spends all of delta, so no split is recorded
+            **({"delta_split": None} if st["alpha_accept"] is None or st["alpha_reject"] is None else {})},
             groups={g: _group_dict(fit, rule.sources[g], rule.thresholds(g)) for g, fit in rule.groups.items()})
     body["sha256"] = canonical_sha256({k: v for k, v in body.items() if k != "sha256"})
     return body
@@ -249,7 +252,8 @@ def _rule(m) -> DecisionRule:
     if aa is None and ar is None:
         _fail("guarantee.alpha_accept", "a number in (0, 1) for at least one side", None)
     delta = _real(g["delta"], "guarantee.delta", 0, 1, open_=True)
-    _real(g["delta_split"], "guarantee.delta_split", 0, 1, open_=True)
+    # null for a one-sided rule (manifests before it recorded the unused default)
+    _real(g["delta_split"], "guarantee.delta_split", 0, 1, open_=True, null=aa is None or ar is None)
     acc_r = _choice(g["accept_risk"], "guarantee.accept_risk", [r for r, s in RISKS.items() if s == "accept"])
     rej_r = _choice(g["reject_risk"], "guarantee.reject_risk", [r for r, s in RISKS.items() if s == "reject"])
     _choice(g["procedure"], "guarantee.procedure", PROCEDURES)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from confcal._validation import plain
 
 __all__ = ["binomial_pvalue", "hoeffding_bentkus_pvalue", "check_level"]
 
@@ -31,9 +32,9 @@ def check_level(value, name: str) -> float:
     try:
         v = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{name}: expected a number in (0, 1), got {value!r}") from None
+        raise ValueError(f"{name}: expected a number in (0, 1), got {plain(value)}") from None
     if not (0.0 < v < 1.0):
-        raise ValueError(f"{name}: expected a number in (0, 1), got {value!r}")
+        raise ValueError(f"{name}: expected a number in (0, 1), got {plain(value)}")
     return v
 
 

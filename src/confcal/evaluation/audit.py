@@ -30,6 +30,7 @@ from confcal._validation import as_numpy, check_domains, check_labels, check_pro
 from confcal.metrics.calibration import ece, reliability_table
 from confcal.metrics.detection import ALL, binary_brier, binary_nll, detection_ece, detection_reliability
 from confcal.metrics.scores import accuracy, brier_score, nll
+from confcal._validation import plain
 
 __all__ = ["calibration_audit", "ece_violations", "domain_parameters", "brier", "ALL"]
 
@@ -140,7 +141,7 @@ def ece_violations(audit: dict, max_ece: float) -> list[tuple[str, float]]:
     """
     t = float(max_ece)
     if not (math.isfinite(t) and 0.0 <= t <= 1.0):
-        raise ValueError(f"max_ece: expected a number in [0, 1], got {max_ece!r}")
+        raise ValueError(f"max_ece: expected a number in [0, 1], got {plain(max_ece)}")
     key = gate_metric(audit)
     return [(g, round(m[key], 12)) for g, m in audit["groups"].items() if m[key] > t]
 

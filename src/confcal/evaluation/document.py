@@ -41,6 +41,7 @@ import math
 import numpy as np
 
 from confcal.evaluation.streamed import OVERALL, evaluate_stats
+from confcal._validation import plain
 
 __all__ = ["evaluation_document", "evaluate_sources", "ALL"]
 
@@ -145,7 +146,7 @@ def evaluation_document(stats, *, engine: str, max_ece: float | None = None, man
     if max_ece is not None:
         t = float(max_ece)
         if not (math.isfinite(t) and 0.0 <= t <= 1.0):
-            raise ValueError(f"max_ece: expected a number in [0, 1], got {max_ece!r}")
+            raise ValueError(f"max_ece: expected a number in [0, 1], got {plain(max_ece)}")
         metric = "d_ece" if box else "ece"
         stage = list(doc["metrics"])[-1]  # after the calibrator, else the raw predictions
         values = {ALL: (doc["metrics"][stage][metric], doc["calibration"][stage]),

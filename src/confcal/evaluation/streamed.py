@@ -24,6 +24,7 @@ import numpy as np
 
 from confcal._digest import digest_part, merge_parts, part_hexdigest
 from confcal.passes import LocalEngine, Pass, run_job
+from confcal._validation import plain
 
 __all__ = ["evaluate_stats", "evaluate_job", "EvaluationStats", "ShippedCalibrator", "OVERALL"]
 
@@ -112,7 +113,7 @@ def _probabilities(ctx: _Context, batch: dict, first: int, wanted, stats: dict):
         s = s.astype(np.float64)
         bad = ~np.isfinite(s)
         if bad.any():
-            raise ValueError(f"scores: box scores must be finite, got {s[bad][0]!r} at row {first + int(np.flatnonzero(bad)[0])}")
+            raise ValueError(f"scores: box scores must be finite, got {plain(s[bad][0])} at row {first + int(np.flatnonzero(bad)[0])}")
         y = check_box_labels(batch["labels"], s.shape[0], first_row=first)
         stats["outside"] += int(np.count_nonzero((s < 0) | (s > 1)))
         probs = {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+from confcal._validation import plain
 
 BINNINGS = ("equal_width", "equal_mass")
 
@@ -20,7 +21,7 @@ MAX_BINS = 100_000
 
 def check_n_bins(n_bins) -> int:
     if isinstance(n_bins, bool) or not isinstance(n_bins, (int, np.integer)) or n_bins < 1:
-        raise ValueError(f"n_bins: expected a positive integer, got {n_bins!r}")
+        raise ValueError(f"n_bins: expected a positive integer, got {plain(n_bins)}")
     if n_bins > MAX_BINS:
         raise ValueError(f"n_bins: expected at most {MAX_BINS:,} bins, got {n_bins:,} (the usual choice is 10-20)")
     return int(n_bins)

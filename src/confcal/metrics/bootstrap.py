@@ -15,6 +15,7 @@ import numpy as np
 from confcal._validation import renamed_seed
 from confcal.metrics._binning import BINNINGS, assign_bins, bin_edges, check_n_bins
 from confcal.metrics.calibration import _confidence_correct, _ece_from_pairs
+from confcal._validation import plain
 
 __all__ = ["BootstrapResult", "bootstrap_ece", "bootstrap_indices", "improvement_ratio"]
 
@@ -64,10 +65,10 @@ def bootstrap_indices(n: int, n_draws: int, n_samples: int | None, seed) -> np.n
     (all ``n`` when ``n_samples`` is None). ``seed`` is anything
     ``numpy.random.default_rng`` takes, so the draws are reproducible."""
     if isinstance(n_draws, bool) or not isinstance(n_draws, (int, np.integer)) or n_draws < 1:
-        raise ValueError(f"n_draws: expected a positive integer, got {n_draws!r}")
+        raise ValueError(f"n_draws: expected a positive integer, got {plain(n_draws)}")
     if n_samples is not None and (isinstance(n_samples, bool) or not isinstance(n_samples, (int, np.integer))
                                   or n_samples < 1):
-        raise ValueError(f"n_samples: expected a positive integer or None, got {n_samples!r}")
+        raise ValueError(f"n_samples: expected a positive integer or None, got {plain(n_samples)}")
     m = n if n_samples is None else min(int(n_samples), n)
     rng = np.random.default_rng(seed)
     return rng.integers(0, n, size=(n_draws, m))

@@ -12,6 +12,7 @@ converges in a few terms, so the survival function keeps its relative accuracy i
 from __future__ import annotations
 
 import math
+from confcal._validation import plain
 
 
 def ndtr(x: float) -> float:
@@ -27,7 +28,7 @@ _SWITCH = 1.25
 def _check_x(x) -> float:
     v = float(x)
     if math.isnan(v) or v < 0:
-        raise ValueError(f"x: expected a number >= 0, got {x!r}")
+        raise ValueError(f"x: expected a number >= 0, got {plain(x)}")
     return v
 
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from confcal._validation import as_numpy, check_domains
 from confcal.metrics._binning import bin_sums, binned_gap, check_n_bins
+from confcal._validation import plain
 
 __all__ = ["check_pairs", "detection_ece", "binary_nll", "binary_brier", "detection_reliability",
            "precision_above_threshold", "per_domain", "ALL"]
@@ -83,7 +84,7 @@ def check_pairs(confidence, correct, *, name: str = "confidence"):
     if y.dtype != bool:
         if not np.all((y == 0) | (y == 1)):
             i = int(np.flatnonzero((y != 0) & (y != 1))[0])
-            raise ValueError(f"correct: expected 0/1 values, got {y[i]!r} at index {i}")
+            raise ValueError(f"correct: expected 0/1 values, got {plain(y[i])} at index {i}")
         y = y.astype(bool)
     return c, y
 
@@ -364,7 +365,7 @@ def precision_above_threshold(confidence, correct, threshold: float = 0.7, domai
     c, y = check_pairs(confidence, correct)
     t = float(threshold)
     if not 0.0 <= t <= 1.0:
-        raise ValueError(f"threshold: expected a value in [0, 1], got {threshold!r}")
+        raise ValueError(f"threshold: expected a value in [0, 1], got {plain(threshold)}")
     out = {}
     for key, idx in per_domain(domains, c.shape[0]).items():
         keep = idx[c[idx] >= t]

@@ -32,6 +32,7 @@ import math
 import numpy as np
 
 from confcal._validation import as_numpy, check_domains
+from confcal._validation import plain
 
 __all__ = ["data_summary", "drift_check", "top_confidence", "softmax_top", "top_probability", "ks_statistic", "ks_threshold", "DEFAULT_ALPHA",
            "N_QUANTILES"]
@@ -253,7 +254,7 @@ def drift_check(summary: dict, logits, *, input_kind: str = "logits", domains=No
     """
     a = float(alpha)
     if not 0.0 < a < 1.0:
-        raise ValueError(f"alpha: expected a value in (0, 1), got {alpha!r}")
+        raise ValueError(f"alpha: expected a value in (0, 1), got {plain(alpha)}")
     if not isinstance(summary, dict) or "confidence_quantiles" not in summary:
         raise ValueError("data_summary: the manifest has no data summary (fit it with this confcal version)")
     conf, pred = top_confidence(logits, input_kind=input_kind)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from confcal.metrics.calibration import _confidence_correct
+from confcal._validation import plain
 
 __all__ = ["smooth_ece", "SIGMA_MIN"]
 
@@ -131,7 +132,7 @@ def _smece_at(fine: np.ndarray, n: int, sigma: float, memo: dict | None = None) 
 def _check_sigma(sigma) -> float:
     if isinstance(sigma, bool) or not isinstance(sigma, (int, float, np.integer, np.floating)) \
             or not np.isfinite(sigma) or sigma <= 0:
-        raise ValueError(f"sigma: expected a positive finite bandwidth, got {sigma!r}")
+        raise ValueError(f"sigma: expected a positive finite bandwidth, got {plain(sigma)}")
     return float(sigma)
 
 

@@ -7,6 +7,7 @@ import numpy as np
 from scipy.special import expit
 
 from confcal.calibrators._fit.constrained_logistic import fit_constrained_logistic
+from confcal._validation import plain
 
 __all__ = ["beta_features", "beta_feature_pair", "fit_beta", "fit_beta_batch", "fit_beta_multinomial", "apply_beta",
            "apply_beta_columns", "check_beta_params", "multinomial_logits", "beta_nll"]
@@ -164,9 +165,9 @@ def check_beta_params(params) -> dict:
     for key in ("a", "b", "c"):
         v = params[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
-            raise ValueError(f"{key}: expected a finite number, got {v!r}")
+            raise ValueError(f"{key}: expected a finite number, got {plain(v)}")
         if key in ("a", "b") and v < 0:
-            raise ValueError(f"{key}: expected >= 0 (monotone beta map), got {v!r}")
+            raise ValueError(f"{key}: expected >= 0 (monotone beta map), got {plain(v)}")
         out[key] = float(v)
     return out
 

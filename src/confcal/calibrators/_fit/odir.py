@@ -92,6 +92,7 @@ import torch
 
 from confcal.calibrators._fit.compose import Prepared
 from confcal.calibrators._fit.maps import MatrixScalingMap
+from confcal._validation import plain
 
 __all__ = ["ODIR_GRID", "ODIR_FOLDS", "CVResult", "select_odir", "fold_indices", "fit_path",
            "start_at_temperature"]
@@ -166,7 +167,7 @@ def fold_indices(n_samples: int, n_folds: int, seed: int) -> list[tuple[np.ndarr
     shuffle cut into ``n_folds`` runs, the first ``n % n_folds`` one row longer; both index
     arrays ascending), computed here so that a fit does not import scikit-learn (~1 s cold)."""
     if n_folds < 2 or n_folds > n_samples:
-        raise ValueError(f"cv: expected an integer in [2, n_samples={n_samples}], got {n_folds!r}")
+        raise ValueError(f"cv: expected an integer in [2, n_samples={n_samples}], got {plain(n_folds)}")
     order = np.arange(n_samples)
     np.random.RandomState(int(seed)).shuffle(order)
     sizes = np.full(n_folds, n_samples // n_folds)

@@ -52,6 +52,7 @@ from confcal.calibrators._fit.univariate import (
     random_halves,
 )
 from confcal.calibrators.protocol.base import register
+from confcal._validation import plain
 
 __all__ = ["IsotonicCalibration", "TopLabelIsotonicCalibration", "HistogramBinning", "TopLabelHistogramBinning",
            "BBQ", "TopLabelBBQ", "ScalingBinning", "MarginalScalingBinning"]
@@ -83,13 +84,13 @@ def _check_step(params: dict) -> dict:
 
 def _positive_temperature(value, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value <= 0:
-        raise ValueError(f"{where}: expected a finite temperature > 0, got {value!r}")
+        raise ValueError(f"{where}: expected a finite temperature > 0, got {plain(value)}")
     return float(value)
 
 
 def _check_positive_int(value, name: str, lo: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
-        raise ValueError(f"{name}: expected an integer >= {lo}, got {value!r}")
+        raise ValueError(f"{name}: expected an integer >= {lo}, got {plain(value)}")
     return int(value)
 
 
@@ -499,7 +500,7 @@ class _ScalingBinning:
             if key in params:
                 v = params[key]
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
-                    raise ValueError(f"{key}: expected a finite number, got {v!r}")
+                    raise ValueError(f"{key}: expected a finite number, got {plain(v)}")
                 out[key] = float(v)
         return out
 

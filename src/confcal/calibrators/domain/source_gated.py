@@ -334,12 +334,12 @@ class SourceGatedTemperatureScaling(Calibrator):
             raise ValueError(f"base_params: expected a dict or None, got {type(self.base_params).__name__}")
         k = self.n_neighbors
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-            raise ValueError(f"n_neighbors: expected an integer >= 1, got {k!r}")
+            raise ValueError(f"n_neighbors: expected an integer >= 1, got {plain(k)}")
         if self.floor not in FLOORS:
             raise ValueError(f"floor: expected one of {FLOORS}, got {self.floor!r}")
         m = self.max_pool_size
         if m is not None and (isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 2):
-            raise ValueError(f"max_pool_size: expected None or an integer >= 2, got {m!r}")
+            raise ValueError(f"max_pool_size: expected None or an integer >= 2, got {plain(m)}")
         t_min, t_max = float(self.t_min), float(self.t_max)
         if not (0 < t_min < t_max and math.isfinite(t_max)):
             raise ValueError(f"t_min, t_max: expected 0 < t_min < t_max < inf, got ({t_min}, {t_max})")

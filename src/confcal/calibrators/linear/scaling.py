@@ -26,6 +26,7 @@ from confcal._validation import MIN_SPLIT_ROWS, min_rows_message
 from confcal.calibrators._fit.compose import MapCalibrator, Prepared
 from confcal.calibrators.protocol.constraints import Choice, Int, Nullable, Real, RegGrid, reg_grid_pairs
 from confcal.calibrators.protocol.base import register
+from confcal._validation import plain
 
 __all__ = ["VectorScaling", "MatrixScaling", "DirichletCalibration"]
 
@@ -137,7 +138,7 @@ class VectorScaling(MapCalibrator):
         if v is None:
             return k / n if n > 0 else 0.0
         if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
-            raise ValueError(f"reg_lambda: expected None or a finite number >= 0, got {v!r}")
+            raise ValueError(f"reg_lambda: expected None or a finite number >= 0, got {plain(v)}")
         return float(v)
 
 
@@ -288,7 +289,7 @@ class _ODIRFit:
                 raise ValueError(f"{name}: reg={self.reg!r} chooses it {how}; pass reg='fixed' to use "
                                  f"{name}={v!r}")
             if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
-                raise ValueError(f"{name}: expected a finite number >= 0, got {v!r}")
+                raise ValueError(f"{name}: expected a finite number >= 0, got {plain(v)}")
             vals.append(float(v))
         if self.reg_grid is not None and self.reg != "cv":
             raise ValueError(f"reg_grid: only used with reg='cv' (cross-validation), got reg={self.reg!r} and "

@@ -29,6 +29,7 @@ from confcal.calibrators.protocol.constraints import Choice, Fields, ListOf, Opt
 from confcal.calibrators._fit.jobs.reduce import LOGIT_CLIP, OneVsRestCalibrator, log_odds_from_log_softmax
 from confcal.calibrators._fit.univariate import apply_platt, fit_platt
 from confcal.calibrators.protocol.base import register
+from confcal._validation import plain
 
 __all__ = ["PlattOneVsRest"]
 
@@ -155,7 +156,7 @@ class PlattOneVsRest(OneVsRestCalibrator):
         for key in ("a", "b"):
             v = params[key]
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
-                raise ValueError(f"{key}: expected a finite number, got {v!r}")
+                raise ValueError(f"{key}: expected a finite number, got {plain(v)}")
             out[key] = float(v)
         return out
 

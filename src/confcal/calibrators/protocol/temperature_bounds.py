@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from typing import Callable
+from confcal._validation import plain
 
 __all__ = ["temperatures_within_bounds"]
 
@@ -29,7 +30,7 @@ def temperatures_within_bounds(key: str) -> Callable[[dict, dict], "str | None"]
         for i, t in enumerate(values):
             if _real(t) and not lo * (1 - 1e-9) <= t <= hi * (1 + 1e-9):
                 at = f"{key}[{i}]" if isinstance(value, list) else key
-                return f"{at}: expected a number in [t_min, t_max] = [{lo:g}, {hi:g}], got {t!r}"
+                return f"{at}: expected a number in [t_min, t_max] = [{lo:g}, {hi:g}], got {plain(t)}"
         return None
 
     return rule

@@ -27,6 +27,9 @@ def _params(items) -> dict:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
             raise ValueError(f"--param: {key}: expected a number, got {value!r}") from None
+    from confcal.cli._shared.caps import check_auto_params
+
+    check_auto_params(out)
     return out
 
 

@@ -22,6 +22,25 @@ CAPS = {
     "max_iter": (1, 1_000_000),  # adapt: EM iterations, one pass over the unlabelled rows each
 }
 
+#: ``fit --method auto --param KEY=VALUE``: (smallest, largest) of each integer setting of the search
+AUTO_CAPS = {
+    "n_folds": (2, 20),  # every candidate is fitted once per fold: 5 is the default, 10 the usual most
+    "max_rows": (2, 1_000_000),  # the search's sample (the chosen method is refitted on all rows)
+    "n_boot": (100, 100_000),  # as --bootstrap; the selection needs >= 100 draws
+    "random_state": (0, 2 ** 32 - 1),  # numpy's seed range
+}
+
+
+def check_auto_params(params: dict) -> None:
+    """Raise ``ValueError`` naming ``--param KEY`` when an integer setting of ``--method auto`` is not an
+    integer inside :data:`AUTO_CAPS` (``n_folds=5000`` ran for more than 10 minutes before this)."""
+    for key, (lo, hi) in AUTO_CAPS.items():
+        if key not in params:
+            continue
+        v = params[key]
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise ValueError(f"--param: {key}: expected an integer in [{lo:,}, {hi:,}], got {v!r}")
+
 
 def check_caps(args) -> None:
     """Raise ``ValueError`` naming the option when a numeric option is outside its cap (see :data:`CAPS`)."""

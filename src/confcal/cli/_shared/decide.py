@@ -100,9 +100,11 @@ def _probabilities(args, kind, cal, domains):
         if x.ndim != 1:
             raise ValueError(f"--logits: expected 1-D scores (n,) for --input binary, got shape {x.shape}")
         if cal is not None:
-            return cal.predict_proba(x, **_side(cal, domains))[:, -1], "calibrator"
+            return _with_input_kind(cal, args).predict_proba(x, **_side(cal, domains))[:, -1], "calibrator"
         if args.input_kind == "logits":
             return 1.0 / (1.0 + np.exp(-x.astype(np.float64))), "sigmoid"
+        if args.input_kind == "probs":  # said to be probabilities: checked as confcal fit checks them
+            return _unit_interval(x), "probs"
         return x, "raw"
     if x.ndim == 2 and x.shape[1] == 1 and kind in ("top_label", "sets"):
         from confcal._validation import one_logit_rows
@@ -112,15 +114,45 @@ def _probabilities(args, kind, cal, domains):
     if x.ndim != 2 or x.shape[1] < 2:
         raise ValueError(f"--logits: expected (n_samples, n_classes >= 2) for --input {kind}, got shape {x.shape}")
     if cal is not None:
-        return np.asarray(cal.predict_proba(x, **_side(cal, domains)), dtype=np.float64), "calibrator"
+        p = _with_input_kind(cal, args).predict_proba(x, **_side(cal, domains))
+        return np.asarray(p, dtype=np.float64), "calibrator"
     if kind == "multilabel":
         if args.input_kind == "probs":
-            return x.astype(np.float64), "probs"
+            return _unit_interval(x), "probs"
         return 1.0 / (1.0 + np.exp(-x.astype(np.float64))), "sigmoid"
     if args.input_kind == "probs":
         check_logits(x, name="logits", input_kind="probs")
         return x.astype(np.float64), "probs"
     return _softmax(check_logits(x, name="logits").astype(np.float64)), "softmax"
+
+
+def _takes_domains(cal) -> bool:
+    """Whether the calibrator reads ``--domains`` (then they matter without groups too)."""
+    return cal is not None and "domains" in (set(getattr(cal, "side_inputs", ()))
+                                             | set(getattr(cal, "optional_side_inputs", ())))
+
+
+def _with_input_kind(cal, args):
+    """``--input-kind`` with ``--calibrator``: what the calibrator reads, as ``confcal apply`` honours it
+    (default: what it was fitted on)."""
+    if args.input_kind is not None and args.input_kind != getattr(cal, "input_kind", args.input_kind):
+        cal.set_params(input_kind=args.input_kind)
+    return cal
+
+
+def _unit_interval(x):
+    """Scores given as probabilities (``--input-kind probs``), float64; values outside [0, 1] refused."""
+    x = np.asarray(x)
+    if x.dtype == bool or not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
+        raise TypeError(f"--logits: expected numeric scores, got dtype {x.dtype}")
+    x = x.astype(np.float64)
+    bad = ~((x >= 0) & (x <= 1))  # NaN is bad too
+    if bad.any():
+        row = int(np.flatnonzero(bad.reshape(x.shape[0], -1).any(axis=1))[0])
+        v = x[row]
+        raise ValueError(f"--logits: --input-kind probs expects values in [0, 1], row {row} has "
+                         f"min {np.min(v):g}, max {np.max(v):g}")
+    return x
 
 
 def _triples(kind, per, probs, labels, domains):
@@ -181,6 +213,7 @@ def fit(args) -> int:
                                  f"{' (use --alpha-accept / --alpha-reject)' if flag == 'alpha' else ''}")
     domains = _domains(args)
     cal, cal_dict = _calibrator(args)
+    _refuse_idle_options(args, kind, given, domains, cal)
     raw_rows = _array(args, "logits").shape[0]
     labels = _array(args, "labels")
     _same_rows(**{"--logits": raw_rows, "--labels": labels.shape[0] if labels.ndim else None,
@@ -199,6 +232,7 @@ def fit(args) -> int:
         rule = fit_conformal(probs, y, alpha=0.1 if args.alpha is None else args.alpha, score=args.score or "lac",
                              class_conditional=bool(args.class_conditional), groups=groups)
         digest = scores_digest(probs, y, *(() if groups is None else (groups,)))
+        _warn_infinite_quantiles(rule, args.alpha)
     else:
         s, y, groups = _triples(kind, per, probs, labels, domains)
         rule = fit_decisions(s, y, groups, alpha_accept=args.alpha_accept, alpha_reject=args.alpha_reject,
@@ -221,6 +255,49 @@ def fit(args) -> int:
     print(f"wrote decisions ({m['kind']}, {len(m.get('groups') or {}) or len(m['conformal']['cells'])} "
           f"{'groups' if m['kind'] == 'three_way' else 'cells'}) -> {args.output}")
     return 0
+
+
+def _refuse_idle_options(args, kind, given, domains, cal):
+    """Refuse the ``decide fit`` options that would change nothing in this combination (each was accepted
+    and silently ignored): a one-line error naming the option, what it needs and what was given."""
+    if kind != "sets":
+        for flag, side, risk in (("alpha_accept", "accept", "accept_risk"), ("alpha_reject", "reject", "reject_risk")):
+            if getattr(args, flag) is None and risk in given:
+                raise ValueError(f"--{risk.replace('_', '-')}: sets the risk of the {side} side, got "
+                                 f"--{flag.replace('_', '-')} none (no {side} side)")
+        off = [f for f in ("alpha_accept", "alpha_reject") if getattr(args, f) is None]
+        if "delta_split" in given and off:
+            # one side certified: it gets all of delta; there is nothing to split
+            raise ValueError(f"--delta-split: splits delta between the accept and reject sides, got "
+                             f"--{off[0].replace('_', '-')} none (the other side gets all of --delta)")
+    if kind == "multilabel":
+        if args.per is not None and not (args.per == "domain" and domains is not None):
+            raise ValueError(f"--per: multilabel rules are per label (per domain and label with --domains), got "
+                             f"--per {args.per}{'' if domains is not None or args.per != 'domain' else ' without --domains'}")
+        return
+    per = args.per or ("domain" if domains is not None else "none")
+    if per == "none" and domains is not None and not _takes_domains(cal):
+        raise ValueError("--domains: unused with --per none (one rule for all items); drop --domains or choose "
+                         "--per domain")
+    if per == "none":
+        for flag in ("simultaneous", "pool_small"):
+            if flag in given:
+                raise ValueError(f"--{flag.replace('_', '-')}: applies to rules per group (--domains, or --per "
+                                 f"class / domain+class), got one group (--per none)")
+
+
+def _warn_infinite_quantiles(rule, alpha):
+    """Warn when a cell has too few items for ``alpha``: split conformal's quantile is the
+    ceil((n+1)(1-alpha))-th of n scores, so n < 1/alpha - 1 gives q = inf (sets that hold every class)."""
+    import warnings
+
+    cells = [(g, c) for (g, c), q in rule.quantiles.items() if not np.isfinite(q)]
+    if cells:
+        n = min(int(rule.counts[cell]) for cell in cells)
+        a = 0.1 if alpha is None else alpha
+        warnings.warn(f"--alpha: {a:g} is below 1/(n+1) = {1 / (n + 1):.3g} for {len(cells)} of "
+                      f"{len(rule.quantiles)} cell(s) (smallest n = {n}): their sets hold every class (q = inf); "
+                      f"use --alpha >= {1 / (n + 1):.3g} or more calibration items", stacklevel=2)
 
 
 def _table(header, rows) -> str:
@@ -271,7 +348,7 @@ def _load_decisions(args):
     return m, obj, cal
 
 
-def _test_inputs(args, m, cal, labels=None):
+def _test_inputs(args, m, cal, labels=None, unused_domains_ok=False):
     kind, per = m["input"]["kind"], m["input"]["per"]
     domains = _domains(args)
     _same_rows(**{"--logits": _array(args, "logits").shape[0],
@@ -279,11 +356,18 @@ def _test_inputs(args, m, cal, labels=None):
                   "--domains": None if domains is None else domains.shape[0]})
     if domains is None and "domain" in per:
         raise ValueError(f"--domains: the decisions are per {per}: pass the domain (sensor) id of every item")
+    if domains is not None and "domain" not in per and not _takes_domains(cal):
+        if unused_domains_ok:
+            domains = None
+        else:
+            what = "without groups (--per none)" if per == "none" else f"per {per}, not per domain"
+            raise ValueError(f"--domains: unused, the decisions were fitted {what}; drop --domains")
     if args.input_kind is None:
         args.input_kind = {"probs": "probs", "raw": None, "softmax": "logits", "sigmoid": "logits"}.get(
             m["input"]["scale"])
     probs, scale = _probabilities(args, kind, cal, domains)
-    if scale != m["input"]["scale"] and not (scale == "raw" and m["input"]["scale"] == "probs"):
+    # raw scores and probabilities are the same numbers (probs only checked in [0, 1]): either reads the other
+    if scale != m["input"]["scale"] and not {scale, m["input"]["scale"]} <= {"raw", "probs"}:
         raise ValueError(f"--input-kind: the decisions were fitted on {m['input']['scale']} scores, these are {scale}")
     args.decide_shape = probs.shape  # apply writes multilabel decisions as (n, L)
     if kind == "sets":
@@ -473,7 +557,8 @@ def report_section(args, page: str) -> str:
     try:
         m, obj, cal = _load_decisions(args)
         labels = _array(args, "labels")
-        kind, s, y, groups = _test_inputs(args, m, cal, labels=labels)
+        # the report's --domains may be for its own rows, not groups of these decisions
+        kind, s, y, groups = _test_inputs(args, m, cal, labels=labels, unused_domains_ok=True)
     finally:
         args.input_kind, args.calibrator = saved
     if kind == "sets":

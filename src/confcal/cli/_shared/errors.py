@@ -112,7 +112,7 @@ def one_line(exc: BaseException, args, options: dict) -> str:
         return (f"out of memory (MemoryError: {_raw(exc)}){suspects}; use smaller inputs or numeric options "
                 "within their documented caps (see --help)")
     # a library message's hint for CLI users, "(CLI: --input-kind probs)", is the message itself here
-    msg = re.sub(r" \(CLI: [^)]*\)", "", _raw(exc))
+    msg = plain_numbers(re.sub(r" \(CLI: [^)]*\)", "", _raw(exc)))
     names = {**{k: k for k in options}, **{alias: dest for alias, dest in ALIASES.items() if dest in options}}
     given_outputs = [d for d, _ in _values(args, OUTPUT_DESTS)]
     if "output" not in options and len(given_outputs) == 1:  # ``output: ...`` of the writer: the one output
@@ -149,6 +149,13 @@ def one_line(exc: BaseException, args, options: dict) -> str:
     if inputs:
         msg += " (" + FALLBACK + ", ".join(f"{options.get(d, '--' + d)} {p}" for d, p in inputs[:4]) + ")"
     return msg
+
+
+def plain_numbers(text: str) -> str:
+    """``np.float64(1.5)`` -> ``1.5``, ``np.True_`` -> ``True``: numpy 2's scalar repr, where a message
+    formatted a numpy scalar with ``!r``, shown as the plain value a user reads."""
+    text = re.sub(r"\bnp\.(?:float|int|uint|complex|longdouble|clongdouble|str_|bytes_)\w*\(([^()]*)\)", r"\1", text)
+    return re.sub(r"\bnp\.(True|False)_\b", r"\1", text)
 
 
 #: the words :func:`one_line` adds to a message that named no option
