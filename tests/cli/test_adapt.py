@@ -119,3 +119,27 @@ def test_errors_are_one_line_and_leave_no_output(files, capsys, change, needle):
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1, err
     assert not (f / "bad.json").exists()
+
+
+@pytest.mark.parametrize("flag, value", [("--smoothing", "1"), ("--tol", "1e-3"), ("--max-iter", "5"),
+                                         ("--source-prior", "labels")])
+def test_em_only_options_with_bbse_are_refused(files, capsys, flag, value):
+    # tester finding: these were accepted with --method bbse and changed nothing
+    assert _adapt(files, "--method", "bbse", flag, value, out="bbse_x.json") == 2
+    hint = " (BBSE's source prior is the label frequencies)" if flag == "--source-prior" else ""
+    assert capsys.readouterr().err == f"confcal: error: {flag}: applies to --method em only, got --method bbse{hint}\n"
+    assert not (files / "bbse_x.json").exists()
+
+
+def test_em_options_still_reach_em(files, capsys):
+    # the same options with EM act: one iteration stops EM early (n_iter 1, not converged at tol 1e-12)
+    assert _adapt(files, "--max-iter", "1", "--tol", "1e-12", "--n-boot", "0", "--json", out="em1.json") == 0
+    rows = json.loads(capsys.readouterr().out)["priors"]
+    assert all(r["n_iter"] == 1 and r["converged"] is False for r in rows)
+    assert _adapt(files, "--n-boot", "0", "--json", out="em_default.json") == 0
+    rows = json.loads(capsys.readouterr().out)["priors"]
+    assert all(r["n_iter"] > 1 and r["converged"] is True for r in rows)
+    # the defaults stated in --help are the ones used (the parser leaves them out unless given)
+    assert _adapt(files, "--n-boot", "0", "--smoothing", "0", "--tol", "1e-7", "--max-iter", "1000",
+                  "--source-prior", "calibrated", "--json", out="em_explicit.json") == 0
+    assert json.loads(capsys.readouterr().out)["priors"] == rows

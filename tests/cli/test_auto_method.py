@@ -67,7 +67,13 @@ def test_fit_auto_default_keeps_the_arg_max_and_json(biased, capsys):
 @pytest.mark.parametrize("extra, named", [
     (["--features", "{tmp}/val.npz:logits"], "--features: not used by --method auto"),
     (["--param", "t_max=3"], "--param: --method auto takes n_folds=VALUE"),
-    (["--param", "n_folds=1"], "n_folds: expected an integer >= 2, got 1"),
+    (["--param", "n_folds=1"], "--param: n_folds: expected an integer in [2, 20], got 1"),
+    # n_folds=5000 on 5,000 rows ran for more than 10 minutes with no output: capped (cli/_shared/caps.py)
+    (["--param", "n_folds=5000"], "--param: n_folds: expected an integer in [2, 20], got 5000"),
+    (["--param", "n_folds=2.5"], "--param: n_folds: expected an integer in [2, 20], got 2.5"),
+    (["--param", "max_rows=10000000"], "--param: max_rows: expected an integer in [2, 1,000,000], got 10000000"),
+    (["--param", "n_boot=50"], "--param: n_boot: expected an integer in [100, 100,000], got 50"),
+    (["--param", "random_state=-1"], "--param: random_state: expected an integer in [0, 4,294,967,295], got -1"),
     (["--engine", "dask"], "--engine: --method auto cross-validates in one process"),
 ])
 def test_fit_auto_errors_are_one_line_and_write_nothing(biased, capsys, extra, named):
@@ -113,3 +119,14 @@ def test_compare_recommend_refusals(biased, capsys):
     assert code != 0 and "--allow-accuracy-change: only with --recommend" in err
     code, out, err = _run(capsys, "compare", "--logits", f"{tmp}/val.npz:logits", "--labels", f"{tmp}/val.npz:labels")
     assert code != 0 and "--methods: expected comma-separated method names" in err
+
+
+def test_auto_caps_accept_their_edges():
+    from confcal.cli._shared.caps import AUTO_CAPS, check_auto_params
+
+    for key, (lo, hi) in AUTO_CAPS.items():
+        check_auto_params({key: lo})
+        check_auto_params({key: hi})
+        for bad in (lo - 1, hi + 1, float(lo), True, "5"):
+            with pytest.raises(ValueError, match=rf"^--param: {key}: expected an integer in "):
+                check_auto_params({key: bad})
