@@ -26,6 +26,7 @@ import math
 import numpy as np
 
 from confcal._validation import as_numpy, check_domains, check_probs
+from confcal._validation import plain
 
 __all__ = ["least_confidence", "margin", "entropy", "bald", "uncertainty", "UNCERTAINTIES",
            "aggregate_by_tile", "AGGREGATIONS", "build_queue", "quota_order", "rank_tiles", "tie_broken_order",
@@ -366,7 +367,8 @@ def rank_tiles(box_probs, tile_ids, *, by: str = "entropy", aggregate: str = "ma
         mapping = {}
         for ti, di in zip(t.tolist(), d.tolist()):
             if mapping.setdefault(ti, di) != di:
-                raise ValueError(f"domains: tile {ti!r} has boxes of two domains ({mapping[ti]!r}, {di!r})")
+                raise ValueError(f"domains: tile {plain(ti)} has boxes of two domains "
+                                 f"({plain(mapping[ti])}, {plain(di)})")
         tile_dom = np.asarray([mapping.get(k.item() if hasattr(k, "item") else k, "") for k in tiles_u])
     return build_queue(tiles_u, prio, domains=tile_dom, quota=quota, secondary=total, tie_tolerance=tie_tolerance,
                        n_boxes=n_boxes, top_score=top_tile, total_uncertainty=total)

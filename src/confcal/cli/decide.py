@@ -69,18 +69,21 @@ def register(sub):
                    help="accepted items: false discovery (1 - precision) <= A (default 0.05; 'none': no accept)")
     f.add_argument("--alpha-reject", type=_level_or_none, default=SUPPRESS, metavar="A",
                    help="rejected items: false omission (1 - NPV) <= A (default 0.05; 'none': no reject)")
-    f.add_argument("--accept-risk", choices=["fdr", "fpr"], default=SUPPRESS, help="default fdr")
-    f.add_argument("--reject-risk", choices=["for", "miss"], default=SUPPRESS, help="default for")
+    f.add_argument("--accept-risk", choices=["fdr", "fpr"], default=SUPPRESS,
+                   help="risk of the accept side (default fdr)")
+    f.add_argument("--reject-risk", choices=["for", "miss"], default=SUPPRESS,
+                   help="risk of the reject side (default for)")
     f.add_argument("--delta", type=float, default=SUPPRESS,
                    help="failure probability of the guarantee, both sides jointly (default 0.05)")
     f.add_argument("--delta-split", type=float, default=SUPPRESS,
-                   help="share of delta spent on the accept side (default 0.5)")
+                   help="share of delta spent on the accept side (default 0.5; only with both sides on)")
     f.add_argument("--procedure", choices=["fixed_sequence", "fixed_sequence_single", "holm"],
                    default=SUPPRESS, help="FWER procedure over the thresholds (default fixed_sequence)")
     f.add_argument("--pvalue", choices=["binomial", "hoeffding_bentkus"], default=SUPPRESS, help="default binomial")
-    f.add_argument("--simultaneous", action="store_true", default=SUPPRESS, help="delta / number of groups: all groups at once")
+    f.add_argument("--simultaneous", action="store_true", default=SUPPRESS,
+                   help="delta / number of groups: all groups at once (needs groups: --domains or --per)")
     f.add_argument("--pool-small", action="store_true", default=SUPPRESS,
-                   help="a group too small to certify uses the pooled threshold (default: review)")
+                   help="a group too small to certify uses the pooled threshold (default: review; needs groups)")
     # sets-only options default to None so that giving one with a threshold input can be refused
     f.add_argument("--alpha", type=float, default=None,
                    help="sets: miscoverage (coverage >= 1 - alpha; default 0.1)")

@@ -76,6 +76,7 @@ from confcal.calibrators.protocol.registry import (  # noqa: F401
     register_preset,
 )
 from confcal.calibrators.protocol.registry import preset_for as _preset_for  # noqa: F401
+from confcal._validation import plain
 
 __all__ = ["Calibrator", "NotFittedError", "Preset", "register", "register_preset", "calibrator_from_dict",
            "make_calibrator", "METHODS", "MANIFEST_FORMAT", "MANIFEST_VERSION", "summary_metrics",
@@ -421,7 +422,7 @@ class Calibrator(Estimator, abc.ABC):
         bad = ~np.isfinite(w) | (w < 0)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"sample_weight: expected finite weights >= 0, got {w[i]!r} at index {i}")
+            raise ValueError(f"sample_weight: expected finite weights >= 0, got {plain(w[i])} at index {i}")
         if not w.sum() > 0:
             raise ValueError("sample_weight: every weight is 0; at least one sample must count")
         return w

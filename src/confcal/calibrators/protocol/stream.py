@@ -14,6 +14,7 @@ import numpy as np
 from confcal._progress import progress_bar
 from confcal._validation import check_logits
 from confcal.sources import DEFAULT_BATCH_BYTES, batch_rows_for, iter_aligned, open_source
+from confcal._validation import plain
 
 __all__ = ["iter_predict", "predict_into", "refuse_probabilities"]
 
@@ -111,6 +112,6 @@ def _one_logit_as_two(z: np.ndarray, input_kind: str, name: str) -> np.ndarray:
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise ValueError(f"{name}: input_kind='probs' expects positive-class probabilities in [0, 1], "
-                             f"got {z[i]!r} at index {i}")
+                             f"got {plain(z[i])} at index {i}")
         return check_logits(np.stack([1 - z, z], axis=1), name=name, input_kind="probs")
     return check_logits(np.stack([np.zeros_like(z), z], axis=1), name=name)

@@ -272,8 +272,9 @@ def _refuse_idle_options(args, kind, given, domains, cal):
                              f"--{off[0].replace('_', '-')} none (the other side gets all of --delta)")
     if kind == "multilabel":
         if args.per is not None and not (args.per == "domain" and domains is not None):
+            lack = " without --domains" if args.per == "domain" else ""
             raise ValueError(f"--per: multilabel rules are per label (per domain and label with --domains), got "
-                             f"--per {args.per}{'' if domains is not None or args.per != 'domain' else ' without --domains'}")
+                             f"--per {args.per}{lack}")
         return
     per = args.per or ("domain" if domains is not None else "none")
     if per == "none" and domains is not None and not _takes_domains(cal):
