@@ -236,3 +236,11 @@ def test_sets_warn_when_alpha_is_below_what_n_rows_can_honour(files, capsys):
                 f"(smallest n = {n}): their sets hold every class (q = inf); use --alpha >= {1 / (n + 1):.3g} "
                 "or more calibration items\n")
         assert (line in err) == infinite and err.count("confcal: warning:") == int(infinite), err
+
+
+def test_sets_with_domains_and_per_none_are_refused(files, capsys):
+    t = files
+    argv = ["decide", "fit", "--input", "sets", "--logits", t / "z.npy", "--labels", t / "yy.npy", "--domains",
+            t / "d.npy", "--per", "none", "-o", t / "x.json"]
+    _refused(capsys, argv, "--domains: unused with --per none (one rule for all items); drop --domains or choose "
+                           "--per domain", t / "x.json")
