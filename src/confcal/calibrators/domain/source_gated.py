@@ -45,6 +45,7 @@ from confcal.calibrators.protocol.constraints import SEED, T_BOUNDS, T_RULE, TEM
 from confcal.calibrators._fit.tsfit import DEFAULT_T_BOUNDS, CalibrationWarning, fit_temperature
 from confcal.calibrators.protocol.base import METHODS, Calibrator, calibrator_from_dict, register
 from confcal.calibrators.protocol.temperature_bounds import temperatures_within_bounds
+from confcal._validation import plain
 
 __all__ = ["SourceGatedTemperatureScaling", "source_gate", "neighbour_counts", "pool_allocation",
            "BASE_METHODS"]
