@@ -201,3 +201,54 @@ def test_clone_and_params():
 
     ad = PriorAdapted(base="bcts", estimator="bbse", n_boot=7)
     assert clone(ad).get_params() == ad.get_params()
+
+
+def _softmax(z):
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("method", ["ts", "bcts"])
+def test_a_base_fitted_on_probabilities_adapts_as_on_their_log(method):
+    # regression: the calibration rows were converted to log-probabilities, then checked again as
+    # probabilities by the base ("input_kind='probs' expects values in [0, 1]"), for fit and from_fitted
+    from confcal.calibrators.protocol.registry import make_calibrator
+
+    rng = np.random.default_rng(11)
+    z, y = _calibration(rng)
+    zt, _ = _target(rng, [0.55, 0.25, 0.15, 0.05], 3000)
+    p, pt = _softmax(z), _softmax(zt)
+    on_probs = make_calibrator(method, {"input_kind": "probs"}).fit(p, y)
+    on_logs = make_calibrator(method).fit(np.log(p), y)
+    a = PriorAdapted.from_fitted(on_probs, p, y, n_boot=20).adapt(pt)
+    b = PriorAdapted.from_fitted(on_logs, np.log(p), y, n_boot=20).adapt(np.log(pt))
+    np.testing.assert_array_equal(a.confusion_, b.confusion_)
+    np.testing.assert_allclose(a.priors_[None]["prior"], b.priors_[None]["prior"], rtol=1e-7, atol=1e-9)
+    assert np.abs(a.priors_[None]["prior"] - [0.55, 0.25, 0.15, 0.05]).sum() < 0.08
+    np.testing.assert_allclose(a.predict_proba(pt[:50]), b.predict_proba(np.log(pt[:50])), rtol=1e-6, atol=1e-9)
+    # fit() hands the raw probabilities to its base too, and keeps the base's fit record (drift summary)
+    c = PriorAdapted(base=make_calibrator(method, {"input_kind": "probs"}), n_boot=20).fit(p, y).adapt(pt)
+    assert c.input_kind == "probs" and c.base_.input_kind == "probs"
+    assert c.fit_record_["input_kind"] == "probs"
+    np.testing.assert_allclose(c.priors_[None]["prior"], a.priors_[None]["prior"], rtol=1e-9, atol=1e-12)
+
+
+def test_from_fitted_reads_the_string_labels_of_its_base():
+    rng = np.random.default_rng(12)
+    z, y = _calibration(rng)
+    names = np.array(["bus", "car", "truck", "van"])
+    ts = TemperatureScaling().fit(z, names[y])
+    a = PriorAdapted.from_fitted(ts, z, names[y], n_boot=0)
+    b = PriorAdapted.from_fitted(TemperatureScaling().fit(z, y), z, y, n_boot=0)
+    np.testing.assert_array_equal(a.label_counts_, b.label_counts_)
+    np.testing.assert_array_equal(a.confusion_, b.confusion_)
+    assert list(a.classes_) == list(names)
+
+
+def test_fit_refuses_side_inputs_it_does_not_take():
+    rng = np.random.default_rng(13)
+    z, y = _calibration(rng)
+    with pytest.raises(TypeError, match=r"does not take \['category_ids'\]"):
+        PriorAdapted(base="ts", n_boot=0).fit(z, y, category_ids=y)
+    with pytest.raises(ValueError, match=r"^sample_weight: prior adaptation needs"):
+        PriorAdapted(base="ts", n_boot=0).fit(z, y, sample_weight=np.ones(len(y)))

@@ -153,3 +153,51 @@ def test_dataframe_output_dtype_follows_the_input(dtypes, want, method):
     tol = 1e-5 if want == np.float32 else 1e-12  # float32 arithmetic against the float64 reference
     np.testing.assert_allclose(out, cal.predict_proba(df.to_numpy(np.float64)), rtol=tol, atol=tol)
     assert cal.predict_proba(df, dtype=np.float64).dtype == np.float64
+
+
+def _numbered(k=12, n=600, seed=3):
+    z, y = _data(n=n, k=k, seed=seed)
+    return z, y
+
+
+def test_integer_strings_in_text_order_warn_naming_the_way_out():
+    # regression: y.astype(str) sorts '10' before '2', so TS was fitted against the wrong columns in silence
+    # (CIFAR-100 DenseNet: T = 17.79 and accuracy 0.0956 against T = 2.12 and 0.7544 with integer labels)
+    z, y = _numbered()
+    with pytest.warns(UserWarning, match=r"^labels: every string label is an integer.*'10' is column 2, before "
+                                         r"'2'.*pass integer labels \(labels\.astype\(int\)\)") as rec:
+        cal = TemperatureScaling().fit(z, y.astype(str))
+    assert [w.filename for w in rec if "every string label" in str(w.message)] == [__file__]  # the fit's line
+    assert cal.classes_.tolist()[:3] == ["0", "1", "10"]  # the documented order (scikit-learn's classes_) holds
+    ref = TemperatureScaling().fit(z, y)
+    assert not np.isclose(cal.temperature_, ref.temperature_, rtol=1e-3)  # what the warning is about
+
+
+@pytest.mark.parametrize("names", [
+    [str(i) for i in range(10)],                    # one digit: text order is numeric order
+    [f"{i:02d}" for i in range(12)],                # zero-padded: the same
+    [f"c{i}" for i in range(12)],                   # not all integers: the text is the name
+    ["-1", "0", "3", "7"],                          # a negative integer, text order numeric here
+])
+def test_no_warning_when_the_text_order_is_the_numeric_order(names):
+    k = len(names)
+    z, y = _numbered(k=k, n=30 * k)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        warnings.filterwarnings("ignore", message=".*(bound|search).*")  # small draws: not the subject
+        cal = TemperatureScaling().fit(z, np.array(names)[y])
+    assert cal.classes_.tolist() == sorted(names)
+
+
+@settings(max_examples=30, deadline=None)
+@given(ints=st.lists(st.integers(-50, 150), min_size=2, max_size=12, unique=True))
+def test_the_warning_fires_exactly_when_text_and_numeric_order_differ(ints):
+    from confcal.calibrators.protocol.class_labels import encode_class_labels
+
+    labels = np.array([str(v) for v in ints])
+    differ = sorted(labels.tolist()) != [str(v) for v in sorted(ints)]
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        idx, classes = encode_class_labels(labels, len(ints))
+    assert any("every string label is an integer" in str(w.message) for w in rec) == differ
+    assert classes.tolist() == sorted(labels.tolist()) and (classes[idx] == labels).all()

@@ -143,3 +143,33 @@ def test_em_options_still_reach_em(files, capsys):
     assert _adapt(files, "--n-boot", "0", "--smoothing", "0", "--tol", "1e-7", "--max-iter", "1000",
                   "--source-prior", "calibrated", "--json", out="em_explicit.json") == 0
     assert json.loads(capsys.readouterr().out)["priors"] == rows
+
+
+@pytest.mark.parametrize("method", ["ts", "bcts"])
+def test_adapt_a_manifest_fitted_on_probabilities(files, capsys, method):
+    # regression: every calibrator fitted with --input-kind probs failed with "--calibration-logits:
+    # --input-kind 'probs' expects values in [0, 1]" (the log was taken, then checked again as probabilities)
+    f = files
+
+    def softmax(z):
+        e = np.exp(z - z.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    np.save(f / "vp.npy", softmax(np.load(f / "val.npy")))
+    np.save(f / "tp.npy", softmax(np.load(f / "t.npy").astype(np.float64)))
+    np.save(f / "vlp.npy", np.log(np.load(f / "vp.npy")))
+    np.save(f / "tlp.npy", np.log(np.load(f / "tp.npy")))
+    assert main(["fit", "--logits", str(f / "vp.npy"), "--labels", str(f / "y.npy"), "--input-kind", "probs",
+                 "--method", method, "-o", str(f / "cp.json"), "-q"]) == 0
+    capsys.readouterr()
+    priors = []
+    for files_, extra in ((("vp.npy", "tp.npy"), ()), (("vp.npy", "tp.npy"), ("--input-kind", "probs")),
+                          (("vlp.npy", "tlp.npy"), ("--input-kind", "logits"))):
+        out = f / "adp.json"
+        assert main(["adapt", "--calibrator", str(f / "cp.json"), "--calibration-logits", str(f / files_[0]),
+                     "--calibration-labels", str(f / "y.npy"), "--logits", str(f / files_[1]), "-o", str(out),
+                     "-q", "--n-boot", "20", *extra]) == 0, capsys.readouterr().err
+        priors.append(np.array(json.loads(out.read_text())["target"]["pooled"]["prior"]))
+    np.testing.assert_allclose(priors[1], priors[0], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(priors[2], priors[0], rtol=0, atol=1e-9)
+    assert abs(priors[0][0] - 0.4) < 0.06  # half rural (0.7), half urban (0.1)

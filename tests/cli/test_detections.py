@@ -254,3 +254,63 @@ def test_match_box_errors_name_the_file_and_the_record(tmp_path, capsys, bad, wh
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"confcal: error: --gt: {tmp_path}/gt.json: annotations[1] has box [0.0, 0.0, 4.0, -4.0]"), err
+
+
+def _loads_cleanly(path):
+    import warnings
+
+    from confcal.io import load_calibrator
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a damaged fit record warns on load
+        cal = load_calibrator(str(path))
+    assert cal.fit_record_damage_ == {}
+    return cal
+
+
+@pytest.mark.parametrize("method", ["det-ts", "det-beta", "auto"])
+def test_clip_scores_fit_records_a_summary_its_loader_and_drift_accept(tmp_path, capsys, method):
+    # regression: det-ts/det-beta with clip_scores=True (and --method auto, which picks det-ts so) recorded the
+    # raw scores above 1 as probability quantiles; every apply warned "fit record is damaged", drift exited 2
+    rng = np.random.default_rng(3)
+    s = np.concatenate([rng.uniform(0.01, 1.0, 3000), rng.uniform(1.0, 1.25, 150)])
+    z = np.log(np.clip(s, 0, 0.999)) - np.log1p(-np.clip(s, 0, 0.999))
+    # det-ts's family (T = 2), every box above 1 correct (as KITTI's, 97 %): auto keeps det-ts
+    y = ((rng.random(s.size) < 1 / (1 + np.exp(-z / 2))) | (s >= 1)).astype(np.int64)
+    np.savez(tmp_path / "cal.npz", score=s, correct=y)
+    t = np.concatenate([rng.uniform(0.01, 1.0, 1000), rng.uniform(1.0, 1.25, 50)])
+    np.save(tmp_path / "same.npy", t)
+    np.save(tmp_path / "low.npy", t ** 3)  # lower scores: drift
+    np.save(tmp_path / "above.npy", np.where(t > 1, t + 5.0, t))  # moves only above 1: the map reads 1 all the same
+    out = tmp_path / "m.json"
+    params = [] if method == "auto" else ["--param", "clip_scores=true"]
+    assert main(["fit", "--logits", f"{tmp_path}/cal.npz:score", "--labels", f"{tmp_path}/cal.npz:correct",
+                 "--method", method, *params, "-o", str(out), "-q"]) == 0
+    cal = _loads_cleanly(out)
+    assert cal.clip_scores is True and cal.fit_record_["input_kind"] == "probs"
+    summary = cal.fit_record_["data_summary"]
+    assert summary["clip_scores"] is True and max(summary["confidence_quantiles"]) == 1.0
+    capsys.readouterr()
+    drift = ["drift", "--calibrator", str(out), "--fail-on-drift", "--json", "--logits"]
+    assert main(drift + [str(tmp_path / "same.npy")]) == 0
+    assert main(drift + [str(tmp_path / "above.npy")]) == 0
+    assert main(drift + [str(tmp_path / "low.npy")]) == 3
+    capsys.readouterr()
+    assert main(["apply", "--calibrator", str(out), "--logits", str(tmp_path / "same.npy"),
+                 "-o", str(tmp_path / "p.npy"), "-q"]) == 0
+    err = capsys.readouterr().err
+    assert "damaged" not in err and "skipped" not in err and "differs" not in err, err
+
+
+def test_det_ts_clip_scores_on_kitti_loads_and_checks_drift(tmp_path, capsys):
+    gt, det, _ = paths("kitti_bev_cars")  # scores up to 1.235 (152 above 1): the README's clip_scores route
+    cal_npz, test_npz, out = tmp_path / "kc.npz", tmp_path / "kt.npz", tmp_path / "kdt.json"
+    assert main(["detections", "match", "--gt", str(gt), "--detections", str(det), "--holdout", "0.3",
+                 "--holdout-output", str(test_npz), "-o", str(cal_npz)]) == 0
+    assert main(["fit", "--logits", f"{cal_npz}:score", "--labels", f"{cal_npz}:correct", "--method", "det-ts",
+                 "--param", "clip_scores=true", "-o", str(out), "-q"]) == 0
+    assert max(_loads_cleanly(out).fit_record_["data_summary"]["confidence_quantiles"]) == 1.0
+    capsys.readouterr()
+    assert main(["drift", "--calibrator", str(out), "--logits", f"{test_npz}:score", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["tests"][0]["n_new"] == len(np.load(test_npz)["score"])

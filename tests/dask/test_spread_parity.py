@@ -133,3 +133,28 @@ def test_spread_ranges_rule():
         assert all(r[i][1] <= r[i + 1][0] for i in range(len(r) - 1))  # increasing, disjoint
 
     check()
+
+
+def test_clipped_box_score_summary_equal_on_both_engines(dask_client, tmp_path, capsys):
+    """det-ts with clip_scores=True on KITTI's raw scores (152 above 1): both engines record the summary of
+    the clipped scores, which their own loader accepts (it was rejected: quantiles above 1 as probabilities)."""
+    from tests.conftest import require_shared_data
+
+    d = np.load(require_shared_data("detection", "kitti_bev_cars", "matched_iou50.npz"))
+    arrays = {"score": d["score"].astype(np.float64), "correct": d["label"].astype(np.int64)}
+    assert (arrays["score"] > 1).sum() > 100
+    npz, folder = tmp_path / "k.npz", tmp_path / "k.parquet"
+    np.savez(npz, **arrays)
+    write_dataset(folder, arrays, n_parts=5)
+    sched = ["--engine", "dask", "--scheduler", dask_client.scheduler.address]
+    fit = ["fit", "--method", "det-ts", "--param", "clip_scores=true"]
+    man_l, man_d = tmp_path / "local.json", tmp_path / "dask.json"
+    assert _cli(capsys, *fit, "--logits", f"{npz}:score", "--labels", f"{npz}:correct", "-o", man_l) == (0, [])
+    assert _cli(capsys, *fit, "--logits", f"{folder}:score", "--labels", f"{folder}:correct", "-o", man_d,
+                *sched)[0] == 0
+    want = json.loads(man_l.read_text())["fit"]["data_summary"]
+    got = json.loads(man_d.read_text())["fit"]["data_summary"]
+    assert want["clip_scores"] is True and max(want["confidence_quantiles"]) == 1.0
+    _same(got, want)
+    code, said = _cli(capsys, "apply", "--calibrator", man_d, "--logits", f"{npz}:score", "-o", tmp_path / "p.npy")
+    assert code == 0 and said == []

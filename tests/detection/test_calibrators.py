@@ -279,3 +279,14 @@ def test_fake_control_collapses_to_the_base_rate():
     ts = DetectionTemperatureScaling().fit(m.score, m.correct)
     assert ts.temperature_ > 10
     assert np.abs(ts.predict_score(m.score) - 0.5).max() < 0.07
+
+
+def test_clips_scores_says_what_the_drift_summary_clips():
+    from confcal.calibrators import METHODS
+
+    assert METHODS["det-ts"](clip_scores=True).clips_scores is True
+    assert METHODS["det-ts"](clip_scores=True, input_kind="probs").clips_scores is True
+    assert METHODS["det-ts"](clip_scores=True, input_kind="logits").clips_scores is False  # raw logits: no clip
+    assert METHODS["det-ts"]().clips_scores is False
+    assert METHODS["det-beta"](clip_scores=True).clips_scores is True
+    assert METHODS["det-platt"]().clips_scores is False

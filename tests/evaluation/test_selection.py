@@ -247,7 +247,9 @@ def test_hostile_inputs_are_named():
 def test_auto_calibrator_front():
     z, y = _draw(np.random.default_rng(9), 400, 3, 2.0)
     est = AutoCalibrator(n_boot=200)
-    with pytest.raises(RuntimeError, match="call fit"):
+    from confcal.calibrators import NotFittedError
+
+    with pytest.raises(NotFittedError, match="call fit"):  # as a calibrator before fit
         est.predict_proba(z)
     est.fit(z, y)
     assert est.chosen_ == est.selection_["chosen"] == est.to_dict()["fit"]["selection"]["chosen"]

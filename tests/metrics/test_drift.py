@@ -125,3 +125,39 @@ def test_softmax_top_is_scipys_softmax_maximum_and_batch_independent(n, k, seed,
         a, _ = softmax_top(x[:cut])
         b, _ = softmax_top(x[cut:])
         np.testing.assert_array_equal(np.concatenate([a, b]), conf)
+
+
+@settings(max_examples=40)
+@given(n=st.integers(1, 400), m=st.integers(1, 300), seed=st.integers(0, 2**31 - 1),
+       high=st.sampled_from([1.0, 1.3, 3.0]))
+def test_clipped_box_score_summary_is_the_summary_of_the_clipped_scores(n, m, seed, high):
+    # what a map with clip_scores=True reads: the summary holds it, and the check clips the new scores alike
+    rng = np.random.default_rng(seed)
+    ref, new = rng.uniform(-0.2, high, n), rng.uniform(-0.1, high * 1.1, m)
+    s = data_summary(ref, clip_scores=True)
+    plain = data_summary(np.clip(ref, 0, 1))
+    assert s.pop("clip_scores") is True and s == plain
+    assert 0.0 <= min(s["confidence_quantiles"]) and max(s["confidence_quantiles"]) <= 1.0
+    got = drift_check({**s, "clip_scores": True}, new)[0]
+    assert got["statistic"] == ks_statistic(plain["confidence_quantiles"], np.clip(new, 0, 1))
+    # class vectors are never clipped (the flag is for 1-D box scores only)
+    z = rng.normal(size=(max(n, 2), 3))
+    assert data_summary(z, clip_scores=True) == data_summary(z)
+
+
+def test_clipped_summary_passes_the_fit_record_check_and_the_flag_is_checked():
+    from confcal.calibrators.protocol.fit_record import check_data_summary
+
+    scores = np.array([0.2, 0.5, 0.9, 1.05, 1.2])
+    raw = data_summary(scores)
+    with pytest.raises(ValueError, match=r"confidence_quantiles\[3\]: expected a finite number >= 0 and <= 1"):
+        check_data_summary(raw, input_kind="probs")  # probability scores above 1: damaged, as before
+    check_data_summary(data_summary(scores, clip_scores=True), input_kind="probs")
+    clipped_logit_kind = {**data_summary(scores, clip_scores=True), "confidence_quantiles": [0.2, 1.5]}
+    with pytest.raises(ValueError, match=r"confidence_quantiles\[1\]: expected a finite number >= 0 and <= 1"):
+        check_data_summary(clipped_logit_kind, input_kind="logits")  # clipped: in [0, 1] whatever the kind
+    vectors = {**data_summary(np.eye(3) * 2.0), "clip_scores": True}
+    with pytest.raises(ValueError, match=r"fit\.data_summary\.clip_scores: expected no such key"):
+        check_data_summary(vectors, input_kind="logits", n_classes=3)
+    with pytest.raises(ValueError, match=r"fit\.data_summary\.clip_scores"):
+        check_data_summary({**data_summary(scores, clip_scores=True), "clip_scores": "yes"}, input_kind="probs")

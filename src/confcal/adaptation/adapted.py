@@ -105,38 +105,56 @@ class PriorAdapted(Calibrator):
         check_settings(self.get_params(deep=False))
 
     # -------------------------------------------------------------- calibration set
-    def _fit(self, logits, labels, **side):
-        base = make_calibrator(self.base) if isinstance(self.base, str) else _clone(self.base)
-        base.fit(logits, labels, **_side_of(base, side))
-        self._set_source(base, logits, labels, side)
+    def fit(self, logits, labels, *, sample_weight=None, progress=False, **side) -> "PriorAdapted":
+        """Fit ``base`` on the calibration set and record its label counts and the confusion matrix of
+        its arg-max (:meth:`from_fitted` of the fitted base).
 
-    def _fit_inputs(self, logits, labels, sample_weight, side):
+        ``logits`` go to the base as given (probabilities for a base with ``input_kind="probs"``): the
+        base validates and converts them once, as in its own ``fit``. ``labels`` as the base takes them
+        (integers, one-hot rows or string labels). ``sample_weight`` is refused (``ValueError``): the
+        source prior needs the label counts unweighted.
+        """
         if sample_weight is not None:
             raise ValueError("sample_weight: prior adaptation needs the calibration set's label counts "
                              "unweighted; fit without sample_weight")
-        return super()._fit_inputs(logits, labels, sample_weight, side)
+        self._check_hyperparameters()
+        _check_side_names(self, side)
+        base = make_calibrator(self.base) if isinstance(self.base, str) else _clone(self.base)
+        base.fit(logits, labels, progress=progress, **_side_of(base, side))
+        self._set_source(base, logits, labels, side)
+        self.fit_record_ = getattr(base, "fit_record_", None)
+        return self
+
+    def _fit(self, logits, labels, **side):
+        # fit() above fits the base on the raw input; validated logits (the log of probabilities for a
+        # base with input_kind="probs") would be converted a second time by the base's own fit
+        raise NotImplementedError("PriorAdapted fits through fit(), which hands the raw input to its base")
 
     @classmethod
     def from_fitted(cls, calibrator, logits, labels, *, domains=None, features=None, **params) -> "PriorAdapted":
         """Wrap a fitted ``calibrator``: record the label counts and confusion matrix of ``logits`` /
         ``labels``, the calibration set it was fitted on (or any labelled held-out set of the source
         distribution), without refitting it. ``params``: the hyper-parameters of :class:`PriorAdapted`."""
-        from confcal._validation import check_labels
-
         if not calibrator.__sklearn_is_fitted__():
             raise ValueError("calibrator: expected a fitted calibrator, got an unfitted one; call fit first")
         self = cls(base=calibrator.method, **params)
         self._check_hyperparameters()
         side = {"domains": domains, "features": features}
-        x = calibrator._validate_logits(logits)
-        y = check_labels(labels, x.shape[0], x.shape[1])
-        self._set_source(calibrator, x, y, side)
+        self._set_source(calibrator, logits, labels, side)
         self.fit_record_ = getattr(calibrator, "fit_record_", None)
         return self
 
-    def _set_source(self, base, x, y, side):
-        k = int(x.shape[1])
-        probs = base.predict_proba(x, dtype=np.float64, **_side_of(base, side))
+    def _set_source(self, base, logits, labels, side):
+        """Source statistics of the fitted ``base`` from the raw calibration ``logits`` (read by the base,
+        with its ``input_kind``: they are converted once, by the base) and ``labels``."""
+        from confcal._validation import check_labels
+        from confcal.sources import Source
+
+        probs = base.predict_proba(logits, dtype=np.float64, **_side_of(base, side))
+        n, k = probs.shape
+        if isinstance(labels, Source):
+            labels = labels.to_numpy()
+        y = check_labels(base._label_indices(labels), n, k)
         counts = np.bincount(y, minlength=k).astype(np.int64)
         if (counts == 0).any():
             j = int(np.flatnonzero(counts == 0)[0])
@@ -348,6 +366,12 @@ def _side_of(cal, side: dict) -> dict:
     """The side inputs ``cal`` takes, of those given."""
     names = (*cal.side_inputs, *cal.optional_side_inputs)
     return {k: v for k, v in side.items() if v is not None and k in names}
+
+
+def _check_side_names(ad, side: dict) -> None:
+    unknown = sorted(k for k, v in side.items() if v is not None and k not in ad.optional_side_inputs)
+    if unknown:
+        raise TypeError(f"PriorAdapted does not take {unknown}; it takes {sorted(ad.optional_side_inputs)}")
 
 
 def _clone(est):

@@ -133,7 +133,8 @@ def run(args) -> int:
     if x is not None:
         cal.fit_record_["data_summary"] = data_summary(
             x, input_kind="probs" if args.input_kind == "probs" and x.ndim == 2 else "logits",
-            domains=side.get("domains"), features=side.get("features"))
+            domains=side.get("domains"), features=side.get("features"),
+            clip_scores=bool(getattr(cal, "clips_scores", False)))  # the scores as the map reads them
     save_manifest(cal, args.output)
     rec = cal.fit_record_
     before, after = rec.get("metrics_before", {}), rec.get("metrics_after", {})

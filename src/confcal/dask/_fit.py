@@ -65,13 +65,13 @@ def fit_modes_line(quote: str = "`") -> str:
     return "; ".join(parts) + "; every other method: seeded sample."
 
 
-def _summary(rows: dict, input_kind: str) -> dict:
+def _summary(rows: dict, input_kind: str, cal) -> dict:
     """The drift summary of the spread rows (:meth:`DaskEngine.spread_job`), by the function the
-    single-process ``confcal fit`` calls on the same rows."""
+    single-process ``confcal fit`` calls on the same rows (box scores clipped when ``cal`` clips them)."""
     from confcal.metrics.drift import data_summary
 
     return data_summary(rows["logits"], input_kind=input_kind, domains=rows.get("domains"),
-                        features=rows.get("features"))
+                        features=rows.get("features"), clip_scores=bool(getattr(cal, "clips_scores", False)))
 
 
 def fit(method: str, data, *, logits: str = "logits", labels: str = "label", domains: str | None = None,
@@ -148,7 +148,7 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
     if job is not None:
         # the drift rows ride along the fit's first pass (no pass of their own)
         _, rows = run_job(together(job, engine.spread_job()), engine)
-        summary = _summary(rows, kind)
+        summary = _summary(rows, kind, cal)
         fitted = cal
         fitted.fit_record_ = {**fitted.fit_record_, "data_summary": summary, "engine": "dask",
                               "fitted_on": "all rows", "n_passes": engine.n_passes}
@@ -173,7 +173,7 @@ def fit(method: str, data, *, logits: str = "logits", labels: str = "label", dom
     fitted = cal.fit(x, y, **side)
     # the drift reference: the rows the single-process fit summarises (one pass over only the
     # partitions that hold them), so both engines record the same summary
-    summary = _summary(run_job(engine.spread_job(), engine), kind)
+    summary = _summary(run_job(engine.spread_job(), engine), kind, fitted)
     fitted.fit_record_ = {**(fitted.fit_record_ or {}), "engine": "dask", "data_summary": summary,
                           "fitted_on": "sample", "sample": {"rows": int(len(frame)), "seed": int(seed)}}
     cond = full_data_conditions().get(method)

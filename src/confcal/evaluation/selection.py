@@ -29,6 +29,7 @@ import numpy as np
 
 from confcal._validation import as_numpy, check_domains, check_box_labels, check_labels, check_logits
 from confcal.calibrators import METHODS
+from confcal.calibrators.protocol.class_labels import encode_class_labels, is_string_labels
 from confcal.calibrators.protocol.selection_record import SELECTION_RULES, choose_from_table
 from confcal.calibrators.protocol.estimator import Estimator
 from confcal.evaluation.selection_candidates import REFERENCE, Candidate, candidates_for
@@ -83,6 +84,8 @@ def _check_inputs(logits, labels, domains, input_kind):
             z = check_logits(raw2, input_kind=input_kind or "logits")
         else:
             z = check_logits(logits, input_kind=input_kind or "logits")  # logits (the log of probabilities)
+        if is_string_labels(labels):  # as the calibrators take them: columns in sorted order (classes_)
+            labels, _ = encode_class_labels(labels, z.shape[1], stacklevel=3)
         y = check_labels(labels, z.shape[0], z.shape[1])
         k = z.shape[1]
         # the candidates read the input as given (input_kind is their hyper-parameter); z decides the arg-max
@@ -182,8 +185,9 @@ def select_calibrator(logits, labels, *, domains=None, input_kind: str | None = 
     logits : float array ``(n_samples, n_classes)`` (or ``(n_samples, 1)``, a one-logit binary head;
         probabilities with ``input_kind="probs"``), 1-D box scores ``(n_boxes,)``, or ``(n, L)`` sigmoid
         logits of a multi-label head
-    labels : int array ``(n_samples,)`` in ``[0, n_classes)``; 0/1 true-positive flags for box scores;
-        multi-hot ``(n, L)`` for a multi-label head
+    labels : int array ``(n_samples,)`` in ``[0, n_classes)``, or string labels (mapped to the columns in
+        sorted order, as the calibrators map them: the chosen calibrator's ``classes_`` holds them); 0/1
+        true-positive flags for box scores; multi-hot ``(n, L)`` for a multi-label head
     domains : ids ``(n_samples,)``, optional: adds the per-domain candidates
     input_kind : ``"logits"`` or ``"probs"``; recorded in the manifest through the chosen method
     allow_accuracy_change : also try maps that can move the arg-max (``vs``, ``dirichlet``,
@@ -285,7 +289,9 @@ def select_calibrator(logits, labels, *, domains=None, input_kind: str | None = 
     chosen = choose_from_table(table, reference.label, bool(allow_accuracy_change))
     chosen_cand = next(c for c in cands if c.label == chosen)
     t0 = time.perf_counter()
-    cal, _ = _fit_one(chosen_cand, x, y, side_all)
+    # string labels: the final fit reads them as given, so classes_ / predict / the manifest keep the names
+    final_y = np.asarray(labels) if kind == "classes" and is_string_labels(labels) else y
+    cal, _ = _fit_one(chosen_cand, x, final_y, side_all)
     final_seconds = time.perf_counter() - t0
     cal.fit_record_["selection"] = {
         "rule": SELECTION_RULE,
@@ -345,10 +351,21 @@ def _cross_validate(c: Candidate, kind, k, xs, ys, sides, fold, n_folds, decisio
 
 class AutoCalibrator(Estimator):
     """scikit-learn style front of :func:`select_calibrator`: ``fit`` chooses and fits,
-    ``predict_proba`` / ``to_dict`` are the chosen calibrator's (its manifest, with ``fit.selection``).
+    ``predict_proba`` / ``predict`` / ``score`` / ``classes_`` / ``fit_record_`` / ``to_dict`` are the
+    chosen calibrator's (its manifest, with ``fit.selection``), so it works in scikit-learn model
+    selection (``cross_val_score``, ``GridSearchCV``) as the calibrators do: ``score`` is minus the mean
+    NLL, and ``scoring="neg_log_loss"`` reads ``classes_``.
+
+    Labels as the calibrators take them: integer column indices, or string labels mapped to the logit
+    columns in sorted order (scikit-learn's ``classes_``; ``classes_`` and ``predict`` then give the names).
+
+    ``input_kind`` is read at predict time, as a calibrator's is (``TemperatureScaling``): a value set with
+    ``set_params`` after ``fit`` is handed to the chosen calibrator before it reads the input (``None``: the
+    kind it was fitted with). The other hyper-parameters steer the search and take effect at the next ``fit``.
 
     Attributes (after ``fit``): ``calibrator_`` (the fitted chosen method), ``chosen_`` (its label),
-    ``selection_`` (the table and protocol of the manifest's ``fit.selection``).
+    ``selection_`` (the table and protocol of the manifest's ``fit.selection``); before ``fit`` they and
+    the methods above raise :class:`~confcal.calibrators.NotFittedError`, as a calibrator does.
 
     ``get_params`` / ``set_params`` / ``clone`` follow scikit-learn's estimator protocol
     (:class:`confcal.calibrators.protocol.estimator.Estimator`), as every calibrator does.
@@ -367,18 +384,51 @@ class AutoCalibrator(Estimator):
         self.random_state = random_state
 
     def fit(self, logits, labels, *, domains=None) -> "AutoCalibrator":
+        """Choose and fit (:func:`select_calibrator` with these hyper-parameters); returns ``self``."""
         self.calibrator_ = select_calibrator(logits, labels, domains=domains, **self.get_params())
         self.selection_ = self.calibrator_.fit_record_["selection"]
         self.chosen_ = self.selection_["chosen"]
         return self
 
+    def __sklearn_is_fitted__(self) -> bool:
+        return hasattr(self, "calibrator_")
+
     def _fitted(self):
+        """The chosen calibrator, reading the input as ``input_kind`` says now (see the class notes)."""
         if not hasattr(self, "calibrator_"):
-            raise RuntimeError("AutoCalibrator: call fit before predict_proba / to_dict")
-        return self.calibrator_
+            from confcal.calibrators.protocol.base import not_fitted_error
+
+            raise not_fitted_error("AutoCalibrator is not fitted yet; call fit(logits, labels) first")
+        cal = self.calibrator_
+        if self.input_kind is not None and getattr(cal, "input_kind", self.input_kind) != self.input_kind:
+            if self.input_kind not in ("logits", "probs"):
+                raise ValueError(f"input_kind: expected 'logits', 'probs' or None, got {self.input_kind!r}")
+            cal.set_params(input_kind=self.input_kind)
+        return cal
+
+    @property
+    def classes_(self):
+        """The chosen calibrator's ``classes_`` (``arange(n_classes)``, or the sorted string labels)."""
+        return self._fitted().classes_
+
+    @property
+    def n_classes_(self) -> int:
+        return self._fitted().n_classes_
+
+    @property
+    def fit_record_(self) -> dict:
+        """The chosen calibrator's fit record (``fit_record_["selection"]``: the search)."""
+        return self._fitted().fit_record_
 
     def predict_proba(self, logits, **side):
         return self._fitted().predict_proba(logits, **side)
+
+    def predict(self, logits, **side):
+        return self._fitted().predict(logits, **side)
+
+    def score(self, logits, labels, sample_weight=None, **side) -> float:
+        """Minus the mean NLL (nats) of ``labels`` under the chosen calibrator: higher is better."""
+        return self._fitted().score(logits, labels, sample_weight=sample_weight, **side)
 
     def to_dict(self) -> dict:
         return self._fitted().to_dict()

@@ -4,7 +4,12 @@ The summary (:func:`data_summary`, kept in a manifest's ``fit.data_summary``) ho
 for the calibration data: the distribution of the model's *uncalibrated* top-label
 confidence (the softmax maximum of the logits; the raw score for 1-D box scores) as
 ``n_quantiles`` quantiles, the predicted-class frequencies, the domain mix with each
-domain's own confidence quantiles, and feature means when features were given.
+domain's own confidence quantiles, and feature means when features were given. Box scores
+that the calibrator clips into ``[0, 1]`` before reading them (``det-ts`` / ``det-beta`` with
+``clip_scores=True``) are summarised clipped, as the map sees them; the summary says so
+(``clip_scores: true``) and :func:`drift_check` clips the new scores the same way, so both
+sides of the test hold the same quantity (the clipped scores are probabilities, as the fit
+record's ``input_kind`` ``"probs"`` says).
 
 The test (:func:`drift_check`) is the two-sample Kolmogorov-Smirnov test on that
 confidence (Smirnov 1939): ``D = sup_t |F_ref(t) - F_new(t)|``, with ``F_ref`` the
@@ -43,12 +48,14 @@ DEFAULT_ALPHA = 0.01
 N_QUANTILES = 1000
 
 
-def _rows_of(logits, input_kind: str) -> np.ndarray:
-    """The rows :func:`top_confidence` takes the softmax of: 1-D box scores as float64, class
-    vectors as float32/float64 (``log`` of probabilities with ``input_kind="probs"``)."""
+def _rows_of(logits, input_kind: str, clip_scores: bool = False) -> np.ndarray:
+    """The rows :func:`top_confidence` takes the softmax of: 1-D box scores as float64 (clipped into
+    ``[0, 1]`` with ``clip_scores``), class vectors as float32/float64 (``log`` of probabilities with
+    ``input_kind="probs"``)."""
     x = as_numpy(logits, "logits")
     if x.ndim == 1:
-        return x.astype(np.float64)
+        x = x.astype(np.float64)
+        return np.clip(x, 0.0, 1.0) if clip_scores else x
     if x.ndim != 2 or x.shape[0] == 0:
         raise ValueError(f"logits: expected shape (n_samples, n_classes) or (n_boxes,), got {x.shape}")
     if x.shape[1] == 1:  # a one-logit binary model (sigmoid head): the two-class rows of predict_proba
@@ -62,12 +69,12 @@ def _rows_of(logits, input_kind: str) -> np.ndarray:
     return x
 
 
-def top_confidence(logits, *, input_kind: str = "logits"):
+def top_confidence(logits, *, input_kind: str = "logits", clip_scores: bool = False):
     """``(confidence, predicted class or None)`` of the uncalibrated model.
 
     2-D ``(n_samples, n_classes)`` logits (or probabilities with ``input_kind="probs"``):
     the softmax maximum and its arg-max. 1-D box scores ``(n_boxes,)``: the scores as they
-    are (any real values) and ``None``.
+    are (any real values; clipped into ``[0, 1]`` with ``clip_scores``) and ``None``.
 
     Examples
     --------
@@ -75,7 +82,7 @@ def top_confidence(logits, *, input_kind: str = "logits"):
     >>> conf.round(4).tolist(), pred.tolist()
     ([0.5, 0.8808], [0, 0])
     """
-    x = _rows_of(logits, input_kind)
+    x = _rows_of(logits, input_kind, clip_scores)
     return (x, None) if x.ndim == 1 else softmax_top(x)
 
 
@@ -151,7 +158,7 @@ def _quantiles(v: np.ndarray, q: int) -> list[float]:
 
 
 def data_summary(logits, *, input_kind: str = "logits", domains=None, features=None,
-                 n_quantiles: int = N_QUANTILES) -> dict:
+                 n_quantiles: int = N_QUANTILES, clip_scores: bool = False) -> dict:
     """Summary of calibration data for later drift checks (JSON-ready).
 
     Parameters
@@ -161,12 +168,14 @@ def data_summary(logits, *, input_kind: str = "logits", domains=None, features=N
     domains : ``(n_samples,)`` ids, optional
     features : ``(n_samples, n_features)``, optional
     n_quantiles : int, quantiles kept per distribution (default 1000)
+    clip_scores : bool, 1-D box scores only: summarise ``clip(scores, 0, 1)``, what a calibrator
+        with ``clip_scores=True`` reads (ignored for class vectors)
 
     Returns
     -------
     dict with ``statistic`` (``"ks_top_confidence"``), ``n``, ``confidence_quantiles``,
-    ``class_frequencies`` (2-D input), ``domains`` (``{id: {"n", "confidence_quantiles"}}``)
-    and ``feature_means`` when given.
+    ``class_frequencies`` (2-D input), ``domains`` (``{id: {"n", "confidence_quantiles"}}``),
+    ``feature_means`` when given, and ``clip_scores: True`` when box scores were clipped.
 
     Examples
     --------
@@ -174,9 +183,11 @@ def data_summary(logits, *, input_kind: str = "logits", domains=None, features=N
     >>> s["n"], s["domains"]["b"]["n"]
     (3, 1)
     """
-    conf, pred = top_confidence(logits, input_kind=input_kind)
+    conf, pred = top_confidence(logits, input_kind=input_kind, clip_scores=clip_scores)
     out = {"statistic": "ks_top_confidence", "n": int(conf.size),
            "confidence_quantiles": _quantiles(conf, n_quantiles)}
+    if clip_scores and pred is None:
+        out["clip_scores"] = True  # drift_check clips the new scores the same way
     if pred is not None:
         k = max(2, as_numpy(logits, "logits").shape[1])  # a one-logit binary model counts 2 classes
         out["class_frequencies"] = (np.bincount(pred, minlength=k) / pred.size).tolist()
@@ -228,7 +239,8 @@ def drift_check(summary: dict, logits, *, input_kind: str = "logits", domains=No
     Parameters
     ----------
     summary : dict from :func:`data_summary` (a manifest's ``fit.data_summary``)
-    logits : new logits ``(m, n_classes)`` or box scores ``(m,)``, same kind as at fit time
+    logits : new logits ``(m, n_classes)`` or box scores ``(m,)``, same kind as at fit time (box
+        scores are clipped into ``[0, 1]`` when the summary says ``clip_scores``, as they were at fit time)
     domains : ``(m,)`` ids, optional; each domain is tested against the same calibration domain
     alpha : float in (0, 1), family-wise false-alarm level (default 0.01)
 
@@ -257,7 +269,7 @@ def drift_check(summary: dict, logits, *, input_kind: str = "logits", domains=No
         raise ValueError(f"alpha: expected a value in (0, 1), got {plain(alpha)}")
     if not isinstance(summary, dict) or "confidence_quantiles" not in summary:
         raise ValueError("data_summary: the manifest has no data summary (fit it with this confcal version)")
-    conf, pred = top_confidence(logits, input_kind=input_kind)
+    conf, pred = top_confidence(logits, input_kind=input_kind, clip_scores=summary.get("clip_scores") is True)
     if ("class_frequencies" in summary) != (pred is not None):
         raise ValueError("logits: the calibrator was summarised on "
                          f"{'class vectors' if 'class_frequencies' in summary else '1-D box scores'}; "

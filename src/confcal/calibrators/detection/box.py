@@ -201,6 +201,13 @@ class _BoxScoreMaps(Calibrator):
         """What 1-D scores are (the fit record's ``input_kind``): ``"probs"`` unless ``"logits"``."""
         return "logits" if input_kind == "logits" else "probs"
 
+    @property
+    def clips_scores(self) -> bool:
+        """Whether 1-D box scores are clipped into ``[0, 1]`` before the map reads them
+        (``clip_scores=True`` with probability scores). ``confcal fit`` then records the drift summary
+        of the clipped scores (:func:`confcal.metrics.drift.data_summary`), as the map sees them."""
+        return bool(getattr(self, "clip_scores", False)) and self._score_kind(self._input_kind()) == "probs"
+
     def _scores(self, scores, name: str = "scores"):
         """``(kind, x)``: ``("binary", [0, u])`` for 1-D scores, ``("multiclass", logits)``."""
         arr = as_numpy(scores, name)

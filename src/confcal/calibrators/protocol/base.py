@@ -80,7 +80,7 @@ from confcal._validation import plain
 
 __all__ = ["Calibrator", "NotFittedError", "Preset", "register", "register_preset", "calibrator_from_dict",
            "make_calibrator", "METHODS", "MANIFEST_FORMAT", "MANIFEST_VERSION", "summary_metrics",
-           "INPUT_KINDS"]
+           "INPUT_KINDS", "not_fitted_error"]
 
 
 class NotFittedError(ValueError, AttributeError):
@@ -109,6 +109,12 @@ def _not_fitted(message: str) -> NotFittedError:
         cls = type("NotFittedError", (NotFittedError, sk.NotFittedError), {"__module__": __name__})
         _SKLEARN_FLAVOURED[sk.NotFittedError] = cls
     return cls(message)
+
+
+def not_fitted_error(message: str) -> NotFittedError:
+    """The :class:`NotFittedError` a calibrator raises before ``fit`` (also scikit-learn's class when
+    scikit-learn is loaded), for estimators that wrap calibrators (``AutoCalibrator``) to raise alike."""
+    return _not_fitted(message)
 
 
 def _sha256(*arrays) -> str:
@@ -530,7 +536,7 @@ def _string_labels(labels, logits):
     width = 2 if len(shape) == 1 or (len(shape) == 2 and shape[1] == 1) else (shape[1] if len(shape) == 2 else 0)
     if width < 2:
         return labels, None  # the logits' own error comes first
-    return encode_class_labels(labels, int(width))
+    return encode_class_labels(labels, int(width), stacklevel=3)  # a warning names the line that called fit
 
 
 def _result_dtype(dtype, logits=None) -> np.dtype:

@@ -48,9 +48,17 @@ def _as_str_array(labels) -> np.ndarray:
     return arr.astype(str) if arr.dtype == object else arr
 
 
-def encode_class_labels(labels, n_classes: int, *, name: str = "labels") -> tuple[np.ndarray, np.ndarray]:
+def encode_class_labels(labels, n_classes: int, *, name: str = "labels",
+                        stacklevel: int = 2) -> tuple[np.ndarray, np.ndarray]:
     """``(indices, classes)``: int64 column indices ``(n_samples,)`` of string ``labels`` and the
     sorted distinct labels ``classes`` ``(n_classes,)``, as scikit-learn's ``classes_``.
+
+    Warns
+    -----
+    UserWarning
+        When every label is an integer written as text and the text order differs from the numeric
+        one (``'10'`` before ``'2'``): labels cast from column indices would land on other columns.
+        ``stacklevel`` is that of :func:`warnings.warn` seen from the caller (2: the caller's caller).
 
     Raises
     ------
@@ -66,7 +74,30 @@ def encode_class_labels(labels, n_classes: int, *, name: str = "labels") -> tupl
                          f"scikit-learn's classes_; expected {n_classes} distinct labels (one per column), "
                          f"got {classes.size} ({shown}); when the calibration set lacks a class, pass column "
                          "indices instead, e.g. np.searchsorted(clf.classes_, labels)")
+    _warn_if_numbers_in_text_order(classes, name, stacklevel + 2)
     return idx.reshape(-1).astype(np.int64), classes
+
+
+def _warn_if_numbers_in_text_order(classes: np.ndarray, name: str, stacklevel: int) -> None:
+    """One ``UserWarning`` when every label is an integer written as text and the text order of
+    ``classes`` (the columns they map to) is not the numeric order: ``'10'`` sorts before ``'2'``, so
+    labels cast from integer column indices (``y.astype(str)``) would land on the wrong columns. Not an
+    error: a scikit-learn classifier fitted on those strings orders its columns the same way."""
+    try:
+        numbers = np.array([int(c) for c in classes.tolist()], dtype=object)
+    except ValueError:
+        return  # some label is not an integer
+    order = sorted(range(len(numbers)), key=lambda j: numbers[j])
+    if order == list(range(len(numbers))):
+        return
+    j = next(i for i, o in enumerate(order) if o != i)
+    import warnings
+
+    warnings.warn(f"{name}: every string label is an integer, and string labels go to the logit columns in text "
+                  f"order (scikit-learn's classes_): {str(classes[j])!r} is column {j}, before "
+                  f"{str(classes[order[j]])!r}; if column j of the logits is class j, pass integer labels "
+                  "(labels.astype(int)); if the logits come from a classifier fitted on these strings, its "
+                  "columns follow this order and the fit is right", UserWarning, stacklevel=stacklevel)
 
 
 def labels_to_indices(labels, classes: np.ndarray, *, name: str = "labels") -> np.ndarray:

@@ -53,6 +53,8 @@ DATA_SUMMARY = Fields({
     "class_frequencies": Opt(_NonEmpty(Real(ge=0, le=1))),
     "domains": Opt(AnyJSON()),  # {domain: {"n", "confidence_quantiles"}}: checked in check_data_summary
     "feature_means": Opt(_NonEmpty(Real())),
+    # box scores clipped into [0, 1] before summarising (a map with clip_scores=True reads them so)
+    "clip_scores": Opt(Bool()),
 })
 
 
@@ -257,10 +259,12 @@ def summary_holds_probabilities(summary, input_kind) -> bool:
 
     Class vectors ``(n, K)`` (the summary holds ``class_frequencies``, which only 2-D input writes):
     always, whatever ``input_kind`` (``"logits"`` or ``"probs"``), since the quantiles are of the softmax
-    top-label confidence. Box scores ``(n,)``: only with ``input_kind="probs"``; with ``"logits"`` (raw
-    detector logit scores, ``det-platt``'s default), ``"scores"`` (older records) or none, any finite value.
+    top-label confidence. Box scores ``(n,)``: when the summary says ``clip_scores`` (they were clipped
+    into ``[0, 1]``, as ``det-ts`` / ``det-beta`` with ``clip_scores=True`` read them) or with
+    ``input_kind="probs"``; with ``"logits"`` (raw detector logit scores, ``det-platt``'s default),
+    ``"scores"`` (older records) or none, any finite value.
     """
-    if isinstance(summary, dict) and "class_frequencies" in summary:
+    if isinstance(summary, dict) and ("class_frequencies" in summary or summary.get("clip_scores") is True):
         return True
     return input_kind == "probs"
 
@@ -284,6 +288,9 @@ def check_data_summary(summary, *, where: str = "manifest", input_kind=None, n_c
     quantiles = _PROB_QUANTILES if summary_holds_probabilities(summary, input_kind) else _QUANTILES
     quantiles.check(summary["confidence_quantiles"], "fit.data_summary.confidence_quantiles", ctx)
     freq = summary.get("class_frequencies")
+    if freq is not None and summary.get("clip_scores") is True:
+        ctx.fail("fit.data_summary.clip_scores", "no such key in a summary of class vectors (it holds "
+                 "class_frequencies; only 1-D box scores are clipped)", got="true")
     if freq is not None and n_classes is not None:
         if len(freq) != n_classes:
             ctx.fail("fit.data_summary.class_frequencies", f"{n_classes} frequencies (one per class, as "

@@ -64,7 +64,8 @@ def run_auto(args) -> int:
                             allow_accuracy_change=bool(args.allow_accuracy_change), **params)
     cal.fit_record_["provenance"] = provenance(args)
     cal.fit_record_["data_summary"] = data_summary(
-        x, input_kind="probs" if args.input_kind == "probs" and x.ndim == 2 else "logits", domains=domains)
+        x, input_kind="probs" if args.input_kind == "probs" and x.ndim == 2 else "logits", domains=domains,
+        clip_scores=bool(getattr(cal, "clips_scores", False)))  # det-ts chosen with clip_scores: clipped, as it reads
     save_manifest(cal, args.output)
     if args.json:
         print(json.dumps(cal.to_dict(), indent=2))
