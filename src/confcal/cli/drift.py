@@ -9,7 +9,6 @@ import warnings
 from confcal.cli._shared.choices import DEFAULT_ALPHA
 from confcal.cli._shared.common import format_table
 from confcal.cli._shared.drift_check import NEEDS, check
-from confcal._validation import plain
 
 #: exit status of ``drift --fail-on-drift`` when drift is flagged
 EXIT_DRIFT = 3
@@ -43,6 +42,7 @@ def run(args) -> int:
     import numpy as np
 
     from confcal._validation import check_logits
+    from confcal._validation import plain  # (here: building the parser must not import numpy)
     from confcal.io import load_array, load_calibrator
 
     if not 0.0 < args.alpha < 1.0:

@@ -7,7 +7,6 @@ import math
 
 from confcal.cli._shared.choices import AGGREGATIONS, TIE_TOLERANCE, UNCERTAINTIES
 from confcal.cli.detections import load_domain_map
-from confcal._validation import plain
 
 COLUMNS = ["rank", "image_id", "file_name", "domain", "priority", "total_uncertainty", "n_boxes", "top_score",
            "calibrated_confidence", "uncertain_det_ids", "uncertain_confidences", "calibrator_sha256"]
@@ -83,6 +82,7 @@ def _domains(dets, args):
     out = [str(r["domain"]) if "domain" in r else images.get(r["image_id"]) for r in dets]
     missing = [dets[i]["image_id"] for i, v in enumerate(out) if v is None]
     if missing:
+        from confcal._validation import plain  # (here: building the parser must not import numpy)
         raise ValueError(f"domains: no domain for image_id {plain(missing[0])} ({len(missing)} boxes); give it in "
                          "--gt images, --domain-map, or the detection records")
     return np.asarray(out)
