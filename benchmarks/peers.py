@@ -341,6 +341,14 @@ FITS = {
 ONLY_ON = {("beta (multinomial)", "netcal (CIFAR-10 only)"): ("wrn-c10", "lenet-c10")}
 
 
+def _minor_faults():
+    """Minor page faults of this process so far: a fresh 400 MB output costs ~100k of them in 4 KB pages
+    (torch's allocations) and ~200 in 2 MB pages (numpy madvises large arrays for huge pages)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def _timed(fn, *a):
     t0 = time.perf_counter()
     out = fn(*a)
@@ -444,9 +452,10 @@ def bench_fits(names, reps, methods, log):
 PREDICT_REPS = 5
 
 
-def bench_ts_large(n, log, fit=True):
+def bench_ts_large(n, log, fit=True, predict=True):
     """TS on ``n`` x 100 synthetic float32 logits: the fits (``fit``; the peers' take minutes) and the
-    ``predict_proba`` rows."""
+    ``predict_proba`` rows (``predict``; :func:`main` runs them in a fresh process, see
+    :func:`_predict_in_child`)."""
     import torch
 
     rng = np.random.default_rng(1)
@@ -473,6 +482,8 @@ def bench_ts_large(n, log, fit=True):
             continue
         rows.append({"data": f"synthetic {n}x{k}", "method": "ts fit", "peer": peer, "time_s": dt, "quality": None})
         log(rows[-1])
+    if not predict:
+        return rows
     # predict_proba after TS (float32 in)
     cal = TemperatureScaling().fit(z, y)
     t = float(cal.temperature_)
@@ -497,15 +508,39 @@ def bench_ts_large(n, log, fit=True):
     # 5 reps interleaved over the callers (rep 1 of each, then rep 2, ...), like the fits: the time of a
     # fresh 400 MB output varies with the machine's state (huge pages or not) more than between callers
     times = {peer: [] for peer, _ in preds}
+    faults = {peer: [] for peer, _ in preds}
     for _ in range(PREDICT_REPS):
         for peer, fn in preds:
+            f0 = _minor_faults()
             dt, out = _timed(fn)
+            faults[peer].append(_minor_faults() - f0)
             del out
             times[peer].append(dt)
     for peer, _ in preds:
         rows.append({"data": f"synthetic {n}x{k} float32", "method": "predict_proba after TS", "peer": peer,
-                     "time_s": statistics.median(times[peer]), "quality": None})
+                     "time_s": statistics.median(times[peer]),
+                     "quality": f"{statistics.median(faults[peer]):,.0f} minor page faults per call"})
         log(rows[-1])
+    return rows
+
+
+def _predict_in_child(a, log):
+    """The ``predict_proba`` rows, run by a fresh process of this script (``--parts ts-predict``).
+
+    Much of their time is the page faults of fresh 400 MB outputs (torch's in 4 KB pages: 195k faults,
+    ~0.3 s of torch-uncertainty's 0.46 s), and whether a call gets fresh pages or memory its process
+    freed before depends on what ran before. After the peers' 1M-row TS fits (peak RSS 4-5 GB) the
+    peer's forward took 0.12 s in one run (the bare torch softmax of the same run 0.37 s) and 0.30 s with
+    97,657 faults (one of its two buffers reused) in another, 0.29 s in a third: a ratio of the
+    allocator's history. A fresh process gives every run the same history; each row shows its faults."""
+    with tempfile.TemporaryDirectory() as tmp:
+        js = Path(tmp) / "rows.json"
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--parts", "ts-predict", "--simd", a.simd,
+               "--out", str(Path(tmp) / "rows.md"), "--rows-json", str(js), *(["--quick"] if a.quick else [])]
+        subprocess.run(cmd, check=False)
+        rows = json.loads(js.read_text()) if js.exists() else []
+    for r in rows:
+        log(r)
     return rows
 
 
@@ -917,8 +952,11 @@ def main(argv=None):
         rows += bench_startup(log)
     if "metrics" in parts:
         rows += bench_metrics(n_ece, 10_000, n_large, log)
-    if "ts" in parts or "ts-predict" in parts:  # ts-predict: the predict_proba rows without the 1M-row fits
-        rows += bench_ts_large(n_ts, log, fit="ts" in parts)
+    if "ts" in parts:
+        rows += bench_ts_large(n_ts, log, fit=True, predict=False)
+        rows += _predict_in_child(a, log)
+    elif "ts-predict" in parts:  # the predict_proba rows alone (the child of _predict_in_child)
+        rows += bench_ts_large(n_ts, log, fit=False, predict=True)
     if "fits" in parts:
         rows += bench_fits(names, reps, a.methods.split(","), log)
     write(rows)

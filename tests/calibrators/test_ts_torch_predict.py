@@ -46,14 +46,16 @@ def test_torch_path_matches_the_numpy_path(torch_everywhere, in_dtype, out_dtype
 
 
 @pytest.mark.parametrize("bad, message", [(np.nan, "NaN"), (np.inf, "inf")])
-def test_torch_path_names_the_bad_row_as_the_numpy_path(torch_everywhere, bad, message):
-    x = logits(5000, 10, 1)
-    x[4321, 3] = bad
+@pytest.mark.parametrize("n, row", [(5000, 4321), (30000, 28000)])  # first chunk; the last, partial one
+def test_torch_path_names_the_bad_row_as_the_numpy_path(torch_everywhere, bad, message, n, row):
+    x = logits(n, 10, 1)
+    x[row, 3] = bad
     with pytest.raises(ValueError) as e_torch:
         scaled_softmax_rows(x, 1.3, first_row=10)
     with pytest.raises(ValueError) as e_numpy:
         scaled_softmax_rows(x, 1.3, first_row=10, use_torch=False)
-    assert str(e_torch.value) == str(e_numpy.value) and "4331" in str(e_torch.value)
+    assert str(e_torch.value) == str(e_numpy.value) and str(row + 10) in str(e_torch.value)
+    assert ts_mod._TORCH_CHUNK_ELEMS // 10 < 28000 < 30000  # the second case is past the first chunk
 
 
 def test_torch_path_overflowing_z_over_t_falls_back_to_the_numpy_chunk(torch_everywhere):
