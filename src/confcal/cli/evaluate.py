@@ -80,8 +80,10 @@ def run(args) -> int:
 
     refuse_category_ids(args, f"class vectors {xs.shape}")
     side = side_sources(args)
-    if cal is not None and cal.n_classes_ != max(2, xs.shape[1]):  # (n, 1): a one-logit model
-        cal = load_calibrator(manifest, n_classes=xs.shape[1], source=args.calibrator)  # raises, naming both
+    if cal is not None:
+        from confcal.cli._shared.common import check_class_count
+
+        check_class_count(cal, xs.shape, path=args.calibrator)
     # --domains without a calibrator that takes them: the per-domain table only
     taken = tuple(_audit.taken(cal, side)) if cal is not None else ()
     stats, digest = evaluate_stats(xs, ys, cal=cal, side=side, taken=taken, per_domain="domains" in side,

@@ -62,6 +62,9 @@ def box_score_predictions(args, cal, side, *, note_outside: bool = True):
         stages = {"uncalibrated": np.clip(s, 0.0, 1.0)}
     if cal is not None:
         if not getattr(cal, "takes_box_scores", False):
+            from confcal.cli._shared.common import check_class_count
+
+            check_class_count(cal, np.shape(s), path=getattr(args, "calibrator", None))
             raise ValueError(f"--calibrator: {cal.method} calibrates class vectors, but --logits holds 1-D box "
                              "scores; fit det-ts or det-platt")
         cal.set_params(input_kind=args.input_kind)

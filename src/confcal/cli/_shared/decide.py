@@ -94,6 +94,10 @@ def _probabilities(args, kind, cal, domains):
     from confcal._validation import check_logits
 
     x = _array(args, "logits")
+    if cal is not None:  # before any reshaping: the error names the shape as given
+        from confcal.cli._shared.common import check_class_count
+
+        check_class_count(cal, x.shape, path=args.calibrator)
     if kind == "binary":
         if x.ndim == 2 and x.shape[1] == 1:
             x = x[:, 0]
