@@ -179,7 +179,11 @@ def run_box_scores(args) -> int:
             from confcal.cli._shared.boxfeatures import read_box_features
 
             digested["features"] = read_box_features(args.logits, cal.feature_names_, option="--logits")
-        warn_if_fitted_on(cal, _sha256(raw, y, *[digested[k] for k in sorted(digested)]))
+        rest = [digested[k] for k in sorted(digested)]
+        from confcal.evaluation.streamed import other_width
+
+        alt = other_width(raw)  # the same scores read at another float width (CSV: float64), in memory here
+        warn_if_fitted_on(cal, _sha256(raw, y, *rest), None if alt is None else _sha256(alt, y, *rest))
     names = geometry_names(args, cal)
     sources = {"logits": s, "labels": y, **{f"stage:{w}": p for w, p in stages.items()}}
     if "domains" in side:
