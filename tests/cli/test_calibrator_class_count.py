@@ -1,4 +1,5 @@
-"""A calibrator fitted on another class count than the scores: every command refuses it with one line that
+"""A calibrator fitted on another class count than the scores: every command (apply, evaluate, report,
+adapt, drift, decide) refuses it with one line that
 names both counts (``--calibrator: fitted on K classes ..., but --logits has M columns``), before any output."""
 
 import numpy as np
@@ -48,6 +49,7 @@ def _commands(t, x, y):
         "report": ["report", *cal, "--logits", x, "--labels", y, "-o", f"{t}/out.html"],
         "adapt": ["adapt", *cal, "--calibration-logits", f"{t}/zk.npy", "--calibration-labels", f"{t}/yk.npy",
                   "--logits", x, "-o", f"{t}/out.json"],
+        "drift": ["drift", *cal, "--logits", x],
         "decide fit": ["decide", "fit", "--input", "top-label", *cal, "--logits", x, "--labels", y,
                        "-o", f"{t}/out.json"],
         "decide apply": ["decide", "apply", *dec, "--logits", x, "-o", f"{t}/out.csv"],
@@ -56,7 +58,7 @@ def _commands(t, x, y):
     }
 
 
-@pytest.mark.parametrize("command", ["apply", "evaluate", "report", "adapt", "decide fit", "decide apply",
+@pytest.mark.parametrize("command", ["apply", "evaluate", "report", "adapt", "drift", "decide fit", "decide apply",
                                      "decide rank", "decide evaluate"])
 @pytest.mark.parametrize("scores", ["z3", "s", "z2"])
 def test_every_command_names_both_counts(files, capsys, command, scores):
