@@ -67,12 +67,12 @@ def run(args) -> int:
             from confcal.cli._shared.boxfeatures import read_box_features
 
             side["features"] = read_box_features(args.logits, cal.feature_names_, option="--logits", fitted=True)
-        probs = cal.predict_proba(scores, **side)
+        probs = cal.predict_proba(scores, dtype=dtype, **side)
         # the rows of every drift check (confcal.passes.spread_ranges), as the Dask engine reads them
         rows = spread_ranges(len(scores))
         warn_if_drift(cal, take_ranges(scores, rows),
                       domains=take_ranges(side["domains"], rows) if "domains" in side else None)
-        save_array(args.output, probs.astype(dtype))
+        save_array(args.output, probs)
         print(f"wrote {probs.shape[0]} x {probs.shape[1]} calibrated probabilities ({cal.method}) -> {args.output}")
         return 0
     xs = source(args, "logits")
@@ -101,7 +101,7 @@ def run(args) -> int:
                       domains=spread_rows(side["domains"]) if "domains" in side else None)
     with open_array_writer(args.output, xs.n_rows, cal.n_classes_, dtype=dtype, keep=keep) as out:
         for _, probs in iter_predict(cal, xs, input_kind=args.input_kind, side=side,
-                                     progress=progress_of(args), desc="apply"):
+                                     progress=progress_of(args), desc="apply", dtype=dtype):
             out.write(probs)
     for w in drift:
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)

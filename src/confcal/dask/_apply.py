@@ -56,8 +56,15 @@ def _calibrator_from_text(text: str):
 
 
 def _predict(text, x, side, dtype):
-    probs = _calibrator_from_text(text).predict_proba(x, dtype=np.float64, **side)
-    return probs if dtype is None else probs.astype(dtype, copy=False)
+    from confcal._numeric import cast_probabilities
+
+    cal = _calibrator_from_text(text)
+    probs = cal.predict_proba(x, dtype=np.float64, **side)
+    if dtype is None:
+        return probs
+    if getattr(cal, "multilabel", False):  # independent label probabilities: no arg-max to keep
+        return probs.astype(dtype, copy=False)
+    return cast_probabilities(probs, dtype)  # a row's strict arg-max kept in float32, as the in-process apply
 
 
 def _apply_partition(part, text, logits, domains, features, keep, dtype, out_column, category_ids=None):

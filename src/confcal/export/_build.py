@@ -195,7 +195,8 @@ def _multilabel(cal):
     else:
         w, b, divide = [m["a"] for m in maps], [m["b"] for m in maps], False
     core = SigmoidLabelCore(w, b, divide=divide, input_probs=_input_probs(cal))
-    return Head(core, input_probs=False, compute64=True, grouped=False, n_classes=cal.n_classes_, box=False), None
+    return Head(core, input_probs=False, compute64=True, grouped=False, n_classes=cal.n_classes_, box=False,
+                simplex=False), None
 
 
 def _geometry(cal):

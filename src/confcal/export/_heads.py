@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from confcal.export._cast import emit_keep_argmax_cast, keep_argmax_cast
 from confcal.export._inputs import bad_rows, check_head_inputs, emit_nan_rows, one_logit_as_two
 from confcal.export._onnx import Graph
 
@@ -393,11 +394,14 @@ class Head(nn.Module):
     A batch longer than ``block_rows`` is computed block by block and concatenated.
     With ``input_probs`` the input holds probabilities and their log is used. The core runs
     in float64 when ``compute64`` (else in the input's dtype); the output has the input's dtype.
+    With ``simplex`` (rows are distributions; not the multilabel heads) a float64 result is cast
+    to float32 keeping each row's strict arg-max (:mod:`confcal.export._cast`), as ``predict_proba``.
     """
 
     def __init__(self, core: nn.Module, *, input_probs: bool, compute64: bool, grouped: bool,
-                 n_classes: int, box: bool, n_features: int = 0, one_logit: bool = False):
+                 n_classes: int, box: bool, n_features: int = 0, one_logit: bool = False, simplex: bool = True):
         super().__init__()
+        self.simplex = bool(simplex)
         #: a binary head of a method that takes a one-logit sigmoid model: ``(n, 1)`` is read as ``[0, z]``
         self.one_logit = bool(one_logit)
         self.core = core
@@ -432,7 +436,11 @@ class Head(nn.Module):
         z = logits.to(torch.float64) if self.compute64 else logits
         if self.input_probs:
             z = torch.log(z)
-        out = self.core(z, index).to(logits.dtype)
+        out = self.core(z, index)
+        if self.simplex and out.dtype == torch.float64 and logits.dtype == torch.float32:
+            out = keep_argmax_cast(out, logits.dtype)
+        else:
+            out = out.to(logits.dtype)
         if not self.box:  # a NaN / +inf row: NaN out (predict_proba refuses it; a graph cannot raise)
             out = torch.where(bad_rows(logits), torch.full_like(out, math.nan), out)
         return out
@@ -444,7 +452,7 @@ class Head(nn.Module):
             z = g.op("Log", z)
         out = self.core.emit(g, z, index, dt)
         if np.dtype(dt) != np.dtype(dtype):
-            out = g.op("Cast", out, to=1)
+            out = emit_keep_argmax_cast(g, out) if self.simplex else g.op("Cast", out, to=1)
         if not self.box:
             out = emit_nan_rows(g, x, out, dtype)
         return out

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from confcal.export._cast import emit_is_col
 from confcal.export._heads import _UP, LOGIT_CLIP, _buf
 from confcal.export._onnx import Graph
 
@@ -40,14 +41,6 @@ def _emit_softmax_as_library(g: Graph, z: str) -> str:
     lse = g.op("Log", g.op("ReduceSum", g.op("Exp", zc), axis1, keepdims=1))
     q = g.op("Exp", g.op("Sub", zc, lse))
     return g.op("Div", q, g.op("ReduceSum", q, axis1, keepdims=1))
-
-
-def _emit_is_col(g: Graph, z: str, col: str) -> str:
-    """Boolean ``(n, K)``: column == ``col`` ``(n, 1)``."""
-    k = g.op("Squeeze", g.op("Slice", g.op("Shape", z), g.const([1], np.int64), g.const([2], np.int64)),
-             g.const([0], np.int64))
-    cols = g.op("Range", g.const(0, np.int64), k, g.const(1, np.int64))
-    return g.op("Equal", g.op("Unsqueeze", cols, g.const([0], np.int64)), col)
 
 
 class TopLabelCore(nn.Module):
@@ -112,7 +105,7 @@ class TopLabelCore(nn.Module):
         axis1 = g.const([1], i64)
         p = _emit_softmax_as_library(g, z)
         top = g.op("ArgMax", p, axis=1, keepdims=1, select_last_index=0)
-        is_top = _emit_is_col(g, z, top)
+        is_top = emit_is_col(g, z, top)
         if self.space == 0:
             s = g.op("GatherElements", p, top, axis=1)
         elif self.space == 1:

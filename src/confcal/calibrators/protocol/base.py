@@ -50,7 +50,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from confcal._digest import data_sha256
-from confcal._numeric import softmax
+from confcal._numeric import cast_probabilities, softmax
 from confcal._validation import as_numpy, check_domains, check_features, check_labels, check_logits
 from confcal.calibrators.protocol.constraints import check_hyperparameters
 from confcal.calibrators.protocol.estimator import Estimator
@@ -340,7 +340,7 @@ class Calibrator(Estimator, abc.ABC):
         want = _result_dtype(dtype, logits)
         out = self._predict_source(logits, progress=progress, dtype=want, **side)
         if out is not NotImplemented:
-            return out if out.dtype == want else out.astype(want)
+            return self._cast_proba(out, want)
         logits = _materialise(logits, "logits")
         side = {k: _materialise(v, k) for k, v in side.items()}
         given = np.shape(logits)
@@ -353,8 +353,15 @@ class Calibrator(Estimator, abc.ABC):
             raise ValueError(f"logits: calibrator was fitted on {self.n_classes_} classes, "
                              f"got shape {tuple(given)}{how}")
         side = self._check_side(side, x.shape[0])
-        p = self._predict_proba(x, **side)
-        return p if p.dtype == want else p.astype(want)
+        return self._cast_proba(self._predict_proba(x, **side), want)
+
+    def _cast_proba(self, p: np.ndarray, dtype) -> np.ndarray:
+        """``p`` in the output ``dtype``: a distribution per row keeps its strict arg-max through the
+        cast (:func:`confcal._numeric.cast_probabilities`); independent label probabilities (multilabel
+        heads) are cast as they are."""
+        if getattr(self, "multilabel", False):
+            return p if p.dtype == dtype else p.astype(dtype)
+        return cast_probabilities(p, dtype)
 
     def _predict_source(self, logits, *, progress, dtype=None, **side):
         """Hook for maps that predict batch by batch (:func:`confcal.calibrators.protocol.stream.predict_into`);

@@ -38,8 +38,11 @@ def refuse_probabilities(xs, rows: int, name: str = "logits") -> None:
 
 def iter_predict(cal, logits, *, input_kind: str | None = None, side: dict | None = None,
                  batch_rows: int | None = None, batch_bytes: int = DEFAULT_BATCH_BYTES, progress=False,
-                 desc: str = "predict"):
+                 desc: str = "predict", dtype=None):
     """Yield ``(first_row, probs)`` batches of ``cal.predict_proba(logits, **side)``.
+
+    ``dtype`` (None: as computed, float64 for most methods): the batches' dtype, cast as
+    ``predict_proba(dtype=...)`` casts (a row's strict arg-max is kept in float32).
 
     ``logits`` and the ``side`` values are arrays, sources or specs, aligned by row. The
     probabilities-as-logits check (which needs every row) runs after the last batch, so
@@ -65,6 +68,8 @@ def iter_predict(cal, logits, *, input_kind: str | None = None, side: dict | Non
             for w in caught:
                 seen.setdefault(str(w.message), w)
             unit = unit and is_unit
+            if dtype is not None:
+                probs = cal._cast_proba(probs, np.dtype(dtype))
             bar.update(raw.shape[0])
             yield first, probs
     if unit:
