@@ -1,7 +1,7 @@
 """Issue 21: the fewest rows a fit takes. Every registered method fits on 2 calibration rows (valid
 input: bbq and platt-ovr once crashed there, ms / dirichlet refused their default 3 folds); on 1 row
 a method either fits or refuses with the one documented line naming the same minimum
-(:data:`confcal._validation.MIN_SPLIT_ROWS`)."""
+(:data:`confcal._validation.MIN_SPLIT_ROWS`), or, one-vs-rest, refuses labels of a single class."""
 
 from __future__ import annotations
 
@@ -54,6 +54,10 @@ def _inputs(method: str, n: int):
     return x, y, side
 
 
+#: the one-vs-rest methods: one row holds one class, which they refuse (a map per class on 1[label = k] would make
+#: every row that class with probability ~1; :func:`confcal.calibrators._fit.jobs.reduce.check_label_classes`)
+ONE_VS_REST = {"bbq", "beta", "histogram-binning", "isotonic", "platt-ovr", "scaling-binning-marginal"}
+
 #: hyper-parameters without a default
 HYPER = {"source-gated-ts": {"source_domain": 0}}
 
@@ -84,6 +88,10 @@ def test_every_method_fits_two_rows(method):
 def test_one_row_fits_or_names_the_minimum(method):
     if method == "source-gated-ts":  # needs a source row and a calibration-domain row: a domain rule
         with pytest.raises(ValueError, match=r"^domains: only the source domain 0 is present"):
+            _fit(method, 1)
+        return
+    if method in ONE_VS_REST:
+        with pytest.raises(ValueError, match=r"^labels: only class 0 occurs in the 1 calibration labels; "):
             _fit(method, 1)
         return
     if method not in SPLITTING:

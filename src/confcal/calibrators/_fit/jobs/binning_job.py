@@ -182,6 +182,11 @@ def histogram_fit_job(cal, *, collect_at: int = COLLECT_AT):
     refuse_probabilities(st)
     n, k, before, positives, digest = st["n"], st["k"], st["before"].result(), st["positives"], batch_digest(st)
     n_cols = 1 if cal.keeps_argmax else (1 if k == 2 else k)
+    if not cal.keeps_argmax:  # one-vs-rest: the in-memory fit's rule for classes missing from the labels
+        from confcal.calibrators._fit.jobs.reduce import check_label_classes
+
+        pos = np.asarray(positives, dtype=np.float64)
+        check_label_classes(np.array([n - pos[0], pos[0]]) if k == 2 else pos, cal.method)
     if getattr(cal, "strategy", "quantile") == "uniform":
         return (yield from _uniform_job(cal, common, n=n, k=k, n_cols=n_cols, before=before, digest=digest))
     ranks = _ranks(n, n_bins)

@@ -34,7 +34,7 @@ from confcal._numeric import log_softmax, row_max, softmax
 from confcal.calibrators.protocol.base import Calibrator
 
 __all__ = ["OneVsRestCalibrator", "TopLabelCalibrator", "log_odds", "log_odds_from_log_softmax", "top_label_log_odds",
-           "spread_top_label", "predicted_class", "break_ties_toward", "LOGIT_CLIP"]
+           "spread_top_label", "predicted_class", "break_ties_toward", "LOGIT_CLIP", "check_label_classes"]
 
 LOGIT_CLIP = float(np.log(1.0 / np.finfo(np.float64).eps))
 
@@ -185,6 +185,50 @@ def break_ties_toward(q: np.ndarray, top: np.ndarray) -> np.ndarray:
     return q
 
 
+def _class_list(classes: np.ndarray) -> str:
+    shown = ", ".join(str(int(c)) for c in classes[:10])
+    return f"[{shown}{', ...' if classes.size > 10 else ''}]" + (f" ({classes.size} classes)" if classes.size > 10 else "")
+
+
+def check_label_classes(counts: np.ndarray, method: str, *, weighted: bool = False) -> None:
+    """The one-vs-rest fits' rule for classes missing from the calibration labels.
+
+    ``counts`` ``(n_classes,)``: the number of labels of each class (their weight sums when
+    ``weighted``; a class of weight 0 is absent). One-vs-rest fits a map per class on
+    ``1[label = k]``; a class with no label has no positive example for its map.
+
+    * Only one class present: ``ValueError``. Every other map is (near) 0, so every row becomes that
+      class with probability ~1 whatever its logits: the fit is meaningless (WRN CIFAR-10, 5,000 labels of
+      class 3: accuracy 0.911 -> 0.101), not merely poor.
+    * Some classes absent: :class:`CalibrationWarning` naming them; their maps are fitted on no
+      positive example (binning and isotonic: 0, a row whose maps are all 0 gets ``1/K`` for every
+      class; bbq: its prior's value; Platt / beta: a small value), the others as usual.
+    """
+    import warnings
+
+    from confcal.calibrators._fit.tsfit import CalibrationWarning
+
+    counts = np.asarray(counts, dtype=np.float64)
+    k, n = counts.size, float(counts.sum())
+    present = np.flatnonzero(counts > 0)
+    total = f"{n:.6g} (weighted)" if weighted else f"{n:.0f}"
+    if present.size == 1:
+        c = int(present[0])
+        raise ValueError(f"labels: only class {c} occurs in the {total} calibration labels; {method!r} fits one "
+                         f"map per class on 1[label = k], so every other class would get probability 0 (or near it) "
+                         f"and every row class {c} with probability ~1, whatever its logits; fit on labels of at least "
+                         "two classes (a top-label method such as 'isotonic-top', or 'ts', keeps the arg-max)")
+    absent = np.flatnonzero(counts <= 0)
+    if absent.size:
+        one = absent.size == 1
+        warnings.warn(f"labels: class{'' if one else 'es'} {_class_list(absent)} of {k} "
+                      f"do{'es' if one else ''} not occur in the {total} calibration labels; {method!r} fits "
+                      f"{'its map' if one else 'their maps'} on no positive example (histogram binning and isotonic "
+                      "give probability 0, bbq its prior, a logistic map a small value); fit on a calibration set "
+                      "with every class, or use a top-label method (e.g. 'isotonic-top') or 'ts'",
+                      CalibrationWarning, stacklevel=5)
+
+
 def _accuracy_report(cal: Calibrator, logits, side) -> None:
     """``accuracy_change`` and ``argmax_changed`` of the fit record: from the arg-maxes the record's
     metrics took (the fit memo's ``"report"``, the fitted array itself) or, without them, from a
@@ -298,6 +342,12 @@ class OneVsRestCalibrator(_MapMixin, _ReportingCalibrator):
     """Base of the one-vs-rest methods (see the module docstring)."""
 
     keeps_argmax: ClassVar[bool] = False
+
+    def _fit_inputs(self, logits, labels, sample_weight, side):
+        out = super()._fit_inputs(logits, labels, sample_weight, side)
+        x, y, w = out[:3]
+        check_label_classes(np.bincount(y, weights=w, minlength=x.shape[1]), self.method, weighted=w is not None)
+        return out
 
     def _scores(self, logits: np.ndarray) -> np.ndarray:
         return _fit_softmax(self, logits) if self.space == "prob" else log_odds(logits)
