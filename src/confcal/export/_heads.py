@@ -661,8 +661,8 @@ def _emit_log_odds(g: Graph, z: str) -> str:
 class OneVsRestCore(nn.Module):
     """One-vs-rest maps renormalised (:class:`confcal.calibrators._fit.jobs.reduce.OneVsRestCalibrator`):
     scores (``softmax(z)``, ``softmax(z / T)``, the log-odds or the clipped log-softmax), one map per
-    class (one on class 1 for two classes, class 0 its complement), clipped to [0, 1], divided by the row sum (all-zero
-    rows: 1/K), and a tie with the arg-max of ``softmax(z)`` broken toward it by one ulp."""
+    class (one on class 1 for two classes, class 0 its complement), clipped to [0, 1], masked classes (``-inf``)
+    set to 0, divided by the row sum (all-zero rows: uniform over the unmasked classes), and a tie with the arg-max of ``softmax(z)`` broken toward it by one ulp."""
 
     def __init__(self, cmap: nn.Module, *, space: str, binary: bool, n_classes: int, temperature: float = 1.0):
         super().__init__()
@@ -681,13 +681,17 @@ class OneVsRestCore(nn.Module):
             s = torch.log_softmax(z, dim=1).clamp(-36.04365338911715, 36.04365338911715)
         else:
             s = _log_odds(z)
+        mask = torch.isneginf(z)  # masked classes stay exactly 0 (OneVsRestCalibrator._predict_block)
         if self.binary:
             p1 = self.cmap(s[:, 1:2]).clamp(0.0, 1.0)
+            p1 = torch.where(mask[:, 1:2], torch.zeros_like(p1), torch.where(mask[:, 0:1], torch.ones_like(p1), p1))
             return torch.cat([1.0 - p1, p1], dim=1)
         q = self.cmap(s).clamp(0.0, 1.0)
+        open_ = (~mask).to(q.dtype)
+        q = q * open_
         total = q.sum(dim=1, keepdim=True)
-        zero = total <= 0.0
-        q = torch.where(zero, torch.ones_like(q), q) / torch.where(zero, torch.full_like(total, self.n_classes), total)
+        zero = total <= 0.0  # every map 0: uniform over the unmasked classes
+        q = torch.where(zero, open_, q) / torch.where(zero, open_.sum(dim=1, keepdim=True), total)
         top = torch.argmax(torch.softmax(z, dim=1), dim=1, keepdim=True)
         best = q.amax(dim=1, keepdim=True)
         at_top = q.gather(1, top)
@@ -706,14 +710,20 @@ class OneVsRestCore(nn.Module):
         else:
             s = _emit_log_odds(g, z)
         zero_, one_ = g.const(0.0, f), g.const(1.0, f)
+        mask = g.op("IsInf", z, detect_positive=0)
         if self.binary:
             s1 = g.op("Slice", s, g.const([1], np.int64), g.const([2], np.int64), axis1)
             p1 = g.op("Clip", self.cmap.emit(g, s1), zero_, one_)
+            m0 = g.op("Slice", mask, g.const([0], np.int64), g.const([1], np.int64), axis1)
+            m1 = g.op("Slice", mask, g.const([1], np.int64), g.const([2], np.int64), axis1)
+            p1 = g.op("Where", m1, zero_, g.op("Where", m0, one_, p1))
             return g.op("Concat", g.op("Sub", one_, p1), p1, axis=1)
-        q = g.op("Clip", self.cmap.emit(g, s), zero_, one_)
+        open_ = g.op("Cast", g.op("Not", mask), to=11)
+        q = g.op("Mul", g.op("Clip", self.cmap.emit(g, s), zero_, one_), open_)
         total = g.op("ReduceSum", q, axis1, keepdims=1)
         zero = g.op("LessOrEqual", total, zero_)
-        q = g.op("Div", g.op("Where", zero, one_, q), g.op("Where", zero, g.const(float(self.n_classes), f), total))
+        q = g.op("Div", g.op("Where", zero, open_, q),
+                 g.op("Where", zero, g.op("ReduceSum", open_, axis1, keepdims=1), total))
         top = g.op("ArgMax", g.op("Softmax", z, axis=1), axis=1, keepdims=1, select_last_index=0)
         best = g.op("ReduceMax", q, axis1, keepdims=1)
         at_top = g.op("GatherElements", q, top, axis=1)

@@ -48,6 +48,7 @@ class TopLabelCore(nn.Module):
     the confidence score of the arg-max ``t`` of ``softmax(z)`` (``p_t``, ``softmax(z / T)_t`` or its
     log-odds) goes through one map to ``c'``; :func:`spread_top_label`'s water-filling shares
     ``1 - c'`` over the other classes in proportion, capped at ``c'``, with ``c'`` raised to ``1/K``
+    (``K``: the row's unmasked classes; a ``-inf`` logit stays at 0)
     and a tie with the arg-max broken toward it by one ulp."""
 
     def __init__(self, cmap: nn.Module, *, space: str, n_classes: int, temperature: float = 1.0):
@@ -67,7 +68,9 @@ class TopLabelCore(nn.Module):
             s = torch.softmax(z / self.temperature.to(z.device), dim=1).gather(1, top)
         else:
             s = _top_label_log_odds(z, top)
-        c = self.cmap(s).clamp(1.0 / k, 1.0)  # (n, 1)
+        mask = torch.isneginf(z)  # masked classes stay 0: K counts the unmasked ones (spread_top_label)
+        k_row = (~mask).sum(dim=1, keepdim=True).clamp_min(1).to(p.dtype)
+        c = torch.maximum(self.cmap(s), 1.0 / k_row).clamp(max=1.0)  # (n, 1)
         n = p.shape[0]
         others = p.scatter(1, top, -1.0)
         order = torch.sort(-others, dim=1, stable=True).indices[:, : k - 1]
@@ -91,9 +94,10 @@ class TopLabelCore(nn.Module):
         slots = torch.arange(k - 1, device=p.device)[None, :]
         capped = slots < m_star
         q_sorted = torch.where(capped, c.expand_as(q_sorted), q_sorted)
-        n_zero = (k - 1) - m_star
+        zero_slots = (~capped) & (~mask.gather(1, order))  # a masked class takes no share
+        n_zero = zero_slots.sum(dim=1, keepdim=True)
         fill = left.gather(1, m_star).clamp_min(0.0) / n_zero.clamp_min(1).to(p.dtype)
-        q_sorted = torch.where((~finite) & (~capped), fill.expand_as(q_sorted), q_sorted)
+        q_sorted = torch.where((~finite) & zero_slots, fill.expand_as(q_sorted), q_sorted)
         q = torch.zeros_like(p).scatter(1, order, q_sorted).scatter(1, top, c)
         rival = q.scatter(1, top, -math.inf).amax(dim=1, keepdim=True)
         tied = c <= rival
@@ -115,7 +119,10 @@ class TopLabelCore(nn.Module):
             zt = g.op("GatherElements", z, top, axis=1)
             rest = g.op("ReduceLogSumExp", g.op("Where", is_top, g.const(-np.inf, f), z), axis1, keepdims=1)
             s = g.op("Clip", g.op("Sub", zt, rest), g.const(-LOGIT_CLIP, f), g.const(LOGIT_CLIP, f))
-        c = g.op("Clip", self.cmap.emit(g, s), g.const(1.0 / k, f), g.const(1.0, f))
+        mask = g.op("IsInf", z, detect_positive=0)
+        k_row = g.op("Max", g.op("ReduceSum", g.op("Cast", g.op("Not", mask), to=11), axis1, keepdims=1),
+                     g.const(1.0, f))
+        c = g.op("Min", g.op("Max", self.cmap.emit(g, s), g.op("Div", g.const(1.0, f), k_row)), g.const(1.0, f))
         others = g.op("Where", is_top, g.const(-1.0, f), p)
         # TopK is stable (equal values: the lower index first), as numpy's stable argsort of -others
         _, order = g.op("TopK", others, g.const([k], i64), axis=1, largest=1, sorted=1, n_out=2)
@@ -139,10 +146,11 @@ class TopLabelCore(nn.Module):
                         g.op("Mul", o, zero))
         capped = g.op("Less", g.const(np.arange(k - 1, dtype=i64)[None, :], i64), m_star)
         q_sorted = g.op("Where", capped, g.op("Expand", c, g.op("Shape", q_sorted)), q_sorted)
-        n_zero = g.op("Sub", g.const(k - 1, i64), m_star)
+        zero_slots = g.op("And", g.op("Not", capped), g.op("Not", g.op("GatherElements", mask, order, axis=1)))
+        n_zero = g.op("ReduceSum", g.op("Cast", zero_slots, to=11), axis1, keepdims=1)
         fill = g.op("Div", g.op("Max", g.op("GatherElements", left, m_star, axis=1), zero),
-                    g.op("Cast", g.op("Max", n_zero, g.const(1, i64)), to=11))
-        q_sorted = g.op("Where", g.op("And", g.op("Not", finite), g.op("Not", capped)),
+                    g.op("Max", n_zero, g.const(1.0, f)))
+        q_sorted = g.op("Where", g.op("And", g.op("Not", finite), zero_slots),
                         g.op("Expand", fill, g.op("Shape", q_sorted)), q_sorted)
         q = g.op("ScatterElements", g.op("Mul", p, zero), order, q_sorted, axis=1)
         q = g.op("ScatterElements", q, top, c, axis=1)

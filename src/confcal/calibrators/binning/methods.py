@@ -615,7 +615,7 @@ class ScalingBinning(_ScalingBinning, TopLabelCalibrator):
         top = predicted_class(p)
         params = {"temperature": self.temperature_} if self.scaler_ == "ts" else self.map_
         conf = apply_step(self.map_["edges"], self.map_["values"], self._scaled(logits, top, self.scaler_, params))
-        return spread_top_label(p, top, conf)
+        return spread_top_label(p, top, conf, np.isneginf(logits))
 
     def _get_fitted(self):
         return self._get_scaler({"map": self.map_})

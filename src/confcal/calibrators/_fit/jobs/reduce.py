@@ -15,6 +15,10 @@
   no class overtakes the arg-max; ``c'`` below ``1/K`` is raised to it, and a tie with the
   arg-max is broken toward it by one ulp. Accuracy is unchanged exactly.
 
+Masked classes (``-inf`` logits, probability 0 with ``input_kind="probs"``) stay exactly 0 in both,
+as in ``softmax``: one-vs-rest sets their maps' outputs to 0 before the row sum (an all-zero row is
+uniform over the unmasked classes); top-label counts only the unmasked classes in ``K``.
+
 Scores handed to the maps: probabilities ``p`` (``space = "prob"``) or their log-odds
 ``log(p / (1 - p))`` computed from the logits without cancellation (``space = "logit"``),
 clipped to ``+-log(1/eps)`` (``eps`` = float64 machine epsilon, about 36.04) so that
@@ -105,7 +109,7 @@ def top_label_log_odds(logits: np.ndarray, top: np.ndarray) -> np.ndarray:
     return np.clip(lo, -LOGIT_CLIP, LOGIT_CLIP)
 
 
-def spread_top_label(p: np.ndarray, top: np.ndarray, conf: np.ndarray) -> np.ndarray:
+def spread_top_label(p: np.ndarray, top: np.ndarray, conf: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
     """Rows with confidence ``conf`` on class ``top`` and ``1 - conf`` shared by the other classes,
     the arg-max kept. float64 ``(n, K)``.
 
@@ -115,11 +119,18 @@ def spread_top_label(p: np.ndarray, top: np.ndarray, conf: np.ndarray) -> np.nda
     proportionally (they are capped or 0), the remainder is shared equally by the zero
     entries. ``conf`` is first raised to ``1/K`` (below it no row can keep its arg-max). A tie
     with the arg-max is broken toward it by one ulp.
+
+    ``mask`` (bool ``(n, K)``, optional): masked classes (``-inf`` logits). They stay exactly 0:
+    ``K`` above is then the row's number of unmasked classes, and the remainder goes to the
+    unmasked zero entries only (``1/K_row`` lets the unmasked others absorb ``1 - conf``).
     """
     p = np.asarray(p, dtype=np.float64)
     n, k = p.shape
     rows = np.arange(n)
-    c = np.clip(np.asarray(conf, dtype=np.float64), 1.0 / k, 1.0)
+    if mask is not None and not mask.any():
+        mask = None
+    k_row = k if mask is None else np.maximum(k - mask.sum(axis=1), 1)
+    c = np.clip(np.asarray(conf, dtype=np.float64), 1.0 / k_row, 1.0)
     others = p.copy()
     others[rows, top] = -1.0
     order = np.argsort(-others, axis=1, kind="stable")[:, : k - 1]  # the K-1 others, largest first
@@ -142,9 +153,11 @@ def spread_top_label(p: np.ndarray, top: np.ndarray, conf: np.ndarray) -> np.nda
     q_sorted[capped] = np.broadcast_to(c[:, None], capped.shape)[capped]
     no_tail = ~np.isfinite(s)  # only zeros remain uncapped: share the rest equally among them
     if no_tail.any():
-        n_zero = (k - 1) - m_star[no_tail]
-        fill = np.maximum(left[rows[no_tail], m_star[no_tail]], 0.0) / np.maximum(n_zero, 1)
         zero_slots = ~capped[no_tail]
+        if mask is not None:  # a masked class takes no share
+            zero_slots &= ~np.take_along_axis(mask[no_tail], order[no_tail], axis=1)
+        n_zero = zero_slots.sum(axis=1)
+        fill = np.maximum(left[rows[no_tail], m_star[no_tail]], 0.0) / np.maximum(n_zero, 1)
         block = q_sorted[no_tail]
         block[zero_slots] = np.broadcast_to(fill[:, None], zero_slots.shape)[zero_slots]
         q_sorted[no_tail] = block
@@ -398,19 +411,30 @@ class OneVsRestCalibrator(_MapMixin, _ReportingCalibrator):
             known = memo.pop("columns")[1]
         else:
             known = None
+        # masked classes (-inf logits, probability 0) stay exactly 0, as softmax keeps them
+        mask = np.isneginf(logits)
+        mask = mask if mask.any() else None
         if len(self.maps_) == 1:
             p1 = np.clip(self._apply_map(self.maps_[0], s[:, 1]) if known is None else known[:, 0], 0.0, 1.0)
+            if mask is not None:
+                p1 = np.where(mask[:, 1], 0.0, np.where(mask[:, 0], 1.0, p1))
             return np.stack([1.0 - p1, p1], axis=1)
         if known is None:
             q = self._map_columns(s)
         else:
             q = np.ascontiguousarray(known, dtype=np.float64)
             np.clip(q, 0.0, 1.0, out=q)
+        if mask is not None:
+            q[mask] = 0.0
         total = q.sum(axis=1, keepdims=True)
         zero = total[:, 0] <= 0.0
-        if zero.any():
-            q[zero] = 1.0
-            total[zero] = q.shape[1]
+        if zero.any():  # every map 0: uniform over the (unmasked) classes
+            if mask is None:
+                q[zero] = 1.0
+                total[zero] = q.shape[1]
+            else:
+                q[zero] = ~mask[zero]
+                total[zero] = q[zero].sum(axis=1, keepdims=True)
         q /= total
         top = predicted_class(s if self.space == "prob" else _fit_softmax(self, logits))
         if known is not None:  # the fit record's prediction: its metrics read this arg-max again
@@ -447,7 +471,7 @@ class TopLabelCalibrator(_MapMixin, _ReportingCalibrator):
     def _predict_proba(self, logits, **side):
         p, top, s = self._top(logits)
         conf = self._apply_map(self.map_, s)
-        return spread_top_label(p, top, conf)
+        return spread_top_label(p, top, conf, np.isneginf(logits))
 
     def _get_fitted(self):
         return {"map": self.map_}
