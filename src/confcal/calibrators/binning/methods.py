@@ -36,7 +36,7 @@ from confcal.calibrators._fit.jobs.reduce import (
     spread_top_label,
     top_label_log_odds,
 )
-from confcal.calibrators._fit.histogram import STRATEGIES, fit_histograms, fit_uniform_histogram
+from confcal.calibrators._fit.histogram import STRATEGIES, fit_histograms, fit_uniform_histogram, uniform_edges
 from confcal.calibrators._fit.tsfit import fit_temperature
 from confcal.calibrators._fit.univariate import (
     apply_bbq,
@@ -220,6 +220,40 @@ class TopLabelIsotonicCalibration(_Isotonic, TopLabelCalibrator):
 _HIST_HYPER = {"n_bins": Int(ge=1, le=MAX_BINS), "strategy": Choice(*STRATEGIES)}
 
 
+def _histogram_edges_agree(hyper: dict, params: dict) -> str | None:
+    """A ``hyper_parameter_rules`` entry: each stored map's edges are what a fit with the manifest's own
+    ``n_bins`` / ``strategy`` writes. ``"uniform"``: exactly the ``n_bins - 1`` edges ``i / n_bins``;
+    ``"quantile"`` (also a manifest without ``strategy``): at most ``n_bins - 1`` edges (tied ones are
+    merged), and not the whole equal-width grid when ``n_bins >= 3`` (equal-mass edges lie halfway
+    between calibration scores: all of them on ``i / n_bins`` is a uniform map relabelled). Edges bound
+    probabilities, so they lie in ``[0, 1]``."""
+    n_bins, strategy = hyper.get("n_bins", 15), hyper.get("strategy", "quantile")
+    if isinstance(n_bins, bool) or not isinstance(n_bins, int) or strategy not in STRATEGIES:
+        return None  # the hyper-parameter table refuses these
+    maps = [("map", params.get("map"))] if "map" in params else \
+        [(f"maps[{j}]", m) for j, m in enumerate(params.get("maps") or [])]
+    grid = uniform_edges(n_bins)
+    for at, m in maps:
+        e = m.get("edges") if isinstance(m, dict) else None
+        if not isinstance(e, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in e):
+            continue  # the fitted table refuses these
+        a = np.asarray(e, dtype=np.float64)
+        if a.size and not (a.min() >= 0.0 and a.max() <= 1.0):
+            bad = a[(a < 0) | (a > 1)][0]
+            return f"{at}.edges: expected bin edges of probabilities, in [0, 1], got {plain(bad)}"
+        if strategy == "uniform" and (a.size != grid.size or not np.allclose(a, grid, rtol=0, atol=1e-12)):
+            return (f"{at}.edges: expected the {grid.size} equal-width edges i / {n_bins} of strategy 'uniform' "
+                    f"with n_bins = {n_bins} (hyperparameters.n_bins, hyperparameters.strategy), got "
+                    f"{a.size} edges{'' if a.size != grid.size else f' not on i / {n_bins}'}")
+        if strategy == "quantile" and a.size > n_bins - 1:
+            return (f"{at}.edges: expected at most n_bins - 1 = {n_bins - 1} edges (hyperparameters.n_bins), "
+                    f"got {a.size}")
+        if strategy == "quantile" and n_bins >= 3 and a.size == grid.size and np.allclose(a, grid, rtol=0, atol=1e-12):
+            return (f"{at}.edges: expected equal-mass edges of strategy 'quantile' (hyperparameters.strategy), "
+                    f"got the {n_bins} equal-width bins of strategy 'uniform'")
+    return None
+
+
 class _Histogram:
     space = "prob"
 
@@ -306,6 +340,7 @@ class HistogramBinning(_Histogram, OneVsRestCalibrator):
 
     method = "histogram-binning"
     hyper_constraints = _HIST_HYPER
+    hyper_parameter_rules = (_histogram_edges_agree,)  # the map's edges as n_bins / strategy write them
     fitted_constraints = Fields({"maps": ListOf(_STEP_MAP, length=per_class_maps)})
 
     def __init__(self, n_bins: int = 15, strategy: str = "quantile", input_kind: str = "logits"):
@@ -365,6 +400,7 @@ class TopLabelHistogramBinning(_Histogram, TopLabelCalibrator):
 
     method = "histogram-binning-top"
     hyper_constraints = _HIST_HYPER
+    hyper_parameter_rules = (_histogram_edges_agree,)  # the map's edges as n_bins / strategy write them
     fitted_constraints = Fields({"map": _STEP_MAP})
 
     def __init__(self, n_bins: int = 15, strategy: str = "quantile", input_kind: str = "logits"):

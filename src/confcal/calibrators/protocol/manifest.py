@@ -77,6 +77,12 @@ def _plain(value):
 def to_manifest(cal) -> dict[str, Any]:
     """The JSON-ready manifest of a fitted calibrator (see :meth:`Calibrator.to_dict`)."""
     cal._check_fitted()
+    # hyper-parameters changed by set_params after fit are checked here, so a manifest written is one
+    # that loads (the loader applies the same table)
+    try:
+        cal._check_hyperparameters()
+    except (ValueError, TypeError) as exc:
+        raise type(exc)(f"to_dict: {exc} (set after fit; the manifest would not load)") from None
     return {
         "format": MANIFEST_FORMAT,
         "format_version": MANIFEST_VERSION,
