@@ -36,7 +36,8 @@ from confcal.calibrators._fit.jobs.reduce import (
     spread_top_label,
     top_label_log_odds,
 )
-from confcal.calibrators._fit.histogram import STRATEGIES, fit_histograms, fit_uniform_histogram, uniform_edges
+from confcal.calibrators._fit.histogram import (STRATEGIES, check_uniform_bins, fit_histograms, fit_uniform_histogram,
+                                               uniform_edges)
 from confcal.calibrators._fit.tsfit import fit_temperature
 from confcal.calibrators._fit.univariate import (
     apply_bbq,
@@ -260,7 +261,9 @@ class _Histogram:
     def _hist_settings(self):
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy: expected one of {list(STRATEGIES)}, got {self.strategy!r}")
-        return _check_positive_int(self.n_bins, "n_bins"), self.strategy
+        n_bins = _check_positive_int(self.n_bins, "n_bins")
+        check_uniform_bins(n_bins, self.strategy)
+        return n_bins, self.strategy
 
     def _fit_map(self, scores, targets, sample_weight):
         n_bins, strategy = self._hist_settings()
@@ -299,7 +302,7 @@ class HistogramBinning(_Histogram, OneVsRestCalibrator):
     Parameters
     ----------
     n_bins : int, default 15
-        Bins per class, 1 to 100,000.
+        Bins per class, 1 to 100,000 (at most 10,000 with ``"uniform"``: ``MAX_UNIFORM_BINS``).
     strategy : {"quantile", "uniform"}, default "quantile"
         Equal-mass or equal-width bins (scikit-learn's names).
 
@@ -312,7 +315,8 @@ class HistogramBinning(_Histogram, OneVsRestCalibrator):
     Raises
     ------
     ValueError
-        ``n_bins`` not an integer in ``[1, 100000]``, or ``strategy`` not one of the two.
+        ``n_bins`` not an integer in ``[1, 100000]`` (``[1, 10000]`` for ``"uniform"``), or ``strategy``
+        not one of the two.
 
     Notes
     -----
@@ -361,7 +365,7 @@ class TopLabelHistogramBinning(_Histogram, TopLabelCalibrator):
     Parameters
     ----------
     n_bins : int, default 15
-        Bins, 1 to 100,000.
+        Bins, 1 to 100,000 (at most 10,000 with ``"uniform"``).
     strategy : {"quantile", "uniform"}, default "quantile"
         Equal-mass or equal-width bins.
 
@@ -373,7 +377,8 @@ class TopLabelHistogramBinning(_Histogram, TopLabelCalibrator):
     Raises
     ------
     ValueError
-        ``n_bins`` not an integer in ``[1, 100000]``, or ``strategy`` not one of the two.
+        ``n_bins`` not an integer in ``[1, 100000]`` (``[1, 10000]`` for ``"uniform"``), or ``strategy``
+        not one of the two.
 
     Notes
     -----

@@ -169,8 +169,11 @@ def histogram_fit_job(cal, *, collect_at: int = COLLECT_AT):
     """
     from confcal.calibrators._fit.univariate import _bin_means, edges_between
 
+    from confcal.calibrators._fit.histogram import check_uniform_bins
+
     cal._check_hyperparameters()
     n_bins = int(cal.n_bins)
+    check_uniform_bins(n_bins, getattr(cal, "strategy", "quantile"))
     input_kind = cal._input_kind()
     one_logit = bool(getattr(cal, "one_logit_head", True))
     common = dict(cal=cal, input_kind=input_kind, one_logit=one_logit)
