@@ -89,9 +89,14 @@ def run(args) -> int:
         check_output_path(args.csv, name="--csv")
     if (args.test_logits is None) != (args.test_labels is None):
         raise ValueError("--test-logits, --test-labels: give both for a fixed test set, or neither")
-    methods = [m.strip() for m in (args.methods or "").split(",") if m.strip()]
+    names = [m.strip() for m in (args.methods or "").split(",")] if args.methods is not None else []
+    methods = [m for m in names if m]
     if not methods and args.methods is not None:
         raise ValueError(f"--methods: expected comma-separated method names, got {args.methods!r}")
+    if len(methods) < len(names):  # "ts,,beta" or "ts,": a name left out by mistake, not silently dropped
+        empty = names.index("") + 1
+        raise ValueError(f"--methods: expected comma-separated method names with none empty, got {args.methods!r} "
+                         f"(name {empty} of {len(names)} is empty)")
     if not methods and not args.recommend:
         raise ValueError("--methods: expected comma-separated method names (or --recommend to compare the "
                          "candidates of --method auto)")
