@@ -261,7 +261,8 @@ def select_calibrator(logits, labels, *, domains=None, input_kind: str | None = 
     table: list[dict[str, Any]] = []
     reason_all = None
     if rows.size < MIN_ROWS:
-        reason_all = f"{rows.size} rows: too few for {n_folds}-fold cross-validation (needs {MIN_ROWS})"
+        reason_all = (f"{rows.size} row{'' if rows.size == 1 else 's'}: too few for {n_folds}-fold cross-validation "
+                      f"(needs {MIN_ROWS})")
     else:
         xs, ys = x[rows], y[rows]
         sides = {key: v[rows] for key, v in side_all.items()}

@@ -14,9 +14,16 @@ def render_selection(record: dict) -> str:
     candidate, the chosen one marked ``*``; held-out NLL (nats), Brier, ECE and accuracy change as
     fractions, the paired NLL difference to the reference with its bootstrap interval."""
     noise = record["noise"]
-    head = (f"auto: {record['n_folds']}-fold cross-validation on {record['n_rows']} rows ({record['input']}); "
-            f"NLL difference to {record['reference']} with a {noise['level']:.0%} {noise['method']} interval "
-            f"({noise['n_boot']} draws; a candidate must have its upper end below 0)")
+    n_rows = record["n_rows"]
+    if not any(r["status"] in ("ok", "failed") for r in record["candidates"]):
+        # too few rows: no candidate was cross-validated, the reference is fitted as it is (say so, not "5-fold")
+        head = (f"auto: no cross-validation on {n_rows} row{'' if n_rows == 1 else 's'} ({record['input']}): "
+                f"too few for {record['n_folds']} folds; the reference {record['reference']} is chosen without "
+                "comparison")
+    else:
+        head = (f"auto: {record['n_folds']}-fold cross-validation on {n_rows} rows ({record['input']}); "
+                f"NLL difference to {record['reference']} with a {noise['level']:.0%} {noise['method']} interval "
+                f"({noise['n_boot']} draws; a candidate must have its upper end below 0)")
     cols = ["", "method", "NLL", "Brier", "ECE", "Δacc", "ΔNLL vs ref [interval]", "fit s", "note"]
     rows = []
     for r in record["candidates"]:

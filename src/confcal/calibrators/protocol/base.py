@@ -562,9 +562,12 @@ def _result_dtype(dtype, logits=None) -> np.dtype:
             dt = "float32" if dts and all(d == "float32" for d in dts) else None
         # torch.float32 is not a numpy dtype; its str() ends in "float32" as numpy's does
         return np.dtype(np.float32) if dt is not None and str(dt).endswith("float32") else np.dtype(np.float64)
-    want = np.dtype(dtype)
-    if want not in (np.float32, np.float64):
-        raise ValueError(f"dtype: expected float32 or float64, got {want}")
+    try:
+        want = np.dtype(dtype)
+    except (TypeError, ValueError):  # numpy's "data type 'bogus' not understood" names no argument
+        want = None
+    if want is None or want not in (np.float32, np.float64):
+        raise ValueError(f"dtype: expected float32 or float64, got {want if want is not None else plain(dtype)}")
     return want
 
 
