@@ -52,7 +52,10 @@ def test_apply_float32_and_dask_array(dask_client, cifar_dataset):
     out = apply(cal.to_dict(), read_parquet(str(folder)), dtype="float32").compute()
     got = _probs(out)
     assert got.dtype == np.float32
-    assert np.array_equal(got, expected.astype(np.float32))
+    # the cast of predict_proba(dtype=float32): a plain cast except where a strict maximum would tie
+    from confcal._numeric import cast_probabilities
+
+    assert np.array_equal(got, cast_probabilities(expected, np.float32))
     arr = apply(cal, da.from_array(logits, chunks=(1234, 50))).compute()
     assert np.array_equal(arr, expected)
 
@@ -147,3 +150,13 @@ def test_apply_refuses_non_finite_rows(dask_client, tmp_path):
     write_dataset(tmp_path / "big.parquet", {"logits": big, "label": y}, n_parts=2)
     with pytest.raises(ValueError, match=r"rows 0, 1, 2, 3, 4"):
         apply(cal, read_parquet(str(tmp_path / "big.parquet"))).compute()
+
+
+def test_apply_float32_top_label_keeps_the_argmax(dask_client, cifar_dataset):
+    """A top-label map's float32 output through Dask is predict_proba's float32 output: no arg-max moved."""
+    folder, logits, labels, _ = cifar_dataset
+    cal = METHODS["histogram-binning-top"]().fit(logits[:2000], labels[:2000])
+    got = _probs(apply(cal.to_dict(), read_parquet(str(folder)), dtype="float32").compute())
+    assert got.dtype == np.float32
+    assert np.array_equal(got, cal.predict_proba(logits, dtype=np.float32))
+    assert np.array_equal(np.argmax(got, axis=1), cal.predict(logits))

@@ -56,15 +56,12 @@ def _calibrator_from_text(text: str):
 
 
 def _predict(text, x, side, dtype):
-    from confcal._numeric import cast_probabilities
+    from confcal.calibrators.protocol.stream import cast_output
 
     cal = _calibrator_from_text(text)
     probs = cal.predict_proba(x, dtype=np.float64, **side)
-    if dtype is None:
-        return probs
-    if getattr(cal, "multilabel", False):  # independent label probabilities: no arg-max to keep
-        return probs.astype(dtype, copy=False)
-    return cast_probabilities(probs, dtype)  # a row's strict arg-max kept in float32, as the in-process apply
+    # a row's strict arg-max kept in float32, as the in-process apply
+    return probs if dtype is None else cast_output(cal, probs, dtype)
 
 
 def _apply_partition(part, text, logits, domains, features, keep, dtype, out_column, category_ids=None):

@@ -16,7 +16,14 @@ from confcal._validation import check_logits
 from confcal.sources import DEFAULT_BATCH_BYTES, batch_rows_for, iter_aligned, open_source
 from confcal._validation import plain
 
-__all__ = ["iter_predict", "predict_into", "refuse_probabilities"]
+__all__ = ["iter_predict", "predict_into", "refuse_probabilities", "cast_output"]
+
+
+def cast_output(cal, probs: np.ndarray, dtype) -> np.ndarray:
+    """``probs`` of ``cal`` in ``dtype`` as ``predict_proba(dtype=...)`` casts them: a row of a distribution
+    keeps its strict arg-max in float32 (:func:`confcal._numeric.cast_probabilities`), multilabel rows are
+    cast as they are. For engines that compute in float64 and write another dtype (``apply``, Dask)."""
+    return cal._cast_proba(probs, np.dtype(dtype))
 
 
 def refuse_probabilities(xs, rows: int, name: str = "logits") -> None:
@@ -69,7 +76,7 @@ def iter_predict(cal, logits, *, input_kind: str | None = None, side: dict | Non
                 seen.setdefault(str(w.message), w)
             unit = unit and is_unit
             if dtype is not None:
-                probs = cal._cast_proba(probs, np.dtype(dtype))
+                probs = cast_output(cal, probs, dtype)
             bar.update(raw.shape[0])
             yield first, probs
     if unit:
