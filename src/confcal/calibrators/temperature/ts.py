@@ -245,6 +245,7 @@ class TemperatureScaling(Calibrator):
     """
 
     method = "ts"
+    one_logit_keeps_sign = True  # sigmoid(z / T), T > 0
     hyper_parameter_rules = (temperature_within_bounds,)  # T inside its own [t_min, t_max] on load
     hyper_constraints = dict(T_BOUNDS)
     hyper_rules = (T_RULE,)
@@ -403,6 +404,7 @@ class GroupedTemperatureScaling(GroupedCalibrator):
     """
 
     method = "grouped-ts"
+    one_logit_keeps_sign = True  # one sigmoid(z / T) per domain, T > 0
     side_inputs = ("domains",)
     hyper_constraints = {**T_BOUNDS, "min_samples": Int(ge=1)}
     #: every domain's T (and the pooled one) inside the manifest's [t_min, t_max], as for ts
