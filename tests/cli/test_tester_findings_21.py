@@ -694,8 +694,8 @@ def test_t41_dask_evaluate_refuses_a_manifest_of_another_class_count_as_in_one_p
     base = ["evaluate", "--logits", f"{d}/x4.parquet:logit_*", "--labels", f"{d}/x4.parquet:label",
             "--calibrator", f"{d}/cal.json", "-q"]
     capsys.readouterr()
-    want = (f"confcal: error: --calibrator: manifest {d}/cal.json: calibrator was fitted on n_classes=3, but the "
-            "logits have 4 classes")
+    want = (f"confcal: error: --calibrator: fitted on 3 classes (ts, {d}/cal.json), but --logits has 4 columns; "
+            "pass the scores of the model it was fitted for, or a calibrator fitted on classes like these")
     for more in ([], ["--engine", "dask", "--workers", "1"]):
         assert main(base + more) == 2
         out = capsys.readouterr()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -80,3 +81,58 @@ def test_summary_job_of_probabilities_is_data_summary():
     p = rng.dirichlet(np.ones(5), size=2000)
     got = _run_summary({"logits": p}, 333, input_kind="probs")
     assert got == data_summary(p, input_kind="probs")
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 3000), rows=st.integers(1, 700), seed=st.integers(0, 10**6), by_domain=st.booleans())
+def test_summary_job_clips_box_scores_as_data_summary(n, rows, seed, by_domain):
+    """clip_scores=True (det-ts / det-beta with clip_scores): the streamed summary of box scores above 1 and
+    below 0 (KITTI-like) is the in-memory data_summary(..., clip_scores=True), flag included, exactly."""
+    rng = np.random.default_rng(seed)
+    s = np.round(rng.normal(0.7, 0.6, size=n), 3)  # ~30% outside [0, 1], ties at the clip points
+    d = np.array(["a", "b", "c"])[rng.integers(0, 3, n)]
+    cols = {"logits": s, "domains": d} if by_domain else {"logits": s}
+    got = _run_summary(cols, rows, by_domain=by_domain, clip_scores=True)
+    want = data_summary(s, domains=d if by_domain else None, clip_scores=True)
+    assert got == want and got["clip_scores"] is True
+    assert min(got["confidence_quantiles"]) >= 0 and max(got["confidence_quantiles"]) <= 1
+    unclipped = _run_summary(cols, rows, by_domain=by_domain)
+    assert "clip_scores" not in unclipped and unclipped == data_summary(s, domains=d if by_domain else None)
+
+
+def test_summary_job_ignores_clip_scores_for_class_vectors():
+    """As data_summary: class vectors are never clipped and carry no flag."""
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(1500, 4)).astype(np.float32) * 3
+    got = _run_summary({"logits": x}, 211, clip_scores=True)
+    assert got == data_summary(x, clip_scores=True) == data_summary(x) and "clip_scores" not in got
+
+
+def test_clipped_and_unclipped_partials_do_not_merge():
+    a = SummaryPass1(None, clip_scores=True).update(np.array([1.5, 0.2]))
+    b = SummaryPass1(None).update(np.array([0.3]))
+    with pytest.raises(ValueError, match="clipped and unclipped"):
+        a.merge(b)
+
+
+def test_dask_engine_summary_equals_local_with_clip_scores(dask_client, tmp_path):
+    """Engine parity: the same job on the Dask engine (uneven Parquet partitions, two worker processes)
+    and on the local engine gives the same summary, equal to the in-memory one (quantiles are order
+    statistics: exact, no tolerance needed)."""
+    from confcal.dask import read_parquet, resolve_columns
+    from confcal.dask._engine import DaskEngine
+    from confcal.metrics.drift_passes import summary_job
+    from confcal.passes import run_job
+    from tests.dask.conftest import write_dataset
+
+    rng = np.random.default_rng(9)
+    s = rng.normal(0.8, 0.5, size=4000)
+    d = np.array(["cam0", "cam1"])[rng.integers(0, 2, s.size)]
+    write_dataset(tmp_path / "boxes", {"score": s, "sensor": d}, n_parts=5)
+    frame = read_parquet(str(tmp_path / "boxes"))
+    engine = DaskEngine(frame, {"logits": resolve_columns(frame, "score", name="logits"),
+                                "domains": resolve_columns(frame, "sensor", name="domains")}, batch_rows=333)
+    on_dask = run_job(summary_job(by_domain=True, clip_scores=True), engine)
+    local = _run_summary({"logits": s, "domains": d}, 512, by_domain=True, clip_scores=True)
+    assert on_dask == local == data_summary(s, domains=d, clip_scores=True)
+    assert on_dask["clip_scores"] is True

@@ -85,6 +85,9 @@ def adapted(args, cal):
     if kind != cal.input_kind:
         cal.set_params(input_kind=kind)
     x = load_array(args.calibration_logits, name="calibration_logits", csv_header=args.csv_header)
+    from confcal.cli._shared.common import check_class_count
+
+    check_class_count(cal, x.shape, option="--calibration-logits", path=args.calibrator)
     y = load_array(args.calibration_labels, name="calibration_labels", csv_header=args.csv_header)
     d = None
     if args.calibration_domains:
@@ -123,8 +126,11 @@ def run(args) -> int:
         cal = cal.base_  # adapting an adapted manifest again: start from its base
     ad = adapted(args, cal)
     xs = source(args, "logits")
-    if xs.ndim != 2 or xs.shape[1] != ad.n_classes_:
-        raise ValueError(f"logits: calibrator was fitted on {ad.n_classes_} classes, got shape {xs.shape}")
+    from confcal.cli._shared.common import check_class_count
+
+    check_class_count(cal, xs.shape, path=args.calibrator)
+    if xs.ndim != 2:  # a two-class calibrator's one-logit scores: adaptation reweights class vectors
+        raise ValueError(f"--logits: expected class vectors (n_samples, {ad.n_classes_}), got shape {xs.shape}")
     ad.adapt(xs, domains=source(args, "domains"), progress=progress_of(args))
     save_manifest(ad, args.output)
     rows = prior_rows(ad)

@@ -79,8 +79,9 @@ def run(args) -> int:
     from confcal.cli._shared.boxfeatures import refuse_category_ids
 
     refuse_category_ids(args, f"class vectors {xs.shape}")
-    if xs.ndim == 2 and xs.shape[1] > 1 and cal.n_classes_ != xs.shape[1]:
-        cal = load_calibrator(args.calibrator, n_classes=xs.shape[1])  # raises, naming both class counts
+    from confcal.cli._shared.common import check_class_count
+
+    check_class_count(cal, xs.shape, path=args.calibrator)
     keep = {}
     if args.keep_columns:
         path = split_spec(args.logits)[0]

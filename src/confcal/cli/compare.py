@@ -9,6 +9,24 @@ from confcal.cli._shared.notes import note
 
 #: calibration rows per split when --cal-size is not given (half the rows when there are not more)
 DEFAULT_CAL_SIZE = 5000
+#: fewer test rows per split than this get a warning: 15-bin ECEs and NLL differences over the splits
+#: are then mostly noise (one row per bin on average at 15 bins is 15 rows; 100 gives ~7 per bin)
+MIN_TEST_ROWS = 100
+
+
+def warn_small_test_set(n_test: int, n_rows: int, cal_size: int, *, fixed: bool, what: str = "rows") -> None:
+    """Warn, naming the sizes, when a split leaves fewer than :data:`MIN_TEST_ROWS` test rows."""
+    import warnings
+
+    if n_test >= MIN_TEST_ROWS:
+        return
+    if fixed:
+        warnings.warn(f"--test-logits: the fixed test set has {n_test} {what} (fewer than {MIN_TEST_ROWS}): its "
+                      "metrics and the comparison are mostly noise", stacklevel=2)
+    else:
+        warnings.warn(f"--cal-size: {cal_size} of {n_rows} {what} calibrate, leaving {n_test} test {what if n_test != 1 else what[:-1]} per split "
+                      f"(fewer than {MIN_TEST_ROWS}): the test metrics and the comparison are mostly noise; lower "
+                      f"--cal-size", stacklevel=2)
 
 
 def register(sub):
@@ -32,7 +50,8 @@ def register(sub):
     p.add_argument("--splits", type=int, default=10, help="number of random splits (default 10)")
     p.add_argument("--cal-size", type=int, default=None,
                    help=f"calibration samples per split; the rest is the test set (default {DEFAULT_CAL_SIZE}, "
-                        "or half the rows when there are not more than that)")
+                        f"or half the rows when there are not more than that; a warning when fewer than "
+                        f"{MIN_TEST_ROWS} test rows are left)")
     p.add_argument("--seed", type=int, default=0, help="seed of the splits (default 0)")
     p.add_argument("--test-logits", metavar="SPEC", help=f"fixed test set logits: {SPEC_HELP}")
     p.add_argument("--test-labels", metavar="SPEC", help=f"fixed test set labels: {SPEC_HELP}")
@@ -113,6 +132,10 @@ def run(args) -> int:
         spec = getattr(args, key)
         if spec is not None:
             side[key] = load_array(spec, name=key)
+    if fixed:
+        warn_small_test_set(int(fixed["test_labels"].shape[0]), scores.shape[0], args.cal_size, fixed=True)
+    elif 0 < args.cal_size < scores.shape[0]:  # other sizes: compare_methods refuses them, naming the range
+        warn_small_test_set(scores.shape[0] - args.cal_size, scores.shape[0], args.cal_size, fixed=False)
     result = compare_methods(
         scores, load_array(args.labels, name="labels"), methods,
         n_splits=args.splits, cal_size=args.cal_size, random_state=args.seed, input_kind=args.input_kind or "logits",
@@ -156,6 +179,8 @@ def _run_boxes(args, scores, methods) -> int:
     if cal_size >= n:
         cal_size = n // 2
         note(f"note: --cal-size {args.cal_size} >= {n} boxes; calibrating on half ({cal_size})")
+    if cal_size >= 1:
+        warn_small_test_set(n - cal_size, n, cal_size, fixed=False, what="boxes")
     features = None
     if args.box_features:
         features = read_box_features(args.logits, names_of(args.box_features))

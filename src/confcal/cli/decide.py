@@ -41,7 +41,9 @@ def _common(p, labels: bool):
         p.add_argument("--labels", required=True, metavar="SPEC",
                        help="0/1 (binary), class ids (top-label, sets) or multi-hot (multilabel)")
     p.add_argument("--domains", metavar="SPEC", help="sensor / domain id per item (for per-sensor rules)")
-    p.add_argument("--calibrator", help="manifest from 'confcal fit' whose output the scores are")
+    p.add_argument("--calibrator", help="manifest from 'confcal fit' whose output the scores are (a geometry map, "
+                                        "det-*-geo, reads its box features by name from the --logits file, as "
+                                        "confcal apply does)")
     p.add_argument("--input-kind", choices=["logits", "probs"], default=None,
                    help="what --logits holds without a calibrator: logits (softmax / sigmoid applied) or probs "
                         "(default: probs for 1-D binary scores, logits otherwise)")

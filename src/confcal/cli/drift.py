@@ -59,6 +59,9 @@ def run(args) -> int:
     domains = load_array(args.domains, name="domains") if args.domains else None
     kind = args.input_kind or ("probs" if getattr(cal, "input_kind", "logits") == "probs" else "logits")
     x = load_array(args.logits, name="logits")
+    from confcal.cli._shared.common import check_class_count
+
+    check_class_count(cal, x.shape, path=args.calibrator)  # the one message of every command
     if x.ndim == 2:  # the usual checks: NaN/inf rows, probabilities passed as logits
         x, kind = check_logits(x, input_kind=kind), "logits"
     elif not np.all(np.isfinite(np.asarray(x, dtype=np.float64))):

@@ -80,13 +80,32 @@ def run(args) -> int:
 
     refuse_category_ids(args, f"class vectors {xs.shape}")
     side = side_sources(args)
-    if cal is not None and cal.n_classes_ != max(2, xs.shape[1]):  # (n, 1): a one-logit model
-        cal = load_calibrator(manifest, n_classes=xs.shape[1], source=args.calibrator)  # raises, naming both
+    if cal is not None:
+        from confcal.cli._shared.common import check_class_count
+
+        check_class_count(cal, xs.shape, path=args.calibrator)
     # --domains without a calibrator that takes them: the per-domain table only
     taken = tuple(_audit.taken(cal, side)) if cal is not None else ()
     stats, digest = evaluate_stats(xs, ys, cal=cal, side=side, taken=taken, per_domain="domains" in side,
-                                   input_kind=args.input_kind, n_bins=args.n_bins, progress=progress_of(args))
+                                   input_kind=args.input_kind, n_bins=args.n_bins, progress=progress_of(args),
+                                   other_width=cal is not None and _text_read(args.logits, cal))
     if cal is not None:
-        warn_if_fitted_on(cal, digest)
+        warn_if_fitted_on(cal, digest, stats.data_sha256_other_width)
     return _audit.finish(evaluation_document(stats, engine="local", max_ece=args.max_ece, manifest=manifest,
                                                    **gate_kwargs(args)), args)
+
+
+def _text_read(spec, cal) -> bool:
+    """Whether the logits now or at fit came from a text file (CSV, read as float64 whatever was written):
+    then the evaluation also digests them at the other float width, to recognise the calibration set."""
+    from confcal.sources import split_spec
+
+    record = getattr(cal, "fit_record_", None) or {}
+    if not record.get("data_sha256"):
+        return False
+    fitted = ((record.get("provenance") or {}).get("inputs") or {}).get("logits")
+    paths = [str(split_spec(s)[0]) for s in ([spec] if isinstance(spec, str) else spec or [])]
+    for entry in fitted if isinstance(fitted, list) else [fitted]:
+        if isinstance(entry, dict) and isinstance(entry.get("path"), str):
+            paths.append(entry["path"])
+    return any(p.lower().endswith(".csv") for p in paths)

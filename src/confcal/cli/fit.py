@@ -40,7 +40,8 @@ def register(sub):
                    help="print the manifest written to -o (method, parameters and fit record) as JSON "
                         "instead of the summary")
     p.add_argument("--dataset-version", metavar="VERSION",
-                   help="version/tag of the calibration dataset, stored in the manifest's fit.provenance")
+                   help="version/tag of the calibration dataset (non-empty), stored in the manifest's "
+                        "fit.provenance")
     add_box_features_arg(p, what="for det-platt-geo / det-beta-geo / det-hist-geo (recorded in the manifest)")
     add_engine_args(p, fit=True)
     from confcal.cli._shared.auto_fit import add_auto_args
@@ -71,6 +72,11 @@ def run(args) -> int:
     from confcal.io import check_not_an_input, check_output_path, save_manifest
     from confcal.metrics.drift import data_summary
 
+    if args.dataset_version is not None and not args.dataset_version.strip():
+        # as every other string option (--domain-name, --box-features, --methods): an empty value is refused,
+        # not dropped from the fit record while the command line records it
+        raise ValueError(f"--dataset-version: expected a non-empty version or tag such as v1.2 or 2024-06-01, "
+                         f"got {args.dataset_version!r}")
     if args.method == "auto":
         from confcal.cli._shared.auto_fit import run_auto
 

@@ -87,8 +87,9 @@ def run(args) -> int:
         from confcal.cli._shared.boxfeatures import refuse_category_ids
 
         refuse_category_ids(args, f"class vectors {x.shape}")
-        if cal.n_classes_ != x.shape[1]:
-            cal = load_calibrator(manifest, n_classes=x.shape[1], source=args.calibrator)  # raises, naming both
+        from confcal.cli._shared.common import check_class_count
+
+        check_class_count(cal, x.shape, path=args.calibrator)
         cal.set_params(input_kind="logits")  # x holds validated logits (log-probabilities for probs)
         stages = {"uncalibrated": softmax(x), cal.method: cal.predict_proba(x, dtype=np.float64, **_audit.taken(cal, side))}
     verdict, numbers = [], {}

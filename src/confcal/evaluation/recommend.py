@@ -6,8 +6,9 @@ on test NLL instead of cross-validated NLL:
 
 * the **noise** of a method's NLL difference to the reference (TS) is measured over the splits,
   which are paired (the same rows): ``mean ± t * se`` with ``se = std(ddof=1) / sqrt(n_splits)`` and
-  ``t`` the two-sided ``level`` quantile of Student's t with ``n_splits - 1`` degrees of freedom (no
-  interval with one split: then only a method with a lower NLL on that split beats TS). The splits
+  ``t`` the two-sided ``level`` quantile of Student's t with ``n_splits - 1`` degrees of freedom. With
+  one split there is no interval, so no verdict "beyond noise" either way: ``diff_lo`` / ``diff_hi`` and
+  ``worse_than_reference`` are None, and no method can be shown better than TS, so TS is kept. The splits
   overlap, so this interval is narrower than an independent-sample one would be; it measures the
   split-to-split noise of the comparison, not the sampling noise of a new test set;
 * a method is **flagged** when its test accuracy differs from the uncalibrated one on any split
@@ -43,9 +44,11 @@ def recommend(result, *, reference: str = "ts", allow_accuracy_change: bool = Fa
 
     Returns
     -------
-    dict with ``chosen``, ``reference``, ``allow_accuracy_change``, ``level``, ``z`` (the t quantile used),
+    dict with ``chosen``, ``reference``, ``allow_accuracy_change``, ``level``, ``z`` (the t quantile used;
+    None with one split),
     ``n_splits`` and ``rows``: one dict
-    per method (``label``, ``nll``, ``nll_se``, ``diff``, ``diff_lo``, ``diff_hi`` in nats, ``acc_change`` as a
+    per method (``label``, ``nll``, ``nll_se``, ``diff``, ``diff_lo``, ``diff_hi`` in nats (the interval None
+    with one split), ``acc_change`` as a
     fraction, ``changes_accuracy``, ``worse_than_reference``, ``status``, ``flags``).
 
     Raises
@@ -57,7 +60,7 @@ def recommend(result, *, reference: str = "ts", allow_accuracy_change: bool = Fa
         raise ValueError(f"level: expected a number in (0, 1), got {level!r}")
     from scipy.stats import t as student_t
 
-    z = float(student_t.ppf(0.5 + level / 2, result.n_splits - 1)) if result.n_splits >= 2 else 0.0
+    z = float(student_t.ppf(0.5 + level / 2, result.n_splits - 1)) if result.n_splits >= 2 else None
     labels = [r.label for r in result.rows]
     if reference not in labels:
         raise ValueError(f"reference: {reference!r} is not among the compared methods {labels}; add it to the "
@@ -83,17 +86,24 @@ def recommend(result, *, reference: str = "ts", allow_accuracy_change: bool = Fa
         mean = float(d.mean())
         acc = np.array(r.values["acc_change"], dtype=np.float64)
         changes = bool(np.any(acc != 0))
-        row.update(status="ok", nll=float(nll.mean()), nll_se=r.se("nll"), diff=mean, diff_lo=mean - z * se,
-                   diff_hi=mean + z * se, acc_change=float(acc.mean()), changes_accuracy=changes,
-                   argmax_changed=1.0 if changes else 0.0,
-                   worse_than_reference=r.label != reference and mean - z * se > 0)
+        noise = d.size >= 2  # one split: no interval, so no verdict beyond noise
+        row.update(status="ok", nll=float(nll.mean()), nll_se=r.se("nll"), diff=mean,
+                   diff_lo=mean - z * se if noise else None, diff_hi=mean + z * se if noise else None,
+                   acc_change=float(acc.mean()), changes_accuracy=changes, argmax_changed=1.0 if changes else 0.0,
+                   worse_than_reference=(r.label != reference and mean - z * se > 0) if noise else None)
         if r.label == reference:
-            row.update(diff=0.0, diff_lo=0.0, diff_hi=0.0)
+            row.update(diff=0.0, diff_lo=0.0 if noise else None, diff_hi=0.0 if noise else None,
+                       worse_than_reference=False)
         if changes:
             row["flags"].append(f"accuracy {100 * acc.mean():+.1f} pts")
-        if row["worse_than_reference"]:
+        if r.label == reference:
+            pass
+        elif not noise:
+            row["flags"].append(f"{'lower' if mean < 0 else 'not lower'} NLL than {reference} on the one split "
+                                "(no interval: not chosen)")
+        elif row["worse_than_reference"]:
             row["flags"].append(f"worse than {reference} beyond noise")
-        elif r.label != reference and not row["diff_hi"] < 0:
+        elif not row["diff_hi"] < 0:
             row["flags"].append(f"within noise of {reference}")
         rows.append(row)
     chosen = choose_from_table(rows, reference, allow_accuracy_change)
@@ -111,7 +121,8 @@ def render_recommendation(rec: dict[str, Any]) -> str:
     cols = ["", "method", "test NLL", f"ΔNLL vs {rec['reference']} [{noise}]", "Δacc", "flags"]
     cells = []
     for r in rec["rows"]:
-        diff = "-" if r["diff"] is None else f"{r['diff']:+.4f} [{r['diff_lo']:+.4f}, {r['diff_hi']:+.4f}]"
+        diff = "-" if r["diff"] is None else f"{r['diff']:+.4f}" + (
+            "" if r["diff_lo"] is None else f" [{r['diff_lo']:+.4f}, {r['diff_hi']:+.4f}]")
         nll = "-" if r["nll"] is None else f"{r['nll']:.4f}" + ("" if r["nll_se"] is None else f" ± {r['nll_se']:.4f}")
         acc = "-" if r["acc_change"] is None else f"{100 * r['acc_change']:+.2f} pts"
         cells.append(["*" if r["label"] == rec["chosen"] else "", r["label"], nll, diff, acc, "; ".join(r["flags"])])
@@ -120,5 +131,6 @@ def render_recommendation(rec: dict[str, Any]) -> str:
              + ("" if rec["allow_accuracy_change"] else "; methods that change accuracy left out") + "):",
              "  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip()]
     lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
-    lines.append(f"chosen: {rec['chosen']}")
+    lines.append(f"chosen: {rec['chosen']}" + ("" if n >= 2 else f" (one split: no method can be shown better "
+                                                                 f"than {rec['reference']}; use --splits >= 2)"))
     return "\n".join(lines)

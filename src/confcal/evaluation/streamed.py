@@ -80,6 +80,7 @@ class _Context:
     given: tuple = ()  # names of stages whose probabilities the batches carry (column "stage:NAME")
     geometry: int = 0  # box-feature columns of the geometry D-ECE (batch column "geometry"), 0: none
     digest: bool = False  # a mergeable data digest of the rows (logits, labels, domains / features) in pass 1
+    other_width: bool = False  # also the digest with the logits at the other float width (see other_width)
 
     @property
     def stages(self) -> tuple:
@@ -188,6 +189,10 @@ def _eval_batch(batch: dict, first: int, *, ctx: _Context, start):
         stats["geo_range"] = (f.min(axis=0), f.max(axis=0)) if f.shape[0] else None
     if ctx.digest and pass1:  # mergeable in any order: the same digest on every engine
         stats["digest"] = digest_part(first, _digest_arrays(batch, x, y))
+        if ctx.other_width:
+            alt = other_width(x)
+            stats["alt_ok"] = alt is not None
+            stats["digest_alt"] = digest_part(first, _digest_arrays(batch, alt, y)) if alt is not None else None
     stats["n"] = int(y.shape[0])
     rows_of = {OVERALL: slice(None)}
     if d is not None and ctx.per_domain:
@@ -222,12 +227,39 @@ FITTED_ON_MESSAGE = ("these are the arrays the calibrator was fitted on: the cal
                      "optimistic; evaluate on a held-out test set")
 
 
-def warn_if_fitted_on(cal, data_sha256: str | None) -> None:
+def other_width(x):
+    """``x`` at the other float width, when that holds the same values: float32 -> float64 (always),
+    float64 -> float32 when every value is a float32 (a float32 array written to CSV and read back, which
+    a text format always reads as float64); None otherwise.
+
+    The data digest covers the dtype (manifests carry it, so its definition stays); this is the second
+    digest that recognises the same values read at another width."""
+    x = np.asarray(x)
+    if x.dtype == np.float32:
+        return x.astype(np.float64)
+    if x.dtype != np.float64:
+        return None
+    y = x.astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        same = np.array_equal(y, x, equal_nan=True)
+    return y if same else None
+
+
+def warn_if_fitted_on(cal, data_sha256: str | None, other_width_sha256: str | None = None) -> None:
     """Warn (``UserWarning``) when ``data_sha256`` is the digest in ``cal``'s fit record: the metrics
-    after it are of its own calibration set. One check for every engine and input kind."""
+    after it are of its own calibration set. One check for every engine and input kind.
+
+    ``other_width_sha256``: the digest of the same rows with the logits at the other float width
+    (:func:`other_width`); when it is the fit record's, the warning says that these are the same values
+    read at another width (float32 logits written to CSV are read back as float64)."""
     record = getattr(cal, "fit_record_", None) or {}
-    if data_sha256 is not None and record.get("data_sha256") == data_sha256:
+    fitted = record.get("data_sha256")
+    if data_sha256 is not None and fitted == data_sha256:
         warnings.warn(FITTED_ON_MESSAGE, UserWarning, stacklevel=3)
+    elif other_width_sha256 is not None and fitted == other_width_sha256:
+        warnings.warn(FITTED_ON_MESSAGE + " (the same values: the logits are read here at another float width "
+                      "than at fit, e.g. float32 written to CSV and read back as float64, so the data digest "
+                      "differs only by its dtype)", UserWarning, stacklevel=3)
 
 
 def _merge_eval(a: dict, b: dict) -> dict:
@@ -239,7 +271,16 @@ def _merge_eval(a: dict, b: dict) -> dict:
     geo = ra if rb is None else rb if ra is None else (np.minimum(ra[0], rb[0]), np.maximum(ra[1], rb[1]))
     return {"geo_range": geo, "accs": accs, "outside": a["outside"] + b["outside"], "warnings": {**a["warnings"], **b["warnings"]},
             "n": a["n"] + b["n"], "unit": unit, "sums_to_one": a["sums_to_one"] and b["sums_to_one"],
-            "inside": a["inside"] or b["inside"], "digest": merge_parts(a.get("digest"), b.get("digest"))}
+            "inside": a["inside"] or b["inside"], "digest": merge_parts(a.get("digest"), b.get("digest")),
+            **_merge_alt(a, b)}
+
+
+def _merge_alt(a: dict, b: dict) -> dict:
+    """The other-width digest of both parts, or none when either part has a value that is no float32."""
+    if "alt_ok" not in a and "alt_ok" not in b:
+        return {}
+    ok = a.get("alt_ok", True) and b.get("alt_ok", True)
+    return {"alt_ok": ok, "digest_alt": merge_parts(a.get("digest_alt"), b.get("digest_alt")) if ok else None}
 
 
 @dataclass
@@ -267,6 +308,9 @@ class EvaluationStats:
     #: the data digest of the evaluated rows (:mod:`confcal._digest`, as a fit record's ``data_sha256``),
     #: None unless the job was asked for it
     data_sha256: str | None = None
+    #: the same with the logits at the other float width (:func:`other_width`), None unless asked for
+    #: and every value holds at that width
+    data_sha256_other_width: str | None = None
 
 
 def _geo_batch(batch: dict, first: int, *, ctx: _Context, edges, n_bins: int):
@@ -287,7 +331,7 @@ def _merge_geo(a: dict, b: dict) -> dict:
 
 def evaluate_job(*, n_classes: int | None, cal=None, input_kind: str = "logits", n_bins: int = 15,
                  side: tuple = (), per_domain: bool = False, digest: bool = False, given: tuple = (),
-                 geometry: tuple = (), geometry_bins: tuple = (5, 5)):
+                 geometry: tuple = (), geometry_bins: tuple = (5, 5), other_width: bool = False):
     """The evaluate job (a generator of :class:`confcal.passes.Pass`; run it with
     :func:`confcal.passes.run_job` on an engine).
 
@@ -296,7 +340,9 @@ def evaluate_job(*, n_classes: int | None, cal=None, input_kind: str = "logits",
     ``"category_ids"``. ``cal``: a fitted calibrator (or :class:`ShippedCalibrator`) whose stage is
     measured too, taking the ``side`` inputs; ``per_domain``: metrics per ``"domains"`` value as well;
     ``digest``: also the data digest of the rows (``EvaluationStats.data_sha256``; merged in any order,
-    so every engine gives the fit record's ``data_sha256`` of the same rows);
+    so every engine gives the fit record's ``data_sha256`` of the same rows); ``other_width``: with
+    ``digest``, also the digest with the logits at the other float width
+    (``EvaluationStats.data_sha256_other_width``, see :func:`other_width`);
     ``given``: stage names whose probabilities the batches carry as ``"stage:NAME"`` columns (then
     no calibrator is run); ``geometry``: names of the ``"geometry"`` columns (box features) of a
     geometry D-ECE over ``geometry_bins`` = (confidence bins, bins per feature), one more pass.
@@ -313,7 +359,7 @@ def evaluate_job(*, n_classes: int | None, cal=None, input_kind: str = "logits",
     shipped = None if cal is None else (cal if isinstance(cal, ShippedCalibrator) else ShippedCalibrator(cal))
     ctx = _Context(box=n_classes is None, k=n_classes, cal=None if given else shipped, input_kind=input_kind,
                    n_bins=int(n_bins), side=tuple(side), per_domain=bool(per_domain), given=tuple(given),
-                   geometry=len(geometry), digest=bool(digest))
+                   geometry=len(geometry), digest=bool(digest), other_width=bool(other_width))
     first = yield Pass(partial(_eval_batch, ctx=ctx, start=None), _merge_eval, desc="evaluate pass")
     if first is None or first["n"] == 0:
         raise ValueError("logits: expected at least 1 sample, the data has no rows")
@@ -349,15 +395,19 @@ def evaluate_job(*, n_classes: int | None, cal=None, input_kind: str = "logits",
                            names=names, first=first["accs"], last=last, n_outside=int(first["outside"]),
                            n_passes=n_passes, geometry=geo, geometry_features=tuple(geometry),
                            geometry_bins=tuple(int(b) for b in geometry_bins),
-                           data_sha256=part_hexdigest(first.get("digest"), 2) if ctx.digest else None)
+                           data_sha256=part_hexdigest(first.get("digest"), 2) if ctx.digest else None,
+                           data_sha256_other_width=part_hexdigest(first["digest_alt"], 2)
+                           if ctx.digest and ctx.other_width and first.get("alt_ok") else None)
 
 
 def evaluate_stats(logits, labels, *, cal=None, side=None, taken=None, per_domain: bool = False,
-                   input_kind: str = "logits", n_bins: int = 15, batch_rows: int | None = None, progress=False):
+                   input_kind: str = "logits", n_bins: int = 15, batch_rows: int | None = None, progress=False,
+                   other_width: bool = False):
     """:func:`evaluate_job` on a :class:`confcal.passes.LocalEngine`: ``(EvaluationStats, digest)``.
 
     As :func:`confcal.evaluation.document.evaluate_sources` (same arguments and errors); ``taken``: the names of ``side`` handed
-    to the calibrator (default all; ``domains`` may be given for ``per_domain`` metrics only).
+    to the calibrator (default all; ``domains`` may be given for ``per_domain`` metrics only); ``other_width``:
+    also ``stats.data_sha256_other_width`` (:func:`evaluate_job`).
     """
     from confcal.io import load_calibrator
     from confcal.sources import DEFAULT_BATCH_BYTES, batch_rows_for, open_source
@@ -375,5 +425,5 @@ def evaluate_stats(logits, labels, *, cal=None, side=None, taken=None, per_domai
     engine = LocalEngine({"logits": xs, "labels": ys, **side}, batch_rows=rows, progress=progress)
     stats = run_job(evaluate_job(n_classes=k, cal=cal, input_kind=input_kind, n_bins=n_bins,
                                  side=tuple(side) if taken is None else tuple(taken), per_domain=per_domain,
-                                 digest=True), engine)
+                                 digest=True, other_width=other_width), engine)
     return stats, stats.data_sha256

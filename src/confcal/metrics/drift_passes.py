@@ -7,7 +7,9 @@ box scores). Pass 1 counts the confidences in ``2**18`` buckets (equal-width on 
 class vectors; for box scores, which may be any real number, equal-width in the monotone
 map ``x -> (1 + x / (1 + |x|)) / 2``) and the predicted classes; pass 2 keeps the distinct
 confidences of only the buckets that hold a wanted order statistic, so each quantile is the
-exact value the single-process summary finds, whatever the partitioning. Run
+exact value the single-process summary finds, whatever the partitioning. Box scores that a map
+clips into ``[0, 1]`` (``clip_scores=True``) are summarised clipped, with ``clip_scores: true`` in the
+result, as :func:`confcal.metrics.drift.data_summary` does. Run
 :func:`confcal.passes.together` with a fit's job, both passes ride along with its passes.
 """
 
@@ -38,13 +40,14 @@ def inverted_cdf_ranks(n: int, probs: np.ndarray) -> np.ndarray:
     return np.clip(np.where(v - prev == 0, prev, prev + 1), 0, n - 1).astype(np.int64)
 
 
-def _confidence(x: np.ndarray, input_kind: str = "logits", class_counts: bool = False):
+def _confidence(x: np.ndarray, input_kind: str = "logits", class_counts: bool = False, clip_scores: bool = False):
     """``(confidence, class counts of the arg-max or None)``: the values of
     :func:`confcal.metrics.drift.top_confidence` (bit for bit), the counts only when asked
-    (pass 1; no per-row arg-max: ~2x the cost of the confidence itself at 10 classes)."""
+    (pass 1; no per-row arg-max: ~2x the cost of the confidence itself at 10 classes);
+    ``clip_scores``: 1-D box scores clipped into ``[0, 1]`` (ignored for class vectors)."""
     from confcal.metrics.drift import _rows_of, top_probability
 
-    x = _rows_of(x, input_kind)
+    x = _rows_of(x, input_kind, clip_scores)
     if x.ndim == 1:
         return x, None
     conf, counts = top_probability(x, class_counts=True) if class_counts else (top_probability(x), None)
@@ -89,12 +92,14 @@ class SummaryPass1:
     """Pass 1: bucket counts of the confidence (pooled and per domain) and predicted-class counts.
 
     ``groups`` maps a group key (``None`` = all rows, else a domain) to sparse bucket counts
-    ``(bucket ids, counts)``."""
+    ``(bucket ids, counts)``; ``clip_scores``: 1-D box scores are summarised clipped into ``[0, 1]``
+    (ignored for class vectors, as in :func:`confcal.metrics.drift.data_summary`)."""
 
-    def __init__(self, n_classes: int | None, input_kind: str = "logits"):
+    def __init__(self, n_classes: int | None, input_kind: str = "logits", clip_scores: bool = False):
         self.box = n_classes is None  # 1-D box scores: no classes
         self.n_classes = None if self.box else int(n_classes)
         self.input_kind = input_kind
+        self.clip_scores = bool(clip_scores) and self.box
         self.class_counts = np.zeros(0 if self.box else self.n_classes, dtype=np.int64)
         self.n = 0
         self.groups: dict = {}
@@ -102,7 +107,7 @@ class SummaryPass1:
     def update(self, x: np.ndarray, domains=None) -> "SummaryPass1":
         if len(x) == 0:
             return self
-        conf, counts = _confidence(x, self.input_kind, class_counts=not self.box)
+        conf, counts = _confidence(x, self.input_kind, class_counts=not self.box, clip_scores=self.clip_scores)
         self.n += conf.size
         if counts is not None:
             self.class_counts += counts
@@ -119,7 +124,10 @@ class SummaryPass1:
 
     def merge(self, other: "SummaryPass1") -> "SummaryPass1":
         """A new accumulator of both (the inputs stay as they were: a retried task may reuse them)."""
-        out = SummaryPass1(self.n_classes, self.input_kind)
+        if (self.box, self.clip_scores) != (other.box, other.clip_scores):
+            raise ValueError("data_summary: merging summaries of box scores and class vectors, or clipped and "
+                             "unclipped box scores")
+        out = SummaryPass1(self.n_classes, self.input_kind, self.clip_scores)
         out.class_counts = self.class_counts + other.class_counts
         out.n = self.n + other.n
         out.groups = dict(self.groups)
@@ -150,7 +158,7 @@ class SummaryPass2:
     def update(self, x: np.ndarray, domains=None) -> "SummaryPass2":
         if len(x) == 0:
             return self
-        conf, _ = _confidence(x, self.first.input_kind)
+        conf, _ = _confidence(x, self.first.input_kind, clip_scores=self.first.clip_scores)
         keys = _buckets(conf, self.first.box)
         self._keep(None, conf, keys)
         if domains is not None:
@@ -195,6 +203,8 @@ class SummaryPass2:
         """The ``data_summary`` dict (pooled quantiles, class frequencies, per-domain quantiles)."""
         n = int(self.first.n)
         out = {"statistic": "ks_top_confidence", "n": n, "confidence_quantiles": self.quantiles(None)}
+        if self.first.clip_scores:
+            out["clip_scores"] = True  # drift_check clips the new scores the same way
         if not self.first.box:
             out["class_frequencies"] = (self.first.class_counts / n).tolist()
         domains = [g for g in self.first.groups if g is not None]
@@ -211,9 +221,10 @@ def _merge_values(a, b):
     return u, np.bincount(inv, weights=np.concatenate([a[1], b[1]]), minlength=u.size).astype(np.int64)
 
 
-def _pass1(batch: dict, first: int, *, input_kind: str, by_domain: bool):
+def _pass1(batch: dict, first: int, *, input_kind: str, by_domain: bool, clip_scores: bool = False):
     x = np.asarray(batch["logits"])
-    acc = SummaryPass1(None if x.ndim == 1 else max(2, x.shape[1]), input_kind)  # (n, 1): a sigmoid head, 2 classes
+    # (n, 1): a sigmoid head, 2 classes
+    acc = SummaryPass1(None if x.ndim == 1 else max(2, x.shape[1]), input_kind, clip_scores)
     return acc.update(x, np.asarray(batch["domains"]) if by_domain else None)
 
 
@@ -225,16 +236,20 @@ def _merge(a, b):
     return a.merge(b)
 
 
-def summary_job(*, input_kind: str = "logits", by_domain: bool = False, n_quantiles: int | None = None):
+def summary_job(*, input_kind: str = "logits", by_domain: bool = False, n_quantiles: int | None = None,
+                clip_scores: bool = False):
     """The drift summary of the ``"logits"`` column (class vectors, or 1-D box scores) as a job of
     :mod:`confcal.passes`: two passes, the result :func:`confcal.metrics.drift.data_summary` gives
     on all rows at once (pooled, and per ``"domains"`` value with ``by_domain``). ``input_kind``
-    as there (``"probs"``: class-vector rows are probabilities). Rows are those validated by the
-    job it runs with (:func:`confcal.passes.together`)."""
+    and ``clip_scores`` as there (``"probs"``: class-vector rows are probabilities; ``clip_scores``:
+    1-D box scores summarised as ``clip(scores, 0, 1)``, what a ``det-ts`` / ``det-beta`` map with
+    ``clip_scores=True`` reads, and the summary says ``clip_scores: true``). Rows are those validated by
+    the job it runs with (:func:`confcal.passes.together`)."""
     from confcal.metrics.drift import N_QUANTILES
 
     cols = ("logits", "domains") if by_domain else ("logits",)
-    first = yield Pass(partial(_pass1, input_kind=input_kind, by_domain=by_domain), _merge, columns=cols, desc="drift summary pass")
+    first = yield Pass(partial(_pass1, input_kind=input_kind, by_domain=by_domain, clip_scores=bool(clip_scores)),
+                       _merge, columns=cols, desc="drift summary pass")
     start = first.second_pass(N_QUANTILES if n_quantiles is None else n_quantiles)
     second = yield Pass(partial(_pass2, start=start, by_domain=by_domain), _merge, columns=cols, desc="drift summary pass")
     return second.result()

@@ -62,6 +62,9 @@ def box_score_predictions(args, cal, side, *, note_outside: bool = True):
         stages = {"uncalibrated": np.clip(s, 0.0, 1.0)}
     if cal is not None:
         if not getattr(cal, "takes_box_scores", False):
+            from confcal.cli._shared.common import check_class_count
+
+            check_class_count(cal, np.shape(s), path=getattr(args, "calibrator", None))
             raise ValueError(f"--calibrator: {cal.method} calibrates class vectors, but --logits holds 1-D box "
                              "scores; fit det-ts or det-platt")
         cal.set_params(input_kind=args.input_kind)
@@ -176,7 +179,11 @@ def run_box_scores(args) -> int:
             from confcal.cli._shared.boxfeatures import read_box_features
 
             digested["features"] = read_box_features(args.logits, cal.feature_names_, option="--logits")
-        warn_if_fitted_on(cal, _sha256(raw, y, *[digested[k] for k in sorted(digested)]))
+        rest = [digested[k] for k in sorted(digested)]
+        from confcal.evaluation.streamed import other_width
+
+        alt = other_width(raw)  # the same scores read at another float width (CSV: float64), in memory here
+        warn_if_fitted_on(cal, _sha256(raw, y, *rest), None if alt is None else _sha256(alt, y, *rest))
     names = geometry_names(args, cal)
     sources = {"logits": s, "labels": y, **{f"stage:{w}": p for w, p in stages.items()}}
     if "domains" in side:

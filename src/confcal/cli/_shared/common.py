@@ -209,3 +209,36 @@ def _bool_hyperparameters(method: str) -> set[str]:
     table = getattr(cls, "hyper_constraints", {}) or {}
     return {k for k, spec in table.items()
             if isinstance(spec, Bool) or (isinstance(spec, Nullable) and isinstance(spec.inner, Bool))}
+
+
+def check_class_count(cal, shape, *, option: str = "--logits", path: str | None = None) -> None:
+    """Refuse ``--calibrator`` when the class count it was fitted on is not the width of ``option``'s
+    scores: one line naming both counts, the same for every command (``apply``, ``evaluate``, ``report``,
+    ``adapt``, ``decide``).
+
+    ``shape`` is the input's shape: ``(n, K)`` class vectors, or ``(n,)`` / ``(n, 1)`` (a one-logit binary
+    head, which a two-class calibrator reads as ``[0, z]``). Box-score maps (det-ts, det-platt) and
+    calibrators without ``n_classes_`` are not checked here.
+
+    Raises
+    ------
+    ValueError
+        ``--calibrator: fitted on 100 classes (ts, cal.json), but --logits has 2 columns ...``.
+    """
+    k = getattr(cal, "n_classes_", None)
+    if k is None or getattr(cal, "takes_box_scores", False):
+        return
+    shape = tuple(-1 if s is None else int(s) for s in shape)  # -1: a row count not known (Dask)
+    one_logit = len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)
+    if (one_logit and k == 2) or (len(shape) == 2 and shape[1] == k):
+        return
+    unit = "labels" if getattr(cal, "multilabel", False) else "classes"
+    where = ", ".join(x for x in (getattr(cal, "method", None), path) if x)
+    if len(shape) == 1:
+        have = f"{option} holds 1-D scores (a binary model's)"
+    elif len(shape) == 2:
+        have = f"{option} has {shape[1]} column{'s' if shape[1] != 1 else ''}"
+    else:
+        have = f"{option} has shape {shape}"
+    raise ValueError(f"--calibrator: fitted on {k} {unit}{f' ({where})' if where else ''}, but {have}; pass the "
+                     f"scores of the model it was fitted for, or a calibrator fitted on {unit} like these")

@@ -99,6 +99,20 @@ def _calibrator(args):
     return cal
 
 
+def _check_class_count(cal, frame, spec: str, path: str) -> None:
+    """The single-process refusal of a calibrator fitted on another class count, before any pass: the
+    width of a column group is known from the schema (a list column's only from its rows: the engine's
+    own check, after its first block, covers it)."""
+    from confcal.cli._shared.common import check_class_count
+    from confcal.dask import resolve_columns
+
+    if cal is None:
+        return
+    cols = resolve_columns(frame, spec, name="logits")
+    if not cols.list_column:
+        check_class_count(cal, (None, len(cols.columns)) if cols.group else (None,), path=path)
+
+
 def run_apply(args) -> int:
     from confcal.dask import apply
     from confcal.dask._cluster import write_parquet
@@ -110,6 +124,7 @@ def run_apply(args) -> int:
     with _client(args):
         frame = _open(path)
         cal = _calibrator(args)
+        _check_class_count(cal, frame, cols["--logits"], args.calibrator)
         lazy = apply(cal, frame, logits=cols["--logits"], domains=cols.get("--domains"),
                      features=cols.get("--features"), keep_columns=keep, dtype=dtype,
                      category_ids=cols.get("--category-ids"))
@@ -171,6 +186,7 @@ def run_evaluate(args) -> int:
 
             return _multilabel.run_evaluate(args, inputs, engine="dask")
         cal = _calibrator(args)
+        _check_class_count(cal, frame, cols["--logits"], args.calibrator)
         features = cols.get("--features")
         names = _audit.geometry_names(args, cal)
         if features is None and getattr(cal, "takes_box_features", False):

@@ -94,13 +94,26 @@ def _probabilities(args, kind, cal, domains):
     from confcal._validation import check_logits
 
     x = _array(args, "logits")
+    if cal is not None:  # before any reshaping: the error names the shape as given
+        from confcal.cli._shared.common import check_class_count
+
+        check_class_count(cal, x.shape, path=args.calibrator)
     if kind == "binary":
         if x.ndim == 2 and x.shape[1] == 1:
             x = x[:, 0]
         if x.ndim != 1:
             raise ValueError(f"--logits: expected 1-D scores (n,) for --input binary, got shape {x.shape}")
         if cal is not None:
-            return _with_input_kind(cal, args).predict_proba(x, **_side(cal, domains))[:, -1], "calibrator"
+            side = _side(cal, domains)
+            if getattr(cal, "takes_box_features", False):
+                # a geometry map (det-*-geo): its box features by the names it was fitted on, from the scores'
+                # file, as confcal apply reads them (matched.npz:score beside matched.npz:cx, ...)
+                from confcal.cli._shared.boxfeatures import read_box_features
+
+                side["features"] = read_box_features(args.logits, cal.feature_names_, option="--logits",
+                                                     fitted=True)
+                _same_rows(**{"--logits": x.shape[0], "box features": side["features"].shape[0]})
+            return _with_input_kind(cal, args).predict_proba(x, **side)[:, -1], "calibrator"
         if args.input_kind == "logits":
             return 1.0 / (1.0 + np.exp(-x.astype(np.float64))), "sigmoid"
         if args.input_kind == "probs":  # said to be probabilities: checked as confcal fit checks them
