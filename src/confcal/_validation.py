@@ -13,6 +13,7 @@ __all__ = [
     "as_numpy",
     "check_logits",
     "one_logit_rows",
+    "one_logit_scores_note",
     "check_probs",
     "check_labels",
     "check_domains",
@@ -73,6 +74,32 @@ def _looks_like_probs(x: np.ndarray) -> bool:
         return False
     tol = 1e-3 if x.dtype in (np.float16,) else 1e-4
     return bool(np.all(np.abs(x.sum(axis=1, dtype=np.float64) - 1.0) <= tol))
+
+
+def one_logit_scores_note(z: np.ndarray, name: str = "logits", *, sign_preserving: str | None = None) -> str | None:
+    """The one-line warning for a one-logit binary head ``z`` ``(n,)`` read as logits that are
+    not likely logits, else None.
+
+    Scores all in [0, 1] with some strictly inside (0, 1) look like positive-class probabilities
+    (the 1-D counterpart of the 2-D rows that sum to 1, which :func:`check_logits` refuses; a
+    warning, not an error: a weak model's logits may all fall in [0, 1], and a one-logit head has
+    no row sum to tell). With ``sign_preserving`` (the method's name, for a map ``sigmoid(z / T)``,
+    ``T > 0``), scores all ``>= 0`` (or all ``<= 0``) also get a note: every calibrated
+    probability is then ``>= 1/2`` (``<= 1/2``) whatever the fit, as on detector scores in [0, 1.24]."""
+    z = np.asarray(z)
+    if z.size == 0 or not np.issubdtype(z.dtype, np.floating) or not np.all(np.isfinite(z)):
+        return None  # integer 0/1 logits are valid; non-finite values get check_logits' error
+    lo, hi = float(z.min()), float(z.max())
+    if lo >= 0 and hi <= 1 and not np.all((z == 0) | (z == 1)):
+        return (f"{name}: every one of the {z.size} one-logit scores is in [0, 1], so these look like "
+                "positive-class probabilities, not logits; pass input_kind='probs' (CLI: --input-kind probs) "
+                "to use their log-odds as logits")
+    if sign_preserving is not None and (lo >= 0 or hi <= 0):
+        side, half = (">= 0", ">= 1/2") if lo >= 0 else ("<= 0", "<= 1/2")
+        return (f"{name}: every one of the {z.size} one-logit scores is {side}, so {sign_preserving} "
+                f"(sigmoid(z / T)) gives every sample a probability {half} whatever T; fit det-platt on raw "
+                "detector scores, or pass probabilities with input_kind='probs' (CLI: --input-kind probs)")
+    return None
 
 
 def one_logit_rows(x: np.ndarray, input_kind: str = "logits") -> np.ndarray:

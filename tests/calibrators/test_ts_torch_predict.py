@@ -6,6 +6,7 @@ probabilities check; never used without torch imported."""
 from __future__ import annotations
 
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -97,3 +98,22 @@ def test_no_torch_path_without_torch_imported_or_for_small_inputs(monkeypatch):
     assert ts_mod._torch_for(x[:, ::2], np.empty((x.shape[0], 50), np.float32)) is None  # not contiguous
     monkeypatch.delitem(sys.modules, "torch")
     assert ts_mod._torch_for(x, out) is None  # never imported by confcal
+
+
+@pytest.mark.parametrize("use_torch", [False, True])
+def test_float64_logits_past_the_float32_range_give_float32_output_without_nan(monkeypatch, use_torch):
+    # found by a fresh-user test: [1e39, 0, ...] cast to float32 first was inf - inf = NaN
+    if use_torch:
+        monkeypatch.setattr(ts_mod, "TORCH_MIN_ELEMENTS", 1)
+    x = logits(40, 5, 3, np.float64)
+    x[0] = [1e39, 0, 0, 0, 0]
+    x[1, 2] = -1e39
+    x[2, 1], x[2, 3] = 4e38, 3.9e38
+    x[3, 4] = 3.5e38  # within float32's range: the finite-difference path
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        got, _ = scaled_softmax_rows(x, 0.7, dtype=np.float32, use_torch=use_torch)
+    ref, _ = scaled_softmax_rows(x, 0.7, dtype=np.float64, use_torch=False)
+    assert got.dtype == np.float32 and np.isfinite(got).all()
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-30)
+    assert got[0, 0] == 1.0 and got[1, 2] == 0.0 and got[2, 1] == 1.0

@@ -130,3 +130,14 @@ def test_auto_caps_accept_their_edges():
         for bad in (lo - 1, hi + 1, float(lo), True, "5"):
             with pytest.raises(ValueError, match=rf"^--param: {key}: expected an integer in "):
                 check_auto_params({key: bad})
+
+
+def test_fit_auto_says_when_max_rows_leaves_no_search(biased, capsys):
+    t, _, _ = biased
+    assert main(["fit", "--method", "auto", "--param", "max_rows=10", "--logits", f"{t / 'val.npz'}:logits",
+                 "--labels", f"{t / 'val.npz'}:labels", "-o", str(t / "auto.json")]) == 0
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "fell back" in ln]
+    assert err == ["confcal: warning: max_rows: a search sample of 10 of the 1200 rows is too few for 5-fold "
+                   "cross-validation (needs 50), so auto fell back to the reference ts without comparing any "
+                   "candidate; raise max_rows to at least 50 (CLI: --param max_rows=50)"]
+    assert json.loads((t / "auto.json").read_text())["method"] == "ts"

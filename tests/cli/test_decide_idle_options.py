@@ -136,15 +136,17 @@ def test_a_one_sided_rule_states_its_own_guarantee(files, capsys):
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 2 ** 31), split=st.floats(0.05, 0.95), side=st.sampled_from(["accept", "reject"]),
        n=st.integers(50, 600))
-def test_a_split_of_delta_does_nothing_with_one_side(seed, split, side, n):
-    # why --delta-split is refused with one side switched off: the library's thresholds do not depend on it
+def test_a_split_of_delta_is_refused_by_the_library_too_with_one_side(seed, split, side, n):
+    # --delta-split is refused with one side switched off because a split does nothing there; the library
+    # refuses delta_split the same way (it took it silently before), and its one side spends all of delta
     rng = np.random.default_rng(seed)
     s = rng.random(n)
     y = rng.random(n) < s
     off = {"alpha_reject": None} if side == "accept" else {"alpha_accept": None}
-    a = fit_decisions(s, y, None, delta_split=split, **off).thresholds("*")
-    b = fit_decisions(s, y, None, delta_split=0.5, **off).thresholds("*")
-    assert a == b
+    with pytest.raises(ValueError, match=r"^delta_split: expected None with alpha_"):
+        fit_decisions(s, y, None, delta_split=split, **off)
+    fit = fit_decisions(s, y, None, delta=0.1, **off).groups["*"]
+    assert getattr(fit, side).delta == 0.1
 
 
 @pytest.mark.parametrize("action", ["apply", "rank", "evaluate"])

@@ -60,3 +60,13 @@ def test_auto_with_enough_rows_still_says_k_fold():
     y = rng.integers(0, 3, 300)
     cal = select_calibrator(z, y, n_boot=100)
     assert render_selection(cal.fit_record_["selection"]).startswith("auto: 5-fold cross-validation on 300 rows")
+
+
+def test_auto_on_one_row_warns_in_the_singular(tmp_path, capsys):
+    np.save(tmp_path / "z.npy", np.array([[2.0, 0.0, -1.0]]))
+    np.save(tmp_path / "y.npy", np.array([0]))
+    assert main(["fit", "--logits", str(tmp_path / "z.npy"), "--labels", str(tmp_path / "y.npy"), "--method", "auto",
+                 "-o", str(tmp_path / "a.json")]) == 0
+    err = capsys.readouterr().err
+    assert "logits: 1 row is too few for 5-fold cross-validation (needs 50), so auto fell back to the reference ts" \
+        in err, err

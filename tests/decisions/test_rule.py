@@ -115,3 +115,20 @@ def test_a_group_with_no_errors_gets_its_rule_and_does_not_abort_the_others():
     lo, hi = neg.thresholds("n")
     assert hi == np.inf and np.isfinite(lo)
     assert (neg.decide(ones, ["n"] * 1000) <= REVIEW).all()
+
+
+@pytest.mark.parametrize("off", ["alpha_accept", "alpha_reject"])
+def test_fit_decisions_refuses_delta_split_with_one_side_off(off):
+    # the library took it silently (only the CLI refused --delta-split); now the same refusal
+    rng = np.random.default_rng(3)
+    s = rng.random(400)
+    y = (rng.random(400) < s).astype(int)
+    with pytest.raises(ValueError, match=rf"^delta_split: expected None with {off}=None .*got 0.7$"):
+        fit_decisions(s, y, delta_split=0.7, **{"alpha_accept": 0.1, "alpha_reject": 0.1, off: None})
+    one = fit_decisions(s, y, **{"alpha_accept": 0.1, "alpha_reject": 0.1, off: None})
+    assert one.settings["delta_split"] is None  # recorded as not split, as the manifest writes it
+    side = one.groups[POOLED].accept if off == "alpha_reject" else one.groups[POOLED].reject
+    assert side.delta == 0.05  # the whole delta on the one side
+    both = fit_decisions(s, y, alpha_accept=0.1, alpha_reject=0.1)
+    assert both.settings["delta_split"] == 0.5
+    assert both.groups[POOLED].accept.delta == pytest.approx(0.025)

@@ -59,6 +59,16 @@ def test_one_sided_rules_and_the_delta_split():
     assert acc_only.lambda_hi == ltt_threshold(s, y, alpha=0.1, delta=0.1).threshold
     both = three_way(s, y, alpha_accept=0.1, alpha_reject=0.1, delta=0.1, delta_split=0.8)
     assert both.accept.delta == pytest.approx(0.08) and both.reject.delta == pytest.approx(0.02)
+    even = three_way(s, y, alpha_accept=0.1, alpha_reject=0.1, delta=0.1)  # delta_split None: 0.5
+    assert even.accept.delta == pytest.approx(0.05) and even.reject.delta == pytest.approx(0.05)
+
+
+@pytest.mark.parametrize("off, other", [("alpha_accept", "reject"), ("alpha_reject", "accept")])
+@pytest.mark.parametrize("split", [0.5, 0.8])  # 0.5 too: the old default, given explicitly, was ignored as well
+def test_delta_split_with_one_side_off_is_refused(off, other, split):
+    with pytest.raises(ValueError, match=rf"^delta_split: expected None with {off}=None \(one side: the {other} "
+                                         rf"side gets all of delta\), got {split}$"):
+        three_way([0.1, 0.9], [0, 1], delta_split=split, **{off: None})
 
 
 @pytest.mark.parametrize("kw,msg", [

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from confcal.calibrators import calibrator_from_dict
+from confcal.calibrators import CalibrationWarning, TemperatureScaling, calibrator_from_dict
 from confcal.calibrators.protocol.selection_record import check_selection_record, choose_from_table
 from confcal.evaluation.selection import AutoCalibrator, paired_bootstrap, select_calibrator
 from confcal.evaluation.selection_candidates import Candidate, candidates_for
@@ -192,7 +192,9 @@ def test_candidate_rule():
 def test_too_few_rows_fits_the_reference_and_says_why():
     rng = np.random.default_rng(0)
     z, y = _draw(rng, 30, 3, 1.0)
-    cal = select_calibrator(z, y)
+    with pytest.warns(CalibrationWarning, match=r"^logits: 30 rows are too few for 5-fold cross-validation \(needs "
+                      r"50\), so auto fell back to the reference ts without comparing any candidate$"):
+        cal = select_calibrator(z, y)
     sel = cal.fit_record_["selection"]
     assert sel["chosen"] == "ts" and cal.method == "ts"
     assert all(r["status"] == "skipped" for r in sel["candidates"])
@@ -267,3 +269,23 @@ def test_one_logit_binary_head():
     ts = select_calibrator(np.concatenate([np.zeros_like(z), z], axis=1), y, candidates=FAST[:1], n_boot=200)
     if cal.method == "ts":
         np.testing.assert_allclose(p, ts.predict_proba(np.concatenate([np.zeros_like(z), z], axis=1)), rtol=1e-9)
+
+
+def test_a_max_rows_too_small_for_the_search_is_said():
+    # the whole set has room for the search; max_rows=10 leaves none: the fallback to ts is no longer silent
+    rng = np.random.default_rng(1)
+    z, y = _draw(rng, 400, 4, 2.0)
+    msg = (r"^max_rows: a search sample of 10 of the 400 rows is too few for 5-fold cross-validation \(needs 50\), "
+           r"so auto fell back to the reference ts without comparing any candidate; raise max_rows to at least 50 "
+           r"\(CLI: --param max_rows=50\)$")
+    with pytest.warns(CalibrationWarning, match=msg):
+        cal = select_calibrator(z, y, max_rows=10, candidates=FAST)
+    assert cal.fit_record_["selection"]["chosen"] == "ts"
+    # the fallback is ts refitted on every row: the oracle is a plain TS fit of the same rows
+    assert math.isclose(cal.temperature_, TemperatureScaling().fit(z, y).temperature_, rel_tol=1e-9)
+    with pytest.warns(CalibrationWarning, match=msg):
+        AutoCalibrator(max_rows=10).fit(z, y)
+    with warnings.catch_warnings(record=True) as said:  # a sample with room: no such warning
+        warnings.simplefilter("always")
+        select_calibrator(z, y, max_rows=60, candidates=FAST, n_boot=100)
+    assert not [w for w in said if "fell back" in str(w.message)]

@@ -11,22 +11,15 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from .bcsoftmax_oracle import kkt_violation, oracle, oracle_rows
+from .bcsoftmax_support import F64, HYP, solve_with, t64
 from confcal.ops import bcsoftmax, lbsoftmax, ubsoftmax
 
 from confcal.ops import _bcsoftmax_dispatch as impl  # dispatch, autograd and the names the tests patch
 from confcal.ops import _bcsoftmax_sort as impl_sort
-
-F64 = torch.float64
-HYP = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-
-
-def t64(v):
-    return torch.tensor(v, dtype=F64)
-
 
 # ---------------------------------------------------------------------------
 # hypothesis strategies: feasible boxes, including the degenerate ones
@@ -274,23 +267,6 @@ def test_ref_failure_one_row_and_batched_paths_agree():
                                rtol=0, atol=1e-15)
 
 
-@pytest.mark.parametrize("K, which", [(12, "upper"), (31, "lower")])
-def test_ref_failure_float32_bounds_feasible_up_to_rounding(K, which):
-    g = torch.randn(4, K)
-    bound = torch.full((K,), 1.0 / K, dtype=torch.float32)
-    if which == "upper":
-        p = ubsoftmax(g, bound)
-        p2 = bcsoftmax(g, 0.0, bound)
-    else:
-        p = lbsoftmax(g, bound)
-        p2 = bcsoftmax(g, bound, 1.0)
-    torch.testing.assert_close(p, bound.expand(4, K), rtol=0, atol=0)
-    torch.testing.assert_close(p2, bound.expand(4, K), rtol=0, atol=0)
-    # also as a Python float
-    pf = ubsoftmax(g, 1.0 / K) if which == "upper" else lbsoftmax(g, 1.0 / K)
-    torch.testing.assert_close(pf, torch.full((4, K), 1.0 / K), rtol=0, atol=1e-7)
-
-
 def test_ref_failure_jacobian_with_fixed_coordinate():
     g = t64([2.0, 0.0, -0.5, -3.0]).requires_grad_()
     a = t64([0.3, 0.0, 0.0, 0.2]).requires_grad_()
@@ -310,79 +286,9 @@ def test_ref_failure_jacobian_with_fixed_coordinate():
     assert g.grad.abs().max() == 0 and a.grad[0] + b.grad[0] == 1.0
 
 
-def test_ref_failure_float32_logits_1e3_apart():
-    g64 = t64([[1000.0, 0.0, -1000.0, 3.0, 2.5], [-500.0, 500.0, 499.0, 0.0, 1.0]])
-    for lo, up in ((0.01, 0.6), (0.0, 0.55), (0.05, 1.0)):
-        p32 = bcsoftmax(g64.float(), lo, up)
-        ref = oracle_rows(g64.numpy(), lo, up)
-        assert p32.dtype == torch.float32
-        np.testing.assert_allclose(p32.double().numpy(), ref, rtol=0, atol=3e-7)
-    a = t64([0.01, 0.3, 0.0, 0.05, 0.1])
-    b = t64([0.5, 0.5, 0.2, 0.3, 0.4])
-    p32 = bcsoftmax(g64.float(), a.float(), b.float())
-    np.testing.assert_allclose(p32.double().numpy(), oracle_rows(g64.numpy(), a.float().double().numpy(),
-                                                                  b.float().double().numpy()), rtol=0, atol=3e-7)
-
-
 # ---------------------------------------------------------------------------
 # degenerate but valid inputs
 # ---------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("tau", [1.8e-4, 1e-2])
-@pytest.mark.parametrize("side", ["upper", "lower"])
-def test_float32_box_with_little_room_sums_to_one(side, tau, monkeypatch):
-    # K = 170, sum(upper) = 1 + 1.96e-5 (below the feasibility tolerance
-    # K * eps = 2.03e-5): the one free class ends just below its upper bound
-    # (and the mirror case with the lower bounds).
-    # This row used to be snapped to the bound and summed to 1 + 1.96e-5.
-    # tau = 1.8e-4 spreads the scaled logits beyond the kernel (Newton serves
-    # them); tau = 1e-2 is the kernel's.
-    K, delta = 170, 1.96e-5
-    g = torch.linspace(1.0, 0.0, K)[None]
-    if side == "upper":
-        a, b = 0.0, (1 + delta) / K
-        calls = (lambda: ubsoftmax(g, b, tau=tau), lambda: bcsoftmax(g, a, torch.full((K,), b), tau=tau))
-    else:
-        a, b = (1 - delta) / K, 1.0
-        calls = (lambda: lbsoftmax(g, a, tau=tau), lambda: bcsoftmax(g, torch.full((K,), a), b, tau=tau))
-    ref = oracle_rows((g / tau).double().numpy(), float(torch.tensor(a)), float(torch.tensor(b)))
-    bound = float(torch.tensor(b if side == "upper" else a))
-    off = np.abs(ref[0] - bound)
-    assert (off > 1e-5).sum() == 1 and off.max() < 2e-5  # one free class, just inside its bound
-    for kernel in (True, False):
-        if not kernel:
-            monkeypatch.setattr(impl, "_kernel_usable", lambda x: False)
-        for call in calls:
-            p = call()
-            assert p.dtype == torch.float32
-            assert abs(float(p.double().sum()) - 1) <= 1e-6
-            np.testing.assert_allclose(p.double().numpy(), ref, rtol=0, atol=1e-6)
-
-
-@settings(max_examples=60, **HYP)
-@given(st.sampled_from([3, 17, 65, 170]), st.floats(-1, 4), st.floats(-7, -4.3), st.sampled_from(["upper", "lower", "both"]),
-       st.integers(0, 2**31 - 1), st.sampled_from(["kernel", "sort", "newton"]))
-def test_float32_rows_with_little_room_sum_to_one(K, log_scale, log_room, side, seed, method):
-    # float32 boxes whose sum(lower) or sum(upper) is within 1e-7 .. 5e-5 of
-    # 1, logits spread up to 1e4 (Newton's float32 stops near breakpoints)
-    rng = np.random.default_rng(seed)
-    x = (rng.normal(size=(3, K)) * 10**log_scale).astype(np.float32)
-    room = 10**log_room
-    w = rng.uniform(0.5, 1, size=(3, K))
-    if side == "upper":
-        a, b = np.zeros((3, K)), w / w.sum(1, keepdims=True) * (1 + room)
-    elif side == "lower":
-        a, b = w / w.sum(1, keepdims=True) * (1 - room), np.ones((3, K))
-    else:
-        a = w / w.sum(1, keepdims=True) * rng.uniform(0, 0.9, size=(3, 1))
-        v = rng.uniform(0, 1, size=(3, K))
-        b = a + v / v.sum(1, keepdims=True) * (1 + room - a.sum(1, keepdims=True))
-    a, b = torch.tensor(a, dtype=torch.float32), torch.tensor(np.minimum(b, 1), dtype=torch.float32)
-    assume(bool(((a.double().sum(1) < 1) & (b.double().sum(1) > 1)).all()))
-    p = _solve_with(method, x, a, b, torch.float32)[0].double()
-    assert float((p.sum(1) - 1).abs().max()) <= 1e-6
-    np.testing.assert_allclose(p.numpy(), oracle_rows(x, a.double().numpy(), b.double().numpy()), rtol=0, atol=1e-6)
 
 
 def test_sum_upper_exactly_one_gives_upper():
@@ -503,19 +409,6 @@ def test_leading_batch_dims_and_broadcast_bounds():
     # the class dim in the middle
     q = bcsoftmax(g.movedim(-1, 1), 0.02, 0.4, dim=1)
     torch.testing.assert_close(q, bcsoftmax(g, 0.02, 0.4).movedim(-1, 1), rtol=0, atol=1e-15)
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-def test_low_precision_dtypes(dtype):
-    g = torch.randn(16, 10) * 3
-    p = bcsoftmax(g.to(dtype), 0.02, 0.5)
-    assert p.dtype == dtype
-    ref = bcsoftmax(g.to(dtype).double(), 0.02, 0.5)
-    tol = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-6}[dtype]
-    torch.testing.assert_close(p.double(), ref, rtol=0, atol=tol)
-    x = g.to(dtype).requires_grad_()
-    bcsoftmax(x, 0.02, 0.5)[:, 0].sum().backward()
-    assert x.grad.dtype == dtype and torch.isfinite(x.grad).all()
 
 
 def test_empty_batch():
@@ -709,12 +602,6 @@ def test_solver_converges_in_few_iterations(prob):
 # ---------------------------------------------------------------------------
 
 
-def _solve_with(method, g, a, b, dtype=F64):
-    """Run one solver on rows g (2-D) with bounds in an internal layout."""
-    x = torch.as_tensor(g, dtype=dtype)
-    return impl._solve(x, a, b, True, torch.finfo(dtype).eps, impl._Meta("t", (x.shape[0],), 1), method=method)
-
-
 # Lower bounds whose float sum is 1 - 2**-53 (exactly, 1 + 7.2e-17): no room in the box, so
 # p* = a (p* >= a and sums to one: |p* - a|_1 = 1 - sum(a) <= 0). Every solver returns a; the oracle
 # used to return p_10 = 0.0404 < a_10 = 0.0444, its log-space piece score preferring a wrong piece.
@@ -741,7 +628,7 @@ def test_oracle_on_lower_bounds_summing_to_one():
 @example(_FULL_LOWER, "newton")
 def test_each_solver_agrees_with_oracle(prob, method):
     g, a, b = prob
-    p, state, s, n_iter = _solve_with(method, g[None], t64(a), t64(b))
+    p, state, s, n_iter = solve_with(method, g[None], t64(a), t64(b))
     ref = oracle(g, a, b)
     np.testing.assert_allclose(p[0].numpy(), ref, rtol=0, atol=1e-9)
     # the stored clamp state names the bound each clamped coordinate took
@@ -754,26 +641,6 @@ def test_each_solver_agrees_with_oracle(prob, method):
             assert n_iter <= 1  # the sort path (1) or a box with no room (0) - no silent fallback to Newton
         if method == "kernel":  # no silent fallback to the torch path
             assert impl._solve_kernel(torch.as_tensor(g)[None], t64(a), t64(b), torch.finfo(F64).eps) is not None
-
-
-@pytest.mark.parametrize("method", ["kernel", "sort", "newton"])
-@pytest.mark.parametrize("K", [2, 10, 40])
-def test_each_solver_float32_close_to_float64_oracle(method, K):
-    gen = torch.Generator().manual_seed(K)
-    g = torch.randn(64, K, generator=gen) * 3
-    wa = torch.rand(64, K, generator=gen)
-    a = wa / wa.sum(-1, keepdim=True) * torch.rand(64, 1, generator=gen) * 0.9
-    b = torch.clamp(a + torch.rand(64, K, generator=gen) * 3.0 / K, max=1.0)
-    b = torch.where(b.sum(-1, keepdim=True) < 1.05, a + (1 - a) * 0.6, b)
-    for lo, up in ((a, b), (0.2 / K, 0.5), (0.0, 1.5 / K), (0.5 / K, 1.0)):
-        lo_t = lo if isinstance(lo, float) else lo.clone()
-        up_t = up if isinstance(up, float) else up.clone()
-        p = _solve_with(method, g, lo_t, up_t, torch.float32)[0]
-        assert p.dtype == torch.float32
-        lo_n = lo if isinstance(lo, float) else lo.double().numpy()
-        up_n = up if isinstance(up, float) else up.double().numpy()
-        ref = oracle_rows(g.double().numpy(), lo_n, up_n)
-        np.testing.assert_allclose(p.double().numpy(), ref, rtol=0, atol=3e-7)
 
 
 @pytest.mark.parametrize("kernel", [True, False])
@@ -819,258 +686,3 @@ def test_gradcheck_through_each_solver(sort_max_k, kernel, monkeypatch):
     inputs = tuple(t.clone().requires_grad_() for t in (g, a, b, t64(0.8)))
     assert torch.autograd.gradcheck(lambda g, a, b, t: bcsoftmax(g, a, b, tau=t), inputs)
     assert torch.autograd.gradcheck(lambda g: bcsoftmax(g, 0.03, 0.4), inputs[:1])
-
-
-# ---------------------------------------------------------------------------
-# the compiled CPU kernel (numba): every bound layout, batches, K up to 300
-# ---------------------------------------------------------------------------
-
-
-@st.composite
-def kernel_batches(draw):
-    """(g, a, b, layout): M rows of K classes with bounds in one of the
-    kernel's layouts, feasible with room or exactly at a bound."""
-    M = draw(st.integers(1, 6))
-    K = draw(st.one_of(st.integers(2, 12), st.integers(13, 300)))
-    layout = draw(st.sampled_from(["float", "0-d", "per-class", "per-row", "per-element"]))
-    seed = draw(st.integers(0, 2**31 - 1))
-    rng = np.random.default_rng(seed)
-    g = rng.standard_normal((M, K)) * draw(st.sampled_from([0.1, 3.0, 30.0]))
-    if draw(st.booleans()):
-        g = np.round(g)  # ties
-    shape = {"float": (1, 1), "0-d": (1, 1), "per-class": (1, K), "per-row": (M, 1), "per-element": (M, K)}[layout]
-    n = shape[1] if shape[1] > 1 else K  # classes one bound stands for
-    wa = rng.random(shape)
-    total_a = rng.choice([0.0, 1.0, rng.random() * 0.95, rng.random() * 0.95], size=(shape[0], 1))
-    a = wa / wa.sum(-1, keepdims=True) * total_a if shape[1] > 1 else total_a / n
-    b = np.minimum(a + rng.random(shape) * draw(st.sampled_from([0.5, 3.0, 30.0])) / n, 1.0)
-
-    def lift(target):  # raise b towards a + (1 - a) * t so that sum(b) == target (up to rounding)
-        reps = K // shape[1]
-        t = (target - a.sum(-1, keepdims=True) * reps) / np.maximum((1.0 - a).sum(-1, keepdims=True) * reps, 1e-300)
-        return a + (1.0 - a) * np.clip(t, 0.0, 1.0)
-
-    exact = rng.random((shape[0], 1)) < draw(st.sampled_from([0.0, 0.3]))  # rows with sum(b) == 1
-    b = np.where(exact, lift(1.0), np.maximum(b, lift(1.0 + rng.random((shape[0], 1)) * 0.5 + 1e-6)))
-    if draw(st.booleans()):
-        b = np.maximum(b, rng.random())  # loose upper bounds, some 1
-    if layout == "float":
-        return g, float(a[0, 0]), float(b[0, 0]), layout
-    if layout == "0-d":
-        return g, t64(a[0, 0]), t64(b[0, 0]), layout
-    if layout == "per-class":
-        return g, t64(a[0]), t64(b[0]), layout
-    return g, t64(a), t64(b), layout
-
-
-@settings(max_examples=300, **HYP)
-@given(kernel_batches())
-def test_kernel_batches_agree_with_oracle(batch):
-    g, a, b, layout = batch
-    x = t64(g)
-    eps = torch.finfo(F64).eps
-    a_in = impl._operand(a, "lower", x, 1, x.shape[0], x.shape[1], F64, impl._Meta("t", (x.shape[0],), 1))[0]
-    b_in = impl._operand(b, "upper", x, 1, x.shape[0], x.shape[1], F64, impl._Meta("t", (x.shape[0],), 1))[0]
-    out = impl._solve_kernel(x, a_in, b_in, eps)
-    assert out is not None  # every batch drawn here is the kernel's to solve
-    p, state, s, _ = out
-    assert p.shape == x.shape and state.dtype == torch.int8
-    an = a.numpy() if isinstance(a, torch.Tensor) else a
-    bn = b.numpy() if isinstance(b, torch.Tensor) else b
-    np.testing.assert_allclose(p.numpy(), oracle_rows(g, an, bn), rtol=0, atol=1e-9)
-    # clamped coordinates hold their bound exactly; s = 1 - clamped mass
-    A = np.broadcast_to(an, g.shape)
-    B = np.broadcast_to(bn, g.shape)
-    st_ = state.numpy()
-    np.testing.assert_array_equal(p.numpy()[st_ == -1], A[st_ == -1])
-    np.testing.assert_array_equal(p.numpy()[st_ == 1], B[st_ == 1])
-    if isinstance(a_in, float) and isinstance(b_in, float) and a_in == 0.0 and b_in >= 1.0:
-        return  # the whole simplex: the public API takes softmax, no solver
-    # the same answer as the torch sort-based solver (same rule, no sort)
-    p_sort = impl._solve(x, a_in, b_in, True, eps, impl._Meta("t", (x.shape[0],), 1), method="sort")[0]
-    np.testing.assert_allclose(p.numpy(), p_sort.numpy(), rtol=0, atol=1e-12)
-
-
-def test_kernel_hands_unusual_rows_to_the_torch_path():
-    x = t64([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]])
-    eps = torch.finfo(F64).eps
-    assert impl._solve_kernel(x, 0.1, 0.5, eps) is not None
-    for bad in (float("nan"), float("inf"), -float("inf"), 1e4):
-        y = x.clone()
-        y[1, 1] = bad
-        assert impl._solve_kernel(y, 0.1, 0.5, eps) is None
-    assert impl._solve_kernel(x, 0.4, 0.5, eps) is None  # sum(lower) > 1
-    assert impl._solve_kernel(x, 0.0, 0.3, eps) is None  # sum(upper) < 1
-    assert impl._solve_kernel(x, t64([0.1, 0.6, 0.1]), t64([0.5, 0.5, 0.5]), eps) is None  # lower > upper
-    # a denormal lower bound is the kernel's too (its breakpoint ratio a / e stays finite)
-    p = impl._solve_kernel(x, 5e-324, 0.5, eps)[0]
-    np.testing.assert_allclose(p.numpy(), oracle_rows(x.numpy(), 5e-324, 0.5), rtol=0, atol=1e-12)
-    # ... and the public API still answers them (or raises the detailed error)
-    y = x.clone()
-    y[1, 1] = -float("inf")
-    np.testing.assert_allclose(bcsoftmax(y, 0.1, 0.5).numpy(), oracle_rows(y.numpy(), 0.1, 0.5), rtol=0, atol=1e-12)
-    with pytest.raises(ValueError, match=r"lower bound > upper bound at class 1"):
-        bcsoftmax(x, t64([0.1, 0.6, 0.1]), t64([0.5, 0.5, 0.5]))
-
-
-def test_kernel_serves_cpu_float_inputs_and_backward(monkeypatch):
-    calls = []
-    spies = tuple(lambda *args, _real=real, _name=name: calls.append(_name) or _real(*args)
-                  for name, real in zip(("forward", "backward"), impl._kernel.compiled()))
-    monkeypatch.setattr(impl._kernel, "compiled", lambda: spies)
-    for dtype in (torch.float32, torch.float64):
-        calls.clear()
-        g = (torch.randn(8, 10, dtype=dtype) * 3).requires_grad_()
-        bcsoftmax(g, 0.02, 0.5).square().sum().backward()
-        assert calls == ["forward", "backward"]
-    # create_graph (double backward) takes the differentiable torch ops
-    calls.clear()
-    g = (torch.randn(8, 10, dtype=F64) * 3).requires_grad_()
-    (gx,) = torch.autograd.grad(bcsoftmax(g, 0.02, 0.5).square().sum(), g, create_graph=True)
-    assert calls == ["forward"] and gx.requires_grad
-
-
-@pytest.mark.parametrize("order", ["ascending", "descending", "ties"])
-def test_kernel_any_logit_order(order):
-    # the breakpoint selection must not depend on the order of the classes
-    gen = torch.Generator().manual_seed(5)
-    g = torch.randn(4, 500, generator=gen, dtype=F64) * 3
-    if order == "ties":
-        g = g.round()
-    else:
-        g = g.sort(-1, descending=order == "descending").values
-    for lo, up in ((0.2 / 500, 0.5), (0.0, 0.01), (0.5 / 500, 1.0), (0.9 / 500, 0.003)):
-        p = impl._solve_kernel(g, lo, up, torch.finfo(F64).eps)[0]
-        np.testing.assert_allclose(p.numpy(), oracle_rows(g.numpy(), lo, up), rtol=0, atol=1e-9)
-        perm = torch.randperm(500, generator=gen)
-        q = impl._solve_kernel(g[:, perm], lo, up, torch.finfo(F64).eps)[0]
-        np.testing.assert_allclose(q.numpy(), p[:, perm].numpy(), rtol=0, atol=1e-13)  # sums in another order
-
-
-@pytest.mark.parametrize("kernel", [True, False])
-def test_unimodal_logits_over_many_classes(kernel, monkeypatch):
-    # a bump over ordered classes (ordinal labels): fixed-position pivots made
-    # the kernel's selection quadratic here; the answer must not change either way
-    if not kernel:
-        monkeypatch.setattr(impl, "_kernel_usable", lambda x: False)
-    K = 3000
-    j = torch.arange(K, dtype=F64)
-    g = (-(((j - K / 2) / (K / 8)) ** 2)).expand(3, K) * torch.tensor([[1.0], [5.0], [40.0]], dtype=F64)
-    p = bcsoftmax(g, 0.1 / K, 5.0 / K)
-    for i in range(3):
-        assert kkt_violation(p[i].numpy(), g[i].numpy(), 0.1 / K, 5.0 / K) <= 1e-9
-
-
-def test_batched_grad_outputs_and_vectorized_jacobian():
-    # the legacy vmap of is_grads_batched hands the backward wrapper tensors without storage
-    g = torch.randn(2, 4, dtype=F64, requires_grad=True)
-    eye = torch.eye(8, dtype=F64).reshape(8, 2, 4)
-    (jac,) = torch.autograd.grad(bcsoftmax(g, 0.05, 0.5), g, eye, is_grads_batched=True)
-    ref = torch.autograd.functional.jacobian(lambda x: bcsoftmax(x, 0.05, 0.5), g)
-    torch.testing.assert_close(jac.reshape(2, 4, 2, 4), ref, rtol=0, atol=1e-15)
-    vec = torch.autograd.functional.jacobian(lambda x: bcsoftmax(x, 0.05, 0.5), g, vectorize=True)
-    torch.testing.assert_close(vec, ref, rtol=0, atol=1e-15)
-
-
-def test_torch_compile_eager_backend():
-    import torch._dynamo
-
-    torch._dynamo.reset()
-    g = torch.randn(4, 5, dtype=F64, requires_grad=True)
-    f = torch.compile(lambda x: bcsoftmax(x, 0.02, 0.5), backend="eager")
-    p = f(g)
-    (grad,) = torch.autograd.grad(p[:, 0].sum(), g)
-    ref = bcsoftmax(g, 0.02, 0.5)
-    (ref_grad,) = torch.autograd.grad(ref[:, 0].sum(), g)
-    torch.testing.assert_close(p, ref, rtol=0, atol=1e-15)
-    torch.testing.assert_close(grad, ref_grad, rtol=0, atol=1e-15)
-    with torch.no_grad():
-        torch.testing.assert_close(f(g), ref, rtol=0, atol=1e-15)
-
-
-@pytest.mark.parametrize("kernel", [True, False])
-def test_second_derivatives_reach_the_bounds(kernel, monkeypatch):
-    if not kernel:
-        monkeypatch.setattr(impl, "_kernel_usable", lambda x: False)
-    g = t64([[2.0, 0.0, -0.5]]).requires_grad_()
-    up = t64([[0.5, 0.8, 0.8]]).requires_grad_()  # class 0 at its upper bound
-    lo = t64([[0.05, 0.05, 0.3]]).requires_grad_()  # class 2 at its lower bound
-    tau = t64(1.3).requires_grad_()
-    assert torch.autograd.gradgradcheck(lambda x, u: bcsoftmax(x, 0.0, u), (g, up))
-    assert torch.autograd.gradgradcheck(lambda x, a: bcsoftmax(x, a, 1.0), (g, lo))
-    assert torch.autograd.gradgradcheck(lambda x, a, u, t: bcsoftmax(x, a, u, tau=t), (g, lo * 0.5, up, tau))
-
-
-def test_float32_logits_with_a_large_offset_on_the_torch_path(monkeypatch):
-    # exp(x - nu) lost its precision when nu ~ 1e6 was kept in float32 (6% errors)
-    monkeypatch.setattr(impl, "_kernel_usable", lambda x: False)
-    gen = torch.Generator().manual_seed(0)
-    for K in (10, 100):
-        g = (1e6 + 3 * torch.randn(4, K, generator=gen, dtype=F64)).float()
-        p = bcsoftmax(g, 0.2 / K, 0.05 if K == 100 else 0.5)
-        ref = oracle_rows(g.double().numpy(), np.float32(0.2 / K), np.float32(0.05 if K == 100 else 0.5))
-        np.testing.assert_allclose(p.double().numpy(), ref, rtol=0, atol=1e-6)
-
-
-@pytest.mark.parametrize("dtype, scale", [(F64, 1.4e308), (torch.float32, 2.8e38)])
-def test_logits_too_far_apart_for_the_dtype_raise(dtype, scale):
-    # beyond what exp can resolve, the answer would silently miss the simplex
-    g = torch.tensor([[0.5, -0.3, 1.2, 0.0]], dtype=dtype) * scale
-    with pytest.raises(ValueError, match=r"no exact solution in .* too far apart for exp to resolve"):
-        bcsoftmax(g, 0.02, 0.3)
-    ok = torch.tensor([[0.5, -0.3, 1.2, 0.0]], dtype=F64) * 1e15  # still resolvable in float64
-    np.testing.assert_allclose(bcsoftmax(ok, 0.02, 0.3).numpy(), [[0.3, 0.1, 0.3, 0.3]], rtol=0, atol=1e-12)
-
-
-@pytest.mark.parametrize("dtype, scale", [(F64, 1e17), (F64, 1e300), (torch.float32, 1e15)])
-def test_logits_far_apart_end_next_to_a_breakpoint_and_are_finished_exactly(dtype, scale):
-    # Newton stops on the all-clamped side of the last breakpoint (exp cannot
-    # tell nearby nu apart); freeing that breakpoint's coordinate is the
-    # exact answer, checked against the KKT conditions (these used to raise)
-    g = torch.tensor([[0.5, -0.3, 1.2, 0.0]], dtype=dtype) * scale
-    p = bcsoftmax(g, 0.02, 0.3)
-    np.testing.assert_allclose(p.double().numpy(), [[0.3, 0.1, 0.3, 0.3]], rtol=0, atol=4 * torch.finfo(dtype).eps)
-    assert abs(float(p.double().sum()) - 1) <= 4 * torch.finfo(dtype).eps
-
-
-def test_float_bounds_are_checked_even_without_check():
-    g = torch.randn(2, 3, dtype=F64)
-    with pytest.raises(ValueError, match=r"lower bound -0.5 is outside \[0, 1\]"):
-        bcsoftmax(g, -0.5, 0.6, check=False)
-    with pytest.raises(ValueError, match=r"upper bound 2.0 is outside \[0, 1\]"):
-        ubsoftmax(g, 2.0, check=False)
-    with pytest.raises(TypeError, match="dim must be an int, got float"):
-        bcsoftmax(g, 0.1, 0.6, dim=1.0)
-
-
-def test_kernel_compiles_once_under_concurrent_first_use(monkeypatch):
-    from concurrent.futures import ThreadPoolExecutor
-
-    monkeypatch.setattr(impl._kernel, "_COMPILED", [])
-    builds = []
-    real = impl._kernel._build
-    monkeypatch.setattr(impl._kernel, "_build", lambda: builds.append(1) or real())
-    with ThreadPoolExecutor(8) as pool:
-        outs = list(pool.map(lambda i: impl._kernel.compiled(), range(8)))
-    assert len(builds) == 1 and all(o is outs[0] for o in outs)
-
-
-def test_kernel_builds_without_a_writable_cache(monkeypatch):
-    # numba refuses cache=True when neither the package folder nor a user
-    # cache folder is writable (read-only installs): compile in memory then
-    import numba
-
-    real = numba.njit
-
-    def no_cache_njit(*args, cache=False, **kw):
-        if cache:
-            raise RuntimeError("cannot cache function: no locator available")
-        return real(*args, **kw)
-
-    monkeypatch.setattr(numba, "njit", no_cache_njit)
-    monkeypatch.setattr(impl._kernel, "_f_at", impl._kernel._f_at)  # _build rebinds it
-    forward, _ = impl._kernel._build()
-    x = np.array([[1.0, 2.0, 3.0]])
-    p, state, s = np.empty((1, 3)), np.empty((1, 3), dtype=np.int8), np.empty(1)
-    assert forward(x, np.full((1, 1), 0.1), np.full((1, 1), 0.5), True, 1e-15, 600.0, p, state, s) == 1
-    np.testing.assert_allclose(p, oracle_rows(x, 0.1, 0.5), rtol=0, atol=1e-12)

@@ -149,7 +149,7 @@ def _note(group: str, side: SideFit, n: int, word: str) -> str:
 
 
 def fit_decisions(scores, labels, groups=None, *, alpha_accept: float | None = 0.05,
-                  alpha_reject: float | None = 0.05, delta: float = 0.05, delta_split: float = 0.5,
+                  alpha_reject: float | None = 0.05, delta: float = 0.05, delta_split: float | None = None,
                   accept_risk: str = "fdr", reject_risk: str = "for", procedure: str = "fixed_sequence",
                   pvalue: str = "binomial", grid=None, simultaneous: bool = False,
                   pool_small: bool = False) -> DecisionRule:
@@ -164,7 +164,8 @@ def fit_decisions(scores, labels, groups=None, *, alpha_accept: float | None = 0
     groups : array_like, shape (n_samples,), optional
         Sensor / domain / class id per item; None fits one pooled rule.
     alpha_accept, alpha_reject, delta, delta_split, accept_risk, reject_risk, procedure, pvalue, grid
-        As in :func:`.threeway.three_way`; one grid for all groups.
+        As in :func:`.threeway.three_way` (``delta_split`` None: 0.5 with both sides, refused with
+        one side None); one grid for all groups.
     simultaneous : bool
         Divide ``delta`` by the number of groups (Bonferroni) so all groups hold at once.
     pool_small : bool
@@ -177,8 +178,8 @@ def fit_decisions(scores, labels, groups=None, *, alpha_accept: float | None = 0
     Raises
     ------
     ValueError
-        One line naming the argument: bad levels or choices, non-finite scores, labels not 0/1, a
-        group id array of another length.
+        One line naming the argument: bad levels or choices, ``delta_split`` with one side None,
+        non-finite scores, labels not 0/1, a group id array of another length.
 
     Notes
     -----
@@ -192,7 +193,8 @@ def fit_decisions(scores, labels, groups=None, *, alpha_accept: float | None = 0
     s, y = check_scores_labels(scores, labels)
     g_grid = default_grid(s) if grid is None else check_grid(grid)
     settings = dict(alpha_accept=alpha_accept, alpha_reject=alpha_reject, delta=float(delta),
-                    delta_split=float(delta_split), accept_risk=accept_risk, reject_risk=reject_risk,
+                    delta_split=(None if alpha_accept is None or alpha_reject is None
+                                 else 0.5 if delta_split is None else float(delta_split)), accept_risk=accept_risk, reject_risk=reject_risk,
                     procedure=procedure, pvalue=pvalue, simultaneous=bool(simultaneous), pool_small=bool(pool_small))
     ids = None if groups is None else check_groups(groups, s.size)
     uniq = [] if ids is None else sorted(set(ids.tolist()))

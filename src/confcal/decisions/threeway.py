@@ -80,7 +80,7 @@ def _choose(grid, acc_mask, rej_mask, n_below, pos_below, n, n_pos):
 
 
 def three_way(scores, labels, *, alpha_accept: float | None = 0.05, alpha_reject: float | None = 0.05,
-              delta: float = 0.05, delta_split: float = 0.5, accept_risk: str = "fdr", reject_risk: str = "for",
+              delta: float = 0.05, delta_split: float | None = None, accept_risk: str = "fdr", reject_risk: str = "for",
               procedure: str = "fixed_sequence", pvalue: str = "binomial", grid=None) -> ThreeWayFit:
     """Fit accept / review / reject thresholds with a joint guarantee (module docstring).
 
@@ -95,8 +95,10 @@ def three_way(scores, labels, *, alpha_accept: float | None = 0.05, alpha_reject
         gives the whole ``delta`` to the other side.
     delta : float in (0, 1)
         Joint failure probability of both sides.
-    delta_split : float in (0, 1)
-        Share of ``delta`` spent on the accept side (the rest on the reject side).
+    delta_split : float in (0, 1) or None
+        Share of ``delta`` spent on the accept side (the rest on the reject side) when both sides
+        are certified; None (default) splits it evenly (0.5). Refused with one side None: that
+        side has no share, the other gets all of ``delta``.
     accept_risk : {"fdr", "fpr"}
     reject_risk : {"for", "miss"}
     procedure, pvalue, grid
@@ -109,8 +111,8 @@ def three_way(scores, labels, *, alpha_accept: float | None = 0.05, alpha_reject
     Raises
     ------
     ValueError
-        One line naming the argument (levels outside (0, 1), both sides None, a risk of the wrong
-        side, bad scores or labels).
+        One line naming the argument (levels outside (0, 1), both sides None, ``delta_split`` with
+        one side None, a risk of the wrong side, bad scores or labels).
     """
     s, y = check_scores_labels(scores, labels)
     g = default_grid(s) if grid is None else check_grid(grid)
@@ -133,15 +135,17 @@ def check_three_way_args(alpha_accept, alpha_reject, delta, delta_split, accept_
         raise ValueError("alpha_accept: expected a risk level for at least one side, got None for both")
     aa = None if alpha_accept is None else check_level(alpha_accept, "alpha_accept")
     ar = None if alpha_reject is None else check_level(alpha_reject, "alpha_reject")
-    if aa is None:
-        return aa, ar, 0.0, delta
-    if ar is None:
-        return aa, ar, delta, 0.0
-    split = check_level(delta_split, "delta_split")
+    if aa is None or ar is None:
+        if delta_split is not None:  # accepted and ignored before: say that nothing is split
+            off, other = ("alpha_accept", "reject") if aa is None else ("alpha_reject", "accept")
+            raise ValueError(f"delta_split: expected None with {off}=None (one side: the {other} side gets all "
+                             f"of delta), got {delta_split!r}")
+        return (aa, ar, 0.0, delta) if aa is None else (aa, ar, delta, 0.0)
+    split = 0.5 if delta_split is None else check_level(delta_split, "delta_split")
     return aa, ar, delta * split, delta * (1 - split)
 
 
-def three_way_counts(g, n_below, pos_below, n, n_pos, *, alpha_accept, alpha_reject, delta, delta_split=0.5,
+def three_way_counts(g, n_below, pos_below, n, n_pos, *, alpha_accept, alpha_reject, delta, delta_split=None,
                      accept_risk="fdr", reject_risk="for", procedure="fixed_sequence",
                      pvalue="binomial") -> ThreeWayFit:
     """:func:`three_way` from the below-counts of a grid (the Mondrian fit reuses one pass)."""

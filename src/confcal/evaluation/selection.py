@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from confcal._validation import as_numpy, check_domains, check_box_labels, check_labels, check_logits
-from confcal.calibrators import METHODS
+from confcal.calibrators import METHODS, CalibrationWarning
 from confcal.calibrators.protocol.class_labels import encode_class_labels, is_string_labels
 from confcal.calibrators.protocol.selection_record import SELECTION_RULES, choose_from_table
 from confcal.calibrators.protocol.estimator import Estimator
@@ -263,6 +263,17 @@ def select_calibrator(logits, labels, *, domains=None, input_kind: str | None = 
     if rows.size < MIN_ROWS:
         reason_all = (f"{rows.size} row{'' if rows.size == 1 else 's'}: too few for {n_folds}-fold cross-validation "
                       f"(needs {MIN_ROWS})")
+        # the reference is fitted without any comparison: say so, and name what to change
+        if n > max_rows:
+            why = (f"max_rows: a search sample of {rows.size} of the {n} rows is too few for {n_folds}-fold "
+                   f"cross-validation (needs {MIN_ROWS})")
+            fix = f"; raise max_rows to at least {min(n, MIN_ROWS)} (CLI: --param max_rows={min(n, MIN_ROWS)})"
+        else:
+            why = (f"logits: {n} {'row is' if n == 1 else 'rows are'} too few for {n_folds}-fold cross-validation "
+                   f"(needs {MIN_ROWS})")
+            fix = ""
+        warnings.warn(f"{why}, so auto fell back to the reference {reference.label} without comparing any "
+                      f"candidate{fix}", CalibrationWarning, stacklevel=2)
     else:
         xs, ys = x[rows], y[rows]
         sides = {key: v[rows] for key, v in side_all.items()}

@@ -120,8 +120,11 @@ def _repair(p, state, s, rows, x, nu, cl, a, b):
     cl > 1), else the lower-clamped one that leaves first as nu falls.  That
     coordinate alone turns free and takes the rest of the mass, provided the
     result satisfies the KKT conditions (it lies in its box, and at its nu
-    every other coordinate still sits at its bound); a row that fails this
-    is left as it was, for the solution check to reject."""
+    every other coordinate still sits at its bound).  A row that fails this
+    (the root lies more than one breakpoint away: e.g. float32, K = 170,
+    sum(lower) = 1 - 1e-5 with two classes free at the root, which summed to
+    1 - 1e-5) is solved afresh in float64 by :func:`_resolve64`; in float64
+    itself it is left as it was, for the solution check to reject."""
     z = x[rows] - nu[rows, None]  # log of exp(x - nu): no underflow
     n, K = z.shape
     st = state[rows]
@@ -152,6 +155,30 @@ def _repair(p, state, s, rows, x, nu, cl, a, b):
     st = torch.where(one | (share[:, None] & free), 0, st).to(torch.int8)
     sr = torch.where(release, freed, torch.where(share, 1.0 - c, s[rows].to(z.dtype)))
     p[rows], state[rows], s[rows] = pr.to(p.dtype), st, sr.to(s.dtype)
+    redo = ~(release | share)
+    if z.dtype != torch.float64 and bool(redo.any()):
+        rr = rows[redo]
+        p[rr], state[rr], s[rr] = (t.to(u.dtype) for t, u in zip(_resolve64(x[rr], _rows(a, rr), _rows(b, rr)),
+                                                                   (p, state, s)))
+
+
+def _resolve64(x, a, b):
+    """Exact (p, state, s) of a few rows with room, solved in float64.
+
+    The float32 stop accepts an all-clamped row within K ulps of f = 1
+    (the bounds' own rounding), so when the room 1 - sum(a) or sum(b) - 1
+    is of that order, the free classes of the root are left unresolved.
+    float64 resolves them: the sort-based solver where the logits' spread
+    allows, else this Newton iteration (its all-clamped tolerance is then
+    K * 2.2e-16, far below the room of a box that has room in float32)."""
+    xd = x.to(torch.float64)
+    ad = a.to(torch.float64) if isinstance(a, torch.Tensor) else a
+    bd = b.to(torch.float64) if isinstance(b, torch.Tensor) else b
+    masked = not bool(torch.isfinite(xd).all())
+    out = None if masked else _sorted_blocks(xd, ad, bd)
+    if out is None:
+        out = _iterate(xd, ad, bd, torch.finfo(torch.float64).eps, masked, sort_tail=False)[:3]
+    return out
 
 
 def _emit_rows(outs, rows, e, cl, a, b, bufs, x, nu):

@@ -423,8 +423,8 @@ class _BoxScoreMaps(Calibrator):
         return out
 
     def _apply_one(self, f, p):
-        if self.kind_ == "multiclass":
-            return softmax(f / p["temperature"])
+        if self.kind_ == "multiclass":  # divided in float64: f / T of float32 logits lost 6e-7 relative
+            return softmax(np.asarray(f, dtype=np.float64) / p["temperature"])
         u = self._binary_logit(f, p)
         return np.stack([expit(-u), expit(u)], axis=1)
 

@@ -45,13 +45,15 @@ from __future__ import annotations
 import abc
 import inspect
 import sys
+import warnings
 from typing import Any, ClassVar
 
 import numpy as np
 
 from confcal._digest import data_sha256
 from confcal._numeric import cast_probabilities, softmax
-from confcal._validation import as_numpy, check_domains, check_features, check_labels, check_logits
+from confcal._validation import as_numpy, check_domains, check_features, check_labels, check_logits, \
+    one_logit_scores_note
 from confcal.calibrators.protocol.constraints import check_hyperparameters
 from confcal.calibrators.protocol.estimator import Estimator
 from confcal.calibrators.protocol.stream import _one_logit_as_two
@@ -172,6 +174,9 @@ class Calibrator(Estimator, abc.ABC):
     fitted_constraints: ClassVar[Any] = None
     #: False for methods that need K logits per row (they refuse a one-logit binary head)
     one_logit_head: ClassVar[bool] = True
+    #: True for maps ``sigmoid(z / T)``, ``T > 0``, of a one-logit head: they keep the sign of the logit,
+    #: so ``fit`` warns when every logit has one sign (every probability on one side of 1/2)
+    one_logit_keeps_sign: ClassVar[bool] = False
 
     # ----------------------------------------------------------- hyper-parameters
     def __sklearn_is_fitted__(self) -> bool:
@@ -264,7 +269,7 @@ class Calibrator(Estimator, abc.ABC):
         """Validated ``(x, y, sample_weight, side, record)`` for :meth:`_fit`: float ``(n, K)`` logits,
         int64 labels, float64 weights or None, checked side inputs, and entries that replace or add
         to the fit record's defaults (subclasses that read other inputs, e.g. box scores, override it)."""
-        x = self._validate_logits(logits)
+        x = self._validate_logits(logits, fitting=True)
         try:
             y = check_labels(labels, x.shape[0], x.shape[1])
         except ValueError as exc:
@@ -401,8 +406,10 @@ class Calibrator(Estimator, abc.ABC):
             raise ValueError(f"input_kind: expected one of {INPUT_KINDS}, got {kind!r}")
         return kind
 
-    def _validate_logits(self, logits, name: str = "logits") -> np.ndarray:
-        """``check_logits`` with ``self.input_kind``; a one-logit binary head becomes ``[0, z]``."""
+    def _validate_logits(self, logits, name: str = "logits", *, fitting: bool = False) -> np.ndarray:
+        """``check_logits`` with ``self.input_kind``; a one-logit binary head becomes ``[0, z]``, with
+        a warning where its logits look like probabilities (and, at fit, for a sign-keeping map,
+        where they all have one sign: :func:`confcal._validation.one_logit_scores_note`)."""
         kind = self._input_kind()
         arr = as_numpy(logits, name)
         if arr.ndim == 1 or (arr.ndim == 2 and arr.shape[1] == 1 and arr.shape[0] > 0):
@@ -410,7 +417,14 @@ class Calibrator(Estimator, abc.ABC):
                 raise ValueError(f"{name}: got shape {arr.shape}, a binary model with one logit (sigmoid head), "
                                  f"which {self.method!r} cannot take (it needs one logit per class); pass "
                                  "two columns [0, z] or use a temperature-scaling method")
-            return _one_logit_as_two(arr.reshape(-1), kind, name)
+            x = _one_logit_as_two(arr.reshape(-1), kind, name)
+            if kind == "logits":
+                note = one_logit_scores_note(x[:, 1], name,
+                                             sign_preserving=self.method if fitting and self.one_logit_keeps_sign
+                                             else None)
+                if note is not None:
+                    warnings.warn(note, UserWarning, stacklevel=4 if fitting else 3)
+            return x
         return check_logits(arr, name=name, input_kind=kind)
 
     def _sample_weight_refusal(self) -> str | None:

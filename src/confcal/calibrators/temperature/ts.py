@@ -98,6 +98,7 @@ def scaled_softmax_rows(logits: np.ndarray, temperature: float, out: np.ndarray 
     else:
         scale = out.dtype.type(1.0 / float(temperature))
     unit = True
+    narrow = x.dtype.itemsize > out.dtype.itemsize
     rows = max(1, min(n, _CHUNK_ELEMS // max(1, k)))
     m = np.empty(rows, dtype=x.dtype)
     s = np.empty(rows, dtype=out.dtype)
@@ -119,8 +120,14 @@ def scaled_softmax_rows(logits: np.ndarray, temperature: float, out: np.ndarray 
             check_logits(x[i:i + rows], first_row=first_row + i, whole=False)
         if unit:
             unit = bool((mc <= 1).all()) and bool(xc.min() >= 0)
-        # in the output dtype; the row max is finite, so -inf stays -inf (exp -> 0)
-        np.subtract(xc, mc[:, None], out=o, dtype=o.dtype)
+        # the row max is finite, so -inf stays -inf (exp -> 0); in the wider of the two dtypes: float64
+        # logits past float32's range (1e39) would be inf - inf = NaN in float32, and their difference is
+        # <= 0, so its cast can only go to -inf (exp -> 0)
+        if narrow:
+            with np.errstate(over="ignore"):
+                np.subtract(xc, mc[:, None], out=o, casting="same_kind")
+        else:
+            np.subtract(xc, mc[:, None], out=o, dtype=o.dtype)
         o *= scale
         if exp2:  # o <= 0 (or -inf): only underflow needs numpy's exp2
             flat = o.reshape(-1)
@@ -245,6 +252,7 @@ class TemperatureScaling(Calibrator):
     """
 
     method = "ts"
+    one_logit_keeps_sign = True  # sigmoid(z / T), T > 0
     hyper_parameter_rules = (temperature_within_bounds,)  # T inside its own [t_min, t_max] on load
     hyper_constraints = dict(T_BOUNDS)
     hyper_rules = (T_RULE,)
@@ -403,6 +411,7 @@ class GroupedTemperatureScaling(GroupedCalibrator):
     """
 
     method = "grouped-ts"
+    one_logit_keeps_sign = True  # one sigmoid(z / T) per domain, T > 0
     side_inputs = ("domains",)
     hyper_constraints = {**T_BOUNDS, "min_samples": Int(ge=1)}
     #: every domain's T (and the pooled one) inside the manifest's [t_min, t_max], as for ts

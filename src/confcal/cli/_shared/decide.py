@@ -13,7 +13,7 @@ from confcal.cli._shared.notes import note
 EXIT_RISK_EXCEEDED = 3
 #: the threshold-only options of ``decide fit`` and their defaults (the parser leaves them out unless given)
 THRESHOLD_DEFAULTS = {"alpha_accept": 0.05, "alpha_reject": 0.05, "accept_risk": "fdr", "reject_risk": "for",
-                      "delta": 0.05, "delta_split": 0.5, "procedure": "fixed_sequence", "pvalue": "binomial",
+                      "delta": 0.05, "delta_split": None, "procedure": "fixed_sequence", "pvalue": "binomial",
                       "simultaneous": False, "pool_small": False}
 _KIND = {"binary": "binary", "top-label": "top_label", "multilabel": "multilabel", "sets": "sets"}
 
