@@ -31,8 +31,24 @@ from confcal._validation import plain
 __all__ = ["VectorScaling", "MatrixScaling", "DirichletCalibration"]
 
 
+class _PerClassLabels:
+    """The label-class rule of the one-vs-rest fits, for maps with per-class parameters: labels of
+    one class are refused, absent classes warned about (their biases go toward -inf)."""
+
+    _label_stacklevel: ClassVar[int] = 4  # the warning points at the caller of fit
+
+    def _fit_inputs(self, logits, labels, sample_weight, side):
+        from confcal.calibrators._fit.jobs.reduce import check_label_classes
+
+        out = super()._fit_inputs(logits, labels, sample_weight, side)
+        x, y, w = out[:3]
+        check_label_classes(np.bincount(y, weights=w, minlength=x.shape[1]), self.method, weighted=w is not None,
+                            per_class=True, stacklevel=self._label_stacklevel)
+        return out
+
+
 @register
-class VectorScaling(MapCalibrator):
+class VectorScaling(_PerClassLabels, MapCalibrator):
     """``p = softmax(w * z + c)`` with per-class ``w``, ``c`` ``(n_classes,)``.
 
     Objective: mean NLL ``+ reg * (sum_j (w_j - mean(w))^2 + sum_j c_j^2)``, a ridge towards
@@ -227,12 +243,13 @@ def _warn_at_grid_edge(method: str, cv) -> None:
                   CalibrationWarning, stacklevel=4)
 
 
-class _ODIRFit:
+class _ODIRFit(_PerClassLabels):
     """ODIR regularisation for :class:`MatrixScaling` and :class:`DirichletCalibration`:
     ``reg="cv"`` picks ``(reg_lambda, reg_mu)`` by cross-validation
     (:mod:`confcal.calibrators._fit.odir`), ``reg="fixed"`` uses the given values."""
 
     _on_log_probs: ClassVar[bool] = False
+    _label_stacklevel: ClassVar[int] = 5  # one frame more: fit below
     _fixed_default: ClassVar[float] = 0.0
 
     def fit(self, logits, labels, *, sample_weight=None, progress=False, **side):

@@ -212,6 +212,7 @@ def _linear_batch(batch: dict, first: int, *, kind: str, k: int | None, input_ki
 
         before = SummaryAccumulator(15, equal_mass=False)
         out.update(first_pass_checks(raw, x, y, first, input_kind))
+        out["counts"] = np.bincount(y, minlength=k)  # the label-class rule needs every row
     for lo in range(0, len(y), _SUB):
         sl = slice(lo, lo + _SUB)
         loss, grad, hess, p = _block_stats(theta, s[sl], None if mask is None else mask[sl], y[sl], kind, k,
@@ -238,7 +239,8 @@ def _merge_linear(a: dict, b: dict) -> dict:
     return {"n": a["n"] + b["n"], "k": a["k"], "loss": a["loss"] + b["loss"], "grad": _add(a["grad"], b["grad"]),
             "hess": _add(a["hess"], b["hess"]),
             "after": None if a["after"] is None else a["after"].merge(b["after"]),
-            "before": None if a["before"] is None else a["before"].merge(b["before"]), **merge_checks(a, b)}
+            "before": None if a["before"] is None else a["before"].merge(b["before"]),
+            "counts": _add(a.get("counts"), b.get("counts")), **merge_checks(a, b)}
 
 
 # ----------------------------------------------------------------- the job
@@ -340,6 +342,9 @@ def linear_fit_job(cal, *, warm_rows: int = WARM_START_ROWS, gtol: float = 1e-12
     if st is None or st["n"] == 0:
         raise ValueError("logits: expected at least 1 sample, got 0 rows")
     refuse_probabilities(st)
+    from confcal.calibrators._fit.jobs.reduce import check_label_classes
+
+    check_label_classes(st["counts"], cal.method, per_class=True, stacklevel=2)  # as the in-memory fit
     before, digest_hex, n = st["before"].result(), batch_digest(st), st["n"]
     lam, mu = _penalty(cal, k, n)
     f, g, h = _objective(st, theta, lam, mu, kind, k)
