@@ -127,3 +127,21 @@ def test_real_data_lenet_one_class_refused_and_low_classes_warned():
     low = y < 5
     with pytest.warns(CalibrationWarning, match=r"classes \[5, 6, 7, 8, 9\] of 10 do not occur"):
         METHODS["dirichlet"](input_kind=kind).fit(z[low], y[low])
+
+
+@pytest.mark.parametrize("method", ["vs+pb", "ms+pb", "dirichlet+pb"])
+def test_probability_bounding_on_a_per_class_map_has_the_same_rule(method):
+    z, y = _data(k=4, n=300)
+    with pytest.raises(ValueError, match=ONE.format(c=1, n=300, m=re.escape(method))):
+        METHODS[method](max_iter=20).fit(z, np.full(300, 1))
+    with pytest.warns(CalibrationWarning, match=r"^labels: class \[3\] of 4 does not occur") as rec:
+        METHODS[method](max_iter=20).fit(z, y % 3)
+    assert [r.filename for r in rec if str(r.message).startswith("labels:")] == [__file__]
+
+
+@pytest.mark.parametrize("method", ["ts+pb", "ets+pb"])
+def test_probability_bounding_on_one_parameter_bases_fits_one_class(method):
+    z, _ = _data(k=4, n=300)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # search bounds on one class: not the point
+        METHODS[method](max_iter=20).fit(z, np.full(300, 1))

@@ -343,6 +343,17 @@ class ProbabilityBounding(Calibrator):
         return None
 
     # ------------------------------------------------------------------ fitting
+    def _fit_inputs(self, logits, labels, sample_weight, side):
+        out = super()._fit_inputs(logits, labels, sample_weight, side)
+        if self.base in METHODS and getattr(METHODS[self.base], "fits_per_class", False):
+            # X+PB fits X's per-class parameters: X's rule for classes missing from the labels
+            from confcal.calibrators._fit.jobs.reduce import check_label_classes
+
+            x, y, w = out[:3]
+            check_label_classes(np.bincount(y, weights=w, minlength=x.shape[1]), self.method,
+                                weighted=w is not None, per_class=True, stacklevel=4)
+        return out
+
     def _fit_base(self, z: torch.Tensor, y: torch.Tensor, sample_weight=None) -> LogitMap:
         k = z.shape[1]
         if self.base == "none":

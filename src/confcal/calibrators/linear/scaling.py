@@ -35,6 +35,8 @@ class _PerClassLabels:
     """The label-class rule of the one-vs-rest fits, for maps with per-class parameters: labels of
     one class are refused, absent classes warned about (their biases go toward -inf)."""
 
+    #: read by wrappers that fit this map (``vs+pb``, ...) to apply the same rule
+    fits_per_class: ClassVar[bool] = True
     _label_stacklevel: ClassVar[int] = 4  # the warning points at the caller of fit
 
     def _fit_inputs(self, logits, labels, sample_weight, side):
