@@ -145,3 +145,28 @@ def test_probability_bounding_on_one_parameter_bases_fits_one_class(method):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # search bounds on one class: not the point
         METHODS[method](max_iter=20).fit(z, np.full(300, 1))
+
+
+def test_dask_engine_cli_has_the_same_rule(tmp_path, capsys):
+    """``fit --engine dask`` runs linear_fit_job on the workers: the same refusal and warning, exit 2 / 0."""
+    pytest.importorskip("distributed")
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from confcal.cli import main
+
+    z, y = _data(k=3, n=300)
+    cols = {f"logit_{i}": z[:, i] for i in range(3)}
+    pq.write_table(pa.table({**cols, "one": np.full(300, 2), "some": np.where(y == 0, 1, y)}), tmp_path / "d.parquet")
+
+    def fit(col):
+        return main(["fit", "--method", "vs", "--engine", "dask", "--workers", "1", "--logits",
+                     f"{tmp_path}/d.parquet:logit_*", "--labels", f"{tmp_path}/d.parquet:{col}",
+                     "-o", f"{tmp_path}/m_{col}.json", "-q"])
+
+    assert fit("one") == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "only class 2 occurs in the 300 calibration labels; 'vs' fits per-class" in err, err
+    assert not (tmp_path / "m_one.json").exists()
+    assert fit("some") == 0
+    assert "warning: labels: class [0] of 3 does not occur in the 300" in capsys.readouterr().err
