@@ -157,6 +157,13 @@ box_group_keys = group_keys_of(_box_key_parts, lambda h, p: f"hyper-parameter pe
                                                             f", parameters.by_domain={p.get('by_domain')}")
 
 
+def _check_box_label_values(y: np.ndarray, w, method: str) -> None:
+    from confcal.calibrators._fit.jobs.reduce import check_box_label_values
+
+    ww = np.ones(y.shape[0]) if w is None else np.asarray(w, dtype=np.float64)
+    check_box_label_values(float(np.dot(ww, y)), float(ww.sum()), method, weighted=w is not None)
+
+
 class _TemperatureRules:
     """The rules of one det-ts map (pooled or a group's): its temperature inside ``[t_min, t_max]``."""
 
@@ -259,6 +266,8 @@ class _BoxScoreMaps(Calibrator):
                 raise ValueError("labels: no box has a class target (all labels are -1)")
             if w is not None and not w.sum() > 0:
                 raise ValueError("sample_weight: every box with a class target has weight 0")
+        if kind == "binary":
+            _check_box_label_values(y, w, self.method)
         self.kind_ = kind
         return x, y, w, side, record
 

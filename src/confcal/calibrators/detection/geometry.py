@@ -173,6 +173,10 @@ class _GeometryBoxMap(Calibrator):
         if self.per_class and "category_ids" not in side:
             raise ValueError(f"category_ids: {type(self).__name__}(per_class=True) needs category_ids= "
                              "(n_boxes,) at fit and predict time")
+        from confcal.calibrators._fit.jobs.reduce import check_box_label_values
+
+        ww = np.ones(y.shape[0]) if w is None else w
+        check_box_label_values(float(np.dot(ww, y)), float(ww.sum()), self.method, weighted=w is not None)
         groups = [side[k] for k in _GROUP_INPUTS if k in side]  # the digest of an ungrouped fit is unchanged
         record = {"data_sha256": _sha256(s, np.asarray(y), f, *groups, *([] if w is None else [w])),
                   "input_kind": "scores"}

@@ -189,6 +189,25 @@ def _triples(kind, per, probs, labels, domains):
     return probs.ravel(), y.ravel(), lab
 
 
+def _warn_one_label_value(y) -> None:
+    """Binary 0/1 labels of one value make both risks degenerate: on all-0 labels (every box a false
+    positive) rejecting every item has risk 0 and accepting any has risk 1, so the rule is the labels'
+    value, not a threshold learnt from the scores (KITTI boxes all labelled 0: every item rejected).
+    Still a valid Learn-then-Test fit for an exchangeable test set (error-free items are a calibration
+    set), so a warning, not a refusal; other bad labels are left to fit_decisions' checks."""
+    import warnings
+
+    v = np.asarray(y)
+    if v.ndim != 1 or v.size == 0 or not np.isin(v, (0, 1)).all():
+        return
+    for value, rule in ((0, "rejects (almost) every item (its false-omission risk is 0) and never accepts one"),
+                        (1, "accepts (almost) every item (its false-discovery risk is 0) and never rejects one")):
+        if np.all(v == value):
+            warnings.warn(f"--labels: all {v.size} labels are {value}; the rule {rule}, whatever the "
+                          "scores: it holds for test items like these only; check the labels (a matching "
+                          "threshold, a filter) or fit on items with both values", stacklevel=2)
+
+
 def _groups(per, domains, pred, n):
     if per == "none":
         return None
@@ -248,6 +267,8 @@ def fit(args) -> int:
         _warn_infinite_quantiles(rule, args.alpha)
     else:
         s, y, groups = _triples(kind, per, probs, labels, domains)
+        if kind == "binary":
+            _warn_one_label_value(y)
         rule = fit_decisions(s, y, groups, alpha_accept=args.alpha_accept, alpha_reject=args.alpha_reject,
                              delta=args.delta, delta_split=args.delta_split, accept_risk=args.accept_risk,
                              reject_risk=args.reject_risk, procedure=args.procedure, pvalue=args.pvalue,

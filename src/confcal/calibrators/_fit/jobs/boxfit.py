@@ -187,6 +187,9 @@ def box_fit_job(cal, *, by_domain: bool, grouped: bool, digest=None, max_iter: i
         raise ValueError("scores: expected at least one box, got 0")
     if not info["mass"] > 0:
         raise ValueError("sample_weight: every weight is 0; at least one sample must count")
+    from confcal.calibrators._fit.jobs.reduce import check_box_label_values
+
+    check_box_label_values(info["pos"], info["mass"], cal.method, weighted=info["mass"] != info["n"])
     if info["saturated"]:
         warnings.warn(f"scores: {info['saturated']} of {info['n']} probability scores are exactly 0 or 1 "
                       "(saturated: their logit is lost and clipped to the dtype's epsilon); pass the detector's "
