@@ -74,7 +74,7 @@ class DetectionBetaCalibration(_BoxScoreMaps):
         self.input_kind = input_kind
 
     def _features(self, arr, input_kind=None, first_row: int = 0):
-        return score_logit(arr, clip_scores=self.clip_scores, first_row=first_row)
+        return score_logit(arr, clip_scores=self.clip_scores, first_row=first_row, method=self.method)
 
     def _score_kind(self, input_kind) -> str:
         return "probs"  # box scores in [0, 1], whatever input_kind says

@@ -87,7 +87,7 @@ def _check_scores(scores, name: str = "scores", first_row: int = 0) -> np.ndarra
 
 
 def score_logit(scores, *, clip_scores: bool = False, name: str = "scores", warn_saturated: bool = False,
-                first_row: int = 0) -> np.ndarray:
+                first_row: int = 0, method: str = "det-ts") -> np.ndarray:
     """``log(s / (1 - s))`` in float64 after a dtype-aware clip to ``(eps, 1 - eps)``.
 
     ``eps = np.finfo(scores.dtype).eps`` (float64 for integer input), so ``1 - eps``
@@ -97,15 +97,15 @@ def score_logit(scores, *, clip_scores: bool = False, name: str = "scores", warn
     ``warn_saturated``, scores that are exactly 0 or 1 in their dtype (a sigmoid
     output that lost its logit: float32 ``sigmoid(20) == 1``) give one
     :class:`CalibrationWarning` with their count. ``first_row``: index of the first score in
-    the whole data (for messages about one batch).
+    the whole data (for messages about one batch); ``method``: the map named in that error.
     """
     s = _check_scores(scores, name, first_row)
     out = (s < 0) | (s > 1)
     if out.any() and not clip_scores:
         i = int(np.flatnonzero(out)[0])
-        raise ValueError(f"{name}: det-ts expects probability scores in [0, 1], got {float(s[i])!r} at index "
+        raise ValueError(f"{name}: {method} expects probability scores in [0, 1], got {float(s[i])!r} at index "
                          f"{first_row + i} ({int(out.sum())} of {s.size} outside); use det-platt for raw scores, "
-                         "or clip_scores=True")
+                         "or set clip_scores=True (command line: --param clip_scores=true) to clip them into [0, 1]")
     if warn_saturated:
         sat = int(np.count_nonzero((s == 0) | (s == 1)))
         if sat:
@@ -540,7 +540,8 @@ class DetectionTemperatureScaling(_BoxScoreMaps):
     def _features(self, arr, input_kind=None, first_row: int = 0):
         if input_kind == "logits":  # raw detector logits: no clip, no saturation
             return _check_scores(arr, first_row=first_row).astype(np.float64)
-        return score_logit(arr, clip_scores=self.clip_scores, warn_saturated=True, first_row=first_row)
+        return score_logit(arr, clip_scores=self.clip_scores, warn_saturated=True, first_row=first_row,
+                           method=self.method)
 
     def _raw_proba(self, x):
         if self.kind_ == "multiclass":
