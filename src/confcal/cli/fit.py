@@ -151,7 +151,8 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(cal.to_dict(), indent=2))
     else:
-        print(f"fitted {args.method} on {rec['n_samples']} samples, {cal.n_classes_} classes -> {args.output}")
+        n = rec['n_samples']
+        print(f"fitted {args.method} on {n} sample{'' if n == 1 else 's'}, {cal.n_classes_} classes -> {args.output}")
         params = cal.to_dict()["parameters"]
         if isinstance(params.get("temperature"), float):
             print(f"temperature T = {params['temperature']:.6g}" + (" (pooled)" if "temperatures" in params else ""))

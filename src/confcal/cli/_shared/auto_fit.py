@@ -72,7 +72,8 @@ def run_auto(args) -> int:
         return 0
     rec = cal.fit_record_
     print(render_selection(rec["selection"]))
-    print(f"fitted {cal.method} on {rec['n_samples']} samples, {cal.n_classes_} classes -> {args.output}")
+    n = rec['n_samples']
+    print(f"fitted {cal.method} on {n} sample{'' if n == 1 else 's'}, {cal.n_classes_} classes -> {args.output}")
     if domains is not None and "domains" not in (*cal.side_inputs, *cal.optional_side_inputs):
         print(f"note: {cal.method} does not use domain ids: apply it without --domains")
     return 0

@@ -185,6 +185,10 @@ def histogram_fit_job(cal, *, collect_at: int = COLLECT_AT):
     refuse_probabilities(st)
     n, k, before, positives, digest = st["n"], st["k"], st["before"].result(), st["positives"], batch_digest(st)
     n_cols = 1 if cal.keeps_argmax else (1 if k == 2 else k)
+    if cal.keeps_argmax:  # top-label: the in-memory fit's warning on few rows
+        from confcal.calibrators._fit.jobs.reduce import warn_few_top_label_rows
+
+        warn_few_top_label_rows(int(n), cal.method, stacklevel=1)
     if not cal.keeps_argmax:  # one-vs-rest: the in-memory fit's rule for classes missing from the labels
         from confcal.calibrators._fit.jobs.reduce import check_label_classes
 

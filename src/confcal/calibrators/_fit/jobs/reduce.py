@@ -39,9 +39,12 @@ from confcal.calibrators.protocol.base import Calibrator
 
 __all__ = ["OneVsRestCalibrator", "TopLabelCalibrator", "log_odds", "log_odds_from_log_softmax", "top_label_log_odds",
            "spread_top_label", "predicted_class", "break_ties_toward", "LOGIT_CLIP", "check_label_classes",
-           "check_box_label_values"]
+           "check_box_label_values", "warn_few_top_label_rows", "MIN_TOP_LABEL_ROWS"]
 
 LOGIT_CLIP = float(np.log(1.0 / np.finfo(np.float64).eps))
+#: fewer calibration rows than this and a top-label map warns (:func:`warn_few_top_label_rows`); the
+#: minimum ``auto`` also asks of a cross-validated choice (:data:`confcal.evaluation.selection.MIN_ROWS`)
+MIN_TOP_LABEL_ROWS = 50
 
 
 def _log1m_softmax(z: np.ndarray, logp: np.ndarray) -> np.ndarray:
@@ -260,6 +263,27 @@ def check_label_classes(counts: np.ndarray, method: str, *, weighted: bool = Fal
                       "give probability 0, bbq its prior, a logistic map a small value); fit on a calibration set "
                       "with every class, or use a top-label method (e.g. 'isotonic-top') or 'ts'",
                       CalibrationWarning, stacklevel=stacklevel)
+
+
+def warn_few_top_label_rows(n: int, method: str, *, stacklevel: int = 4) -> None:
+    """:class:`CalibrationWarning` when a top-label map (``isotonic-top``, ``histogram-binning-top``,
+    ``bbq-top``) is fitted on fewer than :data:`MIN_TOP_LABEL_ROWS` rows (``n``: rows of weight > 0).
+
+    The map's levels estimate the accuracy at each confidence from the rows' right / wrong flags: a
+    level from ``m`` rows has a binomial standard error up to ``0.5 / sqrt(m)``, and on a few rows the
+    levels are 0 or 1 (1 right row: every test confidence becomes 1.0, NLL 13.2 on LeNet CIFAR-10).
+    """
+    if n >= MIN_TOP_LABEL_ROWS:
+        return
+    import warnings
+
+    from confcal.calibrators._fit.tsfit import CalibrationWarning
+
+    rows = "1 calibration row" if n == 1 else f"{n} calibration rows"
+    warnings.warn(f"logits: {method!r} fitted on {rows} (fewer than {MIN_TOP_LABEL_ROWS}): its confidence levels "
+                  f"are the accuracy of a few right / wrong rows each (standard error up to 0.5/sqrt(rows)), so they "
+                  "can be 0 or 1 and make every test confidence that value; use more calibration rows or 'ts' "
+                  "(one parameter)", CalibrationWarning, stacklevel=stacklevel + 1)
 
 
 def check_box_label_values(pos: float, total: float, method: str, *, weighted: bool = False) -> None:
@@ -495,6 +519,12 @@ class TopLabelCalibrator(_MapMixin, _ReportingCalibrator):
     """Base of the top-label (``-top``) methods (see the module docstring)."""
 
     keeps_argmax: ClassVar[bool] = True
+
+    def _fit_inputs(self, logits, labels, sample_weight, side):
+        out = super()._fit_inputs(logits, labels, sample_weight, side)
+        y, w = out[1], out[2]
+        warn_few_top_label_rows(int(y.shape[0] if w is None else np.count_nonzero(w > 0)), self.method)
+        return out
 
     def _top(self, logits):
         p = _fit_softmax(self, logits)
