@@ -76,6 +76,26 @@ def prior_rows(ad, *, alpha: float | None = None) -> list[dict]:
     return rows
 
 
+def risk_notes(ad, rows, alpha: float = 0.05) -> list[str]:
+    """Summary lines that make the risk of the adapted manifest visible: a calibration set with fewer than
+    ``MIN_ROWS_PER_CLASS`` rows in some class, and priors moved although the chi-squared test finds no
+    evidence of label shift (p-value >= ``alpha``): there the move is as likely noise as shift."""
+    from confcal.adaptation.settings import MIN_ROWS_PER_CLASS
+
+    notes = []
+    small = int(ad.label_counts_.min())
+    if small < MIN_ROWS_PER_CLASS:
+        notes.append(f"RISK: the calibration set has {small} labelled row(s) in its smallest class (fewer than "
+                     f"{MIN_ROWS_PER_CLASS}): the source prior is too noisy for adaptation; check the adapted "
+                     "manifest on labelled target rows before use, or keep the unadapted calibrator")
+    for r in rows:
+        if r["p_value"] >= alpha and r["shift_l1"] > 0.05:
+            notes.append(f"RISK: {r['domain']}: no evidence of label shift (p-value {r['p_value']:.2f} >= {alpha}) yet "
+                         f"the prior moved by L1 {r['shift_l1']:.2f}; the move may be noise: prefer the unadapted "
+                         "calibrator unless labelled target rows confirm it")
+    return notes
+
+
 def adapted(args, cal):
     """``PriorAdapted`` over ``cal``, its source statistics from the calibration set of ``args``."""
     from confcal.adaptation import PriorAdapted
@@ -136,6 +156,7 @@ def run(args) -> int:
     rows = prior_rows(ad)
     if args.json:
         print(json.dumps({"source_prior": ad.source_prior_.tolist(), "estimator": args.method,
+                          "risks": risk_notes(ad, rows),
                           "priors": [{**r, "prior": ad.priors_[k]["prior"].tolist(),
                                       "low": None if ad.priors_[k]["low"] is None else ad.priors_[k]["low"].tolist(),
                                       "high": None if ad.priors_[k]["high"] is None else ad.priors_[k]["high"].tolist()}
@@ -144,6 +165,8 @@ def run(args) -> int:
         print(format_table(rows, ["domain", "n_rows", "shift_l1", "p_value", "n_iter", "converged", "largest_changes"]))
         print(f"wrote adapted manifest ({args.method}, {len(ad.priors_) - 1} domain(s), base {cal.method}) -> "
               f"{args.output}")
+        for line in risk_notes(ad, rows):
+            print(line)
     return 0
 
 
