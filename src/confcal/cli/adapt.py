@@ -180,5 +180,5 @@ def label_shift_check(cal, args, alpha: float):
     fresh.base_, fresh.n_classes_ = cal.base_, cal.n_classes_
     fresh.label_counts_, fresh.confusion_, fresh.mean_probs_ = cal.label_counts_, cal.confusion_, cal.mean_probs_
     fresh.priors_, fresh.adaptation_ = {}, None
-    fresh.adapt(source(args, "logits"), domains=source(args, "domains"), progress=False)
+    fresh.adapt(source(args, "logits"), domains=source(args, "domains"), progress=progress_of(args))
     return prior_rows(fresh, alpha=alpha)
