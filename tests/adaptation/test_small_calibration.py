@@ -88,3 +88,20 @@ def test_cli_summary_shows_the_risks(tmp_path, capsys):
     cap = capsys.readouterr()
     assert "RISK: the calibration set has 1 labelled row(s) in its smallest class" in cap.out
     assert "labels (calibration set): class" in cap.err  # the library's warning, one line on stderr
+
+
+def test_risk_lines_name_a_large_move_without_evidence_of_shift():
+    from types import SimpleNamespace
+
+    from confcal.cli.adapt import risk_notes
+
+    ad = SimpleNamespace(label_counts_=np.array([50, 60]))
+    rows = [{"domain": "(pooled)", "p_value": 0.66, "shift_l1": 1.40},
+            {"domain": "a", "p_value": 0.001, "shift_l1": 1.40},   # evidence of shift: no line
+            {"domain": "b", "p_value": 0.9, "shift_l1": 0.12}]     # small move: no line
+    notes = risk_notes(ad, rows)
+    assert notes == ["RISK: (pooled): no evidence of label shift (p-value 0.66 >= 0.05) yet the prior moved by L1 "
+                     "1.40; the move may be noise: prefer the unadapted calibrator unless labelled target rows "
+                     "confirm it"]
+    assert risk_notes(SimpleNamespace(label_counts_=np.array([19, 60])), rows[1:])[0].startswith(
+        "RISK: the calibration set has 19 labelled row(s) in its smallest class (fewer than 20)")
