@@ -117,3 +117,19 @@ def test_float64_logits_past_the_float32_range_give_float32_output_without_nan(m
     assert got.dtype == np.float32 and np.isfinite(got).all()
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-30)
     assert got[0, 0] == 1.0 and got[1, 2] == 0.0 and got[2, 1] == 1.0
+
+
+@pytest.mark.parametrize("out_dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("t", [0.3, 1.0, 4.0])
+def test_logits_at_the_float32_range_need_no_numpy_warning(out_dtype, t):
+    # z - max z of float32 logits at +-3.4e38 overflows to -inf: the right value (exp -> 0), no warning
+    x = np.zeros((3, 5), np.float32)
+    x[0, 0], x[0, 1] = 3.4e38, -3.4e38
+    x[1, 2], x[1, 3] = -3.4e38, 3.4e38
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        got, _ = scaled_softmax_rows(x, t, dtype=out_dtype, use_torch=False)
+    assert np.isfinite(got).all()
+    np.testing.assert_array_equal(got[0], [1, 0, 0, 0, 0])
+    np.testing.assert_array_equal(got[1], [0, 0, 0, 1, 0])
+    np.testing.assert_allclose(got[2], 0.2, rtol=1e-6)

@@ -88,6 +88,11 @@ def test_drift_reports_label_shift_per_domain(files, capsys):
     code = main(["drift", "--calibrator", str(f / "ad0.json"), "--logits", str(f / "same.npy"), "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert code == 0 and not doc["label_shift"][0]["label_shift"]
+    # -q / --quiet as in the other commands; the same answer
+    for q in ("-q", "--quiet"):
+        assert main(["drift", "--calibrator", str(f / "ad0.json"), "--logits", str(f / "same.npy"), "--json", q]) == 0
+        assert json.loads(capsys.readouterr().out) == doc
+    assert main(["drift", "--calibrator", str(f / "cal.json"), "--logits", str(f / "same.npy"), "-q"]) == 0
 
 
 @pytest.mark.parametrize("change, needle", [

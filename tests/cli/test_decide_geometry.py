@@ -87,3 +87,20 @@ def test_a_file_without_the_features_is_refused(geo, capsys):
     assert err.startswith(f"confcal: error: --logits: {t}/scores.npy has no box feature 'range' (the calibrator "
                           "was fitted on box features range)")
     assert not (t / "bad.json").exists()
+
+
+@pytest.mark.parametrize("command", ["apply", "decide"])
+def test_box_features_of_another_length_are_named(geo, capsys, command):
+    t, _, (s2, _, y2) = geo
+    np.savez(t / "short.npz", score=s2, correct=y2, range=np.linspace(2, 50, 100))  # 100 ranges for 3000 boxes
+    capsys.readouterr()
+    if command == "apply":
+        argv = ["apply", "--calibrator", f"{t}/geo.json", "--logits", f"{t}/short.npz:score", "-o", f"{t}/o.npy"]
+    else:
+        argv = ["decide", "fit", "--calibrator", f"{t}/geo.json", "--logits", f"{t}/short.npz:score", "--labels",
+                f"{t}/short.npz:correct", "-o", f"{t}/o.json"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"confcal: error: --logits: box feature 'range' of {t}/short.npz has "
+                                               "100 rows, expected 3000")
+    assert not (t / "o.npy").exists() and not (t / "o.json").exists()

@@ -45,9 +45,9 @@ def test_auto_on_too_few_rows_says_no_cross_validation_ran(tmp_path, capsys, n):
                  "-o", str(tmp_path / "a.json")]) == 0
     out = capsys.readouterr().out
     rows = "row" if n == 1 else "rows"
-    assert f"auto: no cross-validation on {n} {rows} (classes): too few for 5 folds; the reference ts is chosen " \
+    assert f"auto: no cross-validation on {n} {rows} of class vectors: too few for 5 folds; the reference ts is chosen " \
            "without comparison" in out
-    assert "fold cross-validation on" not in out
+    assert "fold cross-validation on" not in out and "(classes)" not in out
     assert f"{n} {rows}: too few for 5-fold cross-validation (needs 50)" in out
 
 

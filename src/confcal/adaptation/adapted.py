@@ -16,7 +16,7 @@ import numpy as np
 
 from confcal.adaptation.estimate import label_shift_test
 from confcal.adaptation.manifest import adapted_parts, to_adapted_manifest
-from confcal.adaptation.settings import ESTIMATORS, check_settings
+from confcal.adaptation.settings import ESTIMATORS, check_settings, warn_small_calibration
 from confcal.adaptation.jobs import POOLED, batch_posteriors, bbse_job, em_job
 from confcal.calibrators import Calibrator
 from confcal.calibrators.protocol.registry import make_calibrator
@@ -161,6 +161,7 @@ class PriorAdapted(Calibrator):
             raise ValueError(f"labels: class {j} has no rows in the calibration set, so its source prior is 0 and "
                              f"pi_t / pi_s is undefined ({int((counts == 0).sum())} such class(es)); calibrate on "
                              "rows of every class")
+        warn_small_calibration(counts, self.estimator)
         self.base_ = base
         self.n_classes_ = k
         self.label_counts_ = counts

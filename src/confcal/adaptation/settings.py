@@ -7,10 +7,18 @@ import numpy as np
 
 from confcal.adaptation.estimate import check_em_settings
 
-__all__ = ["ESTIMATORS", "check_settings"]
+__all__ = ["ESTIMATORS", "MIN_ROWS_PER_CLASS", "check_settings", "warn_small_calibration"]
 
 #: the prior estimators
 ESTIMATORS = ("em", "bbse")
+
+#: fewer labelled calibration rows than this in some class draws a warning. The source prior (and BBSE's
+#: confusion matrix) is estimated from them with a relative standard error near ``1 / sqrt(rows per class)``,
+#: and EM divides by it. Simulated with a known truth (10 Gaussian classes, exact posteriors, target prior =
+#: source prior, 5000 target rows, 400 calibration draws per size; benchmarks/results/adapt_small_calibration.md):
+#: adaptation raised the target NLL by more than 5 % in 99.25 % (95 % Wilson interval 97.8-99.7 %) of draws at 1
+#: row per class, 79 % (75-83 %) at 3, 9.5 % (7.0-12.8 %) at 10, 0.25 % (0.04-1.4 %) at 20 and 0 % (0-0.95 %) at 30.
+MIN_ROWS_PER_CLASS = 20
 
 
 def check_settings(params: dict) -> None:
@@ -29,3 +37,23 @@ def check_settings(params: dict) -> None:
     rs = params["random_state"]
     if isinstance(rs, bool) or not isinstance(rs, (int, np.integer)) or not 0 <= rs < 2 ** 32:
         raise ValueError(f"random_state: expected an integer in [0, 2**32), got {rs!r}")
+
+
+def warn_small_calibration(label_counts, estimator: str) -> None:
+    """A ``UserWarning`` when the smallest class of the calibration set has fewer than
+    :data:`MIN_ROWS_PER_CLASS` labelled rows: its source prior (and, for BBSE, the confusion matrix) is
+    then too noisy for the reweighting ``pi_t / pi_s`` to help, and the adapted probabilities may be worse
+    than the base's even when there is no label shift."""
+    counts = np.asarray(label_counts)
+    j = int(np.argmin(counts))
+    if counts[j] >= MIN_ROWS_PER_CLASS:
+        return
+    import warnings
+
+    what = "source prior and confusion matrix" if estimator == "bbse" else "source prior"
+    warnings.warn(f"labels (calibration set): class {j} has {int(counts[j])} labelled row(s) "
+                  f"({int((counts < MIN_ROWS_PER_CLASS).sum())} of {counts.size} classes have fewer than "
+                  f"{MIN_ROWS_PER_CLASS}); the {what} estimated from so few rows is too noisy for prior adaptation "
+                  f"(simulated with no shift: NLL worse by > 5 % in 99 % of draws at 1 row per class, 9.5 % at 10); "
+                  f"calibrate on at least {MIN_ROWS_PER_CLASS} rows per class or keep the unadapted calibrator",
+                  UserWarning, stacklevel=4)

@@ -35,6 +35,8 @@ def register(sub):
                    help=f"family-wise false-alarm level (default {DEFAULT_ALPHA:g})")
     p.add_argument("--fail-on-drift", action="store_true", help=f"exit {EXIT_DRIFT} when drift is flagged")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress bars (as in the other commands; an adapted manifest's prior re-estimation)")
     p.set_defaults(func=run)
 
 

@@ -89,7 +89,8 @@ def _statement(rule: DecisionRule) -> str:
 
 
 def decision_manifest(rule, *, data_sha256: str, n_samples: int, input_kind: str = "binary",
-                      score: str = "score", scale: str = "raw", per: str = "none", calibrator=None) -> dict:
+                      score: str = "score", scale: str = "raw", per: str = "none", calibrator=None,
+                      n_classes: int | None = None) -> dict:
     """The JSON-ready manifest of a fitted :class:`DecisionRule` or :class:`ConformalSets`.
 
     Parameters
@@ -108,6 +109,10 @@ def decision_manifest(rule, *, data_sha256: str, n_samples: int, input_kind: str
         How the groups were formed.
     calibrator : dict or Calibrator, optional
         The calibrator whose output the scores are (its digest is stored); None for raw scores.
+    n_classes : int, optional
+        Columns of the ``(n_samples, n_classes)`` model output the scores came from (top-label and sets
+        decisions), stored as ``input.n_classes`` so that apply can refuse another class count; manifests
+        written without it load and skip that check.
     """
     if input_kind not in INPUT_KINDS:
         raise ValueError(f"input_kind: expected one of {list(INPUT_KINDS)}, got {input_kind!r}")
@@ -115,6 +120,9 @@ def decision_manifest(rule, *, data_sha256: str, n_samples: int, input_kind: str
         raise ValueError(f"scale: expected one of {list(SCALES)}, got {scale!r}")
     if per not in PER:
         raise ValueError(f"per: expected one of {list(PER)}, got {per!r}")
+    if n_classes is not None and (isinstance(n_classes, bool) or not isinstance(n_classes, (int, np.integer))
+                                  or n_classes < 2):
+        raise ValueError(f"n_classes: expected an integer >= 2, got {n_classes!r}")
     cal = None
     if calibrator is not None:
         d = calibrator if isinstance(calibrator, dict) else calibrator.to_dict()
@@ -122,7 +130,8 @@ def decision_manifest(rule, *, data_sha256: str, n_samples: int, input_kind: str
     from confcal._version import __version__
 
     body = {"format": DECISIONS_FORMAT, "format_version": DECISIONS_VERSION, "input": {"kind": input_kind,
-            "score": str(score), "scale": scale, "per": per}, "calibrator": cal, "data": {"sha256": data_sha256, "n_samples": int(n_samples)},
+            "score": str(score), "scale": scale, "per": per,
+            **({} if n_classes is None else {"n_classes": int(n_classes)})}, "calibrator": cal, "data": {"sha256": data_sha256, "n_samples": int(n_samples)},
             "fit": {"library_version": __version__,
                     "utc_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}}
     if isinstance(rule, ConformalSets):
@@ -384,7 +393,9 @@ def _load(m, calibrator):
     kind = _choice(m.get("kind"), "kind", ("three_way", "conformal"))
     need = [k for k in _TOP if k not in (("conformal",) if kind == "three_way" else ("groups",))]
     _dict(m, "", need)
-    inp = _dict(m["input"], "input", ("kind", "score", "scale", "per"))
+    inp = _dict(m["input"], "input", ("kind", "score", "scale", "per"), optional=("n_classes",))
+    if "n_classes" in inp:  # absent in manifests written before it was recorded
+        _int(inp["n_classes"], "input.n_classes", 2)
     _choice(inp["kind"], "input.kind", INPUT_KINDS)
     _choice(inp["scale"], "input.scale", SCALES)
     _choice(inp["per"], "input.per", PER)

@@ -15,13 +15,16 @@ def render_selection(record: dict) -> str:
     fractions, the paired NLL difference to the reference with its bootstrap interval."""
     noise = record["noise"]
     n_rows = record["n_rows"]
+    # the record's input kind in words: "2 rows (classes)" read as if the rows were classes
+    of = {"classes": "class vectors", "boxes": "box scores", "multilabel": "multilabel scores"}.get(
+        record["input"], str(record["input"]))
     if not any(r["status"] in ("ok", "failed") for r in record["candidates"]):
         # too few rows: no candidate was cross-validated, the reference is fitted as it is (say so, not "5-fold")
-        head = (f"auto: no cross-validation on {n_rows} row{'' if n_rows == 1 else 's'} ({record['input']}): "
+        head = (f"auto: no cross-validation on {n_rows} row{'' if n_rows == 1 else 's'} of {of}: "
                 f"too few for {record['n_folds']} folds; the reference {record['reference']} is chosen without "
                 "comparison")
     else:
-        head = (f"auto: {record['n_folds']}-fold cross-validation on {n_rows} rows ({record['input']}); "
+        head = (f"auto: {record['n_folds']}-fold cross-validation on {n_rows} rows of {of}; "
                 f"NLL difference to {record['reference']} with a {noise['level']:.0%} {noise['method']} interval "
                 f"({noise['n_boot']} draws; a candidate must have its upper end below 0)")
     cols = ["", "method", "NLL", "Brier", "ECE", "Δacc", "ΔNLL vs ref [interval]", "fit s", "note"]

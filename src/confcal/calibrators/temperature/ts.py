@@ -106,40 +106,42 @@ def scaled_softmax_rows(logits: np.ndarray, temperature: float, out: np.ndarray 
     contiguous = x.flags.c_contiguous and k > 0
     if exp2:
         work = np.empty((2, rows * k), dtype=np.float32)
-    for i in range(0, n, rows):
-        xc, o = x[i:i + rows], out[i:i + rows]
-        r = xc.shape[0]
-        mc, sc = (m, s) if r == rows else (m[:r], s[:r])
-        if contiguous:
-            np.maximum.reduceat(xc.reshape(-1), starts if r == rows else starts[:r], out=mc)
-        else:
-            np.max(xc, axis=1, out=mc)
-        if not np.isfinite(mc).all():
-            from confcal._validation import check_logits
+    # z - max z <= 0: past float range it overflows to -inf (exp -> 0), the right value; numpy's
+    # warning about it is noise (an error under -W error)
+    with np.errstate(over="ignore"):
+        for i in range(0, n, rows):
+            xc, o = x[i:i + rows], out[i:i + rows]
+            r = xc.shape[0]
+            mc, sc = (m, s) if r == rows else (m[:r], s[:r])
+            if contiguous:
+                np.maximum.reduceat(xc.reshape(-1), starts if r == rows else starts[:r], out=mc)
+            else:
+                np.max(xc, axis=1, out=mc)
+            if not np.isfinite(mc).all():
+                from confcal._validation import check_logits
 
-            check_logits(x[i:i + rows], first_row=first_row + i, whole=False)
-        if unit:
-            unit = bool((mc <= 1).all()) and bool(xc.min() >= 0)
-        # the row max is finite, so -inf stays -inf (exp -> 0); in the wider of the two dtypes: float64
-        # logits past float32's range (1e39) would be inf - inf = NaN in float32, and their difference is
-        # <= 0, so its cast can only go to -inf (exp -> 0)
-        if narrow:
-            with np.errstate(over="ignore"):
+                check_logits(x[i:i + rows], first_row=first_row + i, whole=False)
+            if unit:
+                unit = bool((mc <= 1).all()) and bool(xc.min() >= 0)
+            # the row max is finite, so -inf stays -inf (exp -> 0); in the wider of the two dtypes: float64
+            # logits past float32's range (1e39) would be inf - inf = NaN in float32, and their difference is
+            # <= 0, so its cast can only go to -inf (exp -> 0)
+            if narrow:
                 np.subtract(xc, mc[:, None], out=o, casting="same_kind")
-        else:
-            np.subtract(xc, mc[:, None], out=o, dtype=o.dtype)
-        o *= scale
-        if exp2:  # o <= 0 (or -inf): only underflow needs numpy's exp2
-            flat = o.reshape(-1)
-            t, p = (work[0], work[1]) if r == rows else (work[0, :flat.size], work[1, :flat.size])
-            exp2_block(flat, t, p, nonpositive=True)
-        else:
-            np.exp(o, out=o)
-        if f32:  # einsum's row sums: 2-4x np.sum's on rows of ~100, per row independent of the batching
-            np.einsum("ij->i", o, out=sc)
-        else:
-            np.sum(o, axis=1, out=sc)
-        o /= sc[:, None]
+            else:
+                np.subtract(xc, mc[:, None], out=o, dtype=o.dtype)
+            o *= scale
+            if exp2:  # o <= 0 (or -inf): only underflow needs numpy's exp2
+                flat = o.reshape(-1)
+                t, p = (work[0], work[1]) if r == rows else (work[0, :flat.size], work[1, :flat.size])
+                exp2_block(flat, t, p, nonpositive=True)
+            else:
+                np.exp(o, out=o)
+            if f32:  # einsum's row sums: 2-4x np.sum's on rows of ~100, per row independent of the batching
+                np.einsum("ij->i", o, out=sc)
+            else:
+                np.sum(o, axis=1, out=sc)
+            o /= sc[:, None]
     return out, unit
 
 

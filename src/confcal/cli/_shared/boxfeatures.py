@@ -63,6 +63,12 @@ def read_box_features(logits_specs, names, *, option: str = "--box-features", fi
                     "asked for by --box-features"
                 raise ValueError(f"{option}: {path} has no box feature {name!r} ({why}); {_HINT} "
                                  f"[{str(exc).splitlines()[0]}]") from None
+        # every feature one value per box: the scores' own length, named, not numpy's "same shape" error
+        n = int(np.shape(load_array(spec, name=option))[0])
+        for name, col in zip(names, cols):
+            if col.shape[0] != n:
+                raise ValueError(f"{option}: box feature {name!r} of {path} has {col.shape[0]} rows, expected {n} "
+                                 f"(one per box of {spec}); re-run `confcal detections match` to write them together")
         parts.append(np.stack(cols, axis=1))
     out = np.concatenate(parts) if len(parts) > 1 else parts[0]
     bad = ~np.isfinite(out).all(axis=1)

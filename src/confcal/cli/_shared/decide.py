@@ -277,7 +277,8 @@ def fit(args) -> int:
     score = {"binary": "score", "top_label": "top-label confidence", "multilabel": "label probability",
              "sets": "class probabilities"}[kind]
     m = decision_manifest(rule, data_sha256=digest, n_samples=int(probs.shape[0]), input_kind=kind,
-                          score=f"{score} ({scale})", scale=scale, per=per, calibrator=cal_dict)
+                          score=f"{score} ({scale})", scale=scale, per=per, calibrator=cal_dict,
+                          n_classes=int(probs.shape[1]) if kind in ("top_label", "sets") else None)
     with atomic_write(args.output, "w") as fh:
         fh.write(json.dumps(m, indent=2, allow_nan=False) + "\n")
     if args.json:
@@ -397,6 +398,7 @@ def _test_inputs(args, m, cal, labels=None, unused_domains_ok=False):
         else:
             what = "without groups (--per none)" if per == "none" else f"per {per}, not per domain"
             raise ValueError(f"--domains: unused, the decisions were fitted {what}; drop --domains")
+    _check_class_count(m, _array(args, "logits"))
     if args.input_kind is None:
         args.input_kind = {"probs": "probs", "raw": None, "softmax": "logits", "sigmoid": "logits"}.get(
             m["input"]["scale"])
@@ -416,6 +418,22 @@ def _test_inputs(args, m, cal, labels=None, unused_domains_ok=False):
                 else "their items go to review")
         _warn_unseen(out[3], set(m["groups"]), what)
     return out
+
+
+def _check_class_count(m, x):
+    """Refuse scores of another class count than at fit, before any other check of their values (a 9-column
+    probability file would otherwise fail on its row sums). Manifests without ``input.n_classes`` skip it."""
+    k = m["input"].get("n_classes")
+    if k is None or m["input"]["kind"] not in ("top_label", "sets"):
+        return
+    x = np.asarray(x)
+    width = x.shape[1] if x.ndim == 2 else None
+    if width == 1 and k == 2:  # a two-class model's one-logit scores, read as [0, z]
+        return
+    if width != k:
+        got = f"{width} columns" if width is not None else f"shape {x.shape}"
+        raise ValueError(f"--logits: expected {k} classes as at fit (the decisions were fitted on (n, {k}) scores), "
+                         f"got {got}")
 
 
 def _cells(m):
