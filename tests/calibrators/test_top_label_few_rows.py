@@ -94,3 +94,14 @@ def test_streamed_job_warns_too():
                       reference="logits")
     with pytest.warns(CalibrationWarning, match="'histogram-binning-top' fitted on 5 calibration rows"):
         run_job(histogram_fit_job(METHODS["histogram-binning-top"]()), eng)
+
+
+def test_scaling_binning_refuses_one_row_without_the_warning_first():
+    """scaling-binning (top-label too) refuses 1 row itself; the few-rows warning is for maps that fit."""
+    z, y = _data(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CalibrationWarning)
+        with pytest.raises(ValueError, match="needs at least 2 calibration rows"):
+            METHODS["scaling-binning"]().fit(z, y)
+    with pytest.warns(CalibrationWarning, match="'scaling-binning' fitted on 10 calibration rows"):
+        METHODS["scaling-binning"]().fit(*_data(10))

@@ -519,6 +519,7 @@ def _binary_nll(g, t) -> float:
 
 class _ScalingBinning:
     space = "logit"
+    min_fit_rows = 2  # two halves (random_halves refuses fewer: no few-rows warning before that error)
     scalers = ("auto", "ts", "platt")
 
     def _check_hyper(self):

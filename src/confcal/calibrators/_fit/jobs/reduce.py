@@ -519,11 +519,14 @@ class TopLabelCalibrator(_MapMixin, _ReportingCalibrator):
     """Base of the top-label (``-top``) methods (see the module docstring)."""
 
     keeps_argmax: ClassVar[bool] = True
+    #: fewer rows are refused by the fit itself (scaling-binning: 2), so no few-rows warning is given first
+    min_fit_rows: ClassVar[int] = 1
 
     def _fit_inputs(self, logits, labels, sample_weight, side):
         out = super()._fit_inputs(logits, labels, sample_weight, side)
         y, w = out[1], out[2]
-        warn_few_top_label_rows(int(y.shape[0] if w is None else np.count_nonzero(w > 0)), self.method)
+        if y.shape[0] >= self.min_fit_rows:
+            warn_few_top_label_rows(int(y.shape[0] if w is None else np.count_nonzero(w > 0)), self.method)
         return out
 
     def _top(self, logits):
