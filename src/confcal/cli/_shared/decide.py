@@ -398,7 +398,8 @@ def _test_inputs(args, m, cal, labels=None, unused_domains_ok=False):
         else:
             what = "without groups (--per none)" if per == "none" else f"per {per}, not per domain"
             raise ValueError(f"--domains: unused, the decisions were fitted {what}; drop --domains")
-    _check_class_count(m, _array(args, "logits"))
+    if cal is None:  # with --calibrator, its own check (in _probabilities) names both class counts
+        _check_class_count(m, _array(args, "logits"))
     if args.input_kind is None:
         args.input_kind = {"probs": "probs", "raw": None, "softmax": "logits", "sigmoid": "logits"}.get(
             m["input"]["scale"])
